@@ -1,0 +1,1 @@
+//! Caching allocator (IREE HAL caching allocator semantics).

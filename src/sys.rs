@@ -1,0 +1,1 @@
+//! All operating-system calls live here.

@@ -1,0 +1,1 @@
+//! The `weights.bump` container format (C-Kernel-Engine).
