@@ -9,5 +9,23 @@
 mod sys;
 
 pub mod caching;
+mod huge;
+mod probe;
+mod stats;
 #[cfg(feature = "weights")]
 pub mod weights;
+
+pub use huge::{
+    huge_alloc, huge_free, reset_hugetlb_backoff, Backing, CkHuge, HugeError, HugeOptions,
+    HugeRegion,
+};
+pub use probe::{huge_page_coverage, probe, HugeCoverage, HugetlbPool, SystemHugePages};
+pub use stats::{huge_stats, HugeStats, TierStats};
+
+/// Test-only fault injection into the OS layer (feature `fault-injection`).
+#[cfg(feature = "fault-injection")]
+#[doc(hidden)]
+pub mod fault {
+    pub use crate::sys::fault::*;
+    pub use crate::sys::Op;
+}

@@ -1,0 +1,650 @@
+//! Huge-page memory: the tier ladder, [`HugeRegion`], [`huge_alloc`] /
+//! [`huge_free`] and the [`CkHuge`] allocator.
+//!
+//! # Tiers
+//!
+//! Every mapping walks a ladder and records the rung it stopped at
+//! ([`Backing`]):
+//!
+//! 1. **hugetlb** — `mmap(MAP_HUGETLB | MAP_HUGE_2MB)` (or `MAP_HUGE_1GB` when
+//!    [`HugeOptions::allow_1gib`] is set). Needs pages reserved in
+//!    `/proc/sys/vm/nr_hugepages`. After a failure the tier is skipped for a
+//!    back-off period (`CKALLOC_HUGETLB_BACKOFF_MS`, default 1000 ms) instead of
+//!    paying a failed system call on every allocation, as mimalloc does; see
+//!    [`reset_hugetlb_backoff`].
+//! 2. **THP** — anonymous memory over-reserved and trimmed to a 2 MiB-aligned
+//!    range, then `madvise(MADV_HUGEPAGE)` (transparent huge pages back only
+//!    whole, aligned 2 MiB extents). [`Backing::TransparentHuge`] means the range
+//!    is eligible; [`huge_page_coverage`](crate::huge_page_coverage) measures
+//!    what the kernel actually gave.
+//! 3. **plain pages** — the same aligned mapping without THP advice (THP is
+//!    `never`, disabled with `CKALLOC_THP=0`, or `madvise` failed).
+//!
+//! By default the ladder goes all the way down; [`HugeOptions::require`] turns a
+//! lower rung into an error instead. Sizes are rounded up to 2 MiB (1 GiB for
+//! 1 GiB hugetlb pages); a rounding that overflows is an error, never a wrap.
+//!
+//! Nothing on these paths allocates, locks, panics or prints: they are used by
+//! the global allocator.
+
+mod global;
+mod region;
+
+pub use global::CkHuge;
+pub use region::HugeRegion;
+
+use crate::stats::COUNTERS;
+use crate::sys::{self, Advice, HugetlbSize, HUGE_PAGE_1G, HUGE_PAGE_2M};
+use std::fmt;
+use std::io;
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
+
+/// What kind of pages back a mapping.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Backing {
+    /// Base pages (4 KiB on x86-64): no huge-page backing was asked for or
+    /// available.
+    Normal,
+    /// Anonymous memory, 2 MiB aligned, advised with `MADV_HUGEPAGE`: the
+    /// kernel backs aligned 2 MiB extents with transparent huge pages when it
+    /// can (at fault time or later by khugepaged).
+    TransparentHuge,
+    /// Explicit hugetlb pages (`MAP_HUGETLB`), reserved up front; never split
+    /// or swapped.
+    Hugetlb,
+}
+
+impl fmt::Display for Backing {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Backing::Normal => "normal pages",
+            Backing::TransparentHuge => "THP",
+            Backing::Hugetlb => "hugetlb",
+        })
+    }
+}
+
+/// Options for a huge-page mapping (a small `const` builder).
+///
+/// ```
+/// use ckalloc::{Backing, HugeOptions, HugeRegion};
+/// let opts = HugeOptions::new().populate(true);
+/// let region = HugeRegion::with_options(4 << 20, &opts).unwrap();
+/// assert!(region.backing() >= Backing::Normal);
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HugeOptions {
+    require: Backing,
+    hugetlb: bool,
+    gigantic: bool,
+    populate: bool,
+    mlock: bool,
+    numa_node: Option<u32>,
+    dont_dump: bool,
+}
+
+impl Default for HugeOptions {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl HugeOptions {
+    /// Defaults: try hugetlb (2 MiB), then THP, then plain pages; no 1 GiB
+    /// pages, no prefault, no `mlock`, no NUMA binding.
+    pub const fn new() -> Self {
+        HugeOptions {
+            require: Backing::Normal,
+            hugetlb: true,
+            gigantic: false,
+            populate: false,
+            mlock: false,
+            numa_node: None,
+            dont_dump: false,
+        }
+    }
+
+    /// Fail with [`HugeError::TierUnavailable`] instead of falling below
+    /// `tier`. `Backing::Normal` (the default) accepts any tier.
+    pub const fn require(mut self, tier: Backing) -> Self {
+        self.require = tier;
+        self
+    }
+
+    /// Whether to try the hugetlb tier at all (default `true`).
+    pub const fn hugetlb(mut self, yes: bool) -> Self {
+        self.hugetlb = yes;
+        self
+    }
+
+    /// Allow 1 GiB hugetlb pages (`MAP_HUGE_1GB`, tried before 2 MiB pages);
+    /// the mapping is then rounded up to 1 GiB. Default `false`.
+    pub const fn allow_1gib(mut self, yes: bool) -> Self {
+        self.gigantic = yes;
+        self
+    }
+
+    /// Prefault every page with `madvise(MADV_POPULATE_WRITE)` (Linux 5.14+),
+    /// after NUMA binding. Unlike `MAP_POPULATE` this reports failure (for
+    /// example `ENOMEM` under a cgroup limit) as [`HugeError::Populate`].
+    /// Default `false`.
+    pub const fn populate(mut self, yes: bool) -> Self {
+        self.populate = yes;
+        self
+    }
+
+    /// Lock the mapping into RAM with `mlock` (counts against
+    /// `RLIMIT_MEMLOCK`). Default `false`.
+    pub const fn mlock(mut self, yes: bool) -> Self {
+        self.mlock = yes;
+        self
+    }
+
+    /// Bind the mapping to a NUMA node (`mbind(MPOL_BIND)`). Default `None`.
+    pub const fn numa_node(mut self, node: Option<u32>) -> Self {
+        self.numa_node = node;
+        self
+    }
+
+    /// Leave the mapping out of core dumps (`MADV_DONTDUMP`). Default `false`.
+    pub const fn dont_dump(mut self, yes: bool) -> Self {
+        self.dont_dump = yes;
+        self
+    }
+
+    /// The minimum tier this configuration accepts.
+    pub const fn required_tier(&self) -> Backing {
+        self.require
+    }
+
+    /// Whether prefaulting is enabled.
+    pub const fn populates(&self) -> bool {
+        self.populate
+    }
+}
+
+/// Why a huge-page mapping failed. Every variant names the request (bytes)
+/// and, where the OS refused, the errno and a remedy.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum HugeError {
+    /// A zero-byte request.
+    ZeroSize,
+    /// `requested` bytes cannot be rounded up to the page size without
+    /// overflowing, or exceed `isize::MAX`.
+    TooLarge {
+        /// Requested bytes.
+        requested: usize,
+    },
+    /// The alignment is not a power of two.
+    BadAlignment {
+        /// Requested alignment in bytes.
+        align: usize,
+    },
+    /// The kernel refused the mapping itself (`mmap`).
+    Map {
+        /// Requested bytes.
+        requested: usize,
+        /// Bytes the mapping would have covered.
+        mapped_len: usize,
+        /// The OS error.
+        source: io::Error,
+    },
+    /// [`HugeOptions::require`] asked for a tier that is not available.
+    TierUnavailable {
+        /// Requested bytes.
+        requested: usize,
+        /// The tier that was required.
+        required: Backing,
+        /// The error of the last attempt at that tier, if one was made.
+        source: Option<io::Error>,
+    },
+    /// NUMA binding failed.
+    Mbind {
+        /// The node asked for.
+        node: u32,
+        /// The OS error.
+        source: io::Error,
+    },
+    /// Prefaulting (`MADV_POPULATE_WRITE`) failed.
+    Populate {
+        /// Bytes that were to be prefaulted.
+        bytes: usize,
+        /// The OS error.
+        source: io::Error,
+    },
+    /// `mlock` failed.
+    Mlock {
+        /// Bytes that were to be locked.
+        bytes: usize,
+        /// The OS error.
+        source: io::Error,
+    },
+}
+
+impl fmt::Display for HugeError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            HugeError::ZeroSize => write!(f, "huge-page allocation of 0 bytes"),
+            HugeError::TooLarge { requested } => write!(
+                f,
+                "huge-page allocation of {requested} bytes: rounding up to the page size overflows \
+                 or exceeds isize::MAX"
+            ),
+            HugeError::BadAlignment { align } => {
+                write!(f, "alignment {align} is not a power of two")
+            }
+            HugeError::Map {
+                requested,
+                mapped_len,
+                source,
+            } => write!(
+                f,
+                "mmap of {mapped_len} bytes (for {requested} requested) failed: {source}; \
+                 check RLIMIT_AS, vm.overcommit_memory and the cgroup memory limit"
+            ),
+            HugeError::TierUnavailable {
+                requested,
+                required,
+                source,
+            } => {
+                write!(
+                    f,
+                    "{required} pages required for {requested} bytes but not available"
+                )?;
+                if let Some(e) = source {
+                    write!(f, " ({e})")?;
+                }
+                match required {
+                    Backing::Hugetlb => write!(
+                        f,
+                        "; reserve pages, e.g. `echo 512 > /proc/sys/vm/nr_hugepages` \
+                         (1 GiB pages: /sys/kernel/mm/hugepages/hugepages-1048576kB/nr_hugepages)"
+                    ),
+                    Backing::TransparentHuge => write!(
+                        f,
+                        "; enable THP: `echo madvise > /sys/kernel/mm/transparent_hugepage/enabled` \
+                         and unset CKALLOC_THP=0"
+                    ),
+                    Backing::Normal => Ok(()),
+                }
+            }
+            HugeError::Mbind { node, source } => write!(
+                f,
+                "binding to NUMA node {node} failed: {source}; check the node exists \
+                 (/sys/devices/system/node) and the cpuset allows it"
+            ),
+            HugeError::Populate { bytes, source } => write!(
+                f,
+                "prefaulting {bytes} bytes (MADV_POPULATE_WRITE) failed: {source}; \
+                 the memory or cgroup limit is too low, or the kernel is older than 5.14"
+            ),
+            HugeError::Mlock { bytes, source } => write!(
+                f,
+                "mlock of {bytes} bytes failed: {source}; raise RLIMIT_MEMLOCK (`ulimit -l`) \
+                 or run with CAP_IPC_LOCK"
+            ),
+        }
+    }
+}
+
+impl std::error::Error for HugeError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            HugeError::Map { source, .. }
+            | HugeError::Mbind { source, .. }
+            | HugeError::Populate { source, .. }
+            | HugeError::Mlock { source, .. } => Some(source),
+            HugeError::TierUnavailable {
+                source: Some(s), ..
+            } => Some(s),
+            _ => None,
+        }
+    }
+}
+
+/// One mapping produced by the ladder.
+#[derive(Debug)]
+pub(crate) struct Mapping {
+    pub ptr: NonNull<u8>,
+    pub mapped_len: usize,
+    pub backing: Backing,
+    /// Page size of the backing: 2 MiB or 1 GiB for hugetlb, else the base page.
+    pub page_size: usize,
+}
+
+// ---- process-wide knobs (read once from the environment, without allocating)
+
+const ENV_UNREAD: u8 = 0;
+const ENV_OFF: u8 = 1;
+const ENV_ON: u8 = 2;
+
+static HUGETLB_ENV: AtomicU8 = AtomicU8::new(ENV_UNREAD);
+static THP_ENV: AtomicU8 = AtomicU8::new(ENV_UNREAD);
+static HUGETLB_RETRY_AT_NS: AtomicU64 = AtomicU64::new(0);
+static BACKOFF_NS: AtomicU64 = AtomicU64::new(u64::MAX);
+
+/// Whether an environment flag is set: present and not empty, `0`, `false`,
+/// `no` or `off` (case-insensitive).
+pub(crate) fn env_flag(value: Option<&[u8]>) -> bool {
+    match value {
+        None => false,
+        Some(v) => {
+            let v = trim_ascii(v);
+            !(v.is_empty()
+                || v == b"0"
+                || v.eq_ignore_ascii_case(b"false")
+                || v.eq_ignore_ascii_case(b"no")
+                || v.eq_ignore_ascii_case(b"off"))
+        }
+    }
+}
+
+fn trim_ascii(mut v: &[u8]) -> &[u8] {
+    while let [first, rest @ ..] = v {
+        if first.is_ascii_whitespace() {
+            v = rest;
+        } else {
+            break;
+        }
+    }
+    while let [rest @ .., last] = v {
+        if last.is_ascii_whitespace() {
+            v = rest;
+        } else {
+            break;
+        }
+    }
+    v
+}
+
+/// An on/off knob that defaults to on: off only when set to a false value.
+fn knob_enabled(cache: &AtomicU8, name: &std::ffi::CStr) -> bool {
+    match cache.load(Ordering::Relaxed) {
+        ENV_ON => true,
+        ENV_OFF => false,
+        _ => {
+            let on = match sys::getenv(name) {
+                None => true,
+                Some(v) => env_flag(Some(v)),
+            };
+            cache.store(if on { ENV_ON } else { ENV_OFF }, Ordering::Relaxed);
+            on
+        }
+    }
+}
+
+fn hugetlb_enabled() -> bool {
+    knob_enabled(&HUGETLB_ENV, c"CKALLOC_HUGETLB")
+}
+
+/// THP is usable when `CKALLOC_THP` is not false and the kernel's mode is not
+/// `never` (read once from `/sys/kernel/mm/transparent_hugepage/enabled`).
+pub(crate) fn thp_enabled() -> bool {
+    if !knob_enabled(&THP_ENV, c"CKALLOC_THP") {
+        return false;
+    }
+    !matches!(thp_mode(), ThpMode::Never | ThpMode::Unsupported)
+}
+
+/// The kernel's THP mode.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum ThpMode {
+    Always,
+    Madvise,
+    Never,
+    Unsupported,
+}
+
+fn thp_mode() -> ThpMode {
+    static MODE: AtomicU8 = AtomicU8::new(0);
+    let m = MODE.load(Ordering::Relaxed);
+    let decode = |m| match m {
+        1 => ThpMode::Always,
+        2 => ThpMode::Madvise,
+        3 => ThpMode::Never,
+        _ => ThpMode::Unsupported,
+    };
+    if m != 0 {
+        return decode(m);
+    }
+    let mut buf = [0u8; 128];
+    let m = match sys::read_small_file(c"/sys/kernel/mm/transparent_hugepage/enabled", &mut buf) {
+        Some(text) => match selected_word(text) {
+            Some(b"always") => 1,
+            Some(b"madvise") => 2,
+            Some(b"never") => 3,
+            _ => 4,
+        },
+        None => 4,
+    };
+    MODE.store(m, Ordering::Relaxed);
+    decode(m)
+}
+
+/// The bracketed word of a sysfs choice file: `always [madvise] never`.
+pub(crate) fn selected_word(text: &[u8]) -> Option<&[u8]> {
+    let open = text.iter().position(|&b| b == b'[')?;
+    let close = text[open..].iter().position(|&b| b == b']')? + open;
+    Some(&text[open + 1..close])
+}
+
+fn backoff_ns() -> u64 {
+    let b = BACKOFF_NS.load(Ordering::Relaxed);
+    if b != u64::MAX {
+        return b;
+    }
+    let ms = sys::getenv(c"CKALLOC_HUGETLB_BACKOFF_MS")
+        .and_then(parse_u64)
+        .unwrap_or(1000);
+    let ns = ms.saturating_mul(1_000_000);
+    BACKOFF_NS.store(ns, Ordering::Relaxed);
+    ns
+}
+
+fn parse_u64(v: &[u8]) -> Option<u64> {
+    let v = trim_ascii(v);
+    if v.is_empty() {
+        return None;
+    }
+    v.iter().try_fold(0u64, |acc, &b| {
+        if b.is_ascii_digit() {
+            acc.checked_mul(10)?.checked_add(u64::from(b - b'0'))
+        } else {
+            None
+        }
+    })
+}
+
+fn hugetlb_backing_off() -> bool {
+    let until = HUGETLB_RETRY_AT_NS.load(Ordering::Relaxed);
+    until != 0 && sys::monotonic_ns() < until
+}
+
+fn start_hugetlb_backoff() {
+    let until = sys::monotonic_ns().saturating_add(backoff_ns());
+    HUGETLB_RETRY_AT_NS.store(until.max(1), Ordering::Relaxed);
+}
+
+/// Forget a previous hugetlb failure so the next allocation tries the
+/// hugetlb tier again at once (for example after reserving pages).
+pub fn reset_hugetlb_backoff() {
+    HUGETLB_RETRY_AT_NS.store(0, Ordering::Relaxed);
+}
+
+// ---- the ladder
+
+/// Map `bytes` (rounded up to 2 MiB, or 1 GiB for gigantic pages) aligned to
+/// at least `align` bytes, walking the tier ladder. Never allocates.
+pub(crate) fn map_huge(
+    bytes: usize,
+    align: usize,
+    opts: &HugeOptions,
+) -> Result<Mapping, HugeError> {
+    if bytes == 0 {
+        return Err(HugeError::ZeroSize);
+    }
+    if !align.is_power_of_two() {
+        return Err(HugeError::BadAlignment { align });
+    }
+    let too_large = HugeError::TooLarge { requested: bytes };
+    let len_2m = match sys::round_up(bytes, HUGE_PAGE_2M) {
+        Some(l) if l <= isize::MAX as usize => l,
+        _ => return Err(too_large),
+    };
+    let align = align.max(HUGE_PAGE_2M);
+
+    // Tier 1: hugetlb. hugetlb mappings are aligned to their page size, so
+    // larger alignments skip the tier.
+    let mut hugetlb_err = None;
+    let want_hugetlb = opts.hugetlb && (opts.require == Backing::Hugetlb || hugetlb_enabled());
+    if want_hugetlb && (opts.require == Backing::Hugetlb || !hugetlb_backing_off()) {
+        if opts.gigantic && align <= HUGE_PAGE_1G {
+            if let Some(len_1g) =
+                sys::round_up(bytes, HUGE_PAGE_1G).filter(|&l| l <= isize::MAX as usize)
+            {
+                match sys::map_hugetlb(len_1g, HugetlbSize::Size1G) {
+                    Ok(ptr) => {
+                        return finish(bytes, ptr, len_1g, Backing::Hugetlb, HUGE_PAGE_1G, opts)
+                    }
+                    Err(e) => {
+                        COUNTERS.hugetlb_fallbacks.fetch_add(1, Ordering::Relaxed);
+                        hugetlb_err = Some(e);
+                    }
+                }
+            }
+        }
+        if align <= HUGE_PAGE_2M {
+            match sys::map_hugetlb(len_2m, HugetlbSize::Size2M) {
+                Ok(ptr) => return finish(bytes, ptr, len_2m, Backing::Hugetlb, HUGE_PAGE_2M, opts),
+                Err(e) => {
+                    COUNTERS.hugetlb_fallbacks.fetch_add(1, Ordering::Relaxed);
+                    start_hugetlb_backoff();
+                    hugetlb_err = Some(e);
+                }
+            }
+        }
+    } else if want_hugetlb {
+        COUNTERS.hugetlb_skipped.fetch_add(1, Ordering::Relaxed);
+    }
+    if opts.require == Backing::Hugetlb {
+        return Err(HugeError::TierUnavailable {
+            requested: bytes,
+            required: Backing::Hugetlb,
+            source: hugetlb_err,
+        });
+    }
+
+    // Tiers 2 and 3 share one aligned anonymous mapping; only the advice
+    // differs, so a failed mapping here is final.
+    let ptr = sys::map_anon_aligned(len_2m, align).map_err(|source| HugeError::Map {
+        requested: bytes,
+        mapped_len: len_2m,
+        source,
+    })?;
+    let (backing, thp_err) = if thp_enabled() {
+        match sys::madvise(ptr.as_ptr(), len_2m, Advice::HugePage) {
+            Ok(()) => (Backing::TransparentHuge, None),
+            Err(e) => {
+                COUNTERS.thp_fallbacks.fetch_add(1, Ordering::Relaxed);
+                (Backing::Normal, Some(e))
+            }
+        }
+    } else {
+        (Backing::Normal, None)
+    };
+    if backing < opts.require {
+        let _ = sys::munmap_best_effort(ptr.as_ptr(), len_2m);
+        return Err(HugeError::TierUnavailable {
+            requested: bytes,
+            required: opts.require,
+            source: thp_err,
+        });
+    }
+    finish(bytes, ptr, len_2m, backing, sys::page_size(), opts)
+}
+
+/// Apply the post-mapping options (bind, prefault, lock, dump) and count the
+/// mapping. On failure the mapping is released.
+fn finish(
+    bytes: usize,
+    ptr: NonNull<u8>,
+    mapped_len: usize,
+    backing: Backing,
+    page_size: usize,
+    opts: &HugeOptions,
+) -> Result<Mapping, HugeError> {
+    if let Err(e) = apply_options(ptr, mapped_len, opts) {
+        let _ = sys::munmap_best_effort(ptr.as_ptr(), mapped_len);
+        return Err(e);
+    }
+    let _ = bytes;
+    COUNTERS.record_map(backing, mapped_len);
+    Ok(Mapping {
+        ptr,
+        mapped_len,
+        backing,
+        page_size,
+    })
+}
+
+/// Bind, prefault, lock and mark a fresh range as the options ask.
+pub(crate) fn apply_options(
+    ptr: NonNull<u8>,
+    len: usize,
+    opts: &HugeOptions,
+) -> Result<(), HugeError> {
+    if let Some(node) = opts.numa_node {
+        sys::mbind(ptr.as_ptr(), len, node).map_err(|source| HugeError::Mbind { node, source })?;
+    }
+    if opts.populate {
+        sys::madvise(ptr.as_ptr(), len, Advice::PopulateWrite)
+            .map_err(|source| HugeError::Populate { bytes: len, source })?;
+    }
+    if opts.mlock {
+        sys::mlock(ptr.as_ptr(), len).map_err(|source| HugeError::Mlock { bytes: len, source })?;
+    }
+    if opts.dont_dump {
+        // Only a hint for core dumps: failure loses nothing.
+        let _ = sys::madvise(ptr.as_ptr(), len, Advice::DontDump);
+    }
+    Ok(())
+}
+
+/// Unmap a ladder mapping and count it.
+pub(crate) fn unmap(ptr: NonNull<u8>, mapped_len: usize) {
+    if sys::munmap_best_effort(ptr.as_ptr(), mapped_len).is_ok() {
+        COUNTERS.record_unmap(mapped_len);
+    }
+}
+
+/// Allocate `bytes` of zeroed huge-page memory (the seed's `ck_huge_alloc`).
+///
+/// The size is rounded up to 2 MiB; the block is 2 MiB aligned. Tiers:
+/// hugetlb, then THP, then plain pages (see the [module docs](self)). Returns
+/// `None` for 0 bytes, a size whose rounding overflows or exceeds
+/// `isize::MAX`, or when the kernel refuses the mapping. Thread-safe; never
+/// allocates on the heap. Release with [`huge_free`] and the same `bytes`.
+pub fn huge_alloc(bytes: usize) -> Option<NonNull<u8>> {
+    map_huge(bytes, HUGE_PAGE_2M, &HugeOptions::new())
+        .ok()
+        .map(|m| m.ptr)
+}
+
+/// Release a block from [`huge_alloc`]: unmaps `bytes` rounded up to 2 MiB,
+/// which is exactly what was mapped whatever tier served it (no global list
+/// or lock). `bytes == 0` or an unroundable size does nothing (no block of
+/// that size can exist).
+///
+/// # Safety
+/// `ptr` must come from `huge_alloc(bytes)` with the same `bytes`, not be
+/// freed already, and no reference into the block may be used afterwards.
+pub unsafe fn huge_free(ptr: NonNull<u8>, bytes: usize) {
+    if bytes == 0 {
+        return;
+    }
+    if let Some(len) = sys::round_up(bytes, HUGE_PAGE_2M) {
+        unmap(ptr, len);
+    }
+}

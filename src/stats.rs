@@ -1,0 +1,181 @@
+//! Process-wide counters of the huge-page tiers ([`huge_stats`]).
+//!
+//! Counters are relaxed atomics: each is exact, but a snapshot taken while
+//! other threads allocate may mix moments (as any statistics read under
+//! load). Reading them never allocates.
+
+use crate::huge::Backing;
+use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+
+pub(crate) struct Counters {
+    maps: [AtomicU64; 3],
+    map_bytes: [AtomicU64; 3],
+    pub(crate) hugetlb_fallbacks: AtomicU64,
+    pub(crate) hugetlb_skipped: AtomicU64,
+    pub(crate) thp_fallbacks: AtomicU64,
+    pub(crate) remaps: AtomicU64,
+    unmaps: AtomicU64,
+    unmapped_bytes: AtomicU64,
+}
+
+#[allow(clippy::declare_interior_mutable_const)]
+const Z: AtomicU64 = AtomicU64::new(0);
+
+pub(crate) static COUNTERS: Counters = Counters {
+    maps: [Z; 3],
+    map_bytes: [Z; 3],
+    hugetlb_fallbacks: Z,
+    hugetlb_skipped: Z,
+    thp_fallbacks: Z,
+    remaps: Z,
+    unmaps: Z,
+    unmapped_bytes: Z,
+};
+
+fn tier(b: Backing) -> usize {
+    match b {
+        Backing::Hugetlb => 0,
+        Backing::TransparentHuge => 1,
+        Backing::Normal => 2,
+    }
+}
+
+impl Counters {
+    pub(crate) fn record_map(&self, backing: Backing, bytes: usize) {
+        self.maps[tier(backing)].fetch_add(1, Relaxed);
+        self.map_bytes[tier(backing)].fetch_add(bytes as u64, Relaxed);
+    }
+
+    pub(crate) fn record_unmap(&self, bytes: usize) {
+        self.unmaps.fetch_add(1, Relaxed);
+        self.unmapped_bytes.fetch_add(bytes as u64, Relaxed);
+    }
+
+    /// A mapping grew from `old` to `new` bytes by `mremap`; the added bytes
+    /// count as mapped (on the THP tier's books when THP is in use, else
+    /// normal; hugetlb never grows this way).
+    pub(crate) fn record_grow(&self, old: usize, new: usize) {
+        self.remaps.fetch_add(1, Relaxed);
+        let t = if crate::huge::thp_enabled() {
+            Backing::TransparentHuge
+        } else {
+            Backing::Normal
+        };
+        self.map_bytes[tier(t)].fetch_add((new - old) as u64, Relaxed);
+    }
+}
+
+/// Mappings and bytes of one tier.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TierStats {
+    /// Mappings made on this tier.
+    pub mappings: u64,
+    /// Bytes mapped on this tier (including growth by `mremap`).
+    pub bytes: u64,
+}
+
+/// A snapshot of the huge-page counters since the process started.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct HugeStats {
+    /// hugetlb mappings.
+    pub hugetlb: TierStats,
+    /// THP-advised mappings.
+    pub thp: TierStats,
+    /// Plain-page mappings.
+    pub normal: TierStats,
+    /// hugetlb attempts that failed (the ladder fell to THP).
+    pub hugetlb_fallbacks: u64,
+    /// Allocations that skipped hugetlb because of the back-off after a failure.
+    pub hugetlb_skipped: u64,
+    /// `madvise(MADV_HUGEPAGE)` failures (the mapping was kept as plain pages).
+    pub thp_fallbacks: u64,
+    /// Resizes done by `mremap` or a tail `munmap`.
+    pub remaps: u64,
+    /// `munmap` calls that released memory.
+    pub unmaps: u64,
+    /// Bytes released by those calls.
+    pub unmapped_bytes: u64,
+}
+
+impl HugeStats {
+    /// Bytes mapped on all tiers minus bytes unmapped: what this crate's
+    /// huge-page paths hold right now.
+    pub fn live_bytes(&self) -> u64 {
+        (self.hugetlb.bytes + self.thp.bytes + self.normal.bytes)
+            .saturating_sub(self.unmapped_bytes)
+    }
+}
+
+/// Read the huge-page counters. Never allocates.
+pub fn huge_stats() -> HugeStats {
+    let c = &COUNTERS;
+    let t = |i: usize| TierStats {
+        mappings: c.maps[i].load(Relaxed),
+        bytes: c.map_bytes[i].load(Relaxed),
+    };
+    HugeStats {
+        hugetlb: t(0),
+        thp: t(1),
+        normal: t(2),
+        hugetlb_fallbacks: c.hugetlb_fallbacks.load(Relaxed),
+        hugetlb_skipped: c.hugetlb_skipped.load(Relaxed),
+        thp_fallbacks: c.thp_fallbacks.load(Relaxed),
+        remaps: c.remaps.load(Relaxed),
+        unmaps: c.unmaps.load(Relaxed),
+        unmapped_bytes: c.unmapped_bytes.load(Relaxed),
+    }
+}
+
+/// Format a byte count with a binary unit (`1.50 GiB`).
+pub(crate) fn human_bytes(bytes: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut v = bytes as f64;
+    let mut u = 0;
+    while v >= 1024.0 && u + 1 < UNITS.len() {
+        v /= 1024.0;
+        u += 1;
+    }
+    if u == 0 {
+        format!("{bytes} B")
+    } else {
+        format!("{v:.2} {}", UNITS[u])
+    }
+}
+
+impl fmt::Display for HugeStats {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(
+            f,
+            "{:<10} {:>10} {:>14}",
+            "tier", "mappings", "bytes mapped"
+        )?;
+        for (name, t) in [
+            ("hugetlb", self.hugetlb),
+            ("THP", self.thp),
+            ("normal", self.normal),
+        ] {
+            writeln!(
+                f,
+                "{:<10} {:>10} {:>14}",
+                name,
+                t.mappings,
+                human_bytes(t.bytes)
+            )?;
+        }
+        writeln!(
+            f,
+            "fallbacks: hugetlb {} (skipped by back-off {}), THP advice {}",
+            self.hugetlb_fallbacks, self.hugetlb_skipped, self.thp_fallbacks
+        )?;
+        write!(
+            f,
+            "unmaps: {} ({}), remaps: {}, live: {}",
+            self.unmaps,
+            human_bytes(self.unmapped_bytes),
+            self.remaps,
+            human_bytes(self.live_bytes())
+        )
+    }
+}

@@ -1,0 +1,63 @@
+//! Helpers shared by the integration tests.
+#![allow(dead_code)]
+
+/// The mappings of this process that overlap `start..start+len`, as
+/// `/proc/self/maps` lines. Counting lines misses leaks (neighbouring
+/// mappings merge), so tests check the exact address range instead.
+pub fn mappings_overlapping(start: usize, len: usize) -> Vec<String> {
+    let end = start + len;
+    std::fs::read_to_string("/proc/self/maps")
+        .unwrap()
+        .lines()
+        .filter(|l| {
+            let range = l.split_whitespace().next().unwrap();
+            let (a, b) = range.split_once('-').unwrap();
+            let a = usize::from_str_radix(a, 16).unwrap();
+            let b = usize::from_str_radix(b, 16).unwrap();
+            a < end && b > start
+        })
+        .map(str::to_owned)
+        .collect()
+}
+
+/// Assert nothing is mapped at `start..start+len` any more.
+pub fn assert_unmapped(start: usize, len: usize) {
+    let m = mappings_overlapping(start, len);
+    assert!(m.is_empty(), "still mapped at {start:#x}+{len:#x}: {m:?}");
+}
+
+/// Free 2 MiB hugetlb pages right now.
+pub fn free_hugetlb_2m() -> u64 {
+    std::fs::read_to_string("/sys/kernel/mm/hugepages/hugepages-2048kB/free_hugepages")
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+/// Skip (return true, printing why) when fewer than `pages` 2 MiB hugetlb pages are free.
+pub fn skip_without_hugetlb(test: &str, pages: u64) -> bool {
+    let free = free_hugetlb_2m();
+    if free < pages {
+        eprintln!(
+            "SKIP {test}: needs {pages} free 2 MiB hugetlb pages, {free} free \
+             (reserve with `echo 512 > /proc/sys/vm/nr_hugepages`; .ci/run does)"
+        );
+        true
+    } else {
+        false
+    }
+}
+
+/// Whether THP can be used (mode is not `never`).
+pub fn thp_available() -> bool {
+    std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/enabled")
+        .map(|s| !s.contains("[never]"))
+        .unwrap_or(false)
+}
+
+/// Touch one byte per 4 KiB page.
+pub fn touch(buf: &mut [u8]) {
+    for i in (0..buf.len()).step_by(4096) {
+        buf[i] = 1;
+    }
+}
