@@ -226,7 +226,7 @@ fn grow_and_shrink_across_threshold_preserve_contents() {
     let a = CkHuge::new();
     let sizes = [
         100,
-        1 * MIB,
+        MIB,
         2 * MIB,
         3 * MIB,
         9 * MIB,
