@@ -1,6 +1,76 @@
 //! The `ckalloc` command-line tool (feature `cli`).
+//!
+//! ```text
+//! ckalloc probe                       huge-page state, and what each tier does right now
+//! ckalloc pack MODEL.safetensors -o DIR [--version 4|5] [--align N]
+//! ckalloc inspect DIR/weights.bump    header, checksum, tensor table, gaps/overlaps
+//! ckalloc load DIR/weights.bump [--mode auto|anon|mixed] [--activations SIZE]
+//! ckalloc demo [MODEL.safetensors]    pack, load three ways, verify, compute
+//! ckalloc synth DIR                   write the demo's synthetic model
+//! ```
+//!
+//! Every command takes `--json` (one JSON document on stdout). Errors are one
+//! line on stderr (and `{"error": ...}` on stdout with `--json`), exit status 1
+//! (2 for a usage error); the tool never shows a panic or a backtrace.
+//! See docs/cli.md.
 
-fn main() {
-    eprintln!("ckalloc: the command-line tool is not built yet");
-    std::process::exit(2);
+#[path = "ckalloc/compute.rs"]
+mod compute;
+#[path = "ckalloc/model.rs"]
+mod model;
+#[path = "ckalloc/probe.rs"]
+mod probe;
+#[path = "ckalloc/util.rs"]
+mod util;
+
+use clap::{Args, Parser, Subcommand};
+use std::process::ExitCode;
+use util::CliError;
+
+/// Huge-page memory, weights.bump arenas and the caching allocator, from the shell.
+#[derive(Parser, Debug)]
+#[command(name = "ckalloc", version, about, max_term_width = 100)]
+struct Cli {
+    #[command(flatten)]
+    global: Global,
+    #[command(subcommand)]
+    command: Command,
+}
+
+/// Options every subcommand accepts.
+#[derive(Args, Debug, Clone, Copy)]
+struct Global {
+    /// Print one JSON document on stdout instead of text.
+    #[arg(long, global = true)]
+    json: bool,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Show the system's huge-page state and time a 64 MiB first touch on each tier.
+    Probe(probe::ProbeArgs),
+    /// Write the synthetic demo model (model.safetensors + config.json) into DIR.
+    Synth(model::SynthArgs),
+}
+
+fn run(cli: Cli) -> Result<(), CliError> {
+    let g = cli.global;
+    match cli.command {
+        Command::Probe(a) => probe::run(g, a),
+        Command::Synth(a) => model::run_synth(g, a),
+    }
+}
+
+fn main() -> ExitCode {
+    util::install_panic_hook();
+    // `--json` is global; look for it before parsing so usage errors can be JSON too.
+    let json = std::env::args_os().any(|a| a == "--json");
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => return util::usage_error(e, json),
+    };
+    match run(cli) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => e.report(json),
+    }
 }

@@ -1,0 +1,246 @@
+//! Errors, output and small parsers shared by the subcommands.
+
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use std::fmt;
+use std::io::Write;
+use std::process::ExitCode;
+
+/// A failed command: one line for the user. Exit status 1.
+#[derive(Debug)]
+pub struct CliError(String);
+
+impl CliError {
+    /// Print the error as one line on stderr (and as `{"error": ...}` on
+    /// stdout under `--json`) and return exit status 1.
+    pub fn report(self, json: bool) -> ExitCode {
+        let line = one_line(&self.0);
+        if json {
+            let _ = writeln!(
+                std::io::stdout(),
+                "{}",
+                serde_json::json!({ "error": line, "exit_code": 1 })
+            );
+        }
+        eprintln!("ckalloc: error: {line}");
+        ExitCode::from(1)
+    }
+}
+
+impl fmt::Display for CliError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// A `CliError` from anything printable.
+pub fn err(msg: impl fmt::Display) -> CliError {
+    CliError(msg.to_string())
+}
+
+/// `Err(CliError)` from a format string.
+#[macro_export]
+macro_rules! fail {
+    ($($t:tt)*) => { return Err($crate::util::err(format!($($t)*))) };
+}
+
+/// Collapse a message onto one line (errors from libraries may carry newlines).
+fn one_line(s: &str) -> String {
+    s.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
+/// Report a command-line parsing error: `--help` and `--version` print and
+/// exit 0; anything else is one line and exit status 2.
+pub fn usage_error(e: clap::Error, json: bool) -> ExitCode {
+    use clap::error::ErrorKind;
+    if matches!(
+        e.kind(),
+        ErrorKind::DisplayHelp
+            | ErrorKind::DisplayVersion
+            | ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand
+    ) {
+        let _ = e.print();
+        return if e.kind() == ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand {
+            ExitCode::from(2)
+        } else {
+            ExitCode::SUCCESS
+        };
+    }
+    // clap renders "error: ...", optional detail lines, "tip: ...", then
+    // "Usage: ..."; keep the message and its detail, joined on one line.
+    let text = e.render().to_string();
+    let mut parts = Vec::new();
+    for line in text.lines() {
+        let t = line.trim();
+        if t.starts_with("Usage:") || t.starts_with("For more information") {
+            break;
+        }
+        if t.is_empty() || t.starts_with("tip:") {
+            continue;
+        }
+        parts.push(t.strip_prefix("error:").unwrap_or(t).trim().to_string());
+    }
+    let line = format!("{} (see `ckalloc --help`)", parts.join(" "));
+    if json {
+        let _ = writeln!(
+            std::io::stdout(),
+            "{}",
+            serde_json::json!({ "error": line, "exit_code": 2 })
+        );
+    }
+    eprintln!("ckalloc: error: {line}");
+    ExitCode::from(2)
+}
+
+/// Replace the panic message (and backtrace hint) with one line. A panic is
+/// a bug in ckalloc; the exit status stays 101.
+pub fn install_panic_hook() {
+    std::panic::set_hook(Box::new(|info| {
+        let msg = info
+            .payload()
+            .downcast_ref::<&str>()
+            .map(|s| s.to_string())
+            .or_else(|| info.payload().downcast_ref::<String>().cloned())
+            .unwrap_or_else(|| "panic".into());
+        let at = info
+            .location()
+            .map(|l| format!(" at {}:{}", l.file(), l.line()))
+            .unwrap_or_default();
+        eprintln!(
+            "ckalloc: internal error: {}{at} (please report this)",
+            one_line(&msg)
+        );
+    }));
+}
+
+/// Write one line to stdout. A closed pipe (`ckalloc ... | head`) ends the
+/// process quietly with status 0 instead of panicking like `println!`.
+pub fn out(line: impl fmt::Display) {
+    let mut o = std::io::stdout().lock();
+    if writeln!(o, "{line}").is_err() {
+        std::process::exit(0);
+    }
+}
+
+/// `out(format!(...))`.
+#[macro_export]
+macro_rules! outln {
+    () => { $crate::util::out("") };
+    ($($t:tt)*) => { $crate::util::out(format!($($t)*)) };
+}
+
+/// Print a JSON document (pretty) on stdout.
+pub fn emit_json(v: &serde_json::Value) {
+    out(serde_json::to_string_pretty(v).unwrap_or_else(|_| "null".into()));
+}
+
+/// Bytes in binary units: `512 B`, `1.50 KiB`, `86.66 MiB`.
+pub fn human_bytes(bytes: u64) -> String {
+    const UNITS: [&str; 6] = ["B", "KiB", "MiB", "GiB", "TiB", "PiB"];
+    let mut v = bytes as f64;
+    let mut u = 0;
+    while v >= 1024.0 && u + 1 < UNITS.len() {
+        v /= 1024.0;
+        u += 1;
+    }
+    if u == 0 {
+        format!("{bytes} B")
+    } else {
+        format!("{v:.2} {}", UNITS[u])
+    }
+}
+
+/// Parse a size in bytes: a decimal integer with an optional suffix, ASCII
+/// case-insensitive: `k`/`kib` (1024), `m`/`mib`, `g`/`gib`, `kb`/`mb`/`gb`
+/// (powers of 1000), `b`. `64MiB`, `512m`, `1000000`.
+///
+/// # Errors
+/// Empty, junk, fractions, signs or overflow, naming the input.
+pub fn parse_size(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (num, suffix) = t.split_at(split);
+    if num.is_empty() {
+        return Err(format!(
+            "invalid size '{s}': expected a number of bytes such as 4096, 64MiB or 1g"
+        ));
+    }
+    let mult: u64 = match suffix.to_ascii_lowercase().as_str() {
+        "" | "b" => 1,
+        "k" | "kib" => 1 << 10,
+        "m" | "mib" => 1 << 20,
+        "g" | "gib" => 1 << 30,
+        "t" | "tib" => 1 << 40,
+        "kb" => 1_000,
+        "mb" => 1_000_000,
+        "gb" => 1_000_000_000,
+        "tb" => 1_000_000_000_000,
+        _ => {
+            return Err(format!(
+                "invalid size '{s}': unknown suffix '{suffix}' (use k, m, g, t, KiB, MiB, GiB, kb, mb, gb)"
+            ))
+        }
+    };
+    num.parse::<u64>()
+        .ok()
+        .and_then(|n| n.checked_mul(mult))
+        .ok_or_else(|| format!("invalid size '{s}': does not fit in 64 bits"))
+}
+
+/// A byte-progress bar on stderr, hidden under `--json` or when stderr is not
+/// a terminal (indicatif's own check).
+pub fn progress(total: u64, what: &str, json: bool) -> ProgressBar {
+    let target = if json {
+        ProgressDrawTarget::hidden()
+    } else {
+        ProgressDrawTarget::stderr()
+    };
+    let bar = ProgressBar::with_draw_target(Some(total), target);
+    let style = ProgressStyle::with_template(
+        "{msg:>12} [{bar:40}] {binary_bytes}/{binary_total_bytes} {binary_bytes_per_sec}",
+    )
+    .map(|s| s.progress_chars("=> "))
+    .unwrap_or_else(|_| ProgressStyle::default_bar());
+    bar.set_style(style);
+    bar.set_message(what.to_string());
+    bar
+}
+
+/// Milliseconds of a duration, for reports.
+pub fn ms(d: std::time::Duration) -> f64 {
+    d.as_secs_f64() * 1e3
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes() {
+        assert_eq!(parse_size("4096"), Ok(4096));
+        assert_eq!(parse_size("64MiB"), Ok(64 << 20));
+        assert_eq!(parse_size("2g"), Ok(2 << 30));
+        assert_eq!(parse_size("1kb"), Ok(1000));
+        for bad in [
+            "",
+            "x",
+            "1.5g",
+            "-1",
+            "12q",
+            "99999999999999999999",
+            "20000000t",
+        ] {
+            assert!(parse_size(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn bytes_human() {
+        assert_eq!(human_bytes(512), "512 B");
+        assert_eq!(human_bytes(3 << 19), "1.50 MiB");
+    }
+
+    #[test]
+    fn collapses_lines() {
+        assert_eq!(one_line("a\n  b\tc "), "a b c");
+    }
+}
