@@ -67,8 +67,8 @@ pub mod fault {
 
     /// Disarm every operation.
     pub fn reset() {
-        for i in 0..OP_COUNT {
-            COUNTDOWN[i].store(0, Ordering::SeqCst);
+        for c in &COUNTDOWN {
+            c.store(0, Ordering::SeqCst);
         }
     }
 
