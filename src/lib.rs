@@ -9,6 +9,8 @@
 mod sys;
 
 pub mod caching;
+#[cfg(feature = "capi")]
+pub mod capi;
 mod huge;
 mod probe;
 mod stats;
