@@ -16,8 +16,12 @@
 
 #[path = "ckalloc/compute.rs"]
 mod compute;
+#[path = "ckalloc/inspect.rs"]
+mod inspect;
 #[path = "ckalloc/model.rs"]
 mod model;
+#[path = "ckalloc/pack.rs"]
+mod pack;
 #[path = "ckalloc/probe.rs"]
 mod probe;
 #[path = "ckalloc/util.rs"]
@@ -49,6 +53,10 @@ struct Global {
 enum Command {
     /// Show the system's huge-page state and time a 64 MiB first touch on each tier.
     Probe(probe::ProbeArgs),
+    /// Pack a safetensors model into weights.bump + weights_manifest.{json,map}.
+    Pack(pack::PackArgs),
+    /// Show a weights.bump: header, checksum, tensor table, gaps and overlaps.
+    Inspect(inspect::InspectArgs),
     /// Write the synthetic demo model (model.safetensors + config.json) into DIR.
     Synth(model::SynthArgs),
 }
@@ -57,6 +65,8 @@ fn run(cli: Cli) -> Result<(), CliError> {
     let g = cli.global;
     match cli.command {
         Command::Probe(a) => probe::run(g, a),
+        Command::Pack(a) => pack::run(g, a),
+        Command::Inspect(a) => inspect::run(g, a),
         Command::Synth(a) => model::run_synth(g, a),
     }
 }

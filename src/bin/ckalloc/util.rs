@@ -7,14 +7,18 @@ use std::process::ExitCode;
 
 /// A failed command: one line for the user. Exit status 1.
 #[derive(Debug)]
-pub struct CliError(String);
+pub struct CliError {
+    msg: String,
+    /// The command already printed its JSON document (which carries the failure).
+    json_done: bool,
+}
 
 impl CliError {
     /// Print the error as one line on stderr (and as `{"error": ...}` on
     /// stdout under `--json`) and return exit status 1.
     pub fn report(self, json: bool) -> ExitCode {
-        let line = one_line(&self.0);
-        if json {
+        let line = one_line(&self.msg);
+        if json && !self.json_done {
             let _ = writeln!(
                 std::io::stdout(),
                 "{}",
@@ -28,13 +32,25 @@ impl CliError {
 
 impl fmt::Display for CliError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
+        f.write_str(&self.msg)
     }
 }
 
 /// A `CliError` from anything printable.
 pub fn err(msg: impl fmt::Display) -> CliError {
-    CliError(msg.to_string())
+    CliError {
+        msg: msg.to_string(),
+        json_done: false,
+    }
+}
+
+/// A failure whose JSON report was already printed: under `--json` only the
+/// stderr line follows.
+pub fn err_reported(msg: impl fmt::Display) -> CliError {
+    CliError {
+        msg: msg.to_string(),
+        json_done: true,
+    }
 }
 
 /// `Err(CliError)` from a format string.

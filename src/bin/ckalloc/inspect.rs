@@ -1,0 +1,240 @@
+//! `ckalloc inspect`: header, checksum, tensor table, gaps and overlaps.
+
+use crate::pack::hex;
+use crate::util::{emit_json, err, err_reported, human_bytes, progress, CliError};
+use crate::{outln, Global};
+use ckalloc::weights::{Manifest, WeightsError, WeightsFile};
+use serde_json::{json, Value};
+use std::path::{Path, PathBuf};
+
+#[derive(clap::Args, Debug)]
+pub struct InspectArgs {
+    /// The weights.bump file (its manifests are read from the same directory).
+    pub weights: PathBuf,
+    /// Do not hash the file (skip the checksum check).
+    #[arg(long)]
+    pub no_verify: bool,
+}
+
+/// The directory holding a weights file's sidecars.
+pub fn sidecar_dir(weights: &Path) -> PathBuf {
+    match weights.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+        _ => PathBuf::from("."),
+    }
+}
+
+/// Open `weights.bump` and its sidecars; errors name the file.
+pub fn open(path: &Path) -> Result<(WeightsFile, Manifest), CliError> {
+    let file = WeightsFile::open(path).map_err(|e| err(format!("{}: {e}", path.display())))?;
+    let manifest = Manifest::load_sidecars(sidecar_dir(path)).map_err(|e| err(e.to_string()))?;
+    Ok((file, manifest))
+}
+
+/// Hash the file with a progress bar; `Ok(None)` when verified, `Ok(Some(msg))`
+/// when the checksum does not match.
+pub fn verify_checksum(file: &WeightsFile, json: bool) -> Result<Option<String>, CliError> {
+    let bar = progress(0, "sha256", json);
+    let r = file.verify_checksum_with(|done, total| {
+        bar.set_length(total);
+        bar.set_position(done);
+    });
+    bar.finish_and_clear();
+    match r {
+        Ok(()) => Ok(None),
+        Err(e @ WeightsError::BadChecksum { .. }) => Ok(Some(e.to_string())),
+        Err(e) => Err(err(e.to_string())),
+    }
+}
+
+pub fn run(g: Global, a: InspectArgs) -> Result<(), CliError> {
+    let path = &a.weights;
+    let file = WeightsFile::open(path).map_err(|e| err(format!("{}: {e}", path.display())))?;
+    let h = file.header();
+    let d = file.dims();
+    // The sidecars are optional for inspect: without them only the header is shown.
+    let manifest = Manifest::load_sidecars(sidecar_dir(path));
+    let checksum = if a.no_verify {
+        None
+    } else {
+        Some(verify_checksum(&file, g.json)?)
+    };
+    let checksum_state = match &checksum {
+        None => "not checked".to_string(),
+        Some(None) => "verified".to_string(),
+        Some(Some(e)) => format!("MISMATCH: {e}"),
+    };
+    let (manifest_ok, layout, table_note) = match &manifest {
+        Ok(m) => {
+            let valid = file
+                .validate_manifest(m)
+                .and_then(|()| m.check_runtime_offsets())
+                .err()
+                .map(|e| e.to_string());
+            let table = file.check_dtype_table(m).err().map(|e| e.to_string());
+            (valid, Some(file.layout_report(m)), table)
+        }
+        Err(_) => (None, None, None),
+    };
+
+    if g.json {
+        let tensors: Vec<Value> = manifest
+            .as_ref()
+            .map(|m| {
+                m.sorted_by_offset()
+                    .into_iter()
+                    .map(|e| {
+                        json!({
+                            "name": e.name, "dtype": e.dtype, "file_offset": e.file_offset,
+                            "size": e.size, "runtime_offset": e.runtime_offset, "shape": e.shape,
+                        })
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        emit_json(&json!({
+            "path": path,
+            "header": {
+                "version": h.version.number(),
+                "model_type": d.model_type,
+                "dims": d.to_json(),
+                "checksum": hex(&h.checksum),
+                "dtype_table_len": h.dtype_table_len,
+                "tensor_data_start": h.tensor_data_start,
+                "data_end": h.data_end,
+                "file_len": h.file_len,
+                "metadata_len": h.footer.map(|f| f.len),
+                "reserved_nonzero": h.reserved_nonzero,
+            },
+            "checksum": {
+                "checked": checksum.is_some(),
+                "ok": checksum.as_ref().map(|c| c.is_none()),
+                "error": checksum.as_ref().and_then(|c| c.clone()),
+            },
+            "manifest": {
+                "loaded": manifest.is_ok(),
+                "error": manifest.as_ref().err().map(|e| e.to_string()),
+                "valid": manifest.is_ok() && manifest_ok.is_none(),
+                "problem": manifest_ok,
+                "dtype_table_note": table_note,
+                "tensors": tensors,
+                "total_bytes": manifest.as_ref().ok().map(|m| m.total_bytes()),
+            },
+            "layout": layout.as_ref().map(|l| json!({
+                "region": [l.region.0, l.region.1],
+                "covered_bytes": l.covered_bytes,
+                "gap_bytes": l.gap_bytes(),
+                "gaps": l.gaps.iter().map(|g| json!({"start": g.start, "end": g.end, "after": g.after})).collect::<Vec<_>>(),
+                "overlaps": l.overlaps.iter().map(|o| json!({"first": o.first, "second": o.second, "start": o.start, "end": o.end})).collect::<Vec<_>>(),
+                "outside": l.outside,
+            })),
+        }));
+    } else {
+        outln!("{}", path.display());
+        outln!(
+            "  version {} (BUMPWGT{}), model_type {}, {} bytes",
+            h.version.number(),
+            h.version.number(),
+            d.model_type,
+            h.file_len
+        );
+        outln!(
+            "  dims: layers {}, vocab {}, embed {}, intermediate {}, context {}, heads {}/{}, head_dim {}",
+            d.num_layers, d.vocab_size, d.embed_dim, d.intermediate_size, d.context_len,
+            d.num_heads, d.num_kv_heads, d.head_dim
+        );
+        outln!(
+            "  aligned: embed {}, head {}, intermediate {}, context {}; merges {}, vocab bytes {}",
+            d.aligned_embed_dim,
+            d.aligned_head_dim,
+            d.aligned_intermediate,
+            d.aligned_context,
+            d.num_merges,
+            d.total_vocab_bytes
+        );
+        outln!(
+            "  dtype table: {} entries; tensor data [{:#x}, {:#x}){}",
+            h.dtype_table_len,
+            h.tensor_data_start,
+            h.data_end,
+            h.footer
+                .map(|f| format!("; v5 metadata {} bytes at {:#x}", f.len, f.offset))
+                .unwrap_or_default()
+        );
+        if h.reserved_nonzero {
+            outln!("  warning: reserved header bytes are not zero");
+        }
+        outln!("  sha256 {} ({checksum_state})", hex(&h.checksum));
+        match &manifest {
+            Err(e) => outln!("  manifest: {e}"),
+            Ok(m) => {
+                outln!(
+                    "  manifest: {} tensors, {} ({})",
+                    m.len(),
+                    human_bytes(m.total_bytes()),
+                    manifest_ok.as_deref().unwrap_or("valid")
+                );
+                if let Some(n) = &table_note {
+                    outln!("  dtype table: {n}");
+                }
+                outln!();
+                outln!(
+                    "  {:<52} {:<6} {:>12} {:>12}  shape",
+                    "name",
+                    "dtype",
+                    "offset",
+                    "size"
+                );
+                for e in m.sorted_by_offset() {
+                    let shape = e
+                        .shape
+                        .as_ref()
+                        .map(|s| format!("{s:?}"))
+                        .unwrap_or_default();
+                    outln!(
+                        "  {:<52} {:<6} {:>12} {:>12}  {}",
+                        e.name,
+                        e.dtype,
+                        format!("{:#x}", e.file_offset),
+                        e.size,
+                        shape
+                    );
+                }
+                if let Some(l) = &layout {
+                    outln!();
+                    let largest = l.gaps.iter().map(|g| g.end - g.start).max().unwrap_or(0);
+                    outln!(
+                        "  layout: {} of [{:#x}, {:#x}) covered; {} gaps ({} padding, largest {} B); {} overlaps; {} outside",
+                        human_bytes(l.covered_bytes),
+                        l.region.0,
+                        l.region.1,
+                        l.gaps.len(),
+                        human_bytes(l.gap_bytes()),
+                        largest,
+                        l.overlaps.len(),
+                        l.outside.len()
+                    );
+                    for o in &l.overlaps {
+                        outln!(
+                            "  overlap: {} and {} share [{:#x}, {:#x})",
+                            o.first,
+                            o.second,
+                            o.start,
+                            o.end
+                        );
+                    }
+                    for n in &l.outside {
+                        outln!("  outside the tensor data: {n}");
+                    }
+                }
+            }
+        }
+    }
+    if let Some(Some(e)) = checksum {
+        return Err(err_reported(format!("{}: {e}", path.display())));
+    }
+    if let Some(p) = manifest_ok {
+        return Err(err_reported(format!("{}: {p}", path.display())));
+    }
+    Ok(())
+}

@@ -1,0 +1,177 @@
+//! `ckalloc pack`: `model.safetensors` -> `weights.bump` + both manifests.
+
+use crate::model::{Model, Tensor};
+use crate::util::{emit_json, err, human_bytes, progress, CliError};
+use crate::{outln, Global};
+use ckalloc::weights::{Dtype, ModelDims, Version, WeightsWriter, WriteReport};
+use serde_json::{json, Value};
+use std::path::{Path, PathBuf};
+
+#[derive(clap::Args, Debug)]
+pub struct PackArgs {
+    /// The safetensors file to pack (its config.json, when next to it, gives the header's model dimensions).
+    pub model: PathBuf,
+    /// Output directory for weights.bump, weights_manifest.json and weights_manifest.map (created if missing).
+    #[arg(short, long, value_name = "DIR")]
+    pub output: PathBuf,
+    /// Container version: 4 (BUMPWGT4) or 5 (BUMPWGT5, with JSON metadata and footer).
+    #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u32).range(4..=5))]
+    pub version: u32,
+    /// Alignment of every tensor's file offset, bytes (a power of two up to 1 GiB).
+    #[arg(long, default_value_t = ckalloc::weights::DEFAULT_ALIGNMENT, value_name = "BYTES")]
+    pub align: u64,
+}
+
+/// The result of packing, for the text and JSON reports (and the demo).
+pub struct Packed {
+    pub report: WriteReport,
+    pub tensors: usize,
+    pub tensor_bytes: u64,
+    pub dims: Option<ModelDims>,
+    pub config: Option<PathBuf>,
+}
+
+/// The weights.bump dtype of a safetensors tensor.
+pub fn dtype_of(t: &Tensor<'_>) -> Result<Dtype, CliError> {
+    Dtype::from_name(&t.dtype.to_string()).map_err(|e| {
+        err(format!(
+            "tensor '{}': dtype {} cannot be stored in weights.bump: {e}",
+            t.name, t.dtype
+        ))
+    })
+}
+
+/// Pack `model` into `out_dir` (created if missing) with a progress bar.
+pub fn pack(
+    model: &Model,
+    out_dir: &Path,
+    version: Version,
+    align: u64,
+    json_mode: bool,
+) -> Result<Packed, CliError> {
+    let tensors = model.tensors()?;
+    let mut w = WeightsWriter::new(version);
+    w.alignment(align)
+        .map_err(|e| err(format!("--align {align}: {e}")))?;
+    let (dims, config) = match model.config_json()? {
+        Some((p, text)) => {
+            let mut d = ModelDims::from_config_json(&text)
+                .map_err(|e| err(format!("{}: {e}", p.display())))?;
+            d.fill_aligned_fp32();
+            w.dims(d);
+            if version == Version::V5 {
+                if let Ok(v) = serde_json::from_str::<Value>(&text) {
+                    w.metadata_entry("source_config", v);
+                }
+            }
+            (Some(d), Some(p))
+        }
+        None => (None, None),
+    };
+    if version == Version::V5 {
+        w.metadata_entry(
+            "source",
+            json!(model.path.file_name().map(|n| n.to_string_lossy().into_owned())),
+        );
+    }
+    let mut tensor_bytes = 0u64;
+    for t in &tensors {
+        let dtype = dtype_of(t)?;
+        let shape: Vec<u64> = t.shape.iter().map(|&d| d as u64).collect();
+        w.add_tensor_with_shape(t.name.as_str(), dtype, &shape, t.data)
+            .map_err(|e| err(format!("tensor '{}': {e}", t.name)))?;
+        tensor_bytes = tensor_bytes
+            .checked_add(t.data.len() as u64)
+            .ok_or_else(|| err("total tensor size overflows u64"))?;
+    }
+    std::fs::create_dir_all(out_dir)
+        .map_err(|e| err(format!("{}: cannot create: {e}", out_dir.display())))?;
+    let bar = progress(0, "packing", json_mode);
+    let report = w
+        .write_dir_with_progress(out_dir, |done, total| {
+            bar.set_length(total);
+            bar.set_position(done);
+        })
+        .map_err(|e| err(e.to_string()))?;
+    bar.finish_and_clear();
+    Ok(Packed {
+        report,
+        tensors: tensors.len(),
+        tensor_bytes,
+        dims,
+        config,
+    })
+}
+
+pub fn dims_json(d: &ModelDims) -> Value {
+    d.to_json()
+}
+
+pub fn packed_json(p: &Packed, version: Version, align: u64) -> Value {
+    let r = &p.report;
+    json!({
+        "weights": r.weights_path,
+        "manifest_json": r.manifest_json_path,
+        "manifest_map": r.manifest_map_path,
+        "version": version.number(),
+        "alignment": align,
+        "tensors": p.tensors,
+        "tensor_bytes": p.tensor_bytes,
+        "weights_base": r.weights_base,
+        "data_end": r.data_end,
+        "file_len": r.file_len,
+        "sha256": hex(&r.checksum),
+        "config": p.config,
+        "dims": p.dims.as_ref().map(dims_json),
+    })
+}
+
+pub fn hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+pub fn run(g: Global, a: PackArgs) -> Result<(), CliError> {
+    let version = Version::from_number(a.version)
+        .ok_or_else(|| err(format!("--version {}: expected 4 or 5", a.version)))?;
+    let model = Model::open(&a.model)?;
+    let p = pack(&model, &a.output, version, a.align, g.json)?;
+    if g.json {
+        emit_json(&packed_json(&p, version, a.align));
+        return Ok(());
+    }
+    let r = &p.report;
+    outln!(
+        "packed {} tensors ({}) from {}",
+        p.tensors,
+        human_bytes(p.tensor_bytes),
+        a.model.display()
+    );
+    outln!(
+        "  {}: BUMPWGT{}, {} bytes, alignment {}, tensors at [{:#x}, {:#x})",
+        r.weights_path.display(),
+        version.number(),
+        r.file_len,
+        a.align,
+        r.weights_base,
+        r.data_end
+    );
+    outln!("  sha256 {}", hex(&r.checksum));
+    outln!("  {}", r.manifest_json_path.display());
+    outln!("  {}", r.manifest_map_path.display());
+    match (&p.config, &p.dims) {
+        (Some(c), Some(d)) => outln!(
+            "  dims from {}: layers {}, embed {}, intermediate {}, heads {}/{}, head_dim {}, vocab {}, context {}",
+            c.display(),
+            d.num_layers,
+            d.embed_dim,
+            d.intermediate_size,
+            d.num_heads,
+            d.num_kv_heads,
+            d.head_dim,
+            d.vocab_size,
+            d.context_len
+        ),
+        _ => outln!("  no config.json next to the model: header dimensions left at 0"),
+    }
+    Ok(())
+}
