@@ -16,8 +16,14 @@
 
 #[path = "ckalloc/compute.rs"]
 mod compute;
+#[path = "ckalloc/demo.rs"]
+mod demo;
 #[path = "ckalloc/inspect.rs"]
 mod inspect;
+#[path = "ckalloc/load.rs"]
+mod load;
+#[path = "ckalloc/loader.rs"]
+mod loader;
 #[path = "ckalloc/model.rs"]
 mod model;
 #[path = "ckalloc/pack.rs"]
@@ -57,6 +63,10 @@ enum Command {
     Pack(pack::PackArgs),
     /// Show a weights.bump: header, checksum, tensor table, gaps and overlaps.
     Inspect(inspect::InspectArgs),
+    /// Build an arena on a weights.bump, materialize, verify, report mode, timing and coverage.
+    Load(load::LoadArgs),
+    /// The main job: pack a model, load it three ways, verify every tensor, compute on it.
+    Demo(demo::DemoArgs),
     /// Write the synthetic demo model (model.safetensors + config.json) into DIR.
     Synth(model::SynthArgs),
 }
@@ -67,6 +77,8 @@ fn run(cli: Cli) -> Result<(), CliError> {
         Command::Probe(a) => probe::run(g, a),
         Command::Pack(a) => pack::run(g, a),
         Command::Inspect(a) => inspect::run(g, a),
+        Command::Load(a) => load::run(g, a),
+        Command::Demo(a) => demo::run(g, a),
         Command::Synth(a) => model::run_synth(g, a),
     }
 }

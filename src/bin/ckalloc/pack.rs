@@ -71,7 +71,10 @@ pub fn pack(
     if version == Version::V5 {
         w.metadata_entry(
             "source",
-            json!(model.path.file_name().map(|n| n.to_string_lossy().into_owned())),
+            json!(model
+                .path
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())),
         );
     }
     let mut tensor_bytes = 0u64;

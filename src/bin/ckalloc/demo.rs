@@ -1,0 +1,342 @@
+//! `ckalloc demo`: the end-to-end main job. Pack a transformer's
+//! `model.safetensors` into `weights.bump`, load it three ways (anon +
+//! materialize, forced mixed, auto), verify every tensor against the
+//! safetensors view of the original, and run a matrix-vector product for
+//! every 2-D F32 weight read in place from the arena, with the outputs in the
+//! arena (`Vec::new_in(&arena)`) and the scratch buffers from a
+//! `CachingAllocator<CkHuge>`.
+
+use crate::compute::{self, Checksum};
+use crate::inspect::verify_checksum;
+use crate::loader::{self, coverage_json, ModeArg};
+use crate::model::{self, Model};
+use crate::pack::{self, hex};
+use crate::util::{emit_json, err, err_reported, human_bytes, ms, parse_size, CliError};
+use crate::{outln, Global};
+use allocator_api2::vec::Vec as AVec;
+use ckalloc::caching::{CacheStats, CachingAllocator};
+use ckalloc::weights::{Dtype, Manifest, Version, WeightsFile};
+use ckalloc::{BumpArena, CkHuge};
+use serde_json::{json, Value};
+use std::path::{Path, PathBuf};
+
+#[derive(clap::Args, Debug)]
+pub struct DemoArgs {
+    /// The model to serve. Default: the cached all-MiniLM-L6-v2 from
+    /// scripts/fetch-model, else the built-in synthetic model.
+    pub model: Option<PathBuf>,
+    /// Keep weights.bump and its manifests in DIR (default: a temporary directory, removed afterwards).
+    #[arg(short, long, value_name = "DIR")]
+    pub output: Option<PathBuf>,
+    /// Container version to pack.
+    #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u32).range(4..=5))]
+    pub version: u32,
+    /// Runtime region per arena beyond what the outputs need (bytes; k, m, g, KiB, MiB, GiB).
+    #[arg(long, default_value = "8MiB", value_parser = parse_size, value_name = "SIZE")]
+    pub activations: u64,
+}
+
+/// Where scripts/fetch-model caches the real model.
+fn cached_model() -> Option<PathBuf> {
+    let cache = std::env::var_os("CKALLOC_MODEL_CACHE")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join(".cache/models"));
+    let p = cache.join("all-minilm-l6-v2/model.safetensors");
+    p.is_file().then_some(p)
+}
+
+/// A directory removed (with its contents) on drop.
+struct TempDir(PathBuf);
+
+impl TempDir {
+    fn new(tag: &str) -> Result<TempDir, CliError> {
+        let base = std::env::temp_dir();
+        for i in 0..100u32 {
+            let p = base.join(format!("ckalloc-{tag}-{}-{i}", std::process::id()));
+            match std::fs::create_dir(&p) {
+                Ok(()) => return Ok(TempDir(p)),
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
+                Err(e) => return Err(err(format!("{}: {e}", p.display()))),
+            }
+        }
+        Err(err(format!(
+            "cannot create a temporary directory in {}",
+            base.display()
+        )))
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        // Best effort: a leftover temporary directory is harmless.
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// The outcome of the compute step in one arena.
+struct Work {
+    matrices: usize,
+    outputs: u64,
+    checksum: Checksum,
+    /// Runtime-region bytes the outputs took (bump high-water mark).
+    arena_bytes: usize,
+}
+
+/// The 2-D F32 weights, in file order: (entry name, rows, cols).
+fn matrices(manifest: &Manifest) -> Vec<(String, usize, usize)> {
+    manifest
+        .sorted_by_offset()
+        .into_iter()
+        .filter(|e| e.parsed_dtype().is_ok_and(|d| d == Dtype::F32))
+        .filter_map(|e| match e.shape.as_deref() {
+            Some(&[r, c]) => Some((
+                e.name.clone(),
+                usize::try_from(r).ok()?,
+                usize::try_from(c).ok()?,
+            )),
+            _ => None,
+        })
+        .collect()
+}
+
+/// Runtime bytes the outputs need: every output vector plus alignment slack.
+fn output_bytes(mats: &[(String, usize, usize)]) -> Option<u64> {
+    mats.iter().try_fold(0u64, |acc, (_, rows, _)| {
+        acc.checked_add((*rows as u64).checked_mul(4)?.checked_add(64)?)
+    })
+}
+
+/// `y = W x` for every matrix, weights read in place from the arena, outputs
+/// allocated in the arena, scratch from the cache.
+fn compute_all(
+    arena: &BumpArena,
+    manifest: &Manifest,
+    mats: &[(String, usize, usize)],
+    cache: &CachingAllocator<CkHuge>,
+) -> Result<Work, CliError> {
+    let mut outputs: Vec<AVec<f32, &BumpArena>> = Vec::with_capacity(mats.len());
+    let mut ck = Checksum::default();
+    let mut n = 0u64;
+    for (name, rows, cols) in mats {
+        let w = manifest
+            .get(name)
+            .and_then(|e| loader::arena_tensor(arena, e))
+            .ok_or_else(|| err(format!("tensor '{name}' is not in the arena")))?;
+        let y = compute::matvec(w, *rows, *cols, cache, arena)
+            .map_err(|e| err(format!("tensor '{name}': {e}")))?;
+        ck.update(&y);
+        n += y.len() as u64;
+        outputs.push(y);
+    }
+    let arena_bytes = arena.used();
+    drop(outputs);
+    Ok(Work {
+        matrices: mats.len(),
+        outputs: n,
+        checksum: ck,
+        arena_bytes,
+    })
+}
+
+fn cache_json(s: &CacheStats) -> Value {
+    json!({
+        "hits": s.hits,
+        "misses": s.misses,
+        "bypasses": s.bypasses,
+        "evictions": s.evictions,
+        "live_bytes": s.live_bytes,
+        "cached_bytes": s.cached_bytes,
+        "cached_blocks": s.cached_blocks,
+        "peak_bytes": s.peak_bytes,
+        "inner_failures": s.inner_failures,
+    })
+}
+
+pub fn run(g: Global, a: DemoArgs) -> Result<(), CliError> {
+    let json_mode = g.json;
+    let text = |line: String| {
+        if !json_mode {
+            outln!("{line}");
+        }
+    };
+
+    // 1. The model: given, cached, or synthetic.
+    let mut _synth_dir = None;
+    let (model_path, synthetic) = match (&a.model, cached_model()) {
+        (Some(p), _) => (p.clone(), false),
+        (None, Some(p)) => (p, false),
+        (None, None) => {
+            let d = TempDir::new("synth")?;
+            let p = model::write_synth(&d.0)?;
+            _synth_dir = Some(d);
+            (p, true)
+        }
+    };
+    let model = Model::open(&model_path)?;
+    let originals = model.tensors()?;
+    let original_bytes: u64 = originals.iter().map(|t| t.data.len() as u64).sum();
+    if synthetic {
+        text(format!(
+            "model: no model given and none cached (scripts/fetch-model fetches all-MiniLM-L6-v2): \
+             using the built-in synthetic model ({} tensors, {})",
+            originals.len(),
+            human_bytes(original_bytes)
+        ));
+    } else {
+        text(format!(
+            "model: {} ({} tensors, {})",
+            model_path.display(),
+            originals.len(),
+            human_bytes(original_bytes)
+        ));
+    }
+
+    // 2. Pack.
+    let tmp;
+    let out_dir = match &a.output {
+        Some(d) => d.clone(),
+        None => {
+            tmp = TempDir::new("demo")?;
+            tmp.0.clone()
+        }
+    };
+    let version = Version::from_number(a.version)
+        .ok_or_else(|| err(format!("--version {}: expected 4 or 5", a.version)))?;
+    let packed = pack::pack(
+        &model,
+        &out_dir,
+        version,
+        ckalloc::weights::DEFAULT_ALIGNMENT,
+        json_mode,
+    )?;
+    let wpath = packed.report.weights_path.clone();
+    text(format!(
+        "packed: {} ({} bytes, BUMPWGT{}, sha256 {}…)",
+        wpath.display(),
+        packed.report.file_len,
+        version.number(),
+        &hex(&packed.report.checksum)[..16]
+    ));
+    let file = WeightsFile::open(&wpath).map_err(|e| err(format!("{}: {e}", wpath.display())))?;
+    let manifest = packed.report.manifest.clone();
+    if let Some(e) = verify_checksum(&file, json_mode)? {
+        return Err(err(format!("{}: {e}", wpath.display())));
+    }
+
+    // 3. Load three ways, verify, compute.
+    let mats = matrices(&manifest);
+    let activations = output_bytes(&mats)
+        .and_then(|b| b.checked_add(a.activations))
+        .ok_or_else(|| err("activation size overflows"))?;
+    let cache = CachingAllocator::unbounded(CkHuge::new());
+    let reference: Vec<(&str, &[u8])> = originals
+        .iter()
+        .map(|t| (t.name.as_str(), t.data))
+        .collect();
+    let mut modes = Vec::new();
+    let mut checksums = Vec::new();
+    let mut failures = Vec::new();
+    for (label, mode) in [
+        ("anon + materialize", ModeArg::Anon),
+        ("forced mixed", ModeArg::Mixed),
+        ("auto", ModeArg::Auto),
+    ] {
+        let l = loader::load(&wpath, &file, &manifest, mode, activations, json_mode)?;
+        let v = loader::verify(&l.arena, &manifest, reference.iter().copied());
+        let cov = l.arena.coverage().ok();
+        let work = compute_all(&l.arena, &manifest, &mats, &cache)?;
+        text(String::new());
+        text(format!(
+            "[{label}] mode {} ({}), backing {}",
+            l.arena.mode(),
+            l.why,
+            l.arena.backing()
+        ));
+        text(format!(
+            "  ready in {:.1} ms (map {:.1} ms{})",
+            ms(l.ready()),
+            ms(l.build),
+            l.materialize
+                .map(|d| format!(", materialize {:.1} ms", ms(d)))
+                .unwrap_or_default()
+        ));
+        text(format!("  {}", v.line()));
+        if let Some(c) = &cov {
+            text(format!("  coverage: weights {}", c.weights));
+            text(format!("            runtime {}", c.runtime));
+        }
+        text(format!(
+            "  compute: {} matrix-vector products, {} outputs ({} in the arena), checksum {}",
+            work.matrices,
+            work.outputs,
+            human_bytes(work.arena_bytes as u64),
+            work.checksum
+        ));
+        text(format!("  {}", loader::resident_line()));
+        if !v.mismatches.is_empty() {
+            failures.push(format!(
+                "{label}: {} of {} tensors differ (first: {})",
+                v.mismatches.len(),
+                v.tensors,
+                v.mismatches[0]
+            ));
+        }
+        checksums.push(work.checksum);
+        modes.push(json!({
+            "label": label,
+            "arena": l.json(),
+            "verified": v.json(),
+            "coverage": cov.map(|c| json!({
+                "weights": coverage_json(&c.weights),
+                "runtime": coverage_json(&c.runtime),
+            })),
+            "compute": {
+                "matrices": work.matrices,
+                "outputs": work.outputs,
+                "arena_bytes": work.arena_bytes,
+                "checksum": work.checksum.to_string(),
+            },
+            "resident": loader::resident_json(),
+        }));
+    }
+    let equal = checksums.windows(2).all(|w| w[0] == w[1]);
+    if !equal {
+        failures.push(format!(
+            "output checksums differ across modes: {}",
+            checksums
+                .iter()
+                .map(|c| c.to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        ));
+    }
+    let stats = cache.stats();
+    text(String::new());
+    text(format!(
+        "checksum: {} across the three modes ({})",
+        if equal { "equal" } else { "DIFFERENT" },
+        checksums[0]
+    ));
+    text("scratch buffers (CachingAllocator<CkHuge>):".to_string());
+    for line in stats.to_string().lines() {
+        text(format!("  {line}"));
+    }
+    if json_mode {
+        emit_json(&json!({
+            "model": model_path,
+            "synthetic": synthetic,
+            "tensors": originals.len(),
+            "tensor_bytes": original_bytes,
+            "pack": pack::packed_json(&packed, version, ckalloc::weights::DEFAULT_ALIGNMENT),
+            "modes": modes,
+            "checksums_equal": equal,
+            "checksum": checksums[0].to_string(),
+            "cache": cache_json(&stats),
+            "ok": failures.is_empty(),
+        }));
+    }
+    if let Some(f) = failures.first() {
+        return Err(err_reported(format!("demo failed: {f}")));
+    }
+    Ok(())
+}

@@ -1,0 +1,115 @@
+//! `ckalloc load`: build the arena on a `weights.bump` and verify it.
+
+use crate::inspect::{open, verify_checksum};
+use crate::loader::{self, coverage_json, ModeArg};
+use crate::pack::hex;
+use crate::util::{emit_json, err, err_reported, human_bytes, ms, parse_size, CliError};
+use crate::{outln, Global};
+use serde_json::json;
+use std::path::PathBuf;
+
+#[derive(clap::Args, Debug)]
+pub struct LoadArgs {
+    /// The weights.bump file (its manifests are read from the same directory).
+    pub weights: PathBuf,
+    /// Arena mode.
+    #[arg(long, value_enum, default_value_t = ModeArg::Auto)]
+    pub mode: ModeArg,
+    /// Size of the runtime region after the weights (bytes; suffixes k, m, g, KiB, MiB, GiB).
+    #[arg(long, default_value = "64MiB", value_parser = parse_size, value_name = "SIZE")]
+    pub activations: u64,
+}
+
+pub fn run(g: Global, a: LoadArgs) -> Result<(), CliError> {
+    let path = &a.weights;
+    let (file, manifest) = open(path)?;
+    file.validate_manifest(&manifest)
+        .and_then(|()| manifest.check_runtime_offsets())
+        .map_err(|e| err(format!("{}: {e}", path.display())))?;
+    let checksum = verify_checksum(&file, g.json)?;
+    if let Some(e) = checksum {
+        return Err(err(format!("{}: {e}", path.display())));
+    }
+    let l = loader::load(path, &file, &manifest, a.mode, a.activations, g.json)?;
+    let arena = &l.arena;
+    // Every manifest entry, in the arena, against the (checksum-verified) file.
+    let reference: Vec<(&str, &[u8])> = manifest
+        .iter()
+        .map(|e| {
+            file.tensor(e)
+                .map(|b| (e.name.as_str(), b))
+                .map_err(|x| err(format!("{}: {x}", path.display())))
+        })
+        .collect::<Result<_, _>>()?;
+    let v = loader::verify(arena, &manifest, reference);
+    let cov = arena.coverage().ok();
+    if g.json {
+        emit_json(&json!({
+            "path": path,
+            "tensors": manifest.len(),
+            "tensor_bytes": manifest.total_bytes(),
+            "checksum": {"ok": true, "sha256": hex(file.checksum())},
+            "arena": l.json(),
+            "verified": v.json(),
+            "coverage": cov.map(|c| json!({
+                "weights": coverage_json(&c.weights),
+                "runtime": coverage_json(&c.runtime),
+            })),
+            "resident": loader::resident_json(),
+        }));
+    } else {
+        outln!(
+            "{}: {} tensors, {}; checksum verified (sha256 {})",
+            path.display(),
+            manifest.len(),
+            human_bytes(manifest.total_bytes()),
+            hex(file.checksum())
+        );
+        outln!(
+            "arena: {} = weights [{:#x}, {:#x}) + {} runtime region",
+            human_bytes(arena.total_size() as u64),
+            arena.weights_base(),
+            arena.activations_base(),
+            human_bytes(a.activations)
+        );
+        outln!(
+            "mode: {} ({}); backing {}",
+            arena.mode(),
+            l.why,
+            arena.backing()
+        );
+        outln!(
+            "ready in {:.1} ms (map {:.1} ms{})",
+            ms(l.ready()),
+            ms(l.build),
+            l.materialize
+                .map(|d| format!(
+                    ", materialize {:.1} ms at {:.2} GiB/s",
+                    ms(d),
+                    (arena.activations_base() - arena.weights_base()) as f64
+                        / (1u64 << 30) as f64
+                        / d.as_secs_f64().max(1e-9)
+                ))
+                .unwrap_or_else(|| ", weights mapped from the file".into())
+        );
+        outln!("{}", v.line());
+        match cov {
+            Some(c) => {
+                outln!("coverage: weights {}", c.weights);
+                outln!("          runtime {}", c.runtime);
+            }
+            None => outln!("coverage: unavailable (/proc/self/pagemap and smaps unreadable)"),
+        }
+        outln!("{}", loader::resident_line());
+    }
+    if !v.mismatches.is_empty() {
+        return Err(err_reported(format!(
+            "{}: {} of {} tensors differ in the arena (first: {})",
+            path.display(),
+            v.mismatches.len(),
+            v.tensors,
+            v.mismatches[0]
+        )));
+    }
+    Ok(())
+}

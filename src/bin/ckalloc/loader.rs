@@ -1,0 +1,258 @@
+//! Building a [`BumpArena`] on a `weights.bump`, shared by `load` and `demo`.
+
+use crate::util::{err, human_bytes, ms, progress, CliError};
+use ckalloc::weights::{Manifest, ManifestEntry, WeightsFile};
+use ckalloc::{ArenaMode, BumpArena, HugeCoverage, ModePolicy};
+use serde_json::{json, Value};
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+/// `--mode`: which arena mode to build.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ModeArg {
+    /// Anonymous first, mixed file-backed on failure (honours CK_BUMP_FORCE_MIXED / CK_BUMP_DISABLE_MIXED).
+    Auto,
+    /// Anonymous huge-page memory; the weights are copied in (materialized).
+    Anon,
+    /// Weights mapped read-only from the file, runtime region anonymous.
+    Mixed,
+}
+
+impl ModeArg {
+    pub fn name(self) -> &'static str {
+        match self {
+            ModeArg::Auto => "auto",
+            ModeArg::Anon => "anon",
+            ModeArg::Mixed => "mixed",
+        }
+    }
+
+    fn policy(self) -> ModePolicy {
+        match self {
+            ModeArg::Auto => ModePolicy::Auto,
+            ModeArg::Anon => ModePolicy::AnonOnly,
+            ModeArg::Mixed => ModePolicy::MixedOnly,
+        }
+    }
+}
+
+/// An arena holding a weights file, ready to use.
+pub struct Loaded {
+    pub arena: BumpArena,
+    pub requested: ModeArg,
+    /// Why the arena is in its mode, in words.
+    pub why: String,
+    /// Time to map the arena (`build`).
+    pub build: Duration,
+    /// Time to copy the weights in (anon mode), `None` when not needed.
+    pub materialize: Option<Duration>,
+}
+
+impl Loaded {
+    /// Time from start to an arena whose weights can be read.
+    pub fn ready(&self) -> Duration {
+        self.build + self.materialize.unwrap_or_default()
+    }
+
+    pub fn mode_name(&self) -> &'static str {
+        match self.arena.mode() {
+            ArenaMode::Anon => "anon",
+            ArenaMode::MixedFileBacked => "mixed",
+        }
+    }
+
+    pub fn json(&self) -> Value {
+        let a = &self.arena;
+        json!({
+            "requested": self.requested.name(),
+            "mode": self.mode_name(),
+            "why": self.why,
+            "backing": a.backing().to_string(),
+            "total_size": a.total_size(),
+            "weights_base": a.weights_base(),
+            "activations_base": a.activations_base(),
+            "build_ms": ms(self.build),
+            "materialize_ms": self.materialize.map(ms),
+            "ready_ms": ms(self.ready()),
+        })
+    }
+}
+
+/// The weights region `[weights_base, activations_base)` for a manifest: from
+/// the first tensor to the end of tensor data (arena offset == file offset).
+pub fn layout(file: &WeightsFile, manifest: &Manifest) -> Result<(usize, usize), CliError> {
+    let end = file.data_end();
+    let start = manifest
+        .iter()
+        .map(|e| e.file_offset)
+        .min()
+        .unwrap_or(end)
+        .min(end);
+    let conv = |v: u64| {
+        usize::try_from(v).map_err(|_| err(format!("offset {v:#x} does not fit in usize")))
+    };
+    Ok((conv(start)?, conv(end)?))
+}
+
+/// Build the arena in `mode` over `path` with `activations` bytes of runtime
+/// region, and materialize the weights (with a progress bar) when needed.
+pub fn load(
+    path: &Path,
+    file: &WeightsFile,
+    manifest: &Manifest,
+    mode: ModeArg,
+    activations: u64,
+    json: bool,
+) -> Result<Loaded, CliError> {
+    let (wb, ab) = layout(file, manifest)?;
+    let total = u64::try_from(ab)
+        .ok()
+        .and_then(|ab| ab.checked_add(activations))
+        .and_then(|t| usize::try_from(t).ok())
+        .ok_or_else(|| {
+            err(format!(
+                "arena size {ab} + {activations} bytes of activations overflows"
+            ))
+        })?;
+    let t = Instant::now();
+    let mut arena = BumpArena::builder(total)
+        .weights_file(path)
+        .weights_base(wb)
+        .activations_base(ab)
+        .policy(mode.policy())
+        .build()
+        .map_err(|e| err(format!("{} (--mode {}): {e}", path.display(), mode.name())))?;
+    let build = t.elapsed();
+    let why = match (mode, arena.mode(), arena.fallback_reason()) {
+        (ModeArg::Anon | ModeArg::Mixed, _, _) => format!("requested with --mode {}", mode.name()),
+        (ModeArg::Auto, _, Some(reason)) => format!("auto fell back to mixed: {reason}"),
+        (ModeArg::Auto, ArenaMode::Anon, None) => {
+            "auto tries anonymous first and it worked".to_string()
+        }
+        (ModeArg::Auto, ArenaMode::MixedFileBacked, None) => "auto chose mixed".to_string(),
+    };
+    let materialize = if arena.needs_weight_materialization() {
+        let bar = progress(0, "materialize", json);
+        let t = Instant::now();
+        arena
+            .materialize_weights_with(|done, total| {
+                bar.set_length(total as u64);
+                bar.set_position(done as u64);
+            })
+            .map_err(|e| err(format!("{}: materializing weights: {e}", path.display())))?;
+        bar.finish_and_clear();
+        Some(t.elapsed())
+    } else {
+        None
+    };
+    Ok(Loaded {
+        arena,
+        requested: mode,
+        why,
+        build,
+        materialize,
+    })
+}
+
+/// A manifest entry's bytes in the arena (offset == file offset).
+pub fn arena_tensor<'a>(arena: &'a BumpArena, e: &ManifestEntry) -> Option<&'a [u8]> {
+    let start = usize::try_from(e.runtime_offset)
+        .ok()?
+        .checked_sub(arena.weights_base())?;
+    let len = usize::try_from(e.size).ok()?;
+    arena.weights().get(start..start.checked_add(len)?)
+}
+
+/// The result of comparing every tensor in the arena with a reference.
+#[derive(Default)]
+pub struct Verified {
+    pub tensors: u64,
+    pub bytes: u64,
+    /// Names of tensors that differ (or are missing), in manifest order.
+    pub mismatches: Vec<String>,
+}
+
+impl Verified {
+    pub fn line(&self) -> String {
+        format!(
+            "verified: {} tensors, {} bytes, {} mismatches",
+            self.tensors,
+            self.bytes,
+            self.mismatches.len()
+        )
+    }
+
+    pub fn json(&self) -> Value {
+        json!({
+            "tensors": self.tensors,
+            "bytes": self.bytes,
+            "mismatches": self.mismatches.len(),
+            "mismatched": self.mismatches,
+        })
+    }
+}
+
+/// Compare each tensor of `names` in the arena (through `manifest`) with
+/// `reference(name)`, byte for byte.
+pub fn verify<'r>(
+    arena: &BumpArena,
+    manifest: &Manifest,
+    names: impl IntoIterator<Item = (&'r str, &'r [u8])>,
+) -> Verified {
+    let mut v = Verified::default();
+    for (name, want) in names {
+        v.tensors += 1;
+        v.bytes += want.len() as u64;
+        let got = manifest.get(name).and_then(|e| arena_tensor(arena, e));
+        if got != Some(want) {
+            v.mismatches.push(name.to_string());
+        }
+    }
+    v
+}
+
+pub fn coverage_json(c: &HugeCoverage) -> Value {
+    json!({
+        "resident_bytes": c.mapped_bytes,
+        "huge_bytes": c.huge_bytes,
+        "exact": c.exact,
+    })
+}
+
+/// Resident memory of this process from `/proc/self/status` (bytes):
+/// `VmRSS`, `RssAnon`, `RssFile`, `VmHWM`. Missing fields are `None`.
+pub fn resident() -> [(&'static str, Option<u64>); 4] {
+    let text = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    let get = |key: &str| {
+        text.lines()
+            .find_map(|l| l.strip_prefix(key))
+            .and_then(|r| r.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+            .map(|kb| kb * 1024)
+    };
+    [
+        ("rss", get("VmRSS:")),
+        ("rss_anon", get("RssAnon:")),
+        ("rss_file", get("RssFile:")),
+        ("peak_rss", get("VmHWM:")),
+    ]
+}
+
+pub fn resident_line() -> String {
+    let r = resident();
+    let f = |v: Option<u64>| v.map(human_bytes).unwrap_or_else(|| "?".into());
+    format!(
+        "resident: {} (anonymous {}, file {}), peak {}",
+        f(r[0].1),
+        f(r[1].1),
+        f(r[2].1),
+        f(r[3].1)
+    )
+}
+
+pub fn resident_json() -> Value {
+    let mut m = serde_json::Map::new();
+    for (k, v) in resident() {
+        m.insert(format!("{k}_bytes"), json!(v));
+    }
+    Value::Object(m)
+}
