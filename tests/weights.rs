@@ -166,16 +166,19 @@ fn round_trip(version: Version) {
 }
 
 #[test]
+#[cfg_attr(miri, ignore)] // file-backed mmap / file system
 fn round_trip_v4() {
     round_trip(Version::V4);
 }
 
 #[test]
+#[cfg_attr(miri, ignore)] // file-backed mmap / file system
 fn round_trip_v5() {
     round_trip(Version::V5);
 }
 
 #[test]
+#[cfg_attr(miri, ignore)] // file-backed mmap / file system
 fn writer_output_fixed_offsets() {
     for version in [Version::V4, Version::V5] {
         let dir = tempfile::tempdir().unwrap();
@@ -365,6 +368,7 @@ fn truncated_at_every_header_length() {
 }
 
 #[test]
+#[cfg_attr(miri, ignore)] // file-backed mmap / file system
 fn truncated_written_files_never_panic() {
     let dir = tempfile::tempdir().unwrap();
     let rep = write_sample(dir.path(), Version::V5, 64);
@@ -487,6 +491,7 @@ fn bad_checksum_footer_and_table() {
 }
 
 #[test]
+#[cfg_attr(miri, ignore)] // file-backed mmap / file system
 fn open_errors_name_the_path() {
     let dir = tempfile::tempdir().unwrap();
     let missing = dir.path().join("nope.bump");
@@ -688,6 +693,7 @@ fn corrupt_json_manifests() {
 }
 
 #[test]
+#[cfg_attr(miri, ignore)] // file-backed mmap / file system
 fn sidecar_loading() {
     let dir = tempfile::tempdir().unwrap();
     assert!(matches!(
@@ -726,6 +732,7 @@ fn sidecar_loading() {
 }
 
 #[test]
+#[cfg_attr(miri, ignore)] // file-backed mmap / file system
 fn dtype_table_check() {
     let dir = tempfile::tempdir().unwrap();
     let rep = write_sample(dir.path(), Version::V4, 64);
@@ -808,6 +815,7 @@ fn writer_rejects_bad_input() {
 }
 
 #[test]
+#[cfg_attr(miri, ignore)] // file-backed mmap / file system
 fn failed_write_leaves_nothing() {
     let dir = tempfile::tempdir().unwrap();
     let missing = dir.path().join("no/such/dir");
@@ -834,6 +842,7 @@ fn failed_write_leaves_nothing() {
 }
 
 #[test]
+#[cfg_attr(miri, ignore)] // file-backed mmap / file system
 fn progress_is_monotonic_and_complete() {
     let dir = tempfile::tempdir().unwrap();
     let big = vec![7u8; 9 << 20];
@@ -857,6 +866,7 @@ fn progress_is_monotonic_and_complete() {
 }
 
 #[test]
+#[cfg_attr(miri, ignore)] // file-backed mmap / file system
 fn no_tensors() {
     for v in [Version::V4, Version::V5] {
         let dir = tempfile::tempdir().unwrap();
@@ -956,6 +966,7 @@ fn extension_codes_collide_with_nothing() {
 /// Seed format (see fuzz/fuzz_targets/weights_reader.rs): u32 LE file length, file
 /// bytes, u32 LE map length, map text, then the JSON text to the end.
 #[test]
+#[cfg_attr(miri, ignore)] // file-backed mmap / file system
 fn seeds() {
     fn seed(file: &[u8], map: &str, json: &str) -> Vec<u8> {
         let mut s = Vec::new();
