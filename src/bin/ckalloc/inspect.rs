@@ -69,6 +69,7 @@ pub fn run(g: Global, a: InspectArgs) -> Result<(), CliError> {
             let valid = file
                 .validate_manifest(m)
                 .and_then(|()| m.check_runtime_offsets())
+                .and_then(|()| m.check_dtypes())
                 .err()
                 .map(|e| e.to_string());
             let table = file.check_dtype_table(m).err().map(|e| e.to_string());

@@ -25,6 +25,7 @@ pub fn run(g: Global, a: LoadArgs) -> Result<(), CliError> {
     let (file, manifest) = open(path)?;
     file.validate_manifest(&manifest)
         .and_then(|()| manifest.check_runtime_offsets())
+        .and_then(|()| manifest.check_dtypes())
         .map_err(|e| err(format!("{}: {e}", path.display())))?;
     let checksum = verify_checksum(&file, g.json)?;
     if let Some(e) = checksum {

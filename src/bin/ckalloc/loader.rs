@@ -136,8 +136,8 @@ pub fn load(
         let t = Instant::now();
         arena
             .materialize_weights_with(|done, total| {
-                bar.set_length(total as u64);
-                bar.set_position(done as u64);
+                bar.set_length(total);
+                bar.set_position(done);
             })
             .map_err(|e| err(format!("{}: materializing weights: {e}", path.display())))?;
         bar.finish_and_clear();

@@ -43,7 +43,7 @@ impl Trial {
             "backing": self.backing.map(|b| b.to_string()),
             "bytes": TOUCH_BYTES,
             "first_touch_ms": self.touch.map(ms),
-            "first_touch_gib_per_s": self.touch.map(|d| rate(d)),
+            "first_touch_gib_per_s": self.touch.map(rate),
             "resident_bytes": self.coverage.map(|c| c.mapped_bytes),
             "huge_bytes": self.coverage.map(|c| c.huge_bytes),
             "error": self.error,
