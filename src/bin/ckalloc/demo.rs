@@ -258,7 +258,7 @@ pub fn run(g: Global, a: DemoArgs) -> Result<(), CliError> {
             ms(l.build),
             l.materialize
                 .map(|d| format!(", materialize {:.1} ms", ms(d)))
-                .unwrap_or_default()
+                .unwrap_or_else(|| ", weights fault in from the file on first read".into())
         ));
         text(format!("  {}", v.line()));
         if let Some(c) = &cov {

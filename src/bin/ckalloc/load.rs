@@ -91,7 +91,7 @@ pub fn run(g: Global, a: LoadArgs) -> Result<(), CliError> {
                         / (1u64 << 30) as f64
                         / d.as_secs_f64().max(1e-9)
                 ))
-                .unwrap_or_else(|| ", weights mapped from the file".into())
+                .unwrap_or_else(|| ", weights fault in from the file on first read".into())
         );
         outln!("{}", v.line());
         match cov {

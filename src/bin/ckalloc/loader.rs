@@ -220,8 +220,9 @@ pub fn coverage_json(c: &HugeCoverage) -> Value {
 }
 
 /// Resident memory of this process from `/proc/self/status` (bytes):
-/// `VmRSS`, `RssAnon`, `RssFile`, `VmHWM`. Missing fields are `None`.
-pub fn resident() -> [(&'static str, Option<u64>); 4] {
+/// `VmRSS`, `RssAnon`, `RssFile`, `HugetlbPages` (not part of `VmRSS`),
+/// `VmHWM`. Missing fields are `None`.
+pub fn resident() -> [(&'static str, Option<u64>); 5] {
     let text = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
     let get = |key: &str| {
         text.lines()
@@ -233,6 +234,7 @@ pub fn resident() -> [(&'static str, Option<u64>); 4] {
         ("rss", get("VmRSS:")),
         ("rss_anon", get("RssAnon:")),
         ("rss_file", get("RssFile:")),
+        ("hugetlb", get("HugetlbPages:")),
         ("peak_rss", get("VmHWM:")),
     ]
 }
@@ -240,12 +242,16 @@ pub fn resident() -> [(&'static str, Option<u64>); 4] {
 pub fn resident_line() -> String {
     let r = resident();
     let f = |v: Option<u64>| v.map(human_bytes).unwrap_or_else(|| "?".into());
+    let hugetlb = match r[3].1 {
+        Some(h) if h > 0 => format!(" + hugetlb {}", human_bytes(h)),
+        _ => String::new(),
+    };
     format!(
-        "resident: {} (anonymous {}, file {}), peak {}",
+        "resident: {} (anonymous {}, file {}){hugetlb}, peak {}",
         f(r[0].1),
         f(r[1].1),
         f(r[2].1),
-        f(r[3].1)
+        f(r[4].1)
     )
 }
 
