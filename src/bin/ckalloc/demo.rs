@@ -110,7 +110,6 @@ fn output_bytes(mats: &[(String, usize, usize)]) -> Option<u64> {
 /// allocated in the arena, scratch from the cache.
 fn compute_all(
     arena: &BumpArena,
-    manifest: &Manifest,
     mats: &[(String, usize, usize)],
     cache: &CachingAllocator<CkHuge>,
 ) -> Result<Work, CliError> {
@@ -118,9 +117,8 @@ fn compute_all(
     let mut ck = Checksum::default();
     let mut n = 0u64;
     for (name, rows, cols) in mats {
-        let w = manifest
-            .get(name)
-            .and_then(|e| loader::arena_tensor(arena, e))
+        let w = arena
+            .tensor(name)
             .ok_or_else(|| err(format!("tensor '{name}' is not in the arena")))?;
         let y = compute::matvec(w, *rows, *cols, cache, arena)
             .map_err(|e| err(format!("tensor '{name}': {e}")))?;
@@ -242,9 +240,9 @@ pub fn run(g: Global, a: DemoArgs) -> Result<(), CliError> {
         ("auto", ModeArg::Auto),
     ] {
         let l = loader::load(&wpath, &file, &manifest, mode, activations, json_mode)?;
-        let v = loader::verify(&l.arena, &manifest, reference.iter().copied());
+        let v = loader::verify(&l.arena, reference.iter().copied());
         let cov = l.arena.coverage().ok();
-        let work = compute_all(&l.arena, &manifest, &mats, &cache)?;
+        let work = compute_all(&l.arena, &mats, &cache)?;
         text(String::new());
         text(format!(
             "[{label}] mode {} ({}), backing {}",

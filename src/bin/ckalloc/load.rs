@@ -42,7 +42,7 @@ pub fn run(g: Global, a: LoadArgs) -> Result<(), CliError> {
                 .map_err(|x| err(format!("{}: {x}", path.display())))
         })
         .collect::<Result<_, _>>()?;
-    let v = loader::verify(arena, &manifest, reference);
+    let v = loader::verify(arena, reference);
     let cov = arena.coverage().ok();
     if g.json {
         emit_json(&json!({

@@ -1,7 +1,7 @@
 //! Building a [`BumpArena`] on a `weights.bump`, shared by `load` and `demo`.
 
 use crate::util::{err, human_bytes, ms, progress, CliError};
-use ckalloc::weights::{Manifest, ManifestEntry, WeightsFile};
+use ckalloc::weights::{Manifest, WeightsFile};
 use ckalloc::{ArenaMode, BumpArena, HugeCoverage, ModePolicy};
 use serde_json::{json, Value};
 use std::path::Path;
@@ -120,6 +120,7 @@ pub fn load(
         .weights_base(wb)
         .activations_base(ab)
         .policy(mode.policy())
+        .manifest(manifest.clone())
         .build()
         .map_err(|e| err(format!("{} (--mode {}): {e}", path.display(), mode.name())))?;
     let build = t.elapsed();
@@ -154,15 +155,6 @@ pub fn load(
     })
 }
 
-/// A manifest entry's bytes in the arena (offset == file offset).
-pub fn arena_tensor<'a>(arena: &'a BumpArena, e: &ManifestEntry) -> Option<&'a [u8]> {
-    let start = usize::try_from(e.runtime_offset)
-        .ok()?
-        .checked_sub(arena.weights_base())?;
-    let len = usize::try_from(e.size).ok()?;
-    arena.weights().get(start..start.checked_add(len)?)
-}
-
 /// The result of comparing every tensor in the arena with a reference.
 #[derive(Default)]
 pub struct Verified {
@@ -192,19 +184,18 @@ impl Verified {
     }
 }
 
-/// Compare each tensor of `names` in the arena (through `manifest`) with
-/// `reference(name)`, byte for byte.
+/// Compare each `(name, bytes)` of `reference` with the tensor of that name
+/// in the arena (`BumpArena::tensor`, through the manifest it was built
+/// with), byte for byte. A tensor missing from the arena counts as a mismatch.
 pub fn verify<'r>(
     arena: &BumpArena,
-    manifest: &Manifest,
-    names: impl IntoIterator<Item = (&'r str, &'r [u8])>,
+    reference: impl IntoIterator<Item = (&'r str, &'r [u8])>,
 ) -> Verified {
     let mut v = Verified::default();
-    for (name, want) in names {
+    for (name, want) in reference {
         v.tensors += 1;
         v.bytes += want.len() as u64;
-        let got = manifest.get(name).and_then(|e| arena_tensor(arena, e));
-        if got != Some(want) {
+        if arena.tensor(name) != Some(want) {
             v.mismatches.push(name.to_string());
         }
     }
