@@ -8,6 +8,7 @@
 
 mod sys;
 
+mod arena;
 pub mod caching;
 mod huge;
 mod probe;
@@ -15,6 +16,10 @@ mod stats;
 #[cfg(feature = "weights")]
 pub mod weights;
 
+pub use arena::{
+    ArenaBuilder, ArenaCoverage, ArenaError, ArenaMode, BumpArena, Checkpoint, FallbackReason,
+    LocalArena, ModePolicy,
+};
 pub use huge::{
     huge_alloc, huge_free, reset_hugetlb_backoff, Backing, CkHuge, HugeError, HugeOptions,
     HugeRegion,
