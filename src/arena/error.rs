@@ -157,7 +157,11 @@ impl fmt::Display for ArenaError {
                 write!(f, "cannot open weights file {}: {source}", path.display())
             }
             ArenaError::StatWeights { path, source } => {
-                write!(f, "fstat of weights file {} failed: {source}", path.display())
+                write!(
+                    f,
+                    "fstat of weights file {} failed: {source}",
+                    path.display()
+                )
             }
             ArenaError::NotRegularFile { path } => {
                 write!(f, "weights file {} is not a regular file", path.display())

@@ -224,14 +224,11 @@ pub(super) fn mixed(
         if to > from {
             // SAFETY: `from..to` lies in the runtime mapping just made
             // (read-write, owned by `storage`, no other reference exists).
-            let buf =
-                unsafe { std::slice::from_raw_parts_mut(base.as_ptr().add(from), to - from) };
-            sys::pread_exact(fd, buf, from as u64).map_err(|source| {
-                ArenaError::ReadWeights {
-                    offset: from as u64,
-                    len: to - from,
-                    source,
-                }
+            let buf = unsafe { std::slice::from_raw_parts_mut(base.as_ptr().add(from), to - from) };
+            sys::pread_exact(fd, buf, from as u64).map_err(|source| ArenaError::ReadWeights {
+                offset: from as u64,
+                len: to - from,
+                source,
             })?;
         }
     }

@@ -290,7 +290,11 @@ impl ArenaBuilder {
             fallback,
             weights_file_size: source.as_ref().map(|s| s.size),
             // In mixed mode the descriptor is not needed after mapping.
-            source: if mode == ArenaMode::Anon { source } else { None },
+            source: if mode == ArenaMode::Anon {
+                source
+            } else {
+                None
+            },
             materialized: mode == ArenaMode::MixedFileBacked || ab == wb,
             release_on_reset: self.release_on_reset,
         };
@@ -709,7 +713,11 @@ impl BumpArena {
         };
         let stop = stop.min(map_end);
         if stop > start {
-            let p = self.storage.base.as_ptr().wrapping_add(start - self.as_ptr() as usize);
+            let p = self
+                .storage
+                .base
+                .as_ptr()
+                .wrapping_add(start - self.as_ptr() as usize);
             // Advice only: if the kernel refuses, the pages stay resident and
             // keep their (stale) contents, which allocations do not promise
             // to be zero anyway.

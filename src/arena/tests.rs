@@ -70,9 +70,15 @@ fn vec_and_local_arena_over_heap_storage() {
 fn exhaustion_is_an_error() {
     let arena = BumpArena::heap_for_tests(4096, 0);
     let a = &arena;
-    assert!(a.allocate(Layout::from_size_align(4097, 1).unwrap()).is_err());
-    assert!(a.allocate(Layout::from_size_align(4096, 1).unwrap()).is_ok());
+    assert!(a
+        .allocate(Layout::from_size_align(4097, 1).unwrap())
+        .is_err());
+    assert!(a
+        .allocate(Layout::from_size_align(4096, 1).unwrap())
+        .is_ok());
     assert!(a.allocate(Layout::from_size_align(1, 1).unwrap()).is_err());
     let local = arena.local();
-    assert!((&local).allocate(Layout::from_size_align(1, 1).unwrap()).is_err());
+    assert!((&local)
+        .allocate(Layout::from_size_align(1, 1).unwrap())
+        .is_err());
 }
