@@ -10,6 +10,8 @@ mod sys;
 
 mod arena;
 pub mod caching;
+#[cfg(feature = "capi")]
+pub mod capi;
 mod huge;
 mod probe;
 mod stats;

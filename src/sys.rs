@@ -48,7 +48,7 @@ pub mod fault {
     //! the third `mmap` from now fail with `ENOMEM` (once). The state is
     //! process-global: tests that use it must not run concurrently.
     use super::{Op, OP_COUNT};
-    use std::sync::atomic::{AtomicI32, AtomicU64, Ordering};
+    use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, Ordering};
 
     #[allow(clippy::declare_interior_mutable_const)]
     const ZERO: AtomicU64 = AtomicU64::new(0);
@@ -57,18 +57,33 @@ pub mod fault {
     static COUNTDOWN: [AtomicU64; OP_COUNT] = [ZERO; OP_COUNT];
     static ERRNO: [AtomicI32; OP_COUNT] = [ZERO32; OP_COUNT];
     static CALLS: [AtomicU64; OP_COUNT] = [ZERO; OP_COUNT];
+    #[allow(clippy::declare_interior_mutable_const)]
+    const NO: AtomicBool = AtomicBool::new(false);
+    static STICKY: [AtomicBool; OP_COUNT] = [NO; OP_COUNT];
 
     /// Make the `n`-th call (1-based, counted from now) of `op` fail with `errno`.
     /// `n == 0` disarms.
     pub fn fail_nth(op: Op, n: u64, errno: i32) {
+        STICKY[op as usize].store(false, Ordering::SeqCst);
         ERRNO[op as usize].store(errno, Ordering::SeqCst);
         COUNTDOWN[op as usize].store(n, Ordering::SeqCst);
     }
 
+    /// Make the `n`-th call of `op` from now and every later one fail with
+    /// `errno`, until [`reset`].
+    pub fn fail_from(op: Op, n: u64, errno: i32) {
+        ERRNO[op as usize].store(errno, Ordering::SeqCst);
+        COUNTDOWN[op as usize].store(n.max(1), Ordering::SeqCst);
+        STICKY[op as usize].store(true, Ordering::SeqCst);
+    }
+
     /// Disarm every operation.
     pub fn reset() {
-        for i in 0..OP_COUNT {
-            COUNTDOWN[i].store(0, Ordering::SeqCst);
+        for c in &COUNTDOWN {
+            c.store(0, Ordering::SeqCst);
+        }
+        for s in &STICKY {
+            s.store(false, Ordering::SeqCst);
         }
     }
 
@@ -85,8 +100,16 @@ pub mod fault {
     pub(crate) fn check(op: Op) -> Result<(), i32> {
         let i = op as usize;
         CALLS[i].fetch_add(1, Ordering::SeqCst);
+        let sticky = STICKY[i].load(Ordering::SeqCst);
         let prev = COUNTDOWN[i]
-            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |c| c.checked_sub(1))
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |c| {
+                // A sticky fault stays at 1 once it is due.
+                if sticky && c == 1 {
+                    Some(1)
+                } else {
+                    c.checked_sub(1)
+                }
+            })
             .unwrap_or(0);
         if prev == 1 {
             Err(ERRNO[i].load(Ordering::SeqCst))

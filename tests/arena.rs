@@ -918,3 +918,81 @@ fn arena_is_send_and_sync_local_is_send() {
     send_sync::<BumpArena>();
     send::<LocalArena<'static>>();
 }
+
+#[cfg(feature = "weights")]
+#[test]
+fn writer_reader_arena_round_trip_for_both_versions() {
+    use ckalloc::weights::{Dtype, Manifest, Version, WeightsFile, WeightsWriter};
+    for version in [Version::V4, Version::V5] {
+        let dir = tempfile::tempdir().unwrap();
+        let a: Vec<u8> = (0..4000u32).flat_map(|i| i.to_le_bytes()).collect();
+        let b: Vec<u8> = (0..333u16).flat_map(|i| i.to_le_bytes()).collect();
+        let mut w = WeightsWriter::new(version);
+        w.add_tensor("tok_embeddings", Dtype::F32, &a[..]).unwrap();
+        w.add_tensor("norm", Dtype::BF16, &b[..]).unwrap();
+        let report = w.write_dir(dir.path()).unwrap();
+        let file = WeightsFile::open(&report.weights_path).unwrap();
+        file.verify_checksum().unwrap();
+        let manifest = Manifest::load_sidecars(dir.path()).unwrap();
+        let (wb, ab) = (report.weights_base as usize, report.data_end as usize);
+        let mut policies = vec![ModePolicy::AnonOnly];
+        if mixed_supported() {
+            policies.push(ModePolicy::MixedOnly);
+        }
+        for policy in policies {
+            let mut arena = BumpArena::builder(ab + 4 * MIB)
+                .weights_file(&report.weights_path)
+                .weights_base(wb)
+                .activations_base(ab)
+                .manifest(manifest.clone())
+                .policy(policy)
+                .build()
+                .unwrap();
+            if policy == ModePolicy::AnonOnly {
+                assert_eq!(arena.tensor("norm"), None, "not materialized yet");
+                arena.materialize_weights().unwrap();
+            }
+            assert_eq!(arena.tensor("tok_embeddings"), Some(&a[..]), "{version:?}");
+            assert_eq!(arena.tensor("norm"), Some(&b[..]));
+            assert_eq!(arena.tensor("missing"), None);
+            // Arena offset == file offset, as generated code addresses it.
+            let e = manifest.get("norm").unwrap();
+            let p = arena.ptr_at(e.file_offset as usize).unwrap();
+            // SAFETY: inside the weights region, readable in both modes.
+            let s = unsafe { std::slice::from_raw_parts(p.as_ptr(), b.len()) };
+            assert_eq!(s, &b[..]);
+        }
+        // A manifest outside the weights region is rejected before mapping.
+        let last_end = manifest.iter().filter_map(|e| e.end()).max().unwrap() as usize;
+        let err = BumpArena::builder(ab + 4 * MIB)
+            .weights_file(&report.weights_path)
+            .weights_base(wb)
+            .activations_base(last_end - 1)
+            .manifest(manifest.clone())
+            .build()
+            .unwrap_err();
+        assert!(matches!(err, ArenaError::Manifest { .. }), "{err:?}");
+    }
+}
+
+#[cfg(all(feature = "weights", target_os = "linux"))]
+#[test]
+fn mixed_mode_rejects_runtime_offsets_that_differ() {
+    use ckalloc::weights::{Manifest, ManifestEntry};
+    let dir = tempfile::tempdir().unwrap();
+    let path = write_file(dir.path(), "w", &pattern(2 * PAGE));
+    let mut e = ManifestEntry::new("t", "fp32", 256, 64);
+    e.runtime_offset = 4096;
+    let m = Manifest::from_entries(vec![e]).unwrap();
+    let b = || {
+        BumpArena::builder(4 * MIB)
+            .weights_file(&path)
+            .activations_base(2 * PAGE)
+            .manifest(m.clone())
+    };
+    let err = b().policy(ModePolicy::MixedOnly).build().unwrap_err();
+    assert!(err.to_string().contains("runtime offset"), "{err}");
+    // Anon mode copies by file offset and accepts it.
+    let a = b().policy(ModePolicy::AnonOnly).build().unwrap();
+    assert_eq!(a.mode(), ArenaMode::Anon);
+}

@@ -50,7 +50,10 @@ fn real_workload_runs_on_ckhuge() {
         maps(&after) > maps(&before),
         "large blocks must use the mapping path"
     );
-    assert!(after.remaps > before.remaps, "Vec growth should use mremap");
+    if after.hugetlb.mappings == before.hugetlb.mappings {
+        // THP / plain mappings grow with mremap; hugetlb ones are copied.
+        assert!(after.remaps > before.remaps, "Vec growth should use mremap");
+    }
 }
 
 #[test]

@@ -121,6 +121,14 @@ pub enum ArenaError {
         /// Why mixed mode failed.
         mixed: Box<ArenaError>,
     },
+    /// The manifest given with `ArenaBuilder::manifest` does not fit the
+    /// arena: an entry outside `[weights_base, activations_base)`, two
+    /// entries overlapping, or (mixed mode) `runtime_offset != file_offset`.
+    #[cfg(feature = "weights")]
+    Manifest {
+        /// The manifest check that failed.
+        source: crate::weights::WeightsError,
+    },
     /// A [`Checkpoint`](super::Checkpoint) from another arena, or one that
     /// lies above the current bump pointer (it was taken before a reset or
     /// an earlier rewind).
@@ -222,6 +230,10 @@ impl fmt::Display for ArenaError {
                 f,
                 "anonymous mode failed ({anon}) and the mixed-mode fallback failed ({mixed})"
             ),
+            #[cfg(feature = "weights")]
+            ArenaError::Manifest { source } => {
+                write!(f, "manifest does not fit the arena: {source}")
+            }
             ArenaError::BadCheckpoint {
                 checkpoint_used,
                 used,
@@ -250,6 +262,8 @@ impl std::error::Error for ArenaError {
             | ArenaError::ReadWeights { source, .. } => Some(source),
             ArenaError::Anon { source, .. } | ArenaError::MixedOptions { source } => Some(source),
             ArenaError::BothModesFailed { mixed, .. } => Some(&**mixed),
+            #[cfg(feature = "weights")]
+            ArenaError::Manifest { source } => Some(source),
             _ => None,
         }
     }

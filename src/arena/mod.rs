@@ -177,6 +177,8 @@ pub struct ArenaBuilder {
     huge: HugeOptions,
     release_on_reset: bool,
     dont_dump: bool,
+    #[cfg(feature = "weights")]
+    manifest: Option<crate::weights::Manifest>,
 }
 
 static NEXT_ARENA_ID: AtomicU64 = AtomicU64::new(1);
@@ -233,6 +235,28 @@ impl ArenaBuilder {
         self
     }
 
+    /// The tensor manifest of the weights file (for
+    /// [`BumpArena::tensor`]). Every entry must lie in `[weights_base,
+    /// activations_base)` without overlaps (arena offset == `file_offset`);
+    /// mixed mode also needs `runtime_offset == file_offset` for every entry
+    /// (under `Auto` a mismatch rules out the fallback). Default: none.
+    #[cfg(feature = "weights")]
+    pub fn manifest(mut self, manifest: crate::weights::Manifest) -> Self {
+        self.manifest = Some(manifest);
+        self
+    }
+
+    /// Mixed mode maps the file in place: the manifest's runtime offsets
+    /// must equal its file offsets.
+    fn check_mixed_manifest(&self) -> Result<(), ArenaError> {
+        #[cfg(feature = "weights")]
+        if let Some(m) = &self.manifest {
+            m.check_runtime_offsets()
+                .map_err(|source| ArenaError::Manifest { source })?;
+        }
+        Ok(())
+    }
+
     /// Validate the layout, open and check the weights file, and map the
     /// arena in the mode the policy picks.
     ///
@@ -258,6 +282,11 @@ impl ArenaBuilder {
             });
         }
         let plan = Plan::new(total, wb, ab)?;
+        #[cfg(feature = "weights")]
+        if let Some(m) = &self.manifest {
+            m.validate_region(wb as u64, ab as u64)
+                .map_err(|source| ArenaError::Manifest { source })?;
+        }
         let source = match &self.weights_file {
             Some(path) => Some(open_weights(path, &plan)?),
             None => None,
@@ -267,6 +296,7 @@ impl ArenaBuilder {
             ModePolicy::AnonOnly => (map::anon(&plan, &self.huge)?, ArenaMode::Anon, None),
             ModePolicy::MixedOnly => {
                 let src = source.as_ref().ok_or(ArenaError::NoWeightsFile)?;
+                self.check_mixed_manifest()?;
                 let s = map::mixed(&plan, &src.fd, src.size, &self.huge)?;
                 (s, ArenaMode::MixedFileBacked, None)
             }
@@ -297,6 +327,8 @@ impl ArenaBuilder {
             },
             materialized: mode == ArenaMode::MixedFileBacked || ab == wb,
             release_on_reset: self.release_on_reset,
+            #[cfg(feature = "weights")]
+            manifest: self.manifest,
         };
         if self.dont_dump && ab > wb {
             let page = sys::page_size();
@@ -333,7 +365,10 @@ impl ArenaBuilder {
                 (None, false) => ArenaError::NoWeightsFile,
             });
         };
-        match map::mixed(plan, &src.fd, src.size, &self.huge) {
+        let mixed = self
+            .check_mixed_manifest()
+            .and_then(|()| map::mixed(plan, &src.fd, src.size, &self.huge));
+        match mixed {
             Ok(s) => {
                 let why = match anon_err {
                     Some(e) => FallbackReason::AnonFailed(e),
@@ -423,6 +458,8 @@ pub struct BumpArena {
     source: Option<WeightsSource>,
     materialized: bool,
     release_on_reset: bool,
+    #[cfg(feature = "weights")]
+    manifest: Option<crate::weights::Manifest>,
 }
 
 // SAFETY: the arena owns its mapping; shared access hands out disjoint
@@ -462,6 +499,8 @@ impl BumpArena {
             huge: HugeOptions::new(),
             release_on_reset: false,
             dont_dump: false,
+            #[cfg(feature = "weights")]
+            manifest: None,
         }
     }
 
@@ -583,6 +622,31 @@ impl BumpArena {
                 self.activations_base - self.weights_base,
             )
         })
+    }
+
+    /// The bytes of tensor `name` of the manifest given to
+    /// [`ArenaBuilder::manifest`], read in place at arena offset ==
+    /// `file_offset`. `None` for an unknown name, without a manifest, or in
+    /// anon mode while [`needs_weight_materialization`](Self::needs_weight_materialization)
+    /// (the region would read zero).
+    #[cfg(feature = "weights")]
+    pub fn tensor(&self, name: &str) -> Option<&[u8]> {
+        if !self.materialized {
+            return None;
+        }
+        let e = self.manifest.as_ref()?.get(name)?;
+        // Checked at build: wb <= file_offset, file_offset + size <= ab.
+        let start = usize::try_from(e.file_offset)
+            .ok()?
+            .checked_sub(self.weights_base)?;
+        let len = usize::try_from(e.size).ok()?;
+        self.weights().get(start..start.checked_add(len)?)
+    }
+
+    /// The manifest given to [`ArenaBuilder::manifest`].
+    #[cfg(feature = "weights")]
+    pub fn manifest(&self) -> Option<&crate::weights::Manifest> {
+        self.manifest.as_ref()
     }
 
     /// The arena offset of `ptr` in bytes, or `None` when `ptr` is outside
@@ -745,6 +809,8 @@ impl BumpArena {
             source: None,
             materialized: true,
             release_on_reset: false,
+            #[cfg(feature = "weights")]
+            manifest: None,
         }
     }
 }

@@ -1,0 +1,128 @@
+//! Wall-clock comparisons of ckalloc against what users would otherwise pick.
+//!
+//! `cargo bench --bench compare` runs the quick set (under 3 minutes on 2
+//! cores); `cargo bench --bench compare -- --full` runs the heavy rows at
+//! full size (1 GiB first touch, 4 GiB random reads, 1 GiB weights).
+//! `-- --json FILE` also writes the rows as JSON (used by
+//! `scripts/perf-report`).
+//!
+//! Each row measures ckalloc and its peer alternately in the same process,
+//! several repetitions, and reports the median of the per-repetition ratios.
+
+use std::hint::black_box;
+use std::time::{Duration, Instant};
+
+mod pages;
+mod rows;
+
+/// One result row.
+pub struct Row {
+    pub name: String,
+    pub ours: String,
+    pub peer: String,
+    /// Median ratio, oriented so that larger is better for ckalloc.
+    pub ratio: f64,
+    pub target: String,
+    pub met: bool,
+}
+
+/// Measure `f` once.
+pub fn time<T>(f: impl FnOnce() -> T) -> (Duration, T) {
+    let t = Instant::now();
+    let v = black_box(f());
+    (t.elapsed(), v)
+}
+
+pub fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    let n = v.len();
+    if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        (v[n / 2 - 1] + v[n / 2]) / 2.0
+    }
+}
+
+pub fn fmt_dur(ns: f64) -> String {
+    if ns < 1e3 {
+        format!("{ns:.2} ns")
+    } else if ns < 1e6 {
+        format!("{:.2} µs", ns / 1e3)
+    } else if ns < 1e9 {
+        format!("{:.1} ms", ns / 1e6)
+    } else {
+        format!("{:.2} s", ns / 1e9)
+    }
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    let full = args.iter().any(|a| a == "--full");
+    let json = args
+        .iter()
+        .position(|a| a == "--json")
+        .and_then(|i| args.get(i + 1).cloned());
+    // `cargo bench` passes `--bench`; a filter selects rows by substring.
+    let filter: Vec<&String> = args[1..]
+        .iter()
+        .filter(|a| !a.starts_with("--"))
+        .filter(|a| json.as_deref() != Some(a.as_str()))
+        .collect();
+    let want = |name: &str| filter.is_empty() || filter.iter().any(|f| name.contains(f.as_str()));
+
+    println!(
+        "ckalloc compare ({} mode): {} cores, THP {}",
+        if full { "full" } else { "quick" },
+        std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
+        ckalloc::probe().thp_enabled.unwrap_or_else(|| "unsupported".into())
+    );
+    let mut table = Vec::new();
+    for (name, row) in rows::all() {
+        if !want(name) {
+            continue;
+        }
+        eprintln!("running: {name}");
+        for r in row(full) {
+            print_row(&r);
+            table.push(r);
+        }
+    }
+    println!();
+    println!("| row | ckalloc | peer | ratio (higher is better) | target | met |");
+    println!("| --- | --- | --- | --- | --- | --- |");
+    for r in &table {
+        println!(
+            "| {} | {} | {} | {:.2}x | {} | {} |",
+            r.name,
+            r.ours,
+            r.peer,
+            r.ratio,
+            r.target,
+            if r.met { "yes" } else { "**no**" }
+        );
+    }
+    if let Some(path) = json {
+        let rows: Vec<String> = table
+            .iter()
+            .map(|r| {
+                format!(
+                    "{{\"name\":{:?},\"ours\":{:?},\"peer\":{:?},\"ratio\":{},\"target\":{:?},\"met\":{}}}",
+                    r.name, r.ours, r.peer, r.ratio, r.target, r.met
+                )
+            })
+            .collect();
+        std::fs::write(&path, format!("[{}]\n", rows.join(",\n"))).expect("write json");
+    }
+}
+
+fn print_row(r: &Row) {
+    println!(
+        "{:<58} ours {:>12}  peer {:>12}  ratio {:>7.2}x  target {:<12} {}",
+        r.name,
+        r.ours,
+        r.peer,
+        r.ratio,
+        r.target,
+        if r.met { "met" } else { "NOT MET" }
+    );
+}

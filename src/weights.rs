@@ -1,1 +1,0 @@
-//! The `weights.bump` container format (C-Kernel-Engine).

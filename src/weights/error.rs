@@ -1,0 +1,336 @@
+//! [`WeightsError`]: every way reading or writing a `weights.bump` can fail.
+
+use std::fmt;
+use std::io;
+use std::path::PathBuf;
+
+/// Which sidecar text a [`WeightsError::ManifestSyntax`] came from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ManifestKind {
+    /// `weights_manifest.map` (`name|dtype|0xFILE_OFFSET|0xSIZE|0xRUNTIME_OFFSET`).
+    Map,
+    /// `weights_manifest.json` (`{"entries": [...]}`).
+    Json,
+}
+
+impl fmt::Display for ManifestKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            ManifestKind::Map => "weights_manifest.map",
+            ManifestKind::Json => "weights_manifest.json",
+        })
+    }
+}
+
+/// An error from the `weights.bump` reader, the manifest parsers or the writer.
+///
+/// Every variant names the offending input (path, tensor name, offset, value).
+/// Offsets and sizes are in bytes.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum WeightsError {
+    /// An I/O operation on `path` failed.
+    Io {
+        /// The file or directory involved.
+        path: PathBuf,
+        /// What was being done (`"open"`, `"fstat"`, `"mmap"`, `"read"`, `"write"`, `"rename"`...).
+        op: &'static str,
+        /// The underlying error.
+        source: io::Error,
+    },
+    /// The weights path is not a regular file (a directory, a FIFO, a device...).
+    NotARegularFile {
+        /// The path given.
+        path: PathBuf,
+    },
+    /// The file is shorter than the fixed header plus the dtype-table length (156 bytes).
+    TruncatedHeader {
+        /// File length in bytes.
+        len: u64,
+        /// Bytes needed.
+        needed: u64,
+    },
+    /// The first 8 bytes are neither `BUMPWGT4` nor `BUMPWGT5`.
+    WrongMagic {
+        /// The 8 bytes found at offset 0.
+        found: [u8; 8],
+    },
+    /// The magic is `BUMPWGT?` but the version is not one this reader knows
+    /// (or the version field at offset 8 disagrees with the magic).
+    UnknownVersion {
+        /// The 8 bytes found at offset 0.
+        magic: [u8; 8],
+        /// The u32 found at offset 8.
+        version: u32,
+    },
+    /// The dtype-table length at offset 152 runs past the end of the file.
+    DtypeTableOutOfBounds {
+        /// The table length read from the file (entries = bytes).
+        table_len: u32,
+        /// File length in bytes.
+        file_len: u64,
+    },
+    /// A version-5 file's 48-byte metadata footer is missing or inconsistent.
+    BadFooter {
+        /// What is wrong.
+        reason: String,
+    },
+    /// The SHA-256 in the v5 footer does not match the metadata bytes.
+    BadMetadataChecksum {
+        /// SHA-256 stored in the footer.
+        expected: [u8; 32],
+        /// SHA-256 of the metadata bytes.
+        actual: [u8; 32],
+    },
+    /// The header's SHA-256 does not match bytes `[152, data_end)`.
+    BadChecksum {
+        /// SHA-256 stored in the header (offset 88).
+        expected: [u8; 32],
+        /// SHA-256 computed over the file.
+        actual: [u8; 32],
+    },
+    /// A manifest could not be parsed.
+    ManifestSyntax {
+        /// Which format.
+        kind: ManifestKind,
+        /// 1-based line number (0 when unknown).
+        line: usize,
+        /// What is wrong, quoting the offending text.
+        message: String,
+    },
+    /// Two manifest entries (or two writer tensors) share a name.
+    DuplicateTensor {
+        /// The repeated name.
+        name: String,
+    },
+    /// A manifest entry's bytes `[file_offset, file_offset + size)` are not inside
+    /// the allowed range (the whole file, or the tensor-data region).
+    EntryOutsideFile {
+        /// Tensor name.
+        name: String,
+        /// Entry start (bytes).
+        file_offset: u64,
+        /// Entry size (bytes).
+        size: u64,
+        /// Start of the allowed range (bytes).
+        region_start: u64,
+        /// End of the allowed range (bytes, exclusive).
+        region_end: u64,
+    },
+    /// Two manifest entries share bytes.
+    OverlappingEntries {
+        /// The entry with the lower offset.
+        first: String,
+        /// The entry that starts before `first` ends.
+        second: String,
+        /// First byte shared.
+        overlap_start: u64,
+        /// End of the shared range (exclusive).
+        overlap_end: u64,
+    },
+    /// An entry's runtime offset differs from its file offset; mixed file-backed
+    /// mode maps the file in place, so it needs them equal.
+    RuntimeOffsetMismatch {
+        /// Tensor name.
+        name: String,
+        /// Offset in the file.
+        file_offset: u64,
+        /// Offset in the runtime buffer.
+        runtime_offset: u64,
+    },
+    /// A dtype name is not one [`Dtype::from_name`](super::Dtype::from_name) knows.
+    UnknownDtype {
+        /// The name as given.
+        name: String,
+    },
+    /// The dtype table disagrees with the manifest (see
+    /// [`WeightsFile::check_dtype_table`](super::WeightsFile::check_dtype_table)).
+    DtypeTableMismatch {
+        /// What is wrong.
+        reason: String,
+    },
+    /// The two sidecars describe different tensors.
+    SidecarMismatch {
+        /// Tensor name (or `"*"` for a count mismatch).
+        name: String,
+        /// What differs.
+        reason: String,
+    },
+    /// Neither `weights_manifest.map` nor `weights_manifest.json` exists in `dir`.
+    MissingSidecars {
+        /// The directory searched.
+        dir: PathBuf,
+    },
+    /// The writer's alignment is not a power of two in `1..=1 GiB`.
+    InvalidAlignment {
+        /// The value given (bytes).
+        alignment: u64,
+    },
+    /// A tensor name cannot be written to the `.map` sidecar.
+    InvalidTensorName {
+        /// The name (possibly truncated for display).
+        name: String,
+        /// Why it is rejected.
+        reason: &'static str,
+    },
+    /// A tensor's byte length does not match its shape and dtype.
+    ShapeMismatch {
+        /// Tensor name.
+        name: String,
+        /// The shape given.
+        shape: Vec<u64>,
+        /// Bytes the shape implies.
+        expected_bytes: u64,
+        /// Bytes given.
+        actual_bytes: u64,
+    },
+    /// A size or offset computation overflowed `u64` (or `usize` on this target).
+    SizeOverflow {
+        /// What was being computed.
+        what: String,
+    },
+    /// A `config.json` field is not a non-negative integer that fits the header.
+    ConfigField {
+        /// The JSON key.
+        field: String,
+        /// What is wrong.
+        message: String,
+    },
+    /// Metadata or config JSON is malformed.
+    Json {
+        /// What was being parsed.
+        what: &'static str,
+        /// The parser's error.
+        source: serde_json::Error,
+    },
+}
+
+pub(crate) fn hex32(b: &[u8; 32]) -> String {
+    use std::fmt::Write as _;
+    let mut s = String::with_capacity(64);
+    for x in b {
+        let _ = write!(s, "{x:02x}");
+    }
+    s
+}
+
+fn show_magic(m: &[u8; 8]) -> String {
+    m.iter()
+        .map(|&c| {
+            if c.is_ascii_graphic() {
+                (c as char).to_string()
+            } else {
+                format!("\\x{c:02x}")
+            }
+        })
+        .collect()
+}
+
+impl fmt::Display for WeightsError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        use WeightsError::*;
+        match self {
+            Io { path, op, source } => write!(f, "{op} {}: {source}", path.display()),
+            NotARegularFile { path } => write!(f, "{}: not a regular file", path.display()),
+            TruncatedHeader { len, needed } => write!(
+                f,
+                "truncated weights header: file is {len} bytes, need at least {needed}"
+            ),
+            WrongMagic { found } => write!(
+                f,
+                "not a weights.bump file: magic is \"{}\", expected \"BUMPWGT4\" or \"BUMPWGT5\"",
+                show_magic(found)
+            ),
+            UnknownVersion { magic, version } => write!(
+                f,
+                "unsupported weights.bump version: magic \"{}\" with version field {version} (supported: BUMPWGT4/4, BUMPWGT5/5)",
+                show_magic(magic)
+            ),
+            DtypeTableOutOfBounds { table_len, file_len } => write!(
+                f,
+                "dtype table of {table_len} entries at offset 156 runs past the end of the {file_len}-byte file"
+            ),
+            BadFooter { reason } => write!(f, "bad BUMPWGT5 metadata footer: {reason}"),
+            BadMetadataChecksum { expected, actual } => write!(
+                f,
+                "BUMPWGT5 metadata checksum mismatch: footer says {}, metadata hashes to {}",
+                hex32(expected),
+                hex32(actual)
+            ),
+            BadChecksum { expected, actual } => write!(
+                f,
+                "weights checksum mismatch: header says {}, bytes [152, data_end) hash to {}",
+                hex32(expected),
+                hex32(actual)
+            ),
+            ManifestSyntax { kind, line, message } => {
+                if *line > 0 {
+                    write!(f, "{kind} line {line}: {message}")
+                } else {
+                    write!(f, "{kind}: {message}")
+                }
+            }
+            DuplicateTensor { name } => write!(f, "duplicate tensor name \"{name}\""),
+            EntryOutsideFile { name, file_offset, size, region_start, region_end } => write!(
+                f,
+                "tensor \"{name}\" at offset {file_offset} with size {size} bytes lies outside [{region_start}, {region_end})"
+            ),
+            OverlappingEntries { first, second, overlap_start, overlap_end } => write!(
+                f,
+                "tensors \"{first}\" and \"{second}\" overlap in bytes [{overlap_start}, {overlap_end})"
+            ),
+            RuntimeOffsetMismatch { name, file_offset, runtime_offset } => write!(
+                f,
+                "tensor \"{name}\": runtime offset {runtime_offset:#x} differs from file offset {file_offset:#x} (mixed mode maps the file in place and needs them equal)"
+            ),
+            UnknownDtype { name } => write!(f, "unknown dtype \"{name}\""),
+            DtypeTableMismatch { reason } => write!(f, "dtype table disagrees with manifest: {reason}"),
+            SidecarMismatch { name, reason } => write!(
+                f,
+                "weights_manifest.map and weights_manifest.json disagree on \"{name}\": {reason}"
+            ),
+            MissingSidecars { dir } => write!(
+                f,
+                "{}: neither weights_manifest.map nor weights_manifest.json found",
+                dir.display()
+            ),
+            InvalidAlignment { alignment } => write!(
+                f,
+                "invalid alignment {alignment}: must be a power of two between 1 and 1 GiB"
+            ),
+            InvalidTensorName { name, reason } => write!(f, "invalid tensor name \"{name}\": {reason}"),
+            ShapeMismatch { name, shape, expected_bytes, actual_bytes } => write!(
+                f,
+                "tensor \"{name}\": shape {shape:?} needs {expected_bytes} bytes, got {actual_bytes}"
+            ),
+            SizeOverflow { what } => write!(f, "size overflow computing {what}"),
+            ConfigField { field, message } => write!(f, "config.json field \"{field}\": {message}"),
+            Json { what, source } => write!(f, "invalid {what} JSON: {source}"),
+        }
+    }
+}
+
+impl std::error::Error for WeightsError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            WeightsError::Io { source, .. } => Some(source),
+            WeightsError::Json { source, .. } => Some(source),
+            _ => None,
+        }
+    }
+}
+
+impl WeightsError {
+    pub(crate) fn io(path: impl Into<PathBuf>, op: &'static str, source: io::Error) -> Self {
+        WeightsError::Io {
+            path: path.into(),
+            op,
+            source,
+        }
+    }
+
+    pub(crate) fn overflow(what: impl Into<String>) -> Self {
+        WeightsError::SizeOverflow { what: what.into() }
+    }
+}

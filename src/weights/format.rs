@@ -1,0 +1,497 @@
+//! Byte layout of the `weights.bump` header and the v5 footer, and canonical JSON.
+
+use sha2::{Digest, Sha256};
+
+use super::WeightsError;
+
+/// Magic of a version-4 file.
+pub const MAGIC_V4: [u8; 8] = *b"BUMPWGT4";
+/// Magic of a version-5 file.
+pub const MAGIC_V5: [u8; 8] = *b"BUMPWGT5";
+/// Magic of the version-5 metadata footer.
+pub const FOOTER_MAGIC: [u8; 8] = *b"BUMPV5MD";
+/// Size of the fixed header (bytes).
+pub const HEADER_SIZE: u64 = 128;
+/// Size of the zero-filled extended-metadata block after the header (bytes).
+pub const EXT_METADATA_SIZE: u64 = 24;
+/// Offset of the dtype-table length (u32); the checksum covers `[DATA_START, data_end)`.
+pub const DATA_START: u64 = HEADER_SIZE + EXT_METADATA_SIZE;
+/// Offset of the first dtype-table byte.
+pub const DTYPE_TABLE_OFFSET: u64 = DATA_START + 4;
+/// Offset of the 32-byte SHA-256 in the header.
+pub const CHECKSUM_OFFSET: u64 = 88;
+/// Size of the version-5 metadata footer (bytes).
+pub const FOOTER_SIZE: u64 = 48;
+/// The element alignment C-Kernel-Engine's converters use for `aligned_*` dims (bytes).
+pub const CACHE_ALIGN: u64 = 64;
+
+/// Container version. `#[non_exhaustive]`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Version {
+    /// `BUMPWGT4`: header, dtype table, tensor data.
+    V4,
+    /// `BUMPWGT5`: as V4, then canonical JSON metadata and a 48-byte footer.
+    V5,
+}
+
+impl Version {
+    /// The number in the header (4 or 5).
+    pub fn number(self) -> u32 {
+        match self {
+            Version::V4 => 4,
+            Version::V5 => 5,
+        }
+    }
+
+    /// The version for a header number, or `None`.
+    pub fn from_number(n: u32) -> Option<Version> {
+        match n {
+            4 => Some(Version::V4),
+            5 => Some(Version::V5),
+            _ => None,
+        }
+    }
+
+    /// The 8-byte magic.
+    pub fn magic(self) -> [u8; 8] {
+        match self {
+            Version::V4 => MAGIC_V4,
+            Version::V5 => MAGIC_V5,
+        }
+    }
+}
+
+/// The model fields of the header (offsets 12..88). All counts are elements,
+/// not bytes. `#[non_exhaustive]`: build with `ModelDims::default()` and set fields.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub struct ModelDims {
+    /// Offset 12. C-Kernel-Engine writes 1 ("legacy placeholder"); ckalloc's writer too.
+    pub model_type: u32,
+    /// Offset 16.
+    pub num_layers: u32,
+    /// Offset 20.
+    pub vocab_size: u32,
+    /// Offset 24 (hidden size).
+    pub embed_dim: u32,
+    /// Offset 28.
+    pub intermediate_size: u32,
+    /// Offset 32 (maximum positions).
+    pub context_len: u32,
+    /// Offset 36.
+    pub num_heads: u32,
+    /// Offset 40.
+    pub num_kv_heads: u32,
+    /// Offset 44.
+    pub head_dim: u32,
+    /// Offset 48 (u64).
+    pub aligned_embed_dim: u64,
+    /// Offset 56 (u64).
+    pub aligned_head_dim: u64,
+    /// Offset 64 (u64).
+    pub aligned_intermediate: u64,
+    /// Offset 72 (u64).
+    pub aligned_context: u64,
+    /// Offset 80: number of BPE merges stored with the weights (0 if none).
+    pub num_merges: u32,
+    /// Offset 84: bytes of vocabulary strings stored with the weights (0 if none).
+    pub total_vocab_bytes: u32,
+}
+
+/// Round `elems` elements of `elem_bytes` bytes up so the row is a multiple of
+/// `align_bytes`, as C-Kernel-Engine's `align_up_elems`. `None` on overflow.
+fn align_up_elems(elems: u64, elem_bytes: u64, align_bytes: u64) -> Option<u64> {
+    let bytes = elems.checked_mul(elem_bytes)?;
+    Some(bytes.checked_next_multiple_of(align_bytes)? / elem_bytes)
+}
+
+impl ModelDims {
+    /// Set the four `aligned_*` fields the way C-Kernel-Engine's HF converter does
+    /// for fp32 weights: each count rounded up so that the row of 4-byte floats
+    /// is a multiple of 64 bytes (16 elements).
+    pub fn fill_aligned_fp32(&mut self) {
+        let a = |x: u32| align_up_elems(u64::from(x), 4, CACHE_ALIGN).unwrap_or(u64::from(x));
+        self.aligned_embed_dim = a(self.embed_dim);
+        self.aligned_head_dim = a(self.head_dim);
+        self.aligned_intermediate = a(self.intermediate_size);
+        self.aligned_context = a(self.context_len);
+    }
+
+    /// Derive the header fields from a Hugging Face `config.json`, with the key
+    /// fallbacks of C-Kernel-Engine's `convert_hf_to_bump` (first key present wins):
+    ///
+    /// | field | keys |
+    /// |---|---|
+    /// | num_layers | `num_hidden_layers`, `num_layers`, `n_layer` |
+    /// | embed_dim | `hidden_size`, `embed_dim`, `n_embd`, `d_model` |
+    /// | intermediate_size | `intermediate_size`, `n_inner`, `ffn_dim` |
+    /// | num_heads | `num_attention_heads`, `num_heads`, `n_head` |
+    /// | num_kv_heads | `num_key_value_heads`, `num_kv_heads` (default: num_heads) |
+    /// | vocab_size | `vocab_size` |
+    /// | context_len | `max_position_embeddings`, `context_window`, `n_positions`, `n_ctx` |
+    /// | head_dim | `head_dim` (default: embed_dim / num_heads) |
+    ///
+    /// Missing keys give 0. `model_type` is 1 (C-Kernel-Engine's placeholder); the
+    /// `aligned_*` fields are filled by [`fill_aligned_fp32`](Self::fill_aligned_fp32).
+    ///
+    /// # Errors
+    /// [`WeightsError::Json`] if the text is not a JSON object;
+    /// [`WeightsError::ConfigField`] if a present key is not an integer in `0..=u32::MAX`.
+    pub fn from_config_json(text: &str) -> Result<ModelDims, WeightsError> {
+        let v: serde_json::Value =
+            serde_json::from_str(text).map_err(|source| WeightsError::Json {
+                what: "config.json",
+                source,
+            })?;
+        let obj = v.as_object().ok_or_else(|| WeightsError::ConfigField {
+            field: "<root>".into(),
+            message: "expected a JSON object".into(),
+        })?;
+        let pick = |keys: &[&str]| -> Result<Option<u32>, WeightsError> {
+            for k in keys {
+                if let Some(x) = obj.get(*k) {
+                    if x.is_null() {
+                        continue;
+                    }
+                    let n = x.as_u64().ok_or_else(|| WeightsError::ConfigField {
+                        field: (*k).into(),
+                        message: format!("expected a non-negative integer, found {x}"),
+                    })?;
+                    let n = u32::try_from(n).map_err(|_| WeightsError::ConfigField {
+                        field: (*k).into(),
+                        message: format!("{n} does not fit the header's u32"),
+                    })?;
+                    return Ok(Some(n));
+                }
+            }
+            Ok(None)
+        };
+        let mut d = ModelDims {
+            model_type: 1,
+            num_layers: pick(&["num_hidden_layers", "num_layers", "n_layer"])?.unwrap_or(0),
+            embed_dim: pick(&["hidden_size", "embed_dim", "n_embd", "d_model"])?.unwrap_or(0),
+            intermediate_size: pick(&["intermediate_size", "n_inner", "ffn_dim"])?.unwrap_or(0),
+            num_heads: pick(&["num_attention_heads", "num_heads", "n_head"])?.unwrap_or(0),
+            vocab_size: pick(&["vocab_size"])?.unwrap_or(0),
+            context_len: pick(&[
+                "max_position_embeddings",
+                "context_window",
+                "n_positions",
+                "n_ctx",
+            ])?
+            .unwrap_or(0),
+            ..ModelDims::default()
+        };
+        d.num_kv_heads = pick(&["num_key_value_heads", "num_kv_heads"])?.unwrap_or(d.num_heads);
+        d.head_dim = match pick(&["head_dim"])? {
+            Some(h) => h,
+            None => d.embed_dim.checked_div(d.num_heads).unwrap_or(0),
+        };
+        d.fill_aligned_fp32();
+        Ok(d)
+    }
+
+    /// The fields as a JSON object (used for the v5 metadata `config` and the
+    /// JSON manifest). Keys follow C-Kernel-Engine's metadata (`context_length`).
+    pub fn to_json(&self) -> serde_json::Value {
+        serde_json::json!({
+            "model_type": self.model_type,
+            "num_layers": self.num_layers,
+            "vocab_size": self.vocab_size,
+            "embed_dim": self.embed_dim,
+            "intermediate_size": self.intermediate_size,
+            "context_length": self.context_len,
+            "num_heads": self.num_heads,
+            "num_kv_heads": self.num_kv_heads,
+            "head_dim": self.head_dim,
+            "aligned_embed_dim": self.aligned_embed_dim,
+            "aligned_head_dim": self.aligned_head_dim,
+            "aligned_intermediate": self.aligned_intermediate,
+            "aligned_context": self.aligned_context,
+            "num_merges": self.num_merges,
+            "total_vocab_bytes": self.total_vocab_bytes,
+        })
+    }
+}
+
+/// The v5 footer, as found at the end of the file.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct MetadataFooter {
+    /// Offset of the metadata JSON (bytes) = end of tensor data.
+    pub offset: u64,
+    /// Length of the metadata JSON (bytes).
+    pub len: u64,
+    /// SHA-256 of the metadata JSON (verified when the file is parsed).
+    pub sha256: [u8; 32],
+}
+
+/// A parsed header: the fixed fields plus the derived region boundaries.
+/// All offsets are bytes from the start of the file.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Header {
+    /// 4 or 5 (the magic and the version field agree).
+    pub version: Version,
+    /// Offsets 12..88.
+    pub dims: ModelDims,
+    /// Offset 88: SHA-256 of bytes `[DATA_START, data_end)`.
+    pub checksum: [u8; 32],
+    /// Number of dtype-table entries (u32 at offset 152).
+    pub dtype_table_len: u32,
+    /// `156 + dtype_table_len`: first byte after the dtype table.
+    pub tensor_data_start: u64,
+    /// End of tensor data (exclusive): the file length for v4, the metadata offset for v5.
+    pub data_end: u64,
+    /// File length.
+    pub file_len: u64,
+    /// The v5 footer (`None` for v4).
+    pub footer: Option<MetadataFooter>,
+    /// True when bytes `[120, 152)` (padding and the reserved extended block) are not all zero.
+    /// Accepted, but worth reporting.
+    pub reserved_nonzero: bool,
+}
+
+fn u32_at(b: &[u8], off: usize) -> u32 {
+    let mut a = [0u8; 4];
+    a.copy_from_slice(&b[off..off + 4]);
+    u32::from_le_bytes(a)
+}
+
+fn u64_at(b: &[u8], off: usize) -> u64 {
+    let mut a = [0u8; 8];
+    a.copy_from_slice(&b[off..off + 8]);
+    u64::from_le_bytes(a)
+}
+
+impl Header {
+    /// Parse and check the header of a whole file's bytes (the v5 footer is at the
+    /// end, so `file` must be the complete file). Reads nothing outside `file`.
+    ///
+    /// Checks, in order: magic (`WrongMagic`), version (`UnknownVersion`), length
+    /// (`TruncatedHeader`), dtype table (`DtypeTableOutOfBounds`), and for v5 the
+    /// footer (`BadFooter`) and metadata hash (`BadMetadataChecksum`). It does not
+    /// hash the tensor data: call [`WeightsFile::verify_checksum`](super::WeightsFile::verify_checksum).
+    ///
+    /// # Errors
+    /// The variants named above.
+    pub fn parse(file: &[u8]) -> Result<Header, WeightsError> {
+        let file_len = file.len() as u64;
+        let needed = DTYPE_TABLE_OFFSET;
+        if file.len() < 8 {
+            return Err(WeightsError::TruncatedHeader {
+                len: file_len,
+                needed,
+            });
+        }
+        let mut magic = [0u8; 8];
+        magic.copy_from_slice(&file[..8]);
+        if &magic[..7] != b"BUMPWGT" {
+            return Err(WeightsError::WrongMagic { found: magic });
+        }
+        if file.len() < 12 {
+            return Err(WeightsError::TruncatedHeader {
+                len: file_len,
+                needed,
+            });
+        }
+        let version_field = u32_at(file, 8);
+        let version = match Version::from_number(version_field) {
+            Some(v) if v.magic() == magic => v,
+            _ => {
+                return Err(WeightsError::UnknownVersion {
+                    magic,
+                    version: version_field,
+                })
+            }
+        };
+        if file_len < needed {
+            return Err(WeightsError::TruncatedHeader {
+                len: file_len,
+                needed,
+            });
+        }
+        let dims = ModelDims {
+            model_type: u32_at(file, 12),
+            num_layers: u32_at(file, 16),
+            vocab_size: u32_at(file, 20),
+            embed_dim: u32_at(file, 24),
+            intermediate_size: u32_at(file, 28),
+            context_len: u32_at(file, 32),
+            num_heads: u32_at(file, 36),
+            num_kv_heads: u32_at(file, 40),
+            head_dim: u32_at(file, 44),
+            aligned_embed_dim: u64_at(file, 48),
+            aligned_head_dim: u64_at(file, 56),
+            aligned_intermediate: u64_at(file, 64),
+            aligned_context: u64_at(file, 72),
+            num_merges: u32_at(file, 80),
+            total_vocab_bytes: u32_at(file, 84),
+        };
+        let mut checksum = [0u8; 32];
+        checksum.copy_from_slice(&file[88..120]);
+        let reserved_nonzero = file[120..DATA_START as usize].iter().any(|&b| b != 0);
+        let dtype_table_len = u32_at(file, DATA_START as usize);
+        let tensor_data_start = DTYPE_TABLE_OFFSET + u64::from(dtype_table_len);
+        if tensor_data_start > file_len {
+            return Err(WeightsError::DtypeTableOutOfBounds {
+                table_len: dtype_table_len,
+                file_len,
+            });
+        }
+        let (data_end, footer) = match version {
+            Version::V4 => (file_len, None),
+            Version::V5 => {
+                let f = parse_footer(file, tensor_data_start)?;
+                (f.offset, Some(f))
+            }
+        };
+        Ok(Header {
+            version,
+            dims,
+            checksum,
+            dtype_table_len,
+            tensor_data_start,
+            data_end,
+            file_len,
+            footer,
+            reserved_nonzero,
+        })
+    }
+
+    /// The first [`DATA_START`] bytes of a file with these fields: magic, version,
+    /// dims, checksum, then zeros up to offset 152.
+    pub(crate) fn encode_fixed(version: Version, dims: &ModelDims, checksum: &[u8; 32]) -> Vec<u8> {
+        let mut h = Vec::with_capacity(DATA_START as usize);
+        h.extend_from_slice(&version.magic());
+        for v in [
+            version.number(),
+            dims.model_type,
+            dims.num_layers,
+            dims.vocab_size,
+            dims.embed_dim,
+            dims.intermediate_size,
+            dims.context_len,
+            dims.num_heads,
+            dims.num_kv_heads,
+            dims.head_dim,
+        ] {
+            h.extend_from_slice(&v.to_le_bytes());
+        }
+        for v in [
+            dims.aligned_embed_dim,
+            dims.aligned_head_dim,
+            dims.aligned_intermediate,
+            dims.aligned_context,
+        ] {
+            h.extend_from_slice(&v.to_le_bytes());
+        }
+        h.extend_from_slice(&dims.num_merges.to_le_bytes());
+        h.extend_from_slice(&dims.total_vocab_bytes.to_le_bytes());
+        debug_assert_eq!(h.len() as u64, CHECKSUM_OFFSET);
+        h.extend_from_slice(checksum);
+        h.resize(DATA_START as usize, 0);
+        h
+    }
+}
+
+fn parse_footer(file: &[u8], tensor_data_start: u64) -> Result<MetadataFooter, WeightsError> {
+    let file_len = file.len() as u64;
+    let bad = |reason: String| WeightsError::BadFooter { reason };
+    let room = file_len - tensor_data_start; // tensor_data_start <= file_len checked by caller
+    if room < FOOTER_SIZE {
+        return Err(bad(format!(
+            "file is {file_len} bytes: no room for the {FOOTER_SIZE}-byte footer after the dtype table ending at {tensor_data_start}"
+        )));
+    }
+    let fstart = (file_len - FOOTER_SIZE) as usize;
+    let footer = &file[fstart..];
+    if footer[..8] != FOOTER_MAGIC {
+        return Err(bad(format!(
+            "magic at offset {fstart} is {:?}, expected \"BUMPV5MD\"",
+            String::from_utf8_lossy(&footer[..8])
+        )));
+    }
+    let len = u64_at(footer, 8);
+    let mut sha256 = [0u8; 32];
+    sha256.copy_from_slice(&footer[16..48]);
+    if len > room - FOOTER_SIZE {
+        return Err(bad(format!(
+            "metadata length {len} exceeds the {} bytes between the dtype table and the footer",
+            room - FOOTER_SIZE
+        )));
+    }
+    let offset = file_len - FOOTER_SIZE - len;
+    let meta = &file[offset as usize..fstart];
+    let actual: [u8; 32] = Sha256::digest(meta).into();
+    if actual != sha256 {
+        return Err(WeightsError::BadMetadataChecksum {
+            expected: sha256,
+            actual,
+        });
+    }
+    Ok(MetadataFooter {
+        offset,
+        len,
+        sha256,
+    })
+}
+
+/// Canonical JSON bytes, as C-Kernel-Engine's
+/// `json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=True)`:
+/// object keys sorted by code point at every level, no whitespace, and every
+/// character outside `0x20..=0x7E` escaped as `\uXXXX` (lowercase hex, surrogate
+/// pairs above U+FFFF). Numbers use serde_json's formatting, which matches
+/// Python for integers but may differ for floats (`1e-5` vs Python's `1e-05`).
+pub fn canonical_json(value: &serde_json::Value) -> Vec<u8> {
+    use serde::Serialize as _;
+    let sorted = sort_keys(value);
+    let mut out = Vec::new();
+    let mut ser = serde_json::Serializer::with_formatter(&mut out, AsciiFormatter);
+    // Serializing a Value into a Vec cannot fail.
+    let _ = sorted.serialize(&mut ser);
+    out
+}
+
+fn sort_keys(v: &serde_json::Value) -> serde_json::Value {
+    use serde_json::Value;
+    match v {
+        Value::Object(m) => {
+            let mut keys: Vec<&String> = m.keys().collect();
+            keys.sort();
+            let mut out = serde_json::Map::new();
+            for k in keys {
+                out.insert(k.clone(), sort_keys(&m[k]));
+            }
+            Value::Object(out)
+        }
+        Value::Array(a) => Value::Array(a.iter().map(sort_keys).collect()),
+        other => other.clone(),
+    }
+}
+
+/// Compact formatter that escapes non-ASCII and DEL like Python's `ensure_ascii`.
+struct AsciiFormatter;
+
+impl serde_json::ser::Formatter for AsciiFormatter {
+    fn write_string_fragment<W: ?Sized + std::io::Write>(
+        &mut self,
+        w: &mut W,
+        fragment: &str,
+    ) -> std::io::Result<()> {
+        let mut start = 0;
+        for (i, c) in fragment.char_indices() {
+            if (' '..='~').contains(&c) {
+                continue;
+            }
+            w.write_all(&fragment.as_bytes()[start..i])?;
+            let mut units = [0u16; 2];
+            for u in c.encode_utf16(&mut units) {
+                write!(w, "\\u{:04x}", u)?;
+            }
+            start = i + c.len_utf8();
+        }
+        w.write_all(&fragment.as_bytes()[start..])
+    }
+}

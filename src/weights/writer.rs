@@ -1,0 +1,510 @@
+//! [`WeightsWriter`]: write `weights.bump` and both sidecars.
+
+use std::borrow::Cow;
+use std::collections::HashSet;
+use std::fs::File;
+use std::io::{BufWriter, Seek, SeekFrom, Write};
+use std::path::{Path, PathBuf};
+
+use sha2::{Digest, Sha256};
+
+use super::format::{
+    canonical_json, DATA_START, DTYPE_TABLE_OFFSET, EXT_METADATA_SIZE, FOOTER_MAGIC, HEADER_SIZE,
+};
+use super::manifest::{MANIFEST_JSON, MANIFEST_MAP};
+use super::{Dtype, Header, Manifest, ManifestEntry, ModelDims, Version, WeightsError};
+
+/// Default tensor alignment (bytes): a cache line, like C-Kernel-Engine's `CACHE_ALIGN`.
+pub const DEFAULT_ALIGNMENT: u64 = 64;
+/// Largest accepted alignment (bytes).
+pub const MAX_ALIGNMENT: u64 = 1 << 30;
+/// Longest accepted tensor name (bytes), so a `.map` line stays under the 4096-byte
+/// line buffer of C-Kernel-Engine's C loader.
+pub const MAX_NAME_LEN: usize = 1024;
+/// File name of the container.
+pub const WEIGHTS_FILE: &str = "weights.bump";
+/// Bytes written between two progress reports.
+const WRITE_CHUNK: usize = 4 << 20;
+
+struct PendingTensor<'a> {
+    name: String,
+    dtype: Dtype,
+    shape: Option<Vec<u64>>,
+    data: Cow<'a, [u8]>,
+}
+
+/// Where everything went, returned by [`WeightsWriter::write_dir`].
+/// Offsets are bytes from the start of `weights.bump`.
+#[derive(Clone, Debug)]
+#[non_exhaustive]
+pub struct WriteReport {
+    /// Path of `weights.bump`.
+    pub weights_path: PathBuf,
+    /// Path of `weights_manifest.json`.
+    pub manifest_json_path: PathBuf,
+    /// Path of `weights_manifest.map`.
+    pub manifest_map_path: PathBuf,
+    /// Offset of the first tensor (the arena's `weights_base`); equals `data_end` with no tensors.
+    pub weights_base: u64,
+    /// End of tensor data, a multiple of the alignment; a suitable arena
+    /// `activations_base` (the file covers it: v4 ends here, v5 continues with metadata).
+    pub data_end: u64,
+    /// Length of `weights.bump`.
+    pub file_len: u64,
+    /// The SHA-256 written at offset 88.
+    pub checksum: [u8; 32],
+    /// The manifest written (entries in file order, `runtime_offset == file_offset`).
+    pub manifest: Manifest,
+}
+
+/// The planned layout of a writer's tensors, from [`WeightsWriter::plan`].
+#[derive(Clone, Debug)]
+#[non_exhaustive]
+pub struct Plan {
+    /// Offset of the first tensor.
+    pub weights_base: u64,
+    /// End of tensor data (a multiple of the alignment).
+    pub data_end: u64,
+    /// Entries, in file order.
+    pub manifest: Manifest,
+}
+
+/// Builds a `weights.bump` from named tensors, then writes it with
+/// `weights_manifest.json` and `weights_manifest.map` into a directory.
+///
+/// Layout: the 152-byte header block, the dtype table (u32 count at 152, one code
+/// per tensor), then each tensor's bytes at the next multiple of the alignment
+/// (zero padding between), zero padding up to a multiple of the alignment
+/// (`data_end`), and for v5 the canonical JSON metadata and the 48-byte footer.
+/// The header's SHA-256 covers `[152, data_end)`, padding included.
+///
+/// Tensor bytes are written as given (no conversion). Data may be borrowed
+/// ([`add_tensor`](Self::add_tensor) with a `&'a [u8]`, for example a slice of a
+/// memory-mapped safetensors file) so the writer holds no second copy.
+///
+/// ```
+/// use ckalloc::weights::{Dtype, Version, WeightsFile, WeightsWriter};
+/// let dir = tempfile::tempdir().unwrap();
+/// let bias = vec![0u8; 16];
+/// let mut w = WeightsWriter::new(Version::V5);
+/// w.add_tensor("embed", Dtype::F32, &[1u8; 32][..]).unwrap();
+/// w.add_tensor_with_shape("bias", Dtype::F32, &[4], &bias[..]).unwrap();
+/// let report = w.write_dir(dir.path()).unwrap();
+/// let f = WeightsFile::open(&report.weights_path).unwrap();
+/// f.verify_checksum().unwrap();
+/// let e = report.manifest.get("bias").unwrap();
+/// assert_eq!(f.tensor(e).unwrap(), &bias[..]);
+/// assert_eq!(report.weights_base % 64, 0);
+/// ```
+pub struct WeightsWriter<'a> {
+    version: Version,
+    alignment: u64,
+    dims: ModelDims,
+    extra_metadata: serde_json::Map<String, serde_json::Value>,
+    tensors: Vec<PendingTensor<'a>>,
+    names: HashSet<String>,
+}
+
+fn check_name(name: &str) -> Result<(), WeightsError> {
+    let bad = |reason| WeightsError::InvalidTensorName {
+        name: name.chars().take(80).collect(),
+        reason,
+    };
+    if name.is_empty() {
+        return Err(bad("empty"));
+    }
+    if name.len() > MAX_NAME_LEN {
+        return Err(bad("longer than 1024 bytes"));
+    }
+    if name.contains(['|', '\n', '\r', '\0']) {
+        return Err(bad(
+            "contains '|', a line break or NUL (the .map sidecar cannot hold it)",
+        ));
+    }
+    if name.starts_with('#') {
+        return Err(bad("starts with '#' (a comment in the .map sidecar)"));
+    }
+    Ok(())
+}
+
+fn align_up(x: u64, a: u64) -> Result<u64, WeightsError> {
+    x.checked_next_multiple_of(a)
+        .ok_or_else(|| WeightsError::overflow(format!("aligning offset {x} to {a}")))
+}
+
+impl<'a> WeightsWriter<'a> {
+    /// A writer for `version`, alignment 64 bytes, header `model_type` 1 and zero dims.
+    pub fn new(version: Version) -> Self {
+        WeightsWriter {
+            version,
+            alignment: DEFAULT_ALIGNMENT,
+            dims: ModelDims {
+                model_type: 1,
+                ..ModelDims::default()
+            },
+            extra_metadata: serde_json::Map::new(),
+            tensors: Vec::new(),
+            names: HashSet::new(),
+        }
+    }
+
+    /// Set the alignment of every tensor's file offset (bytes): a power of two in
+    /// `1..=1 GiB`. Since arena offset == file offset and the arena base is
+    /// page-aligned, this is also the tensors' memory alignment (up to a page).
+    ///
+    /// # Errors
+    /// [`WeightsError::InvalidAlignment`].
+    pub fn alignment(&mut self, alignment: u64) -> Result<&mut Self, WeightsError> {
+        if !alignment.is_power_of_two() || alignment > MAX_ALIGNMENT {
+            return Err(WeightsError::InvalidAlignment { alignment });
+        }
+        self.alignment = alignment;
+        Ok(self)
+    }
+
+    /// Set the header's model fields (see [`ModelDims::from_config_json`]).
+    pub fn dims(&mut self, dims: ModelDims) -> &mut Self {
+        self.dims = dims;
+        self
+    }
+
+    /// Add a key to the v5 metadata object (ignored for v4). The writer's own keys
+    /// (`schema_version`, `format`, `created_by`, `config`, `alignment`,
+    /// `manifest_hash`) take precedence over keys with the same name.
+    pub fn metadata_entry(
+        &mut self,
+        key: impl Into<String>,
+        value: serde_json::Value,
+    ) -> &mut Self {
+        self.extra_metadata.insert(key.into(), value);
+        self
+    }
+
+    /// Add a tensor; its bytes are written as given. Pass `&[u8]` to borrow (no
+    /// copy until written) or `Vec<u8>` to hand over ownership.
+    ///
+    /// # Errors
+    /// [`WeightsError::InvalidTensorName`], [`WeightsError::DuplicateTensor`].
+    pub fn add_tensor(
+        &mut self,
+        name: impl Into<String>,
+        dtype: Dtype,
+        data: impl Into<Cow<'a, [u8]>>,
+    ) -> Result<(), WeightsError> {
+        self.push(name.into(), dtype, None, data.into())
+    }
+
+    /// Add a tensor with a shape (outermost first), recorded in the JSON sidecar.
+    /// For whole-byte element types the byte length must equal
+    /// `product(shape) * element size`; packed and block types are not checked.
+    ///
+    /// # Errors
+    /// As [`add_tensor`](Self::add_tensor), plus [`WeightsError::ShapeMismatch`]
+    /// and [`WeightsError::SizeOverflow`].
+    pub fn add_tensor_with_shape(
+        &mut self,
+        name: impl Into<String>,
+        dtype: Dtype,
+        shape: &[u64],
+        data: impl Into<Cow<'a, [u8]>>,
+    ) -> Result<(), WeightsError> {
+        let name = name.into();
+        let data = data.into();
+        let elements = shape
+            .iter()
+            .try_fold(1u64, |a, &d| a.checked_mul(d))
+            .ok_or_else(|| {
+                WeightsError::overflow(format!("element count of \"{name}\" shape {shape:?}"))
+            })?;
+        if dtype.element_bits().is_some_and(|b| b % 8 == 0) {
+            let expected = dtype.bytes_for(elements).ok_or_else(|| {
+                WeightsError::overflow(format!("byte size of \"{name}\" shape {shape:?}"))
+            })?;
+            if expected != data.len() as u64 {
+                return Err(WeightsError::ShapeMismatch {
+                    name,
+                    shape: shape.to_vec(),
+                    expected_bytes: expected,
+                    actual_bytes: data.len() as u64,
+                });
+            }
+        }
+        self.push(name, dtype, Some(shape.to_vec()), data)
+    }
+
+    fn push(
+        &mut self,
+        name: String,
+        dtype: Dtype,
+        shape: Option<Vec<u64>>,
+        data: Cow<'a, [u8]>,
+    ) -> Result<(), WeightsError> {
+        check_name(&name)?;
+        if self.tensors.len() >= u32::MAX as usize {
+            return Err(WeightsError::overflow(
+                "dtype table length (more than u32::MAX tensors)",
+            ));
+        }
+        if !self.names.insert(name.clone()) {
+            return Err(WeightsError::DuplicateTensor { name });
+        }
+        self.tensors.push(PendingTensor {
+            name,
+            dtype,
+            shape,
+            data,
+        });
+        Ok(())
+    }
+
+    /// Number of tensors added.
+    pub fn tensor_count(&self) -> usize {
+        self.tensors.len()
+    }
+
+    /// Compute offsets without writing (for sizing an arena before packing).
+    ///
+    /// # Errors
+    /// [`WeightsError::SizeOverflow`].
+    pub fn plan(&self) -> Result<Plan, WeightsError> {
+        let mut cursor = DTYPE_TABLE_OFFSET + self.tensors.len() as u64;
+        let mut entries = Vec::with_capacity(self.tensors.len());
+        for t in &self.tensors {
+            let offset = align_up(cursor, self.alignment)?;
+            cursor = offset
+                .checked_add(t.data.len() as u64)
+                .ok_or_else(|| WeightsError::overflow(format!("end of tensor \"{}\"", t.name)))?;
+            let mut e =
+                ManifestEntry::new(t.name.clone(), t.dtype.name(), offset, t.data.len() as u64);
+            e.shape = t.shape.clone();
+            entries.push(e);
+        }
+        let data_end = align_up(cursor, self.alignment)?;
+        let weights_base = entries.first().map_or(data_end, |e| e.file_offset);
+        Ok(Plan {
+            weights_base,
+            data_end,
+            manifest: Manifest::from_entries(entries)?,
+        })
+    }
+
+    fn manifest_json(&self, plan: &Plan) -> serde_json::Value {
+        serde_json::json!({
+            "format": format!("ck-bumpwgt{}-manifest-v1", self.version.number()),
+            "version": self.version.number(),
+            "weights_path": WEIGHTS_FILE,
+            "generator": concat!("ckalloc ", env!("CARGO_PKG_VERSION")),
+            "bump_layout": {
+                "header_size": HEADER_SIZE,
+                "ext_metadata_size": EXT_METADATA_SIZE,
+                "data_start": DATA_START,
+            },
+            "alignment": self.alignment,
+            "weights_base": plan.weights_base,
+            "data_end": plan.data_end,
+            "config": self.dims.to_json(),
+            "entries": plan.manifest.entries_json(),
+        })
+    }
+
+    fn metadata(&self, manifest_json: &serde_json::Value) -> Vec<u8> {
+        let mut m = self.extra_metadata.clone();
+        let hash: [u8; 32] = Sha256::digest(canonical_json(manifest_json)).into();
+        m.insert("schema_version".into(), 1.into());
+        m.insert("format".into(), "BUMPWGT5".into());
+        m.insert(
+            "created_by".into(),
+            concat!("ckalloc ", env!("CARGO_PKG_VERSION")).into(),
+        );
+        m.insert("config".into(), self.dims.to_json());
+        m.insert("alignment".into(), self.alignment.into());
+        m.insert("manifest_hash".into(), super::error::hex32(&hash).into());
+        canonical_json(&serde_json::Value::Object(m))
+    }
+
+    /// Write `weights.bump`, `weights_manifest.json` and `weights_manifest.map` into
+    /// `dir` (which must exist). See [`write_dir_with_progress`](Self::write_dir_with_progress).
+    ///
+    /// # Errors
+    /// As [`write_dir_with_progress`](Self::write_dir_with_progress).
+    pub fn write_dir(&self, dir: impl AsRef<Path>) -> Result<WriteReport, WeightsError> {
+        self.write_dir_with_progress(dir, |_, _| {})
+    }
+
+    /// Write the three files into `dir`, calling `progress(done_bytes, total_bytes)`
+    /// (bytes of `weights.bump`) at the start, every 4 MiB and at the end.
+    ///
+    /// Each file is written under a temporary name and renamed into place once all
+    /// three are complete and synced; on error the temporary files are removed, and
+    /// existing files in `dir` are left as they were (renames happen last; a failure
+    /// between renames can leave a new `weights.bump` with old sidecars, reported as
+    /// the error). Not safe to run twice concurrently on the same `dir`.
+    ///
+    /// # Errors
+    /// [`WeightsError::Io`] naming the file, [`WeightsError::SizeOverflow`].
+    pub fn write_dir_with_progress(
+        &self,
+        dir: impl AsRef<Path>,
+        mut progress: impl FnMut(u64, u64),
+    ) -> Result<WriteReport, WeightsError> {
+        let dir = dir.as_ref();
+        let plan = self.plan()?;
+        let manifest_json = self.manifest_json(&plan);
+        let metadata = match self.version {
+            Version::V5 => Some(self.metadata(&manifest_json)),
+            _ => None,
+        };
+        let meta_len = metadata
+            .as_ref()
+            .map_or(0, |m| m.len() as u64 + super::format::FOOTER_SIZE);
+        let file_len = plan
+            .data_end
+            .checked_add(meta_len)
+            .ok_or_else(|| WeightsError::overflow("file length"))?;
+
+        let pid = std::process::id();
+        let tmp = |name: &str| dir.join(format!(".{name}.tmp-{pid}"));
+        let final_paths = [
+            dir.join(WEIGHTS_FILE),
+            dir.join(MANIFEST_JSON),
+            dir.join(MANIFEST_MAP),
+        ];
+        let tmp_paths = [tmp(WEIGHTS_FILE), tmp(MANIFEST_JSON), tmp(MANIFEST_MAP)];
+
+        let result = (|| -> Result<[u8; 32], WeightsError> {
+            let checksum = self.write_bump(
+                &tmp_paths[0],
+                &plan,
+                metadata.as_deref(),
+                file_len,
+                &mut progress,
+            )?;
+            let mut json =
+                serde_json::to_vec_pretty(&manifest_json).map_err(|source| WeightsError::Json {
+                    what: "manifest",
+                    source,
+                })?;
+            json.push(b'\n');
+            write_small(&tmp_paths[1], &json)?;
+            write_small(
+                &tmp_paths[2],
+                plan.manifest.to_map_string(self.version).as_bytes(),
+            )?;
+            for (t, f) in tmp_paths.iter().zip(&final_paths) {
+                std::fs::rename(t, f).map_err(|e| WeightsError::io(f, "rename", e))?;
+            }
+            Ok(checksum)
+        })();
+        let checksum = match result {
+            Ok(c) => c,
+            Err(e) => {
+                for t in &tmp_paths {
+                    let _ = std::fs::remove_file(t);
+                }
+                return Err(e);
+            }
+        };
+        let [weights_path, manifest_json_path, manifest_map_path] = final_paths;
+        Ok(WriteReport {
+            weights_path,
+            manifest_json_path,
+            manifest_map_path,
+            weights_base: plan.weights_base,
+            data_end: plan.data_end,
+            file_len,
+            checksum,
+            manifest: plan.manifest,
+        })
+    }
+
+    fn write_bump(
+        &self,
+        path: &Path,
+        plan: &Plan,
+        metadata: Option<&[u8]>,
+        file_len: u64,
+        progress: &mut impl FnMut(u64, u64),
+    ) -> Result<[u8; 32], WeightsError> {
+        let io = |op| move |e| WeightsError::io(path, op, e);
+        let file = File::create(path).map_err(io("create"))?;
+        let mut out = HashingWriter {
+            inner: BufWriter::with_capacity(1 << 20, file),
+            hasher: Sha256::new(),
+            pos: 0,
+            total: file_len,
+        };
+        progress(0, file_len);
+        // Header placeholder and the zero extended-metadata block: not hashed.
+        out.write_plain(&[0u8; DATA_START as usize])
+            .map_err(io("write"))?;
+        out.write_hashed(&(self.tensors.len() as u32).to_le_bytes())
+            .map_err(io("write"))?;
+        let table: Vec<u8> = self.tensors.iter().map(|t| t.dtype.code()).collect();
+        out.write_hashed(&table).map_err(io("write"))?;
+        for (t, e) in self.tensors.iter().zip(plan.manifest.iter()) {
+            out.pad_to(e.file_offset).map_err(io("write"))?;
+            for chunk in t.data.chunks(WRITE_CHUNK) {
+                out.write_hashed(chunk).map_err(io("write"))?;
+                progress(out.pos, file_len);
+            }
+        }
+        out.pad_to(plan.data_end).map_err(io("write"))?;
+        let checksum: [u8; 32] = out.hasher.clone().finalize().into();
+        if let Some(meta) = metadata {
+            out.write_plain(meta).map_err(io("write"))?;
+            out.write_plain(&FOOTER_MAGIC).map_err(io("write"))?;
+            out.write_plain(&(meta.len() as u64).to_le_bytes())
+                .map_err(io("write"))?;
+            let meta_hash: [u8; 32] = Sha256::digest(meta).into();
+            out.write_plain(&meta_hash).map_err(io("write"))?;
+        }
+        debug_assert_eq!(out.pos, file_len);
+        let mut file = out
+            .inner
+            .into_inner()
+            .map_err(|e| WeightsError::io(path, "write", e.into_error()))?;
+        file.seek(SeekFrom::Start(0)).map_err(io("seek"))?;
+        file.write_all(&Header::encode_fixed(self.version, &self.dims, &checksum))
+            .map_err(io("write"))?;
+        file.sync_all().map_err(io("fsync"))?;
+        progress(file_len, file_len);
+        Ok(checksum)
+    }
+}
+
+fn write_small(path: &Path, bytes: &[u8]) -> Result<(), WeightsError> {
+    let mut f = File::create(path).map_err(|e| WeightsError::io(path, "create", e))?;
+    f.write_all(bytes)
+        .map_err(|e| WeightsError::io(path, "write", e))?;
+    f.sync_all().map_err(|e| WeightsError::io(path, "fsync", e))
+}
+
+struct HashingWriter {
+    inner: BufWriter<File>,
+    hasher: Sha256,
+    pos: u64,
+    total: u64,
+}
+
+impl HashingWriter {
+    fn write_plain(&mut self, b: &[u8]) -> std::io::Result<()> {
+        self.inner.write_all(b)?;
+        self.pos += b.len() as u64;
+        debug_assert!(self.pos <= self.total);
+        Ok(())
+    }
+
+    fn write_hashed(&mut self, b: &[u8]) -> std::io::Result<()> {
+        self.hasher.update(b);
+        self.write_plain(b)
+    }
+
+    fn pad_to(&mut self, offset: u64) -> std::io::Result<()> {
+        const ZEROS: [u8; 4096] = [0; 4096];
+        while self.pos < offset {
+            let n = (offset - self.pos).min(ZEROS.len() as u64) as usize;
+            self.write_hashed(&ZEROS[..n])?;
+        }
+        Ok(())
+    }
+}
