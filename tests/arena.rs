@@ -871,7 +871,7 @@ fn multithreaded_stress_has_no_overlaps() {
                         x ^= x >> 7;
                         x ^= x << 17;
                         let size = (x % 600) as usize + 1;
-                        let align = 1usize << (x >> 60) % 7;
+                        let align = 1usize << ((x >> 60) % 7);
                         let layout = Layout::from_size_align(size, align).unwrap();
                         let p = if i % 2 == 0 {
                             arena.allocate(layout)

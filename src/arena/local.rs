@@ -123,7 +123,7 @@ unsafe impl Allocator for &BumpArena {
         new: Layout,
     ) -> Result<NonNull<[u8]>, AllocError> {
         let a = ptr.as_ptr() as usize;
-        if a % new.align() == 0 {
+        if a & (new.align() - 1) == 0 {
             let new_end = a + new.size();
             if new_end <= self.end && self.cas_cursor(a + old.size(), new_end) {
                 return Ok(block(self.storage.base, a, new.size()));
@@ -158,7 +158,7 @@ unsafe impl Allocator for &BumpArena {
         new: Layout,
     ) -> Result<NonNull<[u8]>, AllocError> {
         let a = ptr.as_ptr() as usize;
-        if a % new.align() == 0 {
+        if a & (new.align() - 1) == 0 {
             // Give the tail back when this is the most recent block; keep it
             // otherwise (it is freed on reset).
             self.cas_cursor(a + old.size(), a + new.size());
@@ -351,7 +351,7 @@ unsafe impl Allocator for &LocalArena<'_> {
         new: Layout,
     ) -> Result<NonNull<[u8]>, AllocError> {
         let a = ptr.as_ptr() as usize;
-        if a % new.align() == 0 && self.is_last(a, old.size()) {
+        if a & (new.align() - 1) == 0 && self.is_last(a, old.size()) {
             let new_end = a + new.size();
             if self.extend_to(new_end) {
                 self.cur.set(new_end);
@@ -390,7 +390,7 @@ unsafe impl Allocator for &LocalArena<'_> {
         new: Layout,
     ) -> Result<NonNull<[u8]>, AllocError> {
         let a = ptr.as_ptr() as usize;
-        if a % new.align() == 0 {
+        if a & (new.align() - 1) == 0 {
             if self.is_last(a, old.size()) {
                 self.cur.set(a + new.size());
             }
