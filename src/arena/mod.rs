@@ -1,69 +1,5 @@
 //! [`BumpArena`]: one contiguous range for a model's weights and its runtime
-//! buffers (activations, KV caches, scratch), after C-Kernel-Engine's
-//! `ck_bump_alloc_t`.
-//!
-//! # Layout
-//!
-//! ```text
-//!  offset 0          weights_base                activations_base           total_size
-//!  |  header/prefix   |   weights region            |   runtime region           |
-//!  |  (zero, RW)      |   == file bytes at the      |   bump-allocated:          |
-//!  |                  |      same offsets           |   activations, KV, scratch |
-//!  +------------------+-----------------------------+----------------------------+
-//!  ^ as_ptr()                                       ^ cursor starts here ->
-//!
-//!  anon mode:   [ one huge-page mapping (hugetlb, THP or 4 KiB pages), read-write      ]
-//!  mixed mode:  [ anon RW | file pages, read-only, MAP_PRIVATE | boundary page (anon,   ]
-//!               [ prefix  | (whole pages below activations_base) | pread) + anon RW   ]
-//!
-//!  mapping:  |<- shift ->|<------------------------ total_size ------------------->|..|
-//!            map start   base                 base + page_floor(activations_base)
-//!            (2 MiB                           is 2 MiB aligned, so the runtime
-//!             aligned)                        region fills whole THP extents
-//! ```
-//!
-//! Arena offset == file offset, so generated code can address a tensor as
-//! `base + file_offset` and a runtime buffer as `base + runtime_offset`.
-//!
-//! # Modes
-//!
-//! * [`ArenaMode::Anon`]: the whole range is anonymous huge-page memory (the
-//!   tier ladder of [`HugeRegion`](crate::HugeRegion)); the weights must be
-//!   copied in with [`BumpArena::materialize_weights`].
-//! * [`ArenaMode::MixedFileBacked`] (Linux): the range is reserved
-//!   `PROT_NONE`; the whole file pages of the weights are mapped read-only
-//!   `MAP_PRIVATE | MAP_FIXED` from the file (no copy, shared with the page
-//!   cache); the partial last weights page is anonymous and filled with
-//!   `pread`; the runtime region is anonymous with `MADV_HUGEPAGE`. The file is
-//!   never written.
-//! * [`ModePolicy::Auto`] tries anonymous first and falls back to mixed mode
-//!   when a weights file is given, honouring `CK_BUMP_FORCE_MIXED` and
-//!   `CK_BUMP_DISABLE_MIXED` exactly as the seed's `ck_bump_alloc_init`.
-//!
-//! # Allocation
-//!
-//! `&BumpArena` is an [`Allocator`](allocator_api2::alloc::Allocator): a
-//! lock-free bump pointer (one compare-and-swap per allocation) that any
-//! number of threads may share. [`BumpArena::local`] gives a `!Sync`
-//! [`LocalArena`] handle that takes chunks from the shared pointer and bumps
-//! inside them without atomics, for one thread's hot loop. Both bump upward
-//! in the runtime region; the most recent allocation can be freed, grown and
-//! shrunk in place. [`BumpArena::reset`], [`BumpArena::checkpoint`] /
-//! [`BumpArena::rewind_to`] take `&mut self`, which proves that nothing
-//! allocated from `&arena` is alive.
-//!
-//! # Fork, cgroups and truncation
-//!
-//! * After `fork`, private pages are copied on write in whichever process
-//!   writes first; for hugetlb-backed arenas the copy needs a free huge page
-//!   and the writer gets `SIGBUS` when none is left.
-//! * A cgroup memory limit strikes when a page is first touched, not at
-//!   `mmap`: `Auto` cannot fall back then (the process is OOM-killed). Use
-//!   [`HugeOptions::populate`] to move that failure into
-//!   [`BumpArena::builder`]'s `build()`.
-//! * In mixed mode the weights pages come from the file: if another process
-//!   truncates it, touching the dropped pages raises `SIGBUS` (no lock or
-//!   prefault prevents it). Use anonymous mode when the file may change.
+//! buffers; the type's documentation describes the layout and modes.
 
 mod error;
 mod local;
@@ -425,11 +361,79 @@ fn open_weights(path: &Path, plan: &Plan) -> Result<WeightsSource, ArenaError> {
     })
 }
 
-/// A contiguous weights + runtime arena; see the [module docs](self) for the
-/// layout and modes.
+/// One contiguous range for a model's weights and its runtime
+/// buffers (activations, KV caches, scratch), after C-Kernel-Engine's
+/// `ck_bump_alloc_t`.
+///
+/// # Layout
+///
+/// ```text
+///  offset 0          weights_base                activations_base           total_size
+///  |  header/prefix   |   weights region            |   runtime region           |
+///  |  (zero, RW)      |   == file bytes at the      |   bump-allocated:          |
+///  |                  |      same offsets           |   activations, KV, scratch |
+///  +------------------+-----------------------------+----------------------------+
+///  ^ as_ptr()                                       ^ cursor starts here ->
+///
+///  anon mode:   [ one huge-page mapping (hugetlb, THP or 4 KiB pages), read-write      ]
+///  mixed mode:  [ anon RW | file pages, read-only, MAP_PRIVATE | boundary page (anon,   ]
+///               [ prefix  | (whole pages below activations_base) | pread) + anon RW   ]
+///
+///  mapping:  |<- shift ->|<------------------------ total_size ------------------->|..|
+///            map start   base                 base + page_floor(activations_base)
+///            (2 MiB                           is 2 MiB aligned, so the runtime
+///             aligned)                        region fills whole THP extents
+/// ```
+///
+/// Arena offset == file offset, so generated code can address a tensor as
+/// `base + file_offset` and a runtime buffer as `base + runtime_offset`.
+///
+/// # Modes
+///
+/// * [`ArenaMode::Anon`]: the whole range is anonymous huge-page memory (the
+///   tier ladder of [`HugeRegion`](crate::HugeRegion)); the weights must be
+///   copied in with [`BumpArena::materialize_weights`].
+/// * [`ArenaMode::MixedFileBacked`] (Linux): the range is reserved
+///   `PROT_NONE`; the whole file pages of the weights are mapped read-only
+///   `MAP_PRIVATE | MAP_FIXED` from the file (no copy, shared with the page
+///   cache); the partial last weights page is anonymous and filled with
+///   `pread`; the runtime region is anonymous with `MADV_HUGEPAGE`. The file is
+///   never written.
+/// * [`ModePolicy::Auto`] tries anonymous first and falls back to mixed mode
+///   when a weights file is given, honouring `CK_BUMP_FORCE_MIXED` and
+///   `CK_BUMP_DISABLE_MIXED` exactly as the seed's `ck_bump_alloc_init`.
+///
+/// # Allocation
+///
+/// `&BumpArena` is an [`Allocator`](allocator_api2::alloc::Allocator): a
+/// lock-free bump pointer (one compare-and-swap per allocation) that any
+/// number of threads may share. [`BumpArena::local`] gives a `!Sync`
+/// [`LocalArena`] handle that takes chunks from the shared pointer and bumps
+/// inside them without atomics, for one thread's hot loop. Both bump upward
+/// in the runtime region; the most recent allocation can be freed, grown and
+/// shrunk in place. [`BumpArena::reset`], [`BumpArena::checkpoint`] /
+/// [`BumpArena::rewind_to`] take `&mut self`, which proves that nothing
+/// allocated from `&arena` is alive.
+///
+/// # Fork, cgroups and truncation
+///
+/// * After `fork`, private pages are copied on write in whichever process
+///   writes first; for hugetlb-backed arenas the copy needs a free huge page
+///   and the writer gets `SIGBUS` when none is left.
+/// * A cgroup memory limit strikes when a page is first touched, not at
+///   `mmap`: `Auto` cannot fall back then (the process is OOM-killed). Use
+///   [`HugeOptions::populate`] to move that failure into
+///   [`BumpArena::builder`]'s `build()`.
+/// * In mixed mode the weights pages come from the file: if another process
+///   truncates it, touching the dropped pages raises `SIGBUS` (no lock or
+///   prefault prevents it). Use anonymous mode when the file may change.
+///
+/// # Thread safety
 ///
 /// `BumpArena` is `Send + Sync`: any number of threads may allocate from
 /// `&arena` at once. Dropping it unmaps the whole range.
+///
+/// # Example
 ///
 /// ```
 /// use allocator_api2::vec::Vec;
