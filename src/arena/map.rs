@@ -24,6 +24,7 @@ pub(super) struct Plan {
     pub page: usize,
     pub shift: usize,
     /// `shift + total` rounded up to 2 MiB: the length of the mapping.
+    #[cfg_attr(not(target_os = "linux"), allow(dead_code))]
     pub map_len: usize,
 }
 
@@ -52,6 +53,7 @@ impl Plan {
         })
     }
 
+    #[cfg_attr(not(target_os = "linux"), allow(dead_code))]
     fn page_floor(&self, n: usize) -> usize {
         n & !(self.page - 1)
     }
@@ -63,6 +65,7 @@ enum Kind {
     /// A ladder mapping from `huge::map_huge` (counted in `huge_stats`).
     Huge,
     /// A mixed-mode reservation with fixed mappings inside.
+    #[cfg_attr(not(target_os = "linux"), allow(dead_code))]
     Reserved,
     /// Heap memory (unit tests under Miri, which cannot `madvise`).
     #[cfg(test)]
