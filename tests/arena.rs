@@ -13,6 +13,7 @@ use allocator_api2::vec::Vec as AVec;
 use ckalloc::*;
 use common::*;
 use std::io::Write;
+#[cfg(target_os = "linux")]
 use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
