@@ -53,22 +53,6 @@ pub enum ModePolicy {
     MixedOnly,
 }
 
-/// The seed's truthiness rule for `CK_BUMP_*` (`env_flag_enabled` in
-/// `ckernel_alloc.c`): set unless unset, empty, `0`, `false` or `no`
-/// (case-insensitive). Unlike the crate's `CKALLOC_*` knobs, no trimming and
-/// `off` counts as set, exactly as in the seed.
-pub(crate) fn seed_env_flag(value: Option<&[u8]>) -> bool {
-    match value {
-        None => false,
-        Some(v) => {
-            !(v.is_empty()
-                || v == b"0"
-                || v.eq_ignore_ascii_case(b"false")
-                || v.eq_ignore_ascii_case(b"no"))
-        }
-    }
-}
-
 /// Huge-page coverage of each region of an arena (see
 /// [`huge_page_coverage`]), measured per address range, not per VMA.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -237,8 +221,8 @@ impl ArenaBuilder {
                 (s, ArenaMode::MixedFileBacked, None)
             }
             ModePolicy::Auto => {
-                let force = seed_env_flag(sys::getenv(c"CK_BUMP_FORCE_MIXED"));
-                let disable = seed_env_flag(sys::getenv(c"CK_BUMP_DISABLE_MIXED"));
+                let force = crate::huge::env_flag(sys::getenv(c"CK_BUMP_FORCE_MIXED"));
+                let disable = crate::huge::env_flag(sys::getenv(c"CK_BUMP_DISABLE_MIXED"));
                 self.auto(&plan, source.as_ref(), force, disable)?
             }
         };

@@ -6,7 +6,7 @@ use allocator_api2::vec::Vec;
 
 #[test]
 fn seed_env_flag_matches_seed() {
-    use super::seed_env_flag as f;
+    use crate::huge::env_flag as f;
     assert!(!f(None));
     for off in [&b""[..], b"0", b"false", b"FALSE", b"No", b"no"] {
         assert!(!f(Some(off)), "{off:?}");
