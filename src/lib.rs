@@ -8,6 +8,7 @@
 
 mod sys;
 
+mod arena;
 pub mod caching;
 #[cfg(feature = "capi")]
 pub mod capi;
@@ -17,6 +18,10 @@ mod stats;
 #[cfg(feature = "weights")]
 pub mod weights;
 
+pub use arena::{
+    ArenaBuilder, ArenaCoverage, ArenaError, ArenaMode, BumpArena, Checkpoint, FallbackReason,
+    LocalArena, ModePolicy,
+};
 pub use huge::{
     huge_alloc, huge_free, reset_hugetlb_backoff, Backing, CkHuge, HugeError, HugeOptions,
     HugeRegion,

@@ -282,10 +282,16 @@ fn map_aligned(len: usize, align: usize, prot: Prot) -> io::Result<NonNull<u8>> 
     let over = len
         .checked_add(align - page)
         .ok_or_else(|| io::Error::from_raw_os_error(libc::ENOMEM))?;
-    let mut flags = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS;
-    if prot == Prot::None {
-        flags |= libc::MAP_NORESERVE;
-    }
+    let flags = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS;
+    // A PROT_NONE reservation should not be charged against the commit
+    // limit; Linux needs MAP_NORESERVE for that, other systems do not charge
+    // inaccessible mappings.
+    #[cfg(any(target_os = "linux", target_os = "android"))]
+    let flags = if prot == Prot::None {
+        flags | libc::MAP_NORESERVE
+    } else {
+        flags
+    };
     let raw = mmap_raw(std::ptr::null_mut(), over, prot, flags, -1, 0)?;
     let start = raw.as_ptr() as usize;
     // The over-reservation ends inside the address space, so this cannot

@@ -73,8 +73,12 @@ fn main() {
     println!(
         "ckalloc compare ({} mode): {} cores, THP {}",
         if full { "full" } else { "quick" },
-        std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
-        ckalloc::probe().thp_enabled.unwrap_or_else(|| "unsupported".into())
+        std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(1),
+        ckalloc::probe()
+            .thp_enabled
+            .unwrap_or_else(|| "unsupported".into())
     );
     let mut table = Vec::new();
     for (name, row) in rows::all() {

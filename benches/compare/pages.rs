@@ -32,7 +32,11 @@ impl Raw {
         };
         assert_ne!(p, libc::MAP_FAILED);
         let start = ((p as usize + 2 * MIB - 1) & !(2 * MIB - 1)) as *mut u8;
-        let advice = if thp { libc::MADV_HUGEPAGE } else { libc::MADV_NOHUGEPAGE };
+        let advice = if thp {
+            libc::MADV_HUGEPAGE
+        } else {
+            libc::MADV_NOHUGEPAGE
+        };
         // SAFETY: inside our mapping.
         unsafe { libc::madvise(start.cast(), len, advice) };
         Raw {
@@ -70,7 +74,11 @@ pub fn first_touch(full: bool) -> Vec<Row> {
     let opts = HugeOptions::new();
     // Warm up: in a VM the first touch of guest memory also pays host faults.
     for _ in 0..2 {
-        touch(HugeRegion::with_options(size, &opts).unwrap().as_mut_slice());
+        touch(
+            HugeRegion::with_options(size, &opts)
+                .unwrap()
+                .as_mut_slice(),
+        );
         touch(Raw::new(size, false).slice());
     }
     let (mut ours, mut small, mut thp) = (vec![], vec![], vec![]);
@@ -154,7 +162,10 @@ pub fn random_reads(full: bool) -> Vec<Row> {
     }
     let ratio = median(s.iter().zip(&o).map(|(s, o)| s / o).collect());
     vec![Row {
-        name: format!("3. random 8-byte reads over {} GiB: huge vs 4 KiB pages", size >> 30),
+        name: format!(
+            "3. random 8-byte reads over {} GiB: huge vs 4 KiB pages",
+            size >> 30
+        ),
         ours: format!("{}/read", fmt_dur(median(o))),
         peer: format!("{}/read", fmt_dur(median(s))),
         ratio,

@@ -325,38 +325,19 @@ static THP_ENV: AtomicU8 = AtomicU8::new(ENV_UNREAD);
 static HUGETLB_RETRY_AT_NS: AtomicU64 = AtomicU64::new(0);
 static BACKOFF_NS: AtomicU64 = AtomicU64::new(u64::MAX);
 
-/// Whether an environment flag is set: present and not empty, `0`, `false`,
-/// `no` or `off` (case-insensitive).
+/// Whether an environment flag is set, by C-Kernel-Engine's rule (which the
+/// `CK_BUMP_*` variables must follow exactly): present and not empty, `0`,
+/// `false` or `no` (case-insensitive, no trimming).
 pub(crate) fn env_flag(value: Option<&[u8]>) -> bool {
     match value {
         None => false,
         Some(v) => {
-            let v = trim_ascii(v);
             !(v.is_empty()
                 || v == b"0"
                 || v.eq_ignore_ascii_case(b"false")
-                || v.eq_ignore_ascii_case(b"no")
-                || v.eq_ignore_ascii_case(b"off"))
+                || v.eq_ignore_ascii_case(b"no"))
         }
     }
-}
-
-fn trim_ascii(mut v: &[u8]) -> &[u8] {
-    while let [first, rest @ ..] = v {
-        if first.is_ascii_whitespace() {
-            v = rest;
-        } else {
-            break;
-        }
-    }
-    while let [rest @ .., last] = v {
-        if last.is_ascii_whitespace() {
-            v = rest;
-        } else {
-            break;
-        }
-    }
-    v
 }
 
 /// An on/off knob that defaults to on: off only when set to a false value.
@@ -444,7 +425,7 @@ fn backoff_ns() -> u64 {
 }
 
 fn parse_u64(v: &[u8]) -> Option<u64> {
-    let v = trim_ascii(v);
+    let v = v.trim_ascii();
     if v.is_empty() {
         return None;
     }

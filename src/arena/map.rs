@@ -1,0 +1,278 @@
+//! Mapping the arena's address range: anonymous mode over the huge-page
+//! ladder, and mixed mode (a `PROT_NONE` reservation with the weights file
+//! mapped read-only inside it). All OS calls go through `crate::sys`.
+
+use super::ArenaError;
+use crate::huge::{self, Backing, HugeOptions};
+use crate::sys::{self, HUGE_PAGE_2M};
+use std::ptr::NonNull;
+
+/// Where the arena sits inside its mapping.
+///
+/// The mapping starts `shift` bytes before the arena's offset 0, where
+/// `shift < 2 MiB` is a multiple of the page size chosen so that
+/// `base + page_floor(activations_base)` is 2 MiB aligned: the runtime region
+/// then starts in the first page of an aligned 2 MiB extent and as many of its
+/// bytes as possible lie in whole extents, which is all THP can back. `base`
+/// stays page aligned, so every offset keeps its alignment up to the page
+/// size.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Plan {
+    pub total: usize,
+    pub weights_base: usize,
+    pub activations_base: usize,
+    pub page: usize,
+    pub shift: usize,
+    /// `shift + total` rounded up to 2 MiB: the length of the mapping.
+    #[cfg_attr(not(target_os = "linux"), allow(dead_code))]
+    pub map_len: usize,
+}
+
+impl Plan {
+    pub(super) fn new(
+        total: usize,
+        weights_base: usize,
+        activations_base: usize,
+    ) -> Result<Plan, ArenaError> {
+        let page = sys::page_size();
+        let ab_floor = activations_base & !(page - 1);
+        let shift = (HUGE_PAGE_2M - ab_floor % HUGE_PAGE_2M) % HUGE_PAGE_2M;
+        let too_large = ArenaError::TooLarge { total_size: total };
+        let map_len = shift
+            .checked_add(total)
+            .and_then(|n| sys::round_up(n, HUGE_PAGE_2M))
+            .filter(|&n| n <= isize::MAX as usize)
+            .ok_or(too_large)?;
+        Ok(Plan {
+            total,
+            weights_base,
+            activations_base,
+            page,
+            shift,
+            map_len,
+        })
+    }
+
+    #[cfg_attr(not(target_os = "linux"), allow(dead_code))]
+    fn page_floor(&self, n: usize) -> usize {
+        n & !(self.page - 1)
+    }
+}
+
+/// How the mapping is released.
+#[derive(Debug)]
+enum Kind {
+    /// A ladder mapping from `huge::map_huge` (counted in `huge_stats`).
+    Huge,
+    /// A mixed-mode reservation with fixed mappings inside.
+    #[cfg_attr(not(target_os = "linux"), allow(dead_code))]
+    Reserved,
+    /// Heap memory (unit tests under Miri, which cannot `madvise`).
+    #[cfg(test)]
+    Heap(std::alloc::Layout),
+}
+
+/// The arena's memory: released exactly once, on drop.
+#[derive(Debug)]
+pub(super) struct Storage {
+    pub map_ptr: NonNull<u8>,
+    pub map_len: usize,
+    pub base: NonNull<u8>,
+    /// Backing of the runtime region.
+    pub backing: Backing,
+    /// Page size of the runtime region (2 MiB or 1 GiB for hugetlb), the
+    /// granularity of `MADV_DONTNEED`.
+    pub page_size: usize,
+    kind: Kind,
+}
+
+impl Storage {
+    /// Bytes mapped from `base` on: at least `total`.
+    pub(super) fn mapped_len_from_base(&self) -> usize {
+        self.map_len - (self.base.as_ptr() as usize - self.map_ptr.as_ptr() as usize)
+    }
+}
+
+impl Drop for Storage {
+    fn drop(&mut self) {
+        match self.kind {
+            Kind::Huge => huge::unmap(self.map_ptr, self.map_len),
+            // Errors cannot be reported from Drop; munmap of a range we own
+            // fails only for invalid arguments, which the type rules out.
+            Kind::Reserved => {
+                let _ = sys::munmap_best_effort(self.map_ptr.as_ptr(), self.map_len);
+            }
+            #[cfg(test)]
+            // SAFETY: allocated in `heap` with this layout.
+            Kind::Heap(layout) => unsafe { std::alloc::dealloc(self.map_ptr.as_ptr(), layout) },
+        }
+    }
+}
+
+fn offset_ptr(p: NonNull<u8>, off: usize) -> NonNull<u8> {
+    // SAFETY: callers pass offsets inside the mapping, so the result is in
+    // bounds of the same allocation and non-null.
+    unsafe { NonNull::new_unchecked(p.as_ptr().add(off)) }
+}
+
+/// Anonymous mode: the whole range from the huge-page ladder.
+pub(super) fn anon(plan: &Plan, opts: &HugeOptions) -> Result<Storage, ArenaError> {
+    let m = huge::map_huge(plan.shift + plan.total, HUGE_PAGE_2M, opts).map_err(|source| {
+        ArenaError::Anon {
+            total_size: plan.total,
+            source,
+        }
+    })?;
+    let storage = Storage {
+        map_ptr: m.ptr,
+        map_len: m.mapped_len,
+        base: offset_ptr(m.ptr, plan.shift),
+        backing: m.backing,
+        page_size: m.page_size,
+        kind: Kind::Huge,
+    };
+    check_address_bound(storage, plan)
+}
+
+/// The bump arithmetic relies on `base + total <= isize::MAX` (see
+/// `local::bump`); user-space addresses satisfy this on every 64-bit target.
+fn check_address_bound(storage: Storage, plan: &Plan) -> Result<Storage, ArenaError> {
+    let end = (storage.map_ptr.as_ptr() as usize).checked_add(storage.map_len);
+    match end {
+        Some(e) if e <= isize::MAX as usize => Ok(storage),
+        // `storage` drops here and releases the mapping.
+        _ => Err(ArenaError::TooLarge {
+            total_size: plan.total,
+        }),
+    }
+}
+
+/// Mixed mode (Linux): reserve `PROT_NONE`, map the whole file pages of the
+/// weights read-only over it, the rest anonymous read-write, and fill the
+/// partial boundary page with `pread`. On error the reservation is released.
+#[cfg(target_os = "linux")]
+pub(super) fn mixed(
+    plan: &Plan,
+    fd: &sys::Fd,
+    file_size: u64,
+    opts: &HugeOptions,
+) -> Result<Storage, ArenaError> {
+    let res = sys::reserve_aligned(plan.map_len, HUGE_PAGE_2M).map_err(|source| {
+        ArenaError::MixedMap {
+            step: "reserve",
+            offset: 0,
+            len: plan.map_len,
+            source,
+        }
+    })?;
+    // From here on, dropping `storage` releases the whole reservation, and
+    // with it every fixed mapping made inside it.
+    let mut storage = Storage {
+        map_ptr: res,
+        map_len: plan.map_len,
+        base: offset_ptr(res, plan.shift),
+        backing: Backing::Normal,
+        page_size: plan.page,
+        kind: Kind::Reserved,
+    };
+    let base = storage.base;
+    let map_err = |step, offset, len| {
+        move |source| ArenaError::MixedMap {
+            step,
+            offset,
+            len,
+            source,
+        }
+    };
+    let has_weights = plan.activations_base > plan.weights_base;
+    // Whole pages below the weights stay anonymous and writable (the seed's
+    // "prefix"); whole file pages of the weights region are mapped read-only;
+    // everything from the page holding `activations_base` on is anonymous.
+    let (file_start, file_end) = if has_weights {
+        (
+            plan.page_floor(plan.weights_base),
+            plan.page_floor(plan.activations_base),
+        )
+    } else {
+        let a = plan.page_floor(plan.activations_base);
+        (a, a)
+    };
+    if file_start > 0 {
+        sys::map_anon_fixed(base, file_start).map_err(map_err("prefix", 0, file_start))?;
+    }
+    if file_end > file_start {
+        let len = file_end - file_start;
+        sys::map_file_fixed_readonly(
+            offset_ptr(base, file_start),
+            len,
+            fd.raw(),
+            file_start as u64,
+        )
+        .map_err(map_err("weights", file_start, len))?;
+    }
+    let runtime_len = plan.map_len - plan.shift - file_end;
+    let runtime = offset_ptr(base, file_end);
+    if runtime_len > 0 {
+        sys::map_anon_fixed(runtime, runtime_len).map_err(map_err(
+            "runtime",
+            file_end,
+            runtime_len,
+        ))?;
+    }
+    // The partial last weights page: private anonymous, filled from the file.
+    // Bytes past the end of the file stay zero.
+    if has_weights && plan.activations_base > file_end {
+        let from = plan.weights_base.max(file_end);
+        let to = (plan.activations_base as u64).min(file_size) as usize;
+        if to > from {
+            // SAFETY: `from..to` lies in the runtime mapping just made
+            // (read-write, owned by `storage`, no other reference exists).
+            let buf = unsafe { std::slice::from_raw_parts_mut(base.as_ptr().add(from), to - from) };
+            sys::pread_exact(fd, buf, from as u64).map_err(|source| ArenaError::ReadWeights {
+                offset: from as u64,
+                len: to - from,
+                source,
+            })?;
+        }
+    }
+    if runtime_len > 0 {
+        storage.backing = if huge::thp_enabled()
+            && sys::madvise(runtime.as_ptr(), runtime_len, sys::Advice::HugePage).is_ok()
+        {
+            Backing::TransparentHuge
+        } else {
+            // A refused hint is a lower tier, not a failure.
+            Backing::Normal
+        };
+        huge::apply_options(runtime, runtime_len, opts)
+            .map_err(|source| ArenaError::MixedOptions { source })?;
+    }
+    check_address_bound(storage, plan)
+}
+
+#[cfg(not(target_os = "linux"))]
+pub(super) fn mixed(
+    _plan: &Plan,
+    _fd: &sys::Fd,
+    _file_size: u64,
+    _opts: &HugeOptions,
+) -> Result<Storage, ArenaError> {
+    Err(ArenaError::MixedUnsupported)
+}
+
+/// Heap-backed storage for unit tests (Miri cannot run `madvise`).
+#[cfg(test)]
+pub(super) fn heap(plan: &Plan) -> Storage {
+    let layout = std::alloc::Layout::from_size_align(plan.map_len, plan.page).unwrap();
+    // SAFETY: non-zero size.
+    let p = unsafe { std::alloc::alloc_zeroed(layout) };
+    let p = NonNull::new(p).expect("test allocation");
+    Storage {
+        map_ptr: p,
+        map_len: plan.map_len,
+        base: offset_ptr(p, plan.shift),
+        backing: Backing::Normal,
+        page_size: plan.page,
+        kind: Kind::Heap(layout),
+    }
+}

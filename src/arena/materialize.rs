@@ -1,0 +1,214 @@
+//! Copying the weights file into an anonymous arena (`materialize_weights`).
+//!
+//! Large `pread`s straight into the arena (no bounce buffer), on several
+//! threads when the region is big (`std::thread::scope`; each thread takes
+//! the next 16 MiB block), after `posix_fadvise(SEQUENTIAL)`. The file's size
+//! is compared with the size checked at build time before and after reading.
+
+use super::{open_weights, ArenaError, ArenaMode, BumpArena, Plan};
+use crate::sys;
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::Mutex;
+
+/// Bytes per `pread` / work item.
+const BLOCK: usize = 16 << 20;
+/// Regions at least this big are read by several threads.
+const PARALLEL_MIN: usize = 64 << 20;
+/// At most this many threads read.
+const MAX_THREADS: usize = 8;
+
+/// The weights region's base pointer, shared by the reader threads, which
+/// write disjoint blocks of it.
+#[derive(Clone, Copy)]
+struct Dst(*mut u8);
+// SAFETY: each thread writes only the blocks it claimed through an atomic
+// counter, so no two threads touch the same byte; the region outlives the
+// thread scope.
+unsafe impl Send for Dst {}
+// SAFETY: as above.
+unsafe impl Sync for Dst {}
+
+impl Dst {
+    /// (A method, so closures capture the whole `Send` wrapper, not the
+    /// raw pointer field.)
+    fn at(self, off: usize) -> *mut u8 {
+        self.0.wrapping_add(off)
+    }
+}
+
+impl BumpArena {
+    /// Copy the weights file's bytes `[weights_base, activations_base)` into
+    /// the weights region (anon mode). A no-op in mixed mode and without a
+    /// weights region. Bytes past the end of a file shorter than
+    /// `activations_base` (allowed within the last page) are set to zero.
+    ///
+    /// # Errors
+    /// [`ArenaError::NoWeightsFile`] when the arena was built without one
+    /// (use [`materialize_weights_from`](Self::materialize_weights_from));
+    /// [`ArenaError::WeightsFileChanged`] when the file's size differs from
+    /// the size checked at build time; [`ArenaError::ReadWeights`] for a
+    /// failed or short read. The arena stays usable and the call can be
+    /// retried; [`needs_weight_materialization`](Self::needs_weight_materialization)
+    /// stays true until one succeeds.
+    pub fn materialize_weights(&mut self) -> Result<(), ArenaError> {
+        self.materialize_weights_with(|_, _| {})
+    }
+
+    /// [`materialize_weights`](Self::materialize_weights) with a progress
+    /// callback `progress(done_bytes, total_bytes)`, called on the calling
+    /// thread after each block and once at the end with `done == total`.
+    ///
+    /// # Errors
+    /// As [`materialize_weights`](Self::materialize_weights).
+    pub fn materialize_weights_with(
+        &mut self,
+        progress: impl FnMut(u64, u64),
+    ) -> Result<(), ArenaError> {
+        if self.mode != ArenaMode::Anon || self.activations_base == self.weights_base {
+            return Ok(());
+        }
+        let src = self.source.as_ref().ok_or(ArenaError::NoWeightsFile)?;
+        let expected = src.size;
+        let check_size = || -> Result<(), ArenaError> {
+            let found = sys::fstat(&src.fd)
+                .map_err(|source| ArenaError::StatWeights {
+                    path: src.path.clone(),
+                    source,
+                })?
+                .size;
+            if found != expected {
+                return Err(ArenaError::WeightsFileChanged { expected, found });
+            }
+            Ok(())
+        };
+        check_size()?;
+        let (wb, ab) = (self.weights_base, self.activations_base);
+        let file_end = (ab as u64).min(expected) as usize;
+        let read_len = file_end.saturating_sub(wb);
+        // Advice only: the copy works without it.
+        let _ = sys::fadvise_sequential(&src.fd, wb as u64, read_len as u64);
+        let dst = Dst(self.ptr_at_unchecked(wb));
+        read_parallel(&src.fd, dst, wb, read_len, progress)?;
+        check_size()?;
+        if ab > wb + read_len {
+            // SAFETY: anonymous read-write memory of the weights region, and
+            // `&mut self` excludes every other reference.
+            unsafe { dst.at(read_len).write_bytes(0, ab - wb - read_len) };
+        }
+        self.materialized = true;
+        Ok(())
+    }
+
+    /// Open `path` (checked as at build time: regular file covering
+    /// `activations_base`), make it the arena's weights file, and
+    /// materialize from it. For arenas built without a file, as the C ABI's
+    /// `ck_bump_alloc_materialize_weights(alloc, path)`. A no-op in mixed
+    /// mode.
+    ///
+    /// # Errors
+    /// The file errors of [`ArenaBuilder::build`](super::ArenaBuilder::build)
+    /// and those of [`materialize_weights`](Self::materialize_weights).
+    pub fn materialize_weights_from(&mut self, path: &Path) -> Result<(), ArenaError> {
+        if self.mode != ArenaMode::Anon || self.activations_base == self.weights_base {
+            return Ok(());
+        }
+        let plan = Plan::new(self.total_size, self.weights_base, self.activations_base)?;
+        let src = open_weights(path, &plan)?;
+        self.weights_file_size = Some(src.size);
+        self.source = Some(src);
+        self.materialize_weights()
+    }
+}
+
+/// Read `len` bytes of `fd` at `offset` into `dst..dst+len`.
+fn read_parallel(
+    fd: &sys::Fd,
+    dst: Dst,
+    offset: usize,
+    len: usize,
+    mut progress: impl FnMut(u64, u64),
+) -> Result<(), ArenaError> {
+    let total = len as u64;
+    let blocks = len.div_ceil(BLOCK);
+    let next = AtomicUsize::new(0);
+    let done = AtomicU64::new(0);
+    let failed = AtomicBool::new(false);
+    let error: Mutex<Option<ArenaError>> = Mutex::new(None);
+
+    // Claim blocks until none is left or a reader failed; returns after each
+    // block so the calling thread can report progress.
+    let work_one = || -> bool {
+        if failed.load(Ordering::Relaxed) {
+            return false;
+        }
+        let i = next.fetch_add(1, Ordering::Relaxed);
+        if i >= blocks {
+            return false;
+        }
+        let start = i * BLOCK;
+        let n = BLOCK.min(len - start);
+        // SAFETY: block `i` is claimed by this thread alone (atomic counter);
+        // it lies inside the weights region, which is read-write anonymous
+        // memory that outlives the scope.
+        let buf = unsafe { std::slice::from_raw_parts_mut(dst.at(start), n) };
+        let file_off = (offset + start) as u64;
+        match sys::pread_exact(fd, buf, file_off) {
+            Ok(()) => {
+                done.fetch_add(n as u64, Ordering::Relaxed);
+                true
+            }
+            Err(source) => {
+                failed.store(true, Ordering::Relaxed);
+                let mut slot = error.lock().unwrap_or_else(|p| p.into_inner());
+                slot.get_or_insert(ArenaError::ReadWeights {
+                    offset: file_off,
+                    len: n,
+                    source,
+                });
+                false
+            }
+        }
+    };
+
+    let threads = if len >= PARALLEL_MIN {
+        std::thread::available_parallelism()
+            .map_or(1, |n| n.get())
+            .min(MAX_THREADS)
+            .min(blocks)
+    } else {
+        1
+    };
+    let finished = AtomicUsize::new(0);
+    let (work_one, finished) = (&work_one, &finished);
+    std::thread::scope(|s| {
+        let mut spawned = 0;
+        for _ in 1..threads {
+            let worker = move || {
+                while work_one() {}
+                finished.fetch_add(1, Ordering::Release);
+            };
+            // A thread that cannot be spawned just means fewer readers.
+            if std::thread::Builder::new()
+                .name("ckalloc-materialize".into())
+                .spawn_scoped(s, worker)
+                .is_ok()
+            {
+                spawned += 1;
+            }
+        }
+        while work_one() {
+            progress(done.load(Ordering::Relaxed), total);
+        }
+        // Keep reporting while the other readers finish their last blocks.
+        while finished.load(Ordering::Acquire) < spawned {
+            std::thread::sleep(std::time::Duration::from_millis(2));
+            progress(done.load(Ordering::Relaxed), total);
+        }
+    });
+    if let Some(e) = error.into_inner().unwrap_or_else(|p| p.into_inner()) {
+        return Err(e);
+    }
+    progress(total, total);
+    Ok(())
+}

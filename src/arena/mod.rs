@@ -1,0 +1,807 @@
+//! [`BumpArena`]: one contiguous range for a model's weights and its runtime
+//! buffers; the type's documentation describes the layout and modes.
+
+mod error;
+mod local;
+mod map;
+mod materialize;
+
+pub use error::{ArenaError, FallbackReason};
+pub use local::LocalArena;
+
+use crate::huge::{Backing, HugeOptions};
+use crate::probe::{huge_page_coverage, HugeCoverage};
+use crate::sys;
+use map::{Plan, Storage};
+use std::fmt;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+
+/// How the arena's memory is backed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ArenaMode {
+    /// One anonymous huge-page mapping (`CK_BUMP_MODE_ANON`).
+    Anon,
+    /// Weights mapped read-only from the file, runtime region anonymous
+    /// (`CK_BUMP_MODE_MIXED_FILE_BACKED`), Linux only.
+    MixedFileBacked,
+}
+
+impl fmt::Display for ArenaMode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            ArenaMode::Anon => "anonymous",
+            ArenaMode::MixedFileBacked => "mixed file-backed",
+        })
+    }
+}
+
+/// Which modes [`ArenaBuilder::build`] may use.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum ModePolicy {
+    /// Anonymous first, mixed mode when that fails and a weights file is
+    /// given; `CK_BUMP_FORCE_MIXED` skips anonymous mode and
+    /// `CK_BUMP_DISABLE_MIXED` skips the fallback (each set unless empty,
+    /// `0`, `false` or `no`, case-insensitive, as in the seed). The default.
+    #[default]
+    Auto,
+    /// Anonymous mode only; the environment is ignored.
+    AnonOnly,
+    /// Mixed mode only (needs a weights file); the environment is ignored.
+    MixedOnly,
+}
+
+/// Huge-page coverage of each region of an arena (see
+/// [`huge_page_coverage`]), measured per address range, not per VMA.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ArenaCoverage {
+    /// The weights region `[weights_base, activations_base)`.
+    pub weights: HugeCoverage,
+    /// The runtime region `[activations_base, total_size)`.
+    pub runtime: HugeCoverage,
+}
+
+/// A position of the bump pointer, from [`BumpArena::checkpoint`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Checkpoint {
+    arena_id: u64,
+    used: usize,
+}
+
+impl Checkpoint {
+    /// Runtime bytes in use when the checkpoint was taken.
+    pub fn used(&self) -> usize {
+        self.used
+    }
+}
+
+/// The open, checked weights file.
+#[derive(Debug)]
+struct WeightsSource {
+    fd: sys::Fd,
+    path: PathBuf,
+    size: u64,
+}
+
+/// Builder for a [`BumpArena`]; see [`BumpArena::builder`].
+#[derive(Clone, Debug)]
+pub struct ArenaBuilder {
+    total_size: usize,
+    weights_file: Option<PathBuf>,
+    weights_base: usize,
+    activations_base: usize,
+    policy: ModePolicy,
+    huge: HugeOptions,
+    release_on_reset: bool,
+    dont_dump: bool,
+    #[cfg(feature = "weights")]
+    manifest: Option<crate::weights::Manifest>,
+}
+
+static NEXT_ARENA_ID: AtomicU64 = AtomicU64::new(1);
+
+impl ArenaBuilder {
+    /// The weights file whose bytes `[weights_base, activations_base)` the
+    /// weights region holds (arena offset == file offset). It is opened once
+    /// and checked through the open descriptor (`fstat`), so swapping the
+    /// path afterwards changes nothing. Default: none.
+    pub fn weights_file(mut self, path: impl AsRef<Path>) -> Self {
+        self.weights_file = Some(path.as_ref().to_owned());
+        self
+    }
+
+    /// Offset of the weights region in bytes. Default 0.
+    pub fn weights_base(mut self, offset: usize) -> Self {
+        self.weights_base = offset;
+        self
+    }
+
+    /// Offset of the runtime region in bytes (the end of the weights). Default
+    /// 0: no weights region, the whole arena is runtime region.
+    pub fn activations_base(mut self, offset: usize) -> Self {
+        self.activations_base = offset;
+        self
+    }
+
+    /// Which modes to use. Default [`ModePolicy::Auto`].
+    pub fn policy(mut self, policy: ModePolicy) -> Self {
+        self.policy = policy;
+        self
+    }
+
+    /// Huge-page options of the anonymous mapping (anon mode) or of the
+    /// runtime region (mixed mode: prefault, `mlock`, NUMA binding, dump).
+    /// Default [`HugeOptions::new`].
+    pub fn huge(mut self, opts: HugeOptions) -> Self {
+        self.huge = opts;
+        self
+    }
+
+    /// Give the runtime region's pages back to the kernel
+    /// (`MADV_DONTNEED`) on [`BumpArena::reset`] and
+    /// [`BumpArena::rewind_to`]; they read back as zero. Default `false`.
+    pub fn release_on_reset(mut self, yes: bool) -> Self {
+        self.release_on_reset = yes;
+        self
+    }
+
+    /// Leave the weights region out of core dumps (`MADV_DONTDUMP`, whole
+    /// pages covering it). Default `false`.
+    pub fn dont_dump(mut self, yes: bool) -> Self {
+        self.dont_dump = yes;
+        self
+    }
+
+    /// The tensor manifest of the weights file (for
+    /// [`BumpArena::tensor`]). Every entry must lie in `[weights_base,
+    /// activations_base)` without overlaps (arena offset == `file_offset`);
+    /// mixed mode also needs `runtime_offset == file_offset` for every entry
+    /// (under `Auto` a mismatch rules out the fallback). Default: none.
+    #[cfg(feature = "weights")]
+    pub fn manifest(mut self, manifest: crate::weights::Manifest) -> Self {
+        self.manifest = Some(manifest);
+        self
+    }
+
+    /// Mixed mode maps the file in place: the manifest's runtime offsets
+    /// must equal its file offsets.
+    fn check_mixed_manifest(&self) -> Result<(), ArenaError> {
+        #[cfg(feature = "weights")]
+        if let Some(m) = &self.manifest {
+            m.check_runtime_offsets()
+                .map_err(|source| ArenaError::Manifest { source })?;
+        }
+        Ok(())
+    }
+
+    /// Validate the layout, open and check the weights file, and map the
+    /// arena in the mode the policy picks.
+    ///
+    /// # Errors
+    /// [`ArenaError::ZeroSize`], [`ArenaError::TooLarge`],
+    /// [`ArenaError::BadLayout`]; for a weights file
+    /// [`ArenaError::OpenWeights`], [`ArenaError::StatWeights`],
+    /// [`ArenaError::NotRegularFile`], [`ArenaError::WeightsFileTooSmall`];
+    /// then the mapping errors of the mode(s) tried
+    /// ([`ArenaError::Anon`], [`ArenaError::MixedMap`],
+    /// [`ArenaError::BothModesFailed`], ...). Nothing stays mapped or open
+    /// on error.
+    pub fn build(self) -> Result<BumpArena, ArenaError> {
+        let (total, wb, ab) = (self.total_size, self.weights_base, self.activations_base);
+        if total == 0 {
+            return Err(ArenaError::ZeroSize);
+        }
+        if wb > ab || ab > total {
+            return Err(ArenaError::BadLayout {
+                weights_base: wb,
+                activations_base: ab,
+                total_size: total,
+            });
+        }
+        let plan = Plan::new(total, wb, ab)?;
+        #[cfg(feature = "weights")]
+        if let Some(m) = &self.manifest {
+            m.validate_region(wb as u64, ab as u64)
+                .map_err(|source| ArenaError::Manifest { source })?;
+        }
+        let source = match &self.weights_file {
+            Some(path) => Some(open_weights(path, &plan)?),
+            None => None,
+        };
+
+        let (storage, mode, fallback) = match self.policy {
+            ModePolicy::AnonOnly => (map::anon(&plan, &self.huge)?, ArenaMode::Anon, None),
+            ModePolicy::MixedOnly => {
+                let src = source.as_ref().ok_or(ArenaError::NoWeightsFile)?;
+                self.check_mixed_manifest()?;
+                let s = map::mixed(&plan, &src.fd, src.size, &self.huge)?;
+                (s, ArenaMode::MixedFileBacked, None)
+            }
+            ModePolicy::Auto => {
+                let force = crate::huge::env_flag(sys::getenv(c"CK_BUMP_FORCE_MIXED"));
+                let disable = crate::huge::env_flag(sys::getenv(c"CK_BUMP_DISABLE_MIXED"));
+                self.auto(&plan, source.as_ref(), force, disable)?
+            }
+        };
+
+        let arena = BumpArena {
+            cursor: AtomicUsize::new(storage.base.as_ptr() as usize + ab),
+            end: storage.base.as_ptr() as usize + total,
+            hwm: AtomicUsize::new(storage.base.as_ptr() as usize + ab),
+            id: NEXT_ARENA_ID.fetch_add(1, Ordering::Relaxed),
+            storage,
+            total_size: total,
+            weights_base: wb,
+            activations_base: ab,
+            mode,
+            fallback,
+            weights_file_size: source.as_ref().map(|s| s.size),
+            // In mixed mode the descriptor is not needed after mapping.
+            source: if mode == ArenaMode::Anon {
+                source
+            } else {
+                None
+            },
+            materialized: mode == ArenaMode::MixedFileBacked || ab == wb,
+            release_on_reset: self.release_on_reset,
+            #[cfg(feature = "weights")]
+            manifest: self.manifest,
+        };
+        if self.dont_dump && ab > wb {
+            let page = sys::page_size();
+            let start = wb & !(page - 1);
+            let end = sys::round_up(ab, page).unwrap_or(ab);
+            // Only a hint for core dumps: failure loses nothing.
+            let _ = sys::madvise(
+                arena.ptr_at_unchecked(start),
+                end - start,
+                sys::Advice::DontDump,
+            );
+        }
+        Ok(arena)
+    }
+
+    fn auto(
+        &self,
+        plan: &Plan,
+        source: Option<&WeightsSource>,
+        force_mixed: bool,
+        disable_mixed: bool,
+    ) -> Result<(Storage, ArenaMode, Option<FallbackReason>), ArenaError> {
+        let mut anon_err = None;
+        if !force_mixed {
+            match map::anon(plan, &self.huge) {
+                Ok(s) => return Ok((s, ArenaMode::Anon, None)),
+                Err(e) => anon_err = Some(e),
+            }
+        }
+        let Some(src) = source.filter(|_| !disable_mixed) else {
+            return Err(match (anon_err, disable_mixed) {
+                (Some(e), _) => e,
+                (None, true) => ArenaError::ModesDisabledByEnv,
+                (None, false) => ArenaError::NoWeightsFile,
+            });
+        };
+        let mixed = self
+            .check_mixed_manifest()
+            .and_then(|()| map::mixed(plan, &src.fd, src.size, &self.huge));
+        match mixed {
+            Ok(s) => {
+                let why = match anon_err {
+                    Some(e) => FallbackReason::AnonFailed(e),
+                    None => FallbackReason::ForcedByEnv,
+                };
+                Ok((s, ArenaMode::MixedFileBacked, Some(why)))
+            }
+            Err(mixed) => Err(match anon_err {
+                Some(anon) => ArenaError::BothModesFailed {
+                    anon: Box::new(anon),
+                    mixed: Box::new(mixed),
+                },
+                None => mixed,
+            }),
+        }
+    }
+}
+
+/// Open the weights file and check it once through the descriptor.
+fn open_weights(path: &Path, plan: &Plan) -> Result<WeightsSource, ArenaError> {
+    let fd = sys::open_readonly(path).map_err(|source| ArenaError::OpenWeights {
+        path: path.to_owned(),
+        source,
+    })?;
+    let st = sys::fstat(&fd).map_err(|source| ArenaError::StatWeights {
+        path: path.to_owned(),
+        source,
+    })?;
+    if !st.is_regular {
+        return Err(ArenaError::NotRegularFile {
+            path: path.to_owned(),
+        });
+    }
+    if plan.activations_base > plan.weights_base {
+        // The seed's V3 rule: the file rounded up to a page must reach
+        // activations_base. A mapped page that the file covers only in part
+        // reads zeros past the end; a page wholly past the end would SIGBUS,
+        // which this check rules out.
+        let page = plan.page as u64;
+        let covered = st.size.checked_add(page - 1).map(|n| n & !(page - 1));
+        if covered.is_none_or(|c| c < plan.activations_base as u64) {
+            return Err(ArenaError::WeightsFileTooSmall {
+                path: path.to_owned(),
+                file_size: st.size,
+                activations_base: plan.activations_base,
+                page_size: plan.page,
+            });
+        }
+    }
+    Ok(WeightsSource {
+        fd,
+        path: path.to_owned(),
+        size: st.size,
+    })
+}
+
+/// One contiguous range for a model's weights and its runtime
+/// buffers (activations, KV caches, scratch), after C-Kernel-Engine's
+/// `ck_bump_alloc_t`.
+///
+/// # Layout
+///
+/// ```text
+///  offset 0          weights_base                activations_base           total_size
+///  |  header/prefix   |   weights region            |   runtime region           |
+///  |  (zero, RW)      |   == file bytes at the      |   bump-allocated:          |
+///  |                  |      same offsets           |   activations, KV, scratch |
+///  +------------------+-----------------------------+----------------------------+
+///  ^ as_ptr()                                       ^ cursor starts here ->
+///
+///  anon mode:   [ one huge-page mapping (hugetlb, THP or 4 KiB pages), read-write      ]
+///  mixed mode:  [ anon RW | file pages, read-only, MAP_PRIVATE | boundary page (anon,   ]
+///               [ prefix  | (whole pages below activations_base) | pread) + anon RW   ]
+///
+///  mapping:  |<- shift ->|<------------------------ total_size ------------------->|..|
+///            map start   base                 base + page_floor(activations_base)
+///            (2 MiB                           is 2 MiB aligned, so the runtime
+///             aligned)                        region fills whole THP extents
+/// ```
+///
+/// Arena offset == file offset, so generated code can address a tensor as
+/// `base + file_offset` and a runtime buffer as `base + runtime_offset`.
+///
+/// # Modes
+///
+/// * [`ArenaMode::Anon`]: the whole range is anonymous huge-page memory (the
+///   tier ladder of [`HugeRegion`](crate::HugeRegion)); the weights must be
+///   copied in with [`BumpArena::materialize_weights`].
+/// * [`ArenaMode::MixedFileBacked`] (Linux): the range is reserved
+///   `PROT_NONE`; the whole file pages of the weights are mapped read-only
+///   `MAP_PRIVATE | MAP_FIXED` from the file (no copy, shared with the page
+///   cache); the partial last weights page is anonymous and filled with
+///   `pread`; the runtime region is anonymous with `MADV_HUGEPAGE`. The file is
+///   never written.
+/// * [`ModePolicy::Auto`] tries anonymous first and falls back to mixed mode
+///   when a weights file is given, honouring `CK_BUMP_FORCE_MIXED` and
+///   `CK_BUMP_DISABLE_MIXED` exactly as the seed's `ck_bump_alloc_init`.
+///
+/// # Allocation
+///
+/// `&BumpArena` is an [`Allocator`](allocator_api2::alloc::Allocator): a
+/// lock-free bump pointer (one compare-and-swap per allocation) that any
+/// number of threads may share. [`BumpArena::local`] gives a `!Sync`
+/// [`LocalArena`] handle that takes chunks from the shared pointer and bumps
+/// inside them without atomics, for one thread's hot loop. Both bump upward
+/// in the runtime region; the most recent allocation can be freed, grown and
+/// shrunk in place. [`BumpArena::reset`], [`BumpArena::checkpoint`] /
+/// [`BumpArena::rewind_to`] take `&mut self`, which proves that nothing
+/// allocated from `&arena` is alive.
+///
+/// # Fork, cgroups and truncation
+///
+/// * After `fork`, private pages are copied on write in whichever process
+///   writes first; for hugetlb-backed arenas the copy needs a free huge page
+///   and the writer gets `SIGBUS` when none is left.
+/// * A cgroup memory limit strikes when a page is first touched, not at
+///   `mmap`: `Auto` cannot fall back then (the process is OOM-killed). Use
+///   [`HugeOptions::populate`] to move that failure into
+///   [`BumpArena::builder`]'s `build()`.
+/// * In mixed mode the weights pages come from the file: if another process
+///   truncates it, touching the dropped pages raises `SIGBUS` (no lock or
+///   prefault prevents it). Use anonymous mode when the file may change.
+///
+/// # Thread safety
+///
+/// `BumpArena` is `Send + Sync`: any number of threads may allocate from
+/// `&arena` at once. Dropping it unmaps the whole range.
+///
+/// # Example
+///
+/// ```
+/// use allocator_api2::vec::Vec;
+/// use ckalloc::BumpArena;
+/// let arena = BumpArena::builder(8 << 20).build().unwrap();
+/// let mut v: Vec<u32, _> = Vec::new_in(&arena);
+/// v.extend([1, 2, 3]);
+/// assert_eq!(v.iter().sum::<u32>(), 6);
+/// assert!(arena.used() >= 12);
+/// ```
+pub struct BumpArena {
+    /// Address of the next free runtime byte (shared bump pointer).
+    cursor: AtomicUsize,
+    /// `base + total_size`: no allocation ends past it.
+    end: usize,
+    /// Highest address the cursor reached since the last release.
+    hwm: AtomicUsize,
+    id: u64,
+    storage: Storage,
+    total_size: usize,
+    weights_base: usize,
+    activations_base: usize,
+    mode: ArenaMode,
+    fallback: Option<FallbackReason>,
+    weights_file_size: Option<u64>,
+    source: Option<WeightsSource>,
+    materialized: bool,
+    release_on_reset: bool,
+    #[cfg(feature = "weights")]
+    manifest: Option<crate::weights::Manifest>,
+}
+
+// SAFETY: the arena owns its mapping; shared access hands out disjoint
+// blocks through the atomic cursor, and every mutation of shared state is an
+// atomic operation or needs `&mut self`. The file descriptor is a plain
+// integer owned by the arena.
+unsafe impl Send for BumpArena {}
+// SAFETY: as above: `&BumpArena` only reads immutable fields, the weights
+// region (through `&[u8]`) and the atomics.
+unsafe impl Sync for BumpArena {}
+
+impl fmt::Debug for BumpArena {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("BumpArena")
+            .field("base", &self.storage.base)
+            .field("total_size", &self.total_size)
+            .field("weights_base", &self.weights_base)
+            .field("activations_base", &self.activations_base)
+            .field("mode", &self.mode)
+            .field("backing", &self.storage.backing)
+            .field("used", &self.used())
+            .finish()
+    }
+}
+
+impl BumpArena {
+    /// Start building an arena of `total_size` bytes (offsets
+    /// `0..total_size`). Defaults: no weights file, `weights_base` and
+    /// `activations_base` 0, [`ModePolicy::Auto`], default [`HugeOptions`].
+    pub fn builder(total_size: usize) -> ArenaBuilder {
+        ArenaBuilder {
+            total_size,
+            weights_file: None,
+            weights_base: 0,
+            activations_base: 0,
+            policy: ModePolicy::Auto,
+            huge: HugeOptions::new(),
+            release_on_reset: false,
+            dont_dump: false,
+            #[cfg(feature = "weights")]
+            manifest: None,
+        }
+    }
+
+    /// The seed's `ck_bump_alloc_init`: an arena of `total_size` bytes with
+    /// the weights region `[weights_base, activations_base)`, under
+    /// [`ModePolicy::Auto`] (so `CK_BUMP_*` apply), with the weights file for
+    /// materialization and the mixed-mode fallback when given.
+    ///
+    /// # Errors
+    /// As [`ArenaBuilder::build`].
+    pub fn new(
+        weights_path: Option<&Path>,
+        total_size: usize,
+        weights_base: usize,
+        activations_base: usize,
+    ) -> Result<BumpArena, ArenaError> {
+        let mut b = Self::builder(total_size)
+            .weights_base(weights_base)
+            .activations_base(activations_base);
+        if let Some(p) = weights_path {
+            b = b.weights_file(p);
+        }
+        b.build()
+    }
+
+    /// The base address (offset 0). Page aligned; `base +
+    /// page_floor(activations_base)` is 2 MiB aligned.
+    pub fn as_ptr(&self) -> *const u8 {
+        self.storage.base.as_ptr()
+    }
+
+    /// Total size in bytes, as requested.
+    pub fn total_size(&self) -> usize {
+        self.total_size
+    }
+
+    /// Offset of the weights region in bytes.
+    pub fn weights_base(&self) -> usize {
+        self.weights_base
+    }
+
+    /// Offset of the runtime region in bytes.
+    pub fn activations_base(&self) -> usize {
+        self.activations_base
+    }
+
+    /// Bytes mapped from [`as_ptr`](Self::as_ptr) on (at least
+    /// `total_size`, rounded up to the huge page size of the mapping). The
+    /// C ABI reports this as `mapped_len`.
+    pub fn mapped_len(&self) -> usize {
+        self.storage.mapped_len_from_base()
+    }
+
+    /// The exact address range this arena mapped (start, length in bytes). It
+    /// starts up to 2 MiB before [`as_ptr`](Self::as_ptr) (see the layout
+    /// diagram); after drop nothing is mapped there.
+    pub fn mapping(&self) -> (*const u8, usize) {
+        (self.storage.map_ptr.as_ptr(), self.storage.map_len)
+    }
+
+    /// The weights file's size in bytes as checked at build time (or by
+    /// [`materialize_weights_from`](Self::materialize_weights_from)), `None`
+    /// without a file.
+    pub fn weights_file_size(&self) -> Option<u64> {
+        self.weights_file_size
+    }
+
+    /// The mode the arena was built in.
+    pub fn mode(&self) -> ArenaMode {
+        self.mode
+    }
+
+    /// Why a [`ModePolicy::Auto`] arena is in mixed mode (`None` otherwise).
+    pub fn fallback_reason(&self) -> Option<&FallbackReason> {
+        self.fallback.as_ref()
+    }
+
+    /// The pages backing the runtime region: the tier of the huge-page
+    /// mapping in anon mode; in mixed mode `TransparentHuge` when
+    /// `MADV_HUGEPAGE` was accepted, else `Normal`.
+    pub fn backing(&self) -> Backing {
+        self.storage.backing
+    }
+
+    /// Whether the weights region still has to be filled by
+    /// [`materialize_weights`](Self::materialize_weights): true in anon mode
+    /// with a non-empty weights region until that succeeds; false in mixed
+    /// mode and without a weights region. (The C ABI's function of the same
+    /// name is a property of the mode instead, as in the seed.)
+    pub fn needs_weight_materialization(&self) -> bool {
+        !self.materialized
+    }
+
+    /// The weights region `[weights_base, activations_base)`. In anon mode it
+    /// reads zero until materialized.
+    pub fn weights(&self) -> &[u8] {
+        // SAFETY: the range is mapped readable in both modes; writes to it
+        // need `&mut self` (`weights_mut`, materialization), and allocations
+        // never hand it out.
+        unsafe {
+            std::slice::from_raw_parts(
+                self.ptr_at_unchecked(self.weights_base),
+                self.activations_base - self.weights_base,
+            )
+        }
+    }
+
+    /// The weights region for writing; `None` in mixed mode, where it is
+    /// mapped read-only from the file.
+    pub fn weights_mut(&mut self) -> Option<&mut [u8]> {
+        if self.mode != ArenaMode::Anon {
+            return None;
+        }
+        // SAFETY: anonymous read-write memory owned by the arena; `&mut self`
+        // excludes every other reference into it.
+        Some(unsafe {
+            std::slice::from_raw_parts_mut(
+                self.ptr_at_unchecked(self.weights_base),
+                self.activations_base - self.weights_base,
+            )
+        })
+    }
+
+    /// The bytes of tensor `name` of the manifest given to
+    /// [`ArenaBuilder::manifest`], read in place at arena offset ==
+    /// `file_offset`. `None` for an unknown name, without a manifest, or in
+    /// anon mode while [`needs_weight_materialization`](Self::needs_weight_materialization)
+    /// (the region would read zero).
+    #[cfg(feature = "weights")]
+    pub fn tensor(&self, name: &str) -> Option<&[u8]> {
+        if !self.materialized {
+            return None;
+        }
+        let e = self.manifest.as_ref()?.get(name)?;
+        // Checked at build: wb <= file_offset, file_offset + size <= ab.
+        let start = usize::try_from(e.file_offset)
+            .ok()?
+            .checked_sub(self.weights_base)?;
+        let len = usize::try_from(e.size).ok()?;
+        self.weights().get(start..start.checked_add(len)?)
+    }
+
+    /// The manifest given to [`ArenaBuilder::manifest`].
+    #[cfg(feature = "weights")]
+    pub fn manifest(&self) -> Option<&crate::weights::Manifest> {
+        self.manifest.as_ref()
+    }
+
+    /// The arena offset of `ptr` in bytes, or `None` when `ptr` is outside
+    /// `[base, base + total_size)`.
+    pub fn offset_of(&self, ptr: *const u8) -> Option<usize> {
+        let off = (ptr as usize).checked_sub(self.as_ptr() as usize)?;
+        (off < self.total_size).then_some(off)
+    }
+
+    /// The address of `offset` (0 ..= `total_size`; `total_size` gives the
+    /// one-past-the-end pointer), or `None` beyond. Writing through it is
+    /// the caller's responsibility (the weights are read-only in mixed mode,
+    /// and the bump allocator owns the runtime region's allocated part).
+    pub fn ptr_at(&self, offset: usize) -> Option<NonNull<u8>> {
+        (offset <= self.total_size).then(|| {
+            // SAFETY: in bounds (or one past the end) of the mapping.
+            unsafe { NonNull::new_unchecked(self.ptr_at_unchecked(offset)) }
+        })
+    }
+
+    fn ptr_at_unchecked(&self, offset: usize) -> *mut u8 {
+        debug_assert!(offset <= self.total_size);
+        self.storage.base.as_ptr().wrapping_add(offset)
+    }
+
+    fn runtime_start(&self) -> usize {
+        self.as_ptr() as usize + self.activations_base
+    }
+
+    /// Runtime bytes handed out (including alignment padding and chunks held
+    /// by [`LocalArena`] handles).
+    pub fn used(&self) -> usize {
+        self.cursor.load(Ordering::Relaxed) - self.runtime_start()
+    }
+
+    /// Runtime bytes still free.
+    pub fn remaining(&self) -> usize {
+        self.end - self.cursor.load(Ordering::Relaxed)
+    }
+
+    /// The most runtime bytes ever in use at once (since build; a reset or
+    /// rewind does not lower it).
+    pub fn high_water_mark(&self) -> usize {
+        let top = self
+            .hwm
+            .load(Ordering::Relaxed)
+            .max(self.cursor.load(Ordering::Relaxed));
+        top - self.runtime_start()
+    }
+
+    /// Huge-page coverage of the weights and the runtime region (what is
+    /// resident and how much of it is in huge pages).
+    ///
+    /// # Errors
+    /// The I/O error of reading `/proc/self/pagemap` or `smaps`.
+    pub fn coverage(&self) -> io::Result<ArenaCoverage> {
+        let w = self.ptr_at_unchecked(self.weights_base);
+        let r = self.ptr_at_unchecked(self.activations_base);
+        Ok(ArenaCoverage {
+            weights: huge_page_coverage(w, self.activations_base - self.weights_base)?,
+            runtime: huge_page_coverage(r, self.total_size - self.activations_base)?,
+        })
+    }
+
+    /// A handle for one thread's hot loop: bumps inside chunks taken from
+    /// the shared pointer, without atomics. See [`LocalArena`].
+    pub fn local(&self) -> LocalArena<'_> {
+        LocalArena::new(self)
+    }
+
+    /// The current position of the bump pointer, to return to with
+    /// [`rewind_to`](Self::rewind_to).
+    pub fn checkpoint(&self) -> Checkpoint {
+        Checkpoint {
+            arena_id: self.id,
+            used: self.used(),
+        }
+    }
+
+    /// Free everything allocated after `checkpoint` (the `&mut` borrow
+    /// proves none of it is alive). With `release_on_reset` the whole pages
+    /// above the new bump pointer go back to the kernel.
+    ///
+    /// # Errors
+    /// [`ArenaError::BadCheckpoint`] for a checkpoint of another arena or one
+    /// above the current bump pointer; nothing changes then.
+    pub fn rewind_to(&mut self, checkpoint: Checkpoint) -> Result<(), ArenaError> {
+        let used = self.used();
+        if checkpoint.arena_id != self.id || checkpoint.used > used {
+            return Err(ArenaError::BadCheckpoint {
+                checkpoint_used: checkpoint.used,
+                used,
+                same_arena: checkpoint.arena_id == self.id,
+            });
+        }
+        self.set_cursor(self.runtime_start() + checkpoint.used);
+        Ok(())
+    }
+
+    /// Free every runtime allocation (the `&mut` borrow proves none is
+    /// alive). The weights region is untouched. With `release_on_reset` the
+    /// runtime pages go back to the kernel and read as zero afterwards.
+    pub fn reset(&mut self) {
+        self.set_cursor(self.runtime_start());
+    }
+
+    fn set_cursor(&mut self, new: usize) {
+        let old = *self.cursor.get_mut();
+        let hwm = self.hwm.get_mut();
+        *hwm = (*hwm).max(old);
+        *self.cursor.get_mut() = new;
+        if self.release_on_reset {
+            self.release_above(new);
+        }
+    }
+
+    /// `MADV_DONTNEED` the whole pages (of the runtime region's page size)
+    /// between `from` and the high-water mark (pages released before are
+    /// cheap to release again: they are not present).
+    fn release_above(&mut self, from: usize) {
+        let pg = self.storage.page_size;
+        let map_end = self.storage.map_ptr.as_ptr() as usize + self.storage.map_len;
+        let (Some(start), Some(stop)) = (
+            sys::round_up(from, pg),
+            sys::round_up(*self.hwm.get_mut(), pg),
+        ) else {
+            return;
+        };
+        let stop = stop.min(map_end);
+        if stop > start {
+            let p = self
+                .storage
+                .base
+                .as_ptr()
+                .wrapping_add(start - self.as_ptr() as usize);
+            // Advice only: if the kernel refuses, the pages stay resident and
+            // keep their (stale) contents, which allocations do not promise
+            // to be zero anyway.
+            let _ = sys::madvise(p, stop - start, sys::Advice::DontNeed);
+        }
+    }
+
+    #[cfg(test)]
+    pub(crate) fn heap_for_tests(total: usize, activations_base: usize) -> BumpArena {
+        let plan = Plan::new(total, 0, activations_base).unwrap();
+        let storage = map::heap(&plan);
+        let base = storage.base.as_ptr() as usize;
+        BumpArena {
+            cursor: AtomicUsize::new(base + activations_base),
+            end: base + total,
+            hwm: AtomicUsize::new(base + activations_base),
+            id: NEXT_ARENA_ID.fetch_add(1, Ordering::Relaxed),
+            storage,
+            total_size: total,
+            weights_base: 0,
+            activations_base,
+            mode: ArenaMode::Anon,
+            fallback: None,
+            weights_file_size: None,
+            source: None,
+            materialized: true,
+            release_on_reset: false,
+            #[cfg(feature = "weights")]
+            manifest: None,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;
