@@ -138,10 +138,13 @@ fn try_plain(page: usize) -> Trial {
     }
 }
 
+/// `CKALLOC_THP` set to a false value turns THP off for ckalloc; the rule is
+/// the library's (the seed's): empty, `0`, `false`, `no` (case-insensitive),
+/// no trimming.
 fn thp_env_off() -> bool {
-    std::env::var("CKALLOC_THP").is_ok_and(|v| {
-        let v = v.trim().to_ascii_lowercase();
-        v.is_empty() || ["0", "false", "no", "off"].contains(&v.as_str())
+    std::env::var_os("CKALLOC_THP").is_some_and(|v| {
+        let v = v.to_string_lossy();
+        v.is_empty() || v == "0" || v.eq_ignore_ascii_case("false") || v.eq_ignore_ascii_case("no")
     })
 }
 
