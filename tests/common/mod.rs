@@ -55,9 +55,13 @@ pub fn thp_available() -> bool {
         .unwrap_or(false)
 }
 
-/// Touch one byte per 4 KiB page.
+/// Touch one byte per 4 KiB page, and the last byte (the buffer need not be
+/// page aligned).
 pub fn touch(buf: &mut [u8]) {
     for i in (0..buf.len()).step_by(4096) {
         buf[i] = 1;
+    }
+    if let Some(last) = buf.last_mut() {
+        *last = 1;
     }
 }
