@@ -677,14 +677,15 @@ impl<A: Allocator> CachingAllocator<A> {
             return Ok(NonNull::slice_from_raw_parts(p, b));
         }
         let block_layout = Layout::from_size_align(b, layout.align()).map_err(|_| AllocError)?;
-        let Some(committed) = self.reserve(pi, home, b as u64) else {
+        if self.reserve(pi, home, b as u64).is_none() {
             return self.alloc_unpooled(layout, zeroed, Some(pi), home);
-        };
+        }
         match self.inner_alloc(block_layout, zeroed, Some(pi), home) {
             Ok(p) => {
                 add(&counters.misses, 1);
                 add(&counters.live, b as u64);
-                pool.peak.fetch_max(committed, Relaxed);
+                // After the call: a retry may have trimmed this pool meanwhile.
+                pool.peak.fetch_max(pool.committed.load(Relaxed), Relaxed);
                 self.note_held(b as u64);
                 self.table.insert(
                     p.as_ptr() as usize,
