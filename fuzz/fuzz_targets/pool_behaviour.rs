@@ -303,7 +303,7 @@ impl Model {
         }
     }
     fn fits_in_place(&self, addr: usize, l: &Live, new: Layout) -> bool {
-        if addr % new.align() != 0 {
+        if !addr.is_multiple_of(new.align()) {
             return false;
         }
         match l.pool {

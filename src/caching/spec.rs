@@ -533,6 +533,32 @@ pub struct PoolSpec {
 
 /// A parsed caching spec: pools in priority order (empty = unbounded).
 ///
+/// Grammar (IREE's `heap_key=max_allocation_size;max_allocation_capacity;max_free_allocation_count`
+/// pairs, parsed strictly; whitespace around every field and name is trimmed):
+///
+/// ```text
+/// spec      := "" | pair ("," pair)*            at most 16 pairs
+/// pair      := heap_key ["=" limits]
+/// heap_key  := side [";" side]                  memory type, then buffer usage
+/// side      := "*" | name ("|" name)*           IREE names, case-insensitive
+/// limits    := [size] [";" [size] [";" [count]]]   empty or "*" keeps the default
+/// size      := digits [suffix]                  digits: "0" or no leading zero
+/// suffix    := b | kb | kib | mb | mib | gb | gib | tb | tib   (lowercase only)
+/// count     := digits                           a decimal u32
+/// ```
+///
+/// Sizes are bytes (`kb` = 1000, `kib` = 1024, ...) and must fit `u64` and
+/// `usize`. Rejected, unlike IREE: upper-case suffixes (`1GiB`), trailing
+/// junk (`8x`), fractions, signs, leading zeros (`010`), overflow, a fourth
+/// limit field, empty pairs (`a,,b`, trailing `,`) and empty names.
+///
+/// ```
+/// use ckalloc::caching::CachingSpec;
+/// let spec: CachingSpec = " device_local = 1024mib ; 1gib ; 8 ".parse().unwrap();
+/// assert_eq!(spec.to_string(), "device_local=1gib;1gib;8");
+/// assert!("host_local=1GiB".parse::<CachingSpec>().is_err());
+/// ```
+///
 /// Parse with `str::parse`; [`Display`](fmt::Display) prints the canonical
 /// form (lowercase names, sizes in the largest exact binary unit, `*` for
 /// defaults, trailing defaults dropped, pairs joined by `,`), which parses
@@ -705,7 +731,7 @@ fn parse_pair(index: usize, pair: &str) -> Result<PoolSpec, SpecError> {
 impl FromStr for CachingSpec {
     type Err = SpecError;
 
-    /// Parses the grammar in the [module docs](self). An empty (or all
+    /// Parses the grammar described on [`CachingSpec`]. An empty (or all
     /// whitespace) spec gives no pools, which means unbounded.
     fn from_str(s: &str) -> Result<CachingSpec, SpecError> {
         let mut pools = Vec::new();

@@ -104,9 +104,9 @@ fn bytes(v: u64) -> String {
 impl fmt::Display for CacheStats {
     /// A fixed-width summary table in the spirit of PyTorch's `memory_summary`.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let rule = "=".repeat(100);
+        let rule = "=".repeat(112);
         writeln!(f, "{rule}")?;
-        writeln!(f, "{:^100}", "ckalloc caching allocator summary")?;
+        writeln!(f, " ckalloc caching allocator summary")?;
         writeln!(f, "{rule}")?;
         let requests = self.hits + self.misses + self.bypasses;
         let rate = if requests == 0 {
@@ -133,7 +133,7 @@ impl fmt::Display for CacheStats {
             " trimmed blocks {:>6} | inner failures {:>6}",
             self.trimmed, self.inner_failures
         )?;
-        writeln!(f, "{}", "-".repeat(100))?;
+        writeln!(f, "{}", "-".repeat(112))?;
         writeln!(
             f,
             " {:>4} {:>9} {:>9} {:>5} | {:>8} {:>8} {:>8} {:>6} | {:>11} {:>11} {:>6} {:>11}",
