@@ -233,7 +233,7 @@ pub unsafe extern "C" fn ck_bump_alloc_free(alloc: *mut CkBumpAlloc) {
         let base = unsafe { (*alloc).base } as usize;
         let arena = lock(&ARENAS).remove(&base);
         drop(arena); // unmaps, outside the lock
-        // SAFETY: writable by the caller's contract.
+                     // SAFETY: writable by the caller's contract.
         unsafe { alloc.write(ZEROED) };
     })
 }

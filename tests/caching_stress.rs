@@ -82,7 +82,7 @@ fn two_threads_one_pool_no_lost_or_shared_blocks() {
                     while let Ok(b) = rx.try_recv() {
                         check_and_free(c, reg, b);
                     }
-                    if mine.len() < 8 && x % 3 != 0 {
+                    if mine.len() < 8 && !x.is_multiple_of(3) {
                         let size = SIZES[(x as usize >> 4) % SIZES.len()];
                         let tag = (t * 100 + i % 100) as u8;
                         let p = c
@@ -94,7 +94,7 @@ fn two_threads_one_pool_no_lost_or_shared_blocks() {
                         mine.push(Block(p, size, tag));
                     } else if !mine.is_empty() {
                         let b = mine.swap_remove(x as usize % mine.len());
-                        if x % 5 == 0 {
+                        if x.is_multiple_of(5) {
                             let _ = tx.send(b); // the other thread frees it
                         } else {
                             check_and_free(c, reg, b);

@@ -73,7 +73,10 @@ fn run(program: &Path, args: &[String], valgrind: bool) {
 }
 
 fn have_valgrind() -> bool {
-    Command::new("valgrind").arg("--version").output().is_ok_and(|o| o.status.success())
+    Command::new("valgrind")
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success())
 }
 
 #[test]
@@ -83,7 +86,9 @@ fn c_programs_pass_against_static_and_shared_library() {
 
     // A weights.bump with unaligned tensor sizes; activations_base is the end
     // of tensor data (not page aligned), which exercises the partial page.
-    let t1: Vec<u8> = (0..100_000u32).flat_map(|i| (i * 7).to_le_bytes()).collect();
+    let t1: Vec<u8> = (0..100_000u32)
+        .flat_map(|i| (i * 7).to_le_bytes())
+        .collect();
     let t2: Vec<u8> = (0..12_345u32).map(|i| (i % 251) as u8).collect();
     let mut w = WeightsWriter::new(Version::V5);
     w.add_tensor("a.weight", Dtype::F32, &t1[..]).unwrap();
@@ -101,7 +106,9 @@ fn c_programs_pass_against_static_and_shared_library() {
     }
     for shared in [false, true] {
         for (src, args) in [("test_huge.c", &vec![]), ("test_bump.c", &args)] {
-            let exe = dir.path().join(format!("{src}.{}", if shared { "so" } else { "a" }));
+            let exe = dir
+                .path()
+                .join(format!("{src}.{}", if shared { "so" } else { "a" }));
             compile(src, &lib_dir, &exe, shared);
             run(&exe, args, false);
             if valgrind && !shared {

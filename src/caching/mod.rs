@@ -569,7 +569,7 @@ impl<A: Allocator> CachingAllocator<A> {
             // Evict only if dropping every cached block could make room.
             let cached = pool.sum(|c| &c.cached_bytes);
             let live = cur.wrapping_sub(cached);
-            if live.checked_add(b).map_or(true, |n| n > cap) {
+            if live.checked_add(b).is_none_or(|n| n > cap) {
                 return None;
             }
             let fb = pool.pop_oldest()?;
@@ -744,7 +744,7 @@ impl<A: Allocator> CachingAllocator<A> {
 
     /// True if a live block can serve `new` without moving.
     fn fits_in_place(&self, addr: usize, info: BlockInfo, new: Layout) -> bool {
-        if addr % new.align() != 0 {
+        if !addr.is_multiple_of(new.align()) {
             return false;
         }
         let b = info.layout.size();

@@ -172,7 +172,7 @@ impl Pool {
         let mut best: Option<(u64, usize)> = None;
         for (i, s) in self.shards.iter().enumerate() {
             if let Some(f) = lock(&s.free).front() {
-                if best.map_or(true, |(seq, _)| f.seq < seq) {
+                if best.is_none_or(|(seq, _)| f.seq < seq) {
                     best = Some((f.seq, i));
                 }
             }
