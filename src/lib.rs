@@ -61,7 +61,7 @@ mod arena;
 pub mod caching;
 #[cfg(feature = "capi")]
 pub mod capi;
-mod huge;
+pub mod huge;
 mod probe;
 mod stats;
 #[cfg(feature = "weights")]
