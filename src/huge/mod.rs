@@ -346,9 +346,11 @@ fn knob_enabled(cache: &AtomicU8, name: &std::ffi::CStr) -> bool {
         ENV_ON => true,
         ENV_OFF => false,
         _ => {
+            // `off` also counts as false here (docs/arena.md), unlike the
+            // seed's `CK_BUMP_*` rule in `env_flag`.
             let on = match sys::getenv(name) {
                 None => true,
-                Some(v) => env_flag(Some(v)),
+                Some(v) => env_flag(Some(v)) && !v.eq_ignore_ascii_case(b"off"),
             };
             cache.store(if on { ENV_ON } else { ENV_OFF }, Ordering::Relaxed);
             on
