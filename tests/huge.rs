@@ -365,3 +365,15 @@ fn probe_and_stats_display() {
     assert!(s.to_string().contains("THP"));
     drop(r);
 }
+
+#[test]
+fn alignment_that_cannot_fit_is_too_large_not_an_mmap_error() {
+    let opts = HugeOptions::new();
+    let err = HugeRegion::with_alignment(1, 1 << 63, &opts).unwrap_err();
+    assert!(matches!(err, HugeError::TooLarge { requested: 1 }), "{err}");
+    let err = HugeRegion::with_alignment(1, 3 << 20, &opts).unwrap_err();
+    assert!(
+        matches!(err, HugeError::BadAlignment { align } if align == 3 << 20),
+        "{err}"
+    );
+}

@@ -477,6 +477,14 @@ pub(crate) fn map_huge(
         _ => return Err(too_large),
     };
     let align = align.max(HUGE_PAGE_2M);
+    // Aligning needs up to `align` bytes of slack in the address space; an
+    // alignment that cannot fit is the request's fault, not the kernel's.
+    if len_2m
+        .checked_add(align)
+        .is_none_or(|n| n > isize::MAX as usize)
+    {
+        return Err(too_large);
+    }
 
     // Tier 1: hugetlb. hugetlb mappings are aligned to their page size, so
     // larger alignments skip the tier.
