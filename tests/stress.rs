@@ -388,7 +388,8 @@ fn the_pattern_check_notices_a_changed_byte() {
             let p = NonNull::new(buf.as_mut_ptr()).unwrap();
             fill(p, len, 0x0001_0000_0000_0042);
             check(p, len, len, 0x0001_0000_0000_0042, "self-test");
-            buf[at] ^= 0x80;
+            // SAFETY: `at < len`; through `p`, which the check reads.
+            unsafe { *p.as_ptr().add(at) ^= 0x80 };
             let r = std::panic::catch_unwind(|| check(p, len, len, 0x0001_0000_0000_0042, "x"));
             assert!(r.is_err(), "len {len}: change at {at} not seen");
         }
