@@ -236,6 +236,10 @@ fn small_sizes(rng: &mut Rng) -> Layout {
 }
 
 #[test]
+#[cfg_attr(
+    miri,
+    ignore = "the arena maps with madvise and PROT_NONE, which Miri lacks"
+)]
 fn bump_arena_mixed_ops_many_threads() {
     let _g = serial();
     let ops = total_ops();
