@@ -27,6 +27,11 @@ pub fn mappings_overlapping(start: usize, len: usize) -> Vec<String> {
 /// range ckalloc just unmapped), so `/proc/self/maps` checks for leaked
 /// ranges are meaningless there; the statistics checks still run.
 pub fn under_asan() -> bool {
+    static ASAN: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ASAN.get_or_init(detect_asan)
+}
+
+fn detect_asan() -> bool {
     const PROBE: usize = 0x1000_0000_0000;
     mappings_overlapping(PROBE, 1).iter().any(|l| {
         let range = l.split_whitespace().next().unwrap_or("");
