@@ -19,6 +19,13 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 
 const PAGE: usize = 4096;
+
+/// The call counters are process-wide: tests that build arenas take turns.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
 const MIB: usize = 1 << 20;
 
 fn pattern(len: usize, salt: u8) -> Vec<u8> {
@@ -48,6 +55,7 @@ fn swap_path(path: &Path, len: usize) {
 #[test]
 #[cfg_attr(miri, ignore = "needs file mappings")]
 fn replacing_the_path_after_build_changes_nothing() {
+    let _g = serial();
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("weights.bump");
     let ab = 6 * PAGE + 100;
@@ -75,6 +83,7 @@ fn replacing_the_path_after_build_changes_nothing() {
 #[cfg(feature = "fault-injection")]
 #[test]
 fn the_weights_file_is_opened_and_checked_once() {
+    let _g = serial();
     use ckalloc::fault::{self, Op};
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("w");
@@ -136,6 +145,7 @@ fn truncate_under_child(child: &str, path: &Path) -> (std::process::ExitStatus, 
 #[test]
 #[cfg_attr(miri, ignore = "spawns a child process")]
 fn truncating_a_mapped_weights_file_raises_sigbus_in_mixed_mode_only() {
+    let _g = serial();
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("weights.bump");
     let ab = 16 * PAGE + 7;
