@@ -226,7 +226,7 @@ fn flatten(spec: &CachingSpec) -> Vec<RefPool> {
         .collect()
 }
 
-fuzz_target!(init: keep_seeds_read_only(), |data: &[u8]| {
+fuzz_target!(|data: &[u8]| {
     let Ok(text) = std::str::from_utf8(data) else {
         // Non-UTF-8 cannot reach the parser; the reference must not panic either.
         let _ = reference(data);
@@ -253,54 +253,3 @@ fuzz_target!(init: keep_seeds_read_only(), |data: &[u8]| {
         _ => panic!("parsers disagree on {text:?}: ours {ours:?}, reference {theirs:?}"),
     }
 });
-
-/// `cargo fuzz run T fuzz/seeds/T` makes libFuzzer write every new input into
-/// the first corpus directory it is given, i.e. into the committed seeds.
-/// When the first corpus argument is a directory under a `seeds` path
-/// component, re-execute with the scratch corpus (`seeds` replaced by
-/// `corpus`, e.g. `fuzz/corpus/T`, git-ignored) placed first: libFuzzer then
-/// reads both and writes only to the scratch copy. Runs from the fuzz
-/// target's init hook, before libFuzzer parses its arguments.
-fn keep_seeds_read_only() {
-    use std::ffi::OsString;
-    use std::os::unix::process::CommandExt;
-    use std::path::{Path, PathBuf};
-    const GUARD: &str = "CKALLOC_FUZZ_SEEDS_GUARD";
-    if std::env::var_os(GUARD).is_some() {
-        return;
-    }
-    let args: Vec<OsString> = std::env::args_os().collect();
-    let Some(first) = (1..args.len()).find(|&i| !args[i].to_string_lossy().starts_with('-')) else {
-        return;
-    };
-    let path = Path::new(&args[first]);
-    if !path.is_dir() {
-        return;
-    }
-    let comps: Vec<_> = path.components().collect();
-    let Some(k) = comps.iter().rposition(|c| c.as_os_str() == "seeds") else {
-        return;
-    };
-    let scratch: PathBuf = comps
-        .iter()
-        .enumerate()
-        .map(|(i, c)| {
-            if i == k {
-                "corpus".as_ref()
-            } else {
-                c.as_os_str()
-            }
-        })
-        .collect();
-    let (Ok(exe), Ok(())) = (std::env::current_exe(), std::fs::create_dir_all(&scratch)) else {
-        return;
-    };
-    let mut rest: Vec<OsString> = args[1..first].to_vec();
-    rest.push(scratch.into_os_string());
-    rest.extend(args[first..].iter().cloned());
-    let err = std::process::Command::new(exe)
-        .args(rest)
-        .env(GUARD, "1")
-        .exec();
-    eprintln!("keep_seeds_read_only: re-exec failed ({err}); seeds may receive new inputs");
-}
