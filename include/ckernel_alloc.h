@@ -63,6 +63,8 @@ typedef struct {
  * forbid mixed mode. `weights_path` may be NULL.
  * Returns 0 and fills every field, or returns -1, zeroes *alloc (mode
  * CK_BUMP_MODE_UNINITIALIZED), maps nothing, and sets ck_last_error().
+ * Calling it again on a live arena without ck_bump_alloc_free() first leaks
+ * that arena (the struct may hold garbage, so it cannot be detected).
  */
 int ck_bump_alloc_init(ck_bump_alloc_t *alloc,
                        const char *weights_path,
@@ -80,7 +82,9 @@ int ck_bump_alloc_needs_weight_materialization(const ck_bump_alloc_t *alloc);
 /* ---- ckalloc additions ---- */
 
 /* The reason for the last failure on this thread ("" if none). The string
- * stays valid until the next failing call on the same thread. */
+ * stays valid until the next failing call on the same thread. Call it after
+ * the failing call has returned, not as another argument of the same call
+ * (C leaves the order in which arguments are evaluated unspecified). */
 const char *ck_last_error(void);
 
 /* Copy bytes [weights_base, activations_base) of the weights file into an

@@ -1,7 +1,56 @@
-//! ckalloc: huge-page memory, a weights + activations bump arena, and a
-//! caching allocator for model-serving programs.
+//! ckalloc: memory for model-serving programs.
 //!
-//! (Crate documentation is written in full once the pieces land.)
+//! Three pieces, each usable alone, all built on one OS layer (`sys`, the
+//! only place that calls `libc`):
+//!
+//! 1. **Huge pages** — [`HugeRegion`], [`huge_alloc`] / [`huge_free`] and the
+//!    [`CkHuge`] allocator (`#[global_allocator]` and
+//!    `allocator_api2::alloc::Allocator`). Each mapping walks a tier ladder —
+//!    hugetlb (`MAP_HUGETLB`), then 2 MiB-aligned THP memory
+//!    (`MADV_HUGEPAGE`), then plain pages — and reports the tier it got
+//!    ([`Backing`]); [`huge_page_coverage`] measures what the kernel actually
+//!    gave, [`probe`] what the system offers, [`huge_stats`] the counters.
+//! 2. **Bump arena** — [`BumpArena`]: one contiguous range holding a model's
+//!    weights and its runtime buffers:
+//!
+//! ```text
+//!  offset 0        weights_base              activations_base          total_size
+//!  | header/prefix  | weights region            | runtime region           |
+//!  |                | == weights.bump bytes     | bump-allocated (Vec,     |
+//!  |                |    at the same offsets    | Box, KV cache, scratch)  |
+//!  +----------------+---------------------------+--------------------------+
+//!  anon mode:  one huge-page mapping; weights copied in ("materialized")
+//!  mixed mode: weights pages map the file read-only; runtime region anonymous
+//! ```
+//!
+//!    `Vec::new_in(&arena)` allocates in the runtime region with a lock-free
+//!    bump pointer; [`LocalArena`] bumps without atomics for one thread. The
+//!    `weights.bump` container of C-Kernel-Engine is read and written by
+//!    [`weights`] (feature `weights`, on by default).
+//! 3. **Caching allocator** — [`caching::CachingAllocator`] wraps any
+//!    `allocator_api2` allocator (for example [`CkHuge`], where a miss costs
+//!    an `mmap`, page faults and zeroing) with pools configured by IREE's HAL
+//!    caching-allocator spec (`device_local=1gib;1gib;8`).
+//!
+//! A C ABI compatible with C-Kernel-Engine's `ckernel_alloc.h` is in the `capi` module
+//! (feature `capi`; header in `include/`).
+//!
+//! ```
+//! use allocator_api2::vec::Vec;
+//! use ckalloc::{BumpArena, HugeRegion};
+//!
+//! let region = HugeRegion::new(8 << 20)?;
+//! println!("8 MiB on {}", region.backing());
+//!
+//! let arena = BumpArena::builder(64 << 20).build().expect("arena");
+//! let mut acts: Vec<f32, _> = Vec::new_in(&arena);
+//! acts.extend((0..1024).map(|i| i as f32));
+//! assert_eq!(arena.offset_of(acts.as_ptr().cast()).map(|o| o < 64 << 20), Some(true));
+//! # Ok::<(), ckalloc::HugeError>(())
+//! ```
+//!
+//! Thread-safety: every type is `Send + Sync` except [`LocalArena`] (`!Sync`).
+//! Units are bytes throughout.
 
 #![deny(unsafe_op_in_unsafe_fn)]
 #![warn(missing_docs)]
@@ -12,7 +61,7 @@ mod arena;
 pub mod caching;
 #[cfg(feature = "capi")]
 pub mod capi;
-mod huge;
+pub mod huge;
 mod probe;
 mod stats;
 #[cfg(feature = "weights")]

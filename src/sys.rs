@@ -524,7 +524,9 @@ impl Drop for Fd {
     }
 }
 
-/// Open `path` read-only with `O_CLOEXEC`.
+/// Open `path` read-only with `O_CLOEXEC | O_NONBLOCK`. `O_NONBLOCK` keeps
+/// `open` of a FIFO without a writer from blocking forever (callers then reject
+/// it with `fstat`); it has no effect on reads of regular files.
 pub(crate) fn open_readonly(path: &std::path::Path) -> io::Result<Fd> {
     use std::os::unix::ffi::OsStrExt;
     inject(Op::Open)?;
@@ -532,7 +534,12 @@ pub(crate) fn open_readonly(path: &std::path::Path) -> io::Result<Fd> {
         .map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
     loop {
         // SAFETY: `c` is a valid NUL-terminated string for the call.
-        let fd = unsafe { libc::open(c.as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC) };
+        let fd = unsafe {
+            libc::open(
+                c.as_ptr(),
+                libc::O_RDONLY | libc::O_CLOEXEC | libc::O_NONBLOCK,
+            )
+        };
         if fd >= 0 {
             return Ok(Fd(fd));
         }

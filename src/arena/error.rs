@@ -59,10 +59,14 @@ pub enum ArenaError {
         /// The page size in bytes used for rounding.
         page_size: usize,
     },
-    /// Mixed mode was required (or forced by `CK_BUMP_FORCE_MIXED`) but no
-    /// weights file was given; or [`materialize_weights`](super::BumpArena::materialize_weights)
-    /// was called on an arena built without one.
+    /// Mixed mode was required but no weights file was given; or
+    /// [`materialize_weights`](super::BumpArena::materialize_weights) was
+    /// called on an arena built without one.
     NoWeightsFile,
+    /// `CK_BUMP_FORCE_MIXED` is set (under [`ModePolicy::Auto`](super::ModePolicy::Auto)),
+    /// which skips anonymous mode, but no weights file was given for mixed
+    /// mode. Unset the variable or use `ModePolicy::AnonOnly`.
+    ForcedMixedWithoutFile,
     /// The anonymous arena could not be mapped (the huge-page tier ladder
     /// failed: `RLIMIT_AS`, `RLIMIT_DATA`, overcommit, or a required tier).
     Anon {
@@ -189,6 +193,11 @@ impl fmt::Display for ArenaError {
                 f,
                 "no weights file: mixed mode and materialization need one (builder \
                  .weights_file(path))"
+            ),
+            ArenaError::ForcedMixedWithoutFile => write!(
+                f,
+                "CK_BUMP_FORCE_MIXED is set, which skips anonymous mode, but no weights file \
+                 was given for mixed mode; unset it or use ModePolicy::AnonOnly"
             ),
             ArenaError::Anon { total_size, source } => write!(
                 f,

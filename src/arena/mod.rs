@@ -282,6 +282,7 @@ impl ArenaBuilder {
             return Err(match (anon_err, disable_mixed) {
                 (Some(e), _) => e,
                 (None, true) => ArenaError::ModesDisabledByEnv,
+                (None, false) if force_mixed => ArenaError::ForcedMixedWithoutFile,
                 (None, false) => ArenaError::NoWeightsFile,
             });
         };

@@ -346,9 +346,11 @@ fn knob_enabled(cache: &AtomicU8, name: &std::ffi::CStr) -> bool {
         ENV_ON => true,
         ENV_OFF => false,
         _ => {
+            // `off` also counts as false here (docs/arena.md), unlike the
+            // seed's `CK_BUMP_*` rule in `env_flag`.
             let on = match sys::getenv(name) {
                 None => true,
-                Some(v) => env_flag(Some(v)),
+                Some(v) => env_flag(Some(v)) && !v.eq_ignore_ascii_case(b"off"),
             };
             cache.store(if on { ENV_ON } else { ENV_OFF }, Ordering::Relaxed);
             on
@@ -475,6 +477,14 @@ pub(crate) fn map_huge(
         _ => return Err(too_large),
     };
     let align = align.max(HUGE_PAGE_2M);
+    // Aligning needs up to `align` bytes of slack in the address space; an
+    // alignment that cannot fit is the request's fault, not the kernel's.
+    if len_2m
+        .checked_add(align)
+        .is_none_or(|n| n > isize::MAX as usize)
+    {
+        return Err(too_large);
+    }
 
     // Tier 1: hugetlb. hugetlb mappings are aligned to their page size, so
     // larger alignments skip the tier.

@@ -1,6 +1,7 @@
 //! [`WeightsFile`]: a read-only view of a whole `weights.bump`.
 
 use std::fs::File;
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
 use sha2::{Digest, Sha256};
@@ -57,7 +58,7 @@ impl WeightsFile {
     /// [`WeightsError::NotARegularFile`], and the errors of [`Header::parse`].
     pub fn open(path: impl AsRef<Path>) -> Result<WeightsFile, WeightsError> {
         let path = path.as_ref();
-        let file = File::open(path).map_err(|e| WeightsError::io(path, "open", e))?;
+        let file = open_nonblocking(path)?;
         let meta = file
             .metadata()
             .map_err(|e| WeightsError::io(path, "fstat", e))?;
@@ -356,4 +357,15 @@ impl WeightsFile {
         }
         Ok(())
     }
+}
+
+/// Open `path` read-only with `O_NONBLOCK`, so that a FIFO without a writer
+/// does not block `open` forever (the caller rejects it through `fstat`);
+/// the flag has no effect on regular files.
+pub(crate) fn open_nonblocking(path: &Path) -> Result<File, WeightsError> {
+    std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(path)
+        .map_err(|e| WeightsError::io(path, "open", e))
 }

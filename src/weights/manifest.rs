@@ -327,12 +327,29 @@ impl Manifest {
     pub fn load_sidecars(dir: impl AsRef<Path>) -> Result<Manifest, WeightsError> {
         let dir = dir.as_ref();
         let read = |name: &str| -> Result<Option<String>, WeightsError> {
+            use std::io::Read as _;
             let p = dir.join(name);
-            match std::fs::read_to_string(&p) {
-                Ok(s) => Ok(Some(s)),
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-                Err(e) => Err(WeightsError::io(p, "read", e)),
+            // Only regular files: a FIFO would block and a device such as
+            // /dev/zero would never end.
+            let mut file = match super::file::open_nonblocking(&p) {
+                Ok(f) => f,
+                Err(WeightsError::Io { source, .. })
+                    if source.kind() == std::io::ErrorKind::NotFound =>
+                {
+                    return Ok(None)
+                }
+                Err(e) => return Err(e),
+            };
+            let meta = file
+                .metadata()
+                .map_err(|e| WeightsError::io(&p, "fstat", e))?;
+            if !meta.is_file() {
+                return Err(WeightsError::NotARegularFile { path: p });
             }
+            let mut text = String::new();
+            file.read_to_string(&mut text)
+                .map_err(|e| WeightsError::io(&p, "read", e))?;
+            Ok(Some(text))
         };
         let map = read(MANIFEST_MAP)?
             .map(|t| Manifest::from_map(&t))
