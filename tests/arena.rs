@@ -114,6 +114,7 @@ fn exercise_runtime(a: &BumpArena) {
 
 #[test]
 fn anon_mode_materializes_every_file_kind() {
+    let _serial = serial();
     let dir = tempfile::tempdir().unwrap();
     for (name, wb, ab, flen) in file_cases() {
         let file = pattern(flen);
@@ -144,6 +145,7 @@ fn anon_mode_materializes_every_file_kind() {
 
 #[test]
 fn mixed_mode_maps_every_file_kind() {
+    let _serial = serial();
     if !mixed_supported() {
         return;
     }
@@ -172,6 +174,7 @@ fn mixed_mode_maps_every_file_kind() {
 
 #[test]
 fn undersized_and_bad_files_are_typed_errors_in_both_modes() {
+    let _serial = serial();
     let dir = tempfile::tempdir().unwrap();
     let short = write_file(dir.path(), "short", &pattern(2 * PAGE));
     for policy in [
@@ -224,6 +227,7 @@ fn undersized_and_bad_files_are_typed_errors_in_both_modes() {
 
 #[test]
 fn bad_layouts_and_sizes_are_typed_errors() {
+    let _serial = serial();
     let cases = [(0, 0, 0), (10, 5, 100), (0, 101, 100), (7, 7, 6)];
     for (wb, ab, total) in cases {
         let err = BumpArena::builder(total)
@@ -277,6 +281,7 @@ fn bad_layouts_and_sizes_are_typed_errors() {
 
 #[test]
 fn no_weights_region_needs_no_file_and_no_materialization() {
+    let _serial = serial();
     let mut a = BumpArena::new(None, 3 * MIB, 0, 0).unwrap();
     assert_eq!(a.mode(), ArenaMode::Anon);
     assert!(!a.needs_weight_materialization());
@@ -302,6 +307,7 @@ fn no_weights_region_needs_no_file_and_no_materialization() {
 
 #[test]
 fn drop_unmaps_exactly_the_mapping_in_both_modes() {
+    let _serial = serial();
     let dir = tempfile::tempdir().unwrap();
     let path = write_file(dir.path(), "w", &pattern(3 * PAGE + 5));
     let mut policies = vec![ModePolicy::AnonOnly];
@@ -333,6 +339,7 @@ fn maps_line_perms(addr: usize) -> (String, String) {
 #[cfg(target_os = "linux")]
 #[test]
 fn mixed_mode_protections_in_proc_maps() {
+    let _serial = serial();
     let dir = tempfile::tempdir().unwrap();
     let ab = 6 * PAGE + 123;
     let path = write_file(dir.path(), "weights.bump", &pattern(ab));
@@ -361,6 +368,7 @@ fn mixed_mode_protections_in_proc_maps() {
 #[cfg(target_os = "linux")]
 #[test]
 fn mixed_mode_leaves_file_bytes_and_mtime_unchanged() {
+    let _serial = serial();
     let dir = tempfile::tempdir().unwrap();
     let ab = 5 * PAGE + 77;
     let file = pattern(ab + 10);
@@ -384,6 +392,7 @@ fn mixed_mode_leaves_file_bytes_and_mtime_unchanged() {
 #[cfg(target_os = "linux")]
 #[test]
 fn mixed_mode_weights_write_dies_with_sigsegv_in_child() {
+    let _serial = serial();
     let dir = tempfile::tempdir().unwrap();
     let path = write_file(dir.path(), "w", &pattern(4 * PAGE + 9));
     let p = path.to_str().unwrap();
@@ -408,6 +417,7 @@ fn mixed_mode_weights_write_dies_with_sigsegv_in_child() {
 #[test]
 #[ignore = "run by mixed_mode_weights_write_dies_with_sigsegv_in_child"]
 fn child_write_weights() {
+    let _serial = serial();
     let Ok(p) = std::env::var("ARENA_CHILD_FILE") else {
         return;
     };
@@ -435,6 +445,7 @@ fn child_write_weights() {
 #[cfg(target_os = "linux")]
 #[test]
 fn rlimit_data_forces_fallback_to_mixed_in_child() {
+    let _serial = serial();
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("big");
     // 256 MiB of weights (sparse: reads as zero) with a marker.
@@ -455,6 +466,7 @@ fn rlimit_data_forces_fallback_to_mixed_in_child() {
 #[test]
 #[ignore = "run by rlimit_data_forces_fallback_to_mixed_in_child"]
 fn child_rlimit_data() {
+    let _serial = serial();
     let Ok(p) = std::env::var("ARENA_CHILD_FILE") else {
         return;
     };
@@ -490,6 +502,7 @@ fn child_rlimit_data() {
 
 #[test]
 fn env_vars_steer_auto_mode_in_child() {
+    let _serial = serial();
     let dir = tempfile::tempdir().unwrap();
     let path = write_file(dir.path(), "w", &pattern(2 * PAGE + 1));
     let p = path.to_str().unwrap();
@@ -528,6 +541,7 @@ fn env_vars_steer_auto_mode_in_child() {
 #[test]
 #[ignore = "run by env_vars_steer_auto_mode_in_child"]
 fn child_env_mode() {
+    let _serial = serial();
     let Ok(expect) = std::env::var("ARENA_CHILD_EXPECT") else {
         return;
     };
@@ -544,7 +558,7 @@ fn child_env_mode() {
             ));
         }
         ("disabled", Err(ArenaError::ModesDisabledByEnv)) => {}
-        ("nofile", Err(ArenaError::NoWeightsFile)) => {}
+        ("nofile", Err(ArenaError::ForcedMixedWithoutFile)) => {}
         (e, r) => panic!("expected {e}, got {r:?}"),
     }
     // An explicit policy ignores the environment.
@@ -558,6 +572,7 @@ fn child_env_mode() {
 
 #[test]
 fn materialize_detects_changed_file_and_can_retry() {
+    let _serial = serial();
     let dir = tempfile::tempdir().unwrap();
     let ab = 3 * PAGE + 50;
     let file = pattern(ab);
@@ -591,6 +606,7 @@ fn materialize_detects_changed_file_and_can_retry() {
 
 #[test]
 fn materialize_big_region_on_several_threads() {
+    let _serial = serial();
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("big");
     let len = 80 * MIB + 12345;
@@ -619,6 +635,7 @@ fn materialize_big_region_on_several_threads() {
 
 #[test]
 fn allocator_api_collections_work() {
+    let _serial = serial();
     let arena = BumpArena::new(None, 16 * MIB, 0, 0).unwrap();
     let mut v: AVec<u32, _> = AVec::new_in(&arena);
     v.extend(0..100_000);
@@ -650,6 +667,7 @@ fn allocator_api_collections_work() {
 
 #[test]
 fn local_arena_gives_back_its_tail_and_reuses_freed_last_block() {
+    let _serial = serial();
     let mut arena = BumpArena::new(None, 4 * MIB, 0, 0).unwrap();
     {
         let local = arena.local();
@@ -669,6 +687,7 @@ fn local_arena_gives_back_its_tail_and_reuses_freed_last_block() {
 
 #[test]
 fn grow_and_shrink_in_place_for_the_last_block() {
+    let _serial = serial();
     let arena = BumpArena::new(None, 4 * MIB, 0, 0).unwrap();
     let a = &arena;
     let l = |s| Layout::from_size_align(s, 8).unwrap();
@@ -702,6 +721,7 @@ fn grow_and_shrink_in_place_for_the_last_block() {
 
 #[test]
 fn exhaustion_never_passes_total_size() {
+    let _serial = serial();
     let total = 3 * MIB + 17;
     let ab = 1000;
     let arena = BumpArena::new(None, total, 0, ab).unwrap();
@@ -727,6 +747,7 @@ fn exhaustion_never_passes_total_size() {
 
 #[test]
 fn checkpoints_rewind_and_reject_stale_or_foreign() {
+    let _serial = serial();
     let mut arena = BumpArena::new(None, 4 * MIB, 0, 0).unwrap();
     let other = BumpArena::new(None, 4 * MIB, 0, 0).unwrap();
     (&arena).allocate(Layout::new::<[u8; 100]>()).unwrap();
@@ -756,6 +777,7 @@ fn checkpoints_rewind_and_reject_stale_or_foreign() {
 
 #[test]
 fn release_on_reset_zeroes_runtime_pages() {
+    let _serial = serial();
     for release in [false, true] {
         let mut arena = BumpArena::builder(6 * MIB)
             .release_on_reset(release)
@@ -788,6 +810,7 @@ fn release_on_reset_zeroes_runtime_pages() {
 #[cfg(target_os = "linux")]
 #[test]
 fn dont_dump_marks_the_weights_pages() {
+    let _serial = serial();
     let dir = tempfile::tempdir().unwrap();
     let ab = 8 * PAGE;
     let path = write_file(dir.path(), "w", &pattern(ab));
@@ -822,6 +845,7 @@ fn dont_dump_marks_the_weights_pages() {
 
 #[test]
 fn ptr_at_and_offset_of_round_trip() {
+    let _serial = serial();
     let a = BumpArena::new(None, MIB, 0, 0).unwrap();
     for off in [0, 1, 4095, MIB - 1] {
         let p = a.ptr_at(off).unwrap();
@@ -835,6 +859,7 @@ fn ptr_at_and_offset_of_round_trip() {
 
 #[test]
 fn coverage_reports_both_regions() {
+    let _serial = serial();
     let dir = tempfile::tempdir().unwrap();
     let ab = 2 * MIB;
     let path = write_file(dir.path(), "w", &pattern(ab));
@@ -856,6 +881,7 @@ fn coverage_reports_both_regions() {
 /// overlap, no lost block, contents intact.
 #[test]
 fn multithreaded_stress_has_no_overlaps() {
+    let _serial = serial();
     let arena = BumpArena::new(None, 256 * MIB, 0, 4096).unwrap();
     let threads = 8;
     let per_thread = 20_000;
@@ -914,6 +940,7 @@ fn multithreaded_stress_has_no_overlaps() {
 
 #[test]
 fn arena_is_send_and_sync_local_is_send() {
+    let _serial = serial();
     fn send_sync<T: Send + Sync>() {}
     fn send<T: Send>() {}
     send_sync::<BumpArena>();
@@ -923,6 +950,7 @@ fn arena_is_send_and_sync_local_is_send() {
 #[cfg(feature = "weights")]
 #[test]
 fn writer_reader_arena_round_trip_for_both_versions() {
+    let _serial = serial();
     use ckalloc::weights::{Dtype, Manifest, Version, WeightsFile, WeightsWriter};
     for version in [Version::V4, Version::V5] {
         let dir = tempfile::tempdir().unwrap();
@@ -979,6 +1007,7 @@ fn writer_reader_arena_round_trip_for_both_versions() {
 #[cfg(all(feature = "weights", target_os = "linux"))]
 #[test]
 fn mixed_mode_rejects_runtime_offsets_that_differ() {
+    let _serial = serial();
     use ckalloc::weights::{Manifest, ManifestEntry};
     let dir = tempfile::tempdir().unwrap();
     let path = write_file(dir.path(), "w", &pattern(2 * PAGE));

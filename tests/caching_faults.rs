@@ -14,16 +14,10 @@ use allocator_api2::alloc::{Allocator, Layout};
 use ckalloc::caching::{CachingAllocator, RoundUp};
 use ckalloc::fault::{self, Op};
 use ckalloc::{huge_stats, reset_hugetlb_backoff, CkHuge};
-use common::assert_unmapped;
+use common::{assert_unmapped, serial};
 use std::ptr::NonNull;
-use std::sync::Mutex;
 
 const MIB: usize = 1 << 20;
-static SERIAL: Mutex<()> = Mutex::new(());
-
-fn serial() -> std::sync::MutexGuard<'static, ()> {
-    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
-}
 
 const OPS: [Op; 6] = [
     Op::Mmap,

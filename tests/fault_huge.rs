@@ -8,14 +8,8 @@ use allocator_api2::alloc::{Allocator, Layout};
 use ckalloc::fault::{self, Op};
 use ckalloc::*;
 use common::*;
-use std::sync::Mutex;
 
 const MIB: usize = 1 << 20;
-static SERIAL: Mutex<()> = Mutex::new(());
-
-fn serial() -> std::sync::MutexGuard<'static, ()> {
-    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
-}
 
 const OPS: [Op; 6] = [
     Op::Mmap,

@@ -12,6 +12,7 @@ const MIB: usize = 1 << 20;
 
 #[test]
 fn region_rounds_and_zero_fills() {
+    let _serial = serial();
     let mut r = HugeRegion::new(1).unwrap();
     assert_eq!(r.len(), 1);
     assert_eq!(r.mapped_len(), 2 * MIB);
@@ -27,6 +28,7 @@ fn region_rounds_and_zero_fills() {
 
 #[test]
 fn region_drop_unmaps_exact_range() {
+    let _serial = serial();
     let r = HugeRegion::new(6 * MIB).unwrap();
     let (p, len) = (r.as_ptr() as usize, r.mapped_len());
     assert!(!mappings_overlapping(p, len).is_empty());
@@ -36,6 +38,7 @@ fn region_drop_unmaps_exact_range() {
 
 #[test]
 fn bad_sizes_are_typed_errors() {
+    let _serial = serial();
     assert!(matches!(HugeRegion::new(0), Err(HugeError::ZeroSize)));
     for bad in [
         usize::MAX,
@@ -57,6 +60,7 @@ fn bad_sizes_are_typed_errors() {
 
 #[test]
 fn huge_alloc_free_round_trip_leaves_nothing() {
+    let _serial = serial();
     for bytes in [1, 4096, 2 * MIB, 5 * MIB + 3] {
         let p = huge_alloc(bytes).unwrap();
         let addr = p.as_ptr() as usize;
@@ -73,6 +77,7 @@ fn huge_alloc_free_round_trip_leaves_nothing() {
 
 #[test]
 fn thp_region_is_covered_when_touched() {
+    let _serial = serial();
     if !thp_available() {
         eprintln!("SKIP: THP is disabled on this machine");
         return;
@@ -89,6 +94,7 @@ fn thp_region_is_covered_when_touched() {
 
 #[test]
 fn coverage_of_untouched_and_4k_memory() {
+    let _serial = serial();
     let opts = HugeOptions::new().hugetlb(false);
     let r = HugeRegion::with_options(8 * MIB, &opts).unwrap();
     let cov = r.coverage().unwrap();
@@ -105,6 +111,7 @@ fn coverage_of_untouched_and_4k_memory() {
 
 #[test]
 fn require_tiers() {
+    let _serial = serial();
     // THP required: met on this machine kind (madvise mode), else a typed error.
     let opts = HugeOptions::new()
         .hugetlb(false)
@@ -132,6 +139,7 @@ fn require_tiers() {
 
 #[test]
 fn hugetlb_region_reports_hugetlb() {
+    let _serial = serial();
     if skip_without_hugetlb("hugetlb_region_reports_hugetlb", 4) {
         return;
     }
@@ -156,6 +164,7 @@ fn hugetlb_region_reports_hugetlb() {
 
 #[test]
 fn options_populate_mlock_dontdump() {
+    let _serial = serial();
     let opts = HugeOptions::new()
         .hugetlb(false)
         .populate(true)
@@ -177,6 +186,7 @@ fn options_populate_mlock_dontdump() {
 
 #[test]
 fn numa_binding_to_missing_node_fails_cleanly() {
+    let _serial = serial();
     let opts = HugeOptions::new().numa_node(Some(1000));
     let err = HugeRegion::with_options(2 * MIB, &opts).unwrap_err();
     assert!(matches!(err, HugeError::Mbind { node: 1000, .. }), "{err}");
@@ -187,6 +197,7 @@ fn numa_binding_to_missing_node_fails_cleanly() {
 
 #[test]
 fn ckhuge_allocator_api_vec_and_zero_size() {
+    let _serial = serial();
     let a = CkHuge::new();
     let z = a.allocate(Layout::from_size_align(0, 64).unwrap()).unwrap();
     assert_eq!(z.len(), 0);
@@ -224,6 +235,7 @@ fn check(p: NonNull<u8>, n: usize, seed: u8) {
 
 #[test]
 fn grow_and_shrink_across_threshold_preserve_contents() {
+    let _serial = serial();
     let a = CkHuge::new();
     let sizes = [
         100,
@@ -265,6 +277,7 @@ fn grow_and_shrink_across_threshold_preserve_contents() {
 
 #[test]
 fn grow_zeroed_zeroes_the_tail_even_after_shrink() {
+    let _serial = serial();
     let a = CkHuge::new();
     let l8 = Layout::from_size_align(8 * MIB, 8).unwrap();
     let p = a.allocate(l8).unwrap().cast::<u8>();
@@ -296,6 +309,7 @@ fn grow_zeroed_zeroes_the_tail_even_after_shrink() {
 
 #[test]
 fn alignments_from_1_to_1gib() {
+    let _serial = serial();
     let a = CkHuge::new();
     let mut align = 1usize;
     while align <= 1 << 30 {
@@ -318,6 +332,7 @@ fn alignments_from_1_to_1gib() {
 
 #[test]
 fn realloc_moves_keep_alignment_above_huge_page() {
+    let _serial = serial();
     let a = CkHuge::new();
     let l = Layout::from_size_align(4 * MIB, 64 * MIB).unwrap();
     let p = a.allocate(l).unwrap().cast::<u8>();
@@ -335,6 +350,7 @@ fn realloc_moves_keep_alignment_above_huge_page() {
 
 #[test]
 fn threshold_routes_small_requests_to_system() {
+    let _serial = serial();
     let a = CkHuge::with_threshold(64 * MIB);
     assert_eq!(a.threshold(), 64 * MIB);
     let before = huge_stats();
@@ -353,6 +369,7 @@ fn threshold_routes_small_requests_to_system() {
 
 #[test]
 fn probe_and_stats_display() {
+    let _serial = serial();
     let p = probe();
     assert!(p.base_page_size >= 4096);
     let text = p.to_string();
@@ -369,6 +386,7 @@ fn probe_and_stats_display() {
 
 #[test]
 fn alignment_that_cannot_fit_is_too_large_not_an_mmap_error() {
+    let _serial = serial();
     let opts = HugeOptions::new();
     let err = HugeRegion::with_alignment(1, 1 << 63, &opts).unwrap_err();
     assert!(matches!(err, HugeError::TooLarge { requested: 1 }), "{err}");

@@ -12,7 +12,9 @@
 //! unchanged bytes and mtime are in `tests/arena.rs`.
 #![cfg(target_os = "linux")]
 
+mod common;
 use ckalloc::{ArenaMode, BumpArena, ModePolicy};
+use common::serial;
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::process::ExitStatusExt;
 use std::path::Path;
@@ -20,12 +22,6 @@ use std::process::{Command, Stdio};
 
 const PAGE: usize = 4096;
 
-/// The call counters are process-wide: tests that build arenas take turns.
-static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
-
-fn serial() -> std::sync::MutexGuard<'static, ()> {
-    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
-}
 const MIB: usize = 1 << 20;
 
 fn pattern(len: usize, salt: u8) -> Vec<u8> {

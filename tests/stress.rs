@@ -10,20 +10,14 @@
 //! 1 000 000; Miri uses 500). About 5 s in debug on 2 cores,
 //! a few seconds with `cargo test --release --test stress`.
 
+mod common;
 use allocator_api2::alloc::{Allocator, Layout};
 use ckalloc::caching::{CachingAllocator, RoundUp};
 use ckalloc::{huge_stats, BumpArena, CkHuge};
+use common::serial;
 use std::ptr::NonNull;
-use std::sync::Mutex;
 
 const MIB: usize = 1 << 20;
-
-/// huge_stats() is process-wide: the two tests must not overlap.
-static SERIAL: Mutex<()> = Mutex::new(());
-
-fn serial() -> std::sync::MutexGuard<'static, ()> {
-    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
-}
 
 fn total_ops() -> usize {
     std::env::var("CKALLOC_STRESS_OPS")

@@ -91,3 +91,11 @@ pub fn touch(buf: &mut [u8]) {
         *last = 1;
     }
 }
+
+/// Serialise the tests of one binary that map memory: a test that checks a
+/// freed range in `/proc/self/maps` fails falsely when a concurrent test maps
+/// into that range meanwhile.
+pub fn serial() -> std::sync::MutexGuard<'static, ()> {
+    static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
