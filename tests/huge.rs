@@ -396,3 +396,34 @@ fn alignment_that_cannot_fit_is_too_large_not_an_mmap_error() {
         "{err}"
     );
 }
+
+#[test]
+fn gigantic_pages_when_reserved() {
+    let _serial = serial();
+    let free_1g: u64 =
+        std::fs::read_to_string("/sys/kernel/mm/hugepages/hugepages-1048576kB/free_hugepages")
+            .ok()
+            .and_then(|s| s.trim().parse().ok())
+            .unwrap_or(0);
+    let opts = HugeOptions::new().allow_1gib(true);
+    if free_1g == 0 {
+        eprintln!(
+            "SKIP gigantic_pages_when_reserved: no free 1 GiB hugetlb page \
+             (echo 1 > /sys/kernel/mm/hugepages/hugepages-1048576kB/nr_hugepages; .ci/run tries)"
+        );
+        // Without 1 GiB pages the ladder still serves the request below.
+        let r = HugeRegion::with_options(3 * MIB, &opts).unwrap();
+        assert_ne!(r.page_size(), 1 << 30);
+        return;
+    }
+    reset_hugetlb_backoff();
+    let mut r = HugeRegion::with_options(3 * MIB, &opts).unwrap();
+    assert_eq!(r.backing(), Backing::Hugetlb);
+    assert_eq!(r.page_size(), 1 << 30);
+    assert_eq!(r.mapped_len(), 1 << 30);
+    assert_eq!(r.as_ptr() as usize % (1 << 30), 0);
+    r.as_mut_slice()[3 * MIB - 1] = 1;
+    let (p, len) = (r.as_ptr() as usize, r.mapped_len());
+    drop(r);
+    assert_unmapped(p, len);
+}
