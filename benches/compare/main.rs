@@ -12,8 +12,10 @@
 use std::hint::black_box;
 use std::time::{Duration, Instant};
 
+mod alloc;
 mod pages;
 mod rows;
+mod weights;
 
 /// One result row.
 pub struct Row {
