@@ -19,8 +19,7 @@ use allocator_api2::alloc::{AllocError, Allocator};
 use ckalloc::caching::CachingAllocator;
 use ckalloc::{BumpArena, CkHuge, LocalArena};
 use gungraun::{
-    library_benchmark, library_benchmark_group, main, Callgrind, EntryPoint,
-    LibraryBenchmarkConfig,
+    library_benchmark, library_benchmark_group, main, Callgrind, EntryPoint, LibraryBenchmarkConfig,
 };
 
 type Block = Result<NonNull<[u8]>, AllocError>;
@@ -63,9 +62,14 @@ fn bumpalo() -> &'static bumpalo::Bump {
 }
 
 fn bump_scope() -> &'static bump_scope::Bump {
-    let b = Box::leak(Box::new(bump_scope::Bump::with_capacity(L64.pad_to_align())));
+    let b = Box::leak(Box::new(bump_scope::Bump::with_capacity(
+        L64.pad_to_align(),
+    )));
     let b: &'static bump_scope::Bump = b;
-    black_box(b.allocate(Layout::from_size_align(1 << 20, 8).unwrap()).unwrap());
+    black_box(
+        b.allocate(Layout::from_size_align(1 << 20, 8).unwrap())
+            .unwrap(),
+    );
     // A fresh chunk so the measured allocation fits.
     let b2 = Box::leak(Box::new(bump_scope::Bump::with_capacity(
         Layout::from_size_align(1 << 20, 8).unwrap(),
@@ -94,10 +98,30 @@ macro_rules! alloc_ops {
     };
 }
 
-alloc_ops!(op_local_known, op_local_hidden, op_local_grow, &&LocalArena<'static>);
-alloc_ops!(op_shared_known, op_shared_hidden, op_shared_grow, &&BumpArena);
-alloc_ops!(op_bumpalo_known, op_bumpalo_hidden, op_bumpalo_grow, &&bumpalo::Bump);
-alloc_ops!(op_bump_scope_known, op_bump_scope_hidden, op_bump_scope_grow, &bump_scope::Bump);
+alloc_ops!(
+    op_local_known,
+    op_local_hidden,
+    op_local_grow,
+    &&LocalArena<'static>
+);
+alloc_ops!(
+    op_shared_known,
+    op_shared_hidden,
+    op_shared_grow,
+    &&BumpArena
+);
+alloc_ops!(
+    op_bumpalo_known,
+    op_bumpalo_hidden,
+    op_bumpalo_grow,
+    &&bumpalo::Bump
+);
+alloc_ops!(
+    op_bump_scope_known,
+    op_bump_scope_hidden,
+    op_bump_scope_grow,
+    &bump_scope::Bump
+);
 
 #[library_benchmark(config = only("op_local_known"))]
 fn local_known() -> Block {
@@ -168,7 +192,9 @@ fn bump_scope_grow() -> Block {
     let a = bump_scope();
     let p = a.allocate(L64).unwrap();
     // SAFETY: `p` was just allocated with L64.
-    black_box(unsafe { op_bump_scope_grow(black_box(a), p.cast(), black_box(L64), black_box(L128)) })
+    black_box(unsafe {
+        op_bump_scope_grow(black_box(a), p.cast(), black_box(L64), black_box(L128))
+    })
 }
 
 library_benchmark_group!(

@@ -126,7 +126,12 @@ pub fn cache_loop(full: bool) -> Vec<Row> {
     let mut rows = vec![];
     let cache = CachingAllocator::unbounded(CkHuge::new());
     let mi = mimalloc::MiMalloc;
-    for (size, stride) in [(4 * MIB, 2 * MIB), (64 * MIB, 2 * MIB), (4 * MIB, 4096), (64 * MIB, 4096)] {
+    for (size, stride) in [
+        (4 * MIB, 2 * MIB),
+        (64 * MIB, 2 * MIB),
+        (4 * MIB, 4096),
+        (64 * MIB, 4096),
+    ] {
         let l = Layout::from_size_align(size, 64).unwrap();
         // Iterations per measurement: about 10-50 ms each for the fast ones.
         let fast_n = match (size, stride) {
@@ -145,15 +150,17 @@ pub fn cache_loop(full: bool) -> Vec<Row> {
         let (mut c, mut g, mut m, mut u) = (vec![], vec![], vec![], vec![]);
         for _ in 0..reps {
             c.push(per_iter(fast_n, || cycle_alloc(&cache, l, stride)));
-            g.push(per_iter(if size == 64 * MIB { slow_n * 4 } else { fast_n }, || {
-                cycle_global(&System, l, stride)
-            }));
+            g.push(per_iter(
+                if size == 64 * MIB { slow_n * 4 } else { fast_n },
+                || cycle_global(&System, l, stride),
+            ));
             m.push(per_iter(fast_n.min(5_000), || cycle_global(&mi, l, stride)));
             if stride != 4096 {
                 u.push(per_iter(slow_n, || cycle_alloc(&CkHuge::new(), l, stride)));
             }
         }
-        let ratio = |peer: &[f64]| -> Vec<f64> { peer.iter().zip(&c).map(|(p, o)| p / o).collect() };
+        let ratio =
+            |peer: &[f64]| -> Vec<f64> { peer.iter().zip(&c).map(|(p, o)| p / o).collect() };
         let mib = size / MIB;
         let what = if stride == 4096 {
             "every 4 KiB written"
@@ -161,21 +168,79 @@ pub fn cache_loop(full: bool) -> Vec<Row> {
             "1 B per 2 MiB written"
         };
         let cm = median(c.clone());
-        let name = |peer: &str| format!("4. alloc/free {mib} MiB ({what}): CachingAllocator<CkHuge> vs {peer}");
+        let name = |peer: &str| {
+            format!("4. alloc/free {mib} MiB ({what}): CachingAllocator<CkHuge> vs {peer}")
+        };
         match (size, stride) {
             (s, st) if s == 4 * MIB && st != 4096 => {
-                rows.push(row(name("glibc malloc"), cm, median(g.clone()), ratio(&g), ">= 1.0x", 1.0));
-                rows.push(row(name("uncached CkHuge"), cm, median(u.clone()), ratio(&u), ">= 1000x", 1000.0));
-                rows.push(row(name("mimalloc"), cm, median(m.clone()), ratio(&m), "(report)", 0.0));
+                rows.push(row(
+                    name("glibc malloc"),
+                    cm,
+                    median(g.clone()),
+                    ratio(&g),
+                    ">= 1.0x",
+                    1.0,
+                ));
+                rows.push(row(
+                    name("uncached CkHuge"),
+                    cm,
+                    median(u.clone()),
+                    ratio(&u),
+                    ">= 1000x",
+                    1000.0,
+                ));
+                rows.push(row(
+                    name("mimalloc"),
+                    cm,
+                    median(m.clone()),
+                    ratio(&m),
+                    "(report)",
+                    0.0,
+                ));
             }
             (_, st) if st != 4096 => {
-                rows.push(row(name("mimalloc"), cm, median(m.clone()), ratio(&m), ">= 1.0x", 1.0));
-                rows.push(row(name("glibc malloc"), cm, median(g.clone()), ratio(&g), ">= 50x", 50.0));
-                rows.push(row(name("uncached CkHuge"), cm, median(u.clone()), ratio(&u), "(report)", 0.0));
+                rows.push(row(
+                    name("mimalloc"),
+                    cm,
+                    median(m.clone()),
+                    ratio(&m),
+                    ">= 1.0x",
+                    1.0,
+                ));
+                rows.push(row(
+                    name("glibc malloc"),
+                    cm,
+                    median(g.clone()),
+                    ratio(&g),
+                    ">= 50x",
+                    50.0,
+                ));
+                rows.push(row(
+                    name("uncached CkHuge"),
+                    cm,
+                    median(u.clone()),
+                    ratio(&u),
+                    "(report)",
+                    0.0,
+                ));
             }
             _ => {
-                rows.push(row(name("glibc malloc"), cm, median(g.clone()), ratio(&g), "(report)", 0.0));
-                rows.push(row(name("mimalloc"), cm, median(m.clone()), ratio(&m), "(report)", 0.0));
+                rows.push(row(
+                    name("glibc malloc"),
+                    cm,
+                    median(g.clone()),
+                    ratio(&g),
+                    "(report)",
+                    0.0,
+                ));
+                rows.push(row(
+                    name("mimalloc"),
+                    cm,
+                    median(m.clone()),
+                    ratio(&m),
+                    "(report)",
+                    0.0,
+                ));
             }
         }
     }

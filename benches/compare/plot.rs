@@ -90,7 +90,9 @@ pub fn sweep(full: bool) -> Vec<Row> {
     for &mib in &sizes {
         let mut line = format!("  {mib:>5} MiB:");
         for (i, (name, kind)) in kinds.iter().enumerate() {
-            let v: Vec<f64> = (0..reps).filter_map(|_| first_touch(mib * MIB, *kind)).collect();
+            let v: Vec<f64> = (0..reps)
+                .filter_map(|_| first_touch(mib * MIB, *kind))
+                .collect();
             if v.len() == reps {
                 let m = median(v);
                 line += &format!("  {name} {}", fmt_dur(m));
@@ -109,16 +111,28 @@ pub fn sweep(full: bool) -> Vec<Row> {
 }
 
 fn draw(path: &str, series: &[(&str, Vec<(f64, f64)>)]) -> Result<(), Box<dyn std::error::Error>> {
-    let xmax = series.iter().flat_map(|s| s.1.iter().map(|p| p.0)).fold(2.0, f64::max);
-    let ymax = series.iter().flat_map(|s| s.1.iter().map(|p| p.1)).fold(0.01, f64::max);
+    let xmax = series
+        .iter()
+        .flat_map(|s| s.1.iter().map(|p| p.0))
+        .fold(2.0, f64::max);
+    let ymax = series
+        .iter()
+        .flat_map(|s| s.1.iter().map(|p| p.1))
+        .fold(0.01, f64::max);
     let root = SVGBackend::new(path, (800, 500)).into_drawing_area();
     root.fill(&WHITE)?;
     let mut chart = ChartBuilder::on(&root)
-        .caption("First touch (map + write 1 B per 4 KiB)", ("sans-serif", 22))
+        .caption(
+            "First touch (map + write 1 B per 4 KiB)",
+            ("sans-serif", 22),
+        )
         .margin(15)
         .x_label_area_size(45)
         .y_label_area_size(60)
-        .build_cartesian_2d((1.0..xmax * 1.5).log_scale(), (0.001..ymax * 2.0).log_scale())?;
+        .build_cartesian_2d(
+            (1.0..xmax * 1.5).log_scale(),
+            (0.001..ymax * 2.0).log_scale(),
+        )?;
     chart
         .configure_mesh()
         .x_desc("size (MiB)")
@@ -132,7 +146,9 @@ fn draw(path: &str, series: &[(&str, Vec<(f64, f64)>)]) -> Result<(), Box<dyn st
         chart
             .draw_series(LineSeries::new(pts.iter().copied(), color.stroke_width(2)))?
             .label(*name)
-            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2)));
+            .legend(move |(x, y)| {
+                PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2))
+            });
         chart.draw_series(pts.iter().map(|p| Circle::new(*p, 3, color.filled())))?;
     }
     chart

@@ -47,8 +47,12 @@ fn plain_mmap(path: &Path) -> memmap2::Mmap {
 
 pub fn weights(full: bool) -> Vec<Row> {
     let dir = tempfile::tempdir().unwrap();
-    let sizes: &[usize] = if full { &[256 * MIB, 1024 * MIB] } else { &[256 * MIB] };
-    let reps = if full { 5 } else { 5 };
+    let sizes: &[usize] = if full {
+        &[256 * MIB, 1024 * MIB]
+    } else {
+        &[256 * MIB]
+    };
+    let reps = 5;
     let mut rows = vec![];
     for &size in sizes {
         let path = dir.path().join(format!("w{size}.bin"));
@@ -98,7 +102,9 @@ pub fn weights(full: bool) -> Vec<Row> {
         let rr = median(r.iter().zip(&o).map(|(p, o)| p / o).collect());
         let om = fmt_dur(median(o));
         rows.push(Row {
-            name: format!("5. weights {mib} MiB: anon build+materialize_weights() vs mmap + copy to THP"),
+            name: format!(
+                "5. weights {mib} MiB: anon build+materialize_weights() vs mmap + copy to THP"
+            ),
             ours: om.clone(),
             peer: fmt_dur(median(c)),
             ratio: rc,
@@ -106,7 +112,9 @@ pub fn weights(full: bool) -> Vec<Row> {
             met: rc >= 1.0,
         });
         rows.push(Row {
-            name: format!("5. weights {mib} MiB: anon build+materialize_weights() vs std::fs::read"),
+            name: format!(
+                "5. weights {mib} MiB: anon build+materialize_weights() vs std::fs::read"
+            ),
             ours: om,
             peer: fmt_dur(median(r)),
             ratio: rr,

@@ -60,7 +60,9 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
 use allocator_api2::alloc::{AllocError, Allocator};
 
-use pool::{add, home_shard, sub, BlockPtr, BlockTable, DescPtr, FreeBlock, Pool, SHARDS, UNPOOLED};
+use pool::{
+    add, home_shard, sub, BlockPtr, BlockTable, DescPtr, FreeBlock, Pool, SHARDS, UNPOOLED,
+};
 pub use spec::{
     BufferUsage, CachingSpec, DeclareHeap, Heap, HeapKey, MemoryType, PoolSpec, SpecError,
     SpecErrorKind, SpecField, MAX_POOLS,
@@ -499,10 +501,9 @@ impl<A: Allocator> CachingAllocator<A> {
     pub fn trim_to(&self, bytes: u64) {
         let home = home_shard();
         loop {
-            let cached: u64 = self
-                .pools
-                .iter()
-                .fold(0u64, |acc, p| acc.wrapping_add(p.sum_locked(|s| s.cached_bytes)));
+            let cached: u64 = self.pools.iter().fold(0u64, |acc, p| {
+                acc.wrapping_add(p.sum_locked(|s| s.cached_bytes))
+            });
             if cached <= bytes {
                 return;
             }

@@ -31,11 +31,11 @@
 
 use std::alloc::Layout;
 use std::cell::Cell;
+use std::cell::UnsafeCell;
 use std::collections::{HashMap, VecDeque};
 use std::hash::{BuildHasherDefault, Hasher};
-use std::ptr::NonNull;
-use std::cell::UnsafeCell;
 use std::ops::{Deref, DerefMut};
+use std::ptr::NonNull;
 use std::sync::atomic::{
     AtomicBool, AtomicU64, AtomicUsize,
     Ordering::{Acquire, Relaxed, Release},
@@ -550,14 +550,6 @@ impl FreeList {
     #[inline]
     pub fn len(&self) -> usize {
         self.rest.len() + usize::from(self.top.is_some())
-    }
-    #[inline]
-    pub fn back(&self) -> Option<&FreeBlock> {
-        self.top.as_ref().or_else(|| self.rest.back())
-    }
-    #[inline]
-    pub fn pop_back(&mut self) -> Option<FreeBlock> {
-        self.top.take().or_else(|| self.rest.pop_back())
     }
     #[inline]
     pub fn push_back(&mut self, fb: FreeBlock) {
