@@ -189,7 +189,11 @@ fn observe(seq: u64) {
 }
 
 /// What the allocator remembers about a block held from the inner allocator.
+/// Padded to its own cache lines: the thread using a block writes `live` on
+/// every hit and release, and descriptors of blocks used by different
+/// threads must not share a line.
 #[derive(Debug)]
+#[repr(align(128))]
 pub(crate) struct Desc {
     /// The layout the block was allocated with from the inner allocator.
     pub layout: Layout,
