@@ -527,7 +527,7 @@ impl<A: Allocator> CachingAllocator<A> {
     /// Accounts for a block that left a free list (popped with its slot and
     /// cached bytes accounted) for the inner allocator, and frees it.
     fn free_cached(&self, pool: &Pool, fb: FreeBlock) {
-        let b = fb.size as u64;
+        let b = fb.size() as u64;
         sub(&pool.committed, b);
         sub(&self.held, b);
         self.free_to_inner(fb.ptr, fb.desc);
@@ -707,13 +707,7 @@ impl<A: Allocator> CachingAllocator<A> {
             self.free_to_inner(BlockPtr(ptr), desc);
             return;
         }
-        let fb = FreeBlock {
-            ptr: BlockPtr(ptr),
-            size: d.layout.size(),
-            seq: pool::tick(),
-            desc,
-        };
-        self.put(home_shard(), fb);
+        self.put(home_shard(), FreeBlock::released(ptr, desc));
     }
 
     /// Caches a released pooled block, or returns it to the inner allocator
@@ -721,7 +715,7 @@ impl<A: Allocator> CachingAllocator<A> {
     fn put(&self, home: usize, fb: FreeBlock) {
         let pool = &self.pools[fb.desc.get().pool as usize];
         if let Err(fb) = pool.put(home, fb) {
-            let b = fb.size as u64;
+            let b = fb.size() as u64;
             sub(&pool.committed, b);
             sub(&self.held, b);
             self.free_to_inner(fb.ptr, fb.desc);

@@ -201,6 +201,9 @@ pub(crate) struct Desc {
     pub pool: u32,
     /// Handed out (not in a free list).
     pub live: AtomicBool,
+    /// Release sequence number while cached; written before the block is
+    /// pushed on a free list and read under that list's lock.
+    pub seq: AtomicU64,
 }
 
 /// An owning pointer to a boxed [`Desc`]; the block table owns it while the
@@ -222,6 +225,7 @@ impl DescPtr {
             layout,
             pool,
             live: AtomicBool::new(live),
+            seq: AtomicU64::new(0),
         }))))
     }
 
@@ -260,14 +264,34 @@ impl BlockPtr {
     }
 }
 
-/// A cached block: its pointer, size in bytes (the inner layout's), its
-/// release sequence number (for oldest-first) and its descriptor.
+/// A cached block: its pointer and its descriptor (which holds its size and
+/// release sequence number).
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct FreeBlock {
     pub ptr: BlockPtr,
-    pub size: usize,
-    pub seq: u64,
     pub desc: DescPtr,
+}
+
+impl FreeBlock {
+    /// A released block, stamped with the calling thread's next sequence number.
+    #[inline]
+    pub fn released(ptr: NonNull<u8>, desc: DescPtr) -> FreeBlock {
+        desc.get().seq.store(tick(), Relaxed);
+        FreeBlock {
+            ptr: BlockPtr(ptr),
+            desc,
+        }
+    }
+    /// Size in bytes (the inner layout's).
+    #[inline]
+    pub fn size(&self) -> usize {
+        self.desc.get().layout.size()
+    }
+    /// Release sequence number (for oldest-first).
+    #[inline]
+    pub fn seq(&self) -> u64 {
+        self.desc.get().seq.load(Relaxed)
+    }
 }
 
 /// Slow-path counters of a shard (wrapping; summed on read).
@@ -381,14 +405,14 @@ impl Pool {
     #[inline(never)]
     fn take_other(&self, home: usize, size: usize, align: usize) -> Option<FreeBlock> {
         let fb = (1..SHARDS).find_map(|k| self.take_from((home + k) % SHARDS, size, align))?;
-        observe(fb.seq);
+        observe(fb.seq());
         Some(fb)
     }
 
     #[inline]
     fn take_from(&self, shard: usize, size: usize, align: usize) -> Option<FreeBlock> {
         let mut st = lock(&self.shards[shard].state);
-        let fits = |f: &FreeBlock| f.size == size && f.ptr.addr() & (align - 1) == 0;
+        let fits = |f: &FreeBlock| f.size() == size && f.ptr.addr() & (align - 1) == 0;
         let fb = st.free.remove_last(fits)?;
         // The shard keeps the slot for the block's release.
         st.remember(fb.ptr.addr(), fb.desc);
@@ -444,12 +468,7 @@ impl Pool {
             return Some(Ok(()));
         }
         let size = d.layout.size();
-        let fb = FreeBlock {
-            ptr: BlockPtr(ptr),
-            size,
-            seq: tick(),
-            desc,
-        };
+        let fb = FreeBlock::released(ptr, desc);
         if (st.free.len() as u64) < st.slots {
             st.live = st.live.wrapping_sub(size as u64);
             st.cached_bytes = st.cached_bytes.wrapping_add(size as u64);
@@ -463,7 +482,7 @@ impl Pool {
     /// count allows; returns the block back if it does not.
     #[inline]
     pub fn put(&self, home: usize, fb: FreeBlock) -> Result<(), FreeBlock> {
-        let b = fb.size as u64;
+        let b = fb.size() as u64;
         let shard = &self.shards[home];
         {
             let mut st = lock(&shard.state);
@@ -507,8 +526,8 @@ impl Pool {
         let mut best: Option<(u64, usize)> = None;
         for (i, s) in self.shards.iter().enumerate() {
             if let Some(f) = lock(&s.state).free.front() {
-                if best.is_none_or(|(seq, _)| f.seq < seq) {
-                    best = Some((f.seq, i));
+                if best.is_none_or(|(seq, _)| f.seq() < seq) {
+                    best = Some((f.seq(), i));
                 }
             }
         }
@@ -519,12 +538,12 @@ impl Pool {
     /// `shard`, giving its slot back to the pool.
     pub fn pop_if_front(&self, shard: usize, seq: u64) -> Option<FreeBlock> {
         let mut st = lock(&self.shards[shard].state);
-        if st.free.front().map(|f| f.seq) != Some(seq) {
+        if st.free.front().map(|f| f.seq()) != Some(seq) {
             return None;
         }
         let fb = st.free.pop_front()?;
         st.slots -= 1;
-        st.cached_bytes = st.cached_bytes.wrapping_sub(fb.size as u64);
+        st.cached_bytes = st.cached_bytes.wrapping_sub(fb.size() as u64);
         sub(&self.slots, 1);
         Some(fb)
     }
