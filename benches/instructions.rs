@@ -133,6 +133,20 @@ fn local_hidden() -> Block {
     let a = local();
     black_box(op_local_hidden(black_box(&a), black_box(L64)))
 }
+/// `&LocalArena` itself in a register (the allocator handle inlined into the
+/// caller), rather than loaded through the `&&LocalArena` that
+/// `Allocator::allocate(&self)` receives from a `Vec` that stores the handle.
+#[inline(never)]
+fn op_local_hidden_reg(a: &LocalArena<'static>, l: Layout) -> Block {
+    (&a).allocate(l)
+}
+
+#[library_benchmark(config = only("op_local_hidden_reg"))]
+fn local_hidden_reg() -> Block {
+    let a = local();
+    black_box(op_local_hidden_reg(black_box(a), black_box(L64)))
+}
+
 #[library_benchmark(config = only("op_local_grow"))]
 fn local_grow() -> Block {
     let a = local();
@@ -202,6 +216,7 @@ library_benchmark_group!(
     benchmarks = [
         local_known,
         local_hidden,
+        local_hidden_reg,
         local_grow,
         shared_known,
         shared_hidden,
