@@ -3,8 +3,11 @@
 //! `cargo bench --bench compare` runs the quick set (under 3 minutes on 2
 //! cores); `cargo bench --bench compare -- --full` runs the heavy rows at
 //! full size (1 GiB first touch, 4 GiB random reads, 1 GiB weights).
-//! `-- --json FILE` also writes the rows as JSON (used by
-//! `scripts/perf-report`).
+//! `-- --json FILE` also writes the rows as JSON; `-- --plot FILE` also runs
+//! the first-touch sweep and writes it as an SVG (both used by
+//! `scripts/perf-report`). Arguments without `--` select rows by substring
+//! (`bump`, `first_touch`, `random_reads`, `cache_loop`, `weights`,
+//! `threads`; `sweep` runs only the plot data).
 //!
 //! Each row measures ckalloc and its peer alternately in the same process,
 //! several repetitions, and reports the median of the per-repetition ratios.
@@ -12,8 +15,11 @@
 use std::hint::black_box;
 use std::time::{Duration, Instant};
 
+mod alloc;
 mod pages;
+mod plot;
 mod rows;
+mod weights;
 
 /// One result row.
 pub struct Row {
@@ -62,13 +68,27 @@ fn main() {
         .iter()
         .position(|a| a == "--json")
         .and_then(|i| args.get(i + 1).cloned());
+    let plot = args
+        .iter()
+        .position(|a| a == "--plot")
+        .and_then(|i| args.get(i + 1).cloned());
     // `cargo bench` passes `--bench`; a filter selects rows by substring.
     let filter: Vec<&String> = args[1..]
         .iter()
         .filter(|a| !a.starts_with("--"))
-        .filter(|a| json.as_deref() != Some(a.as_str()))
+        .filter(|a| json.as_deref() != Some(a.as_str()) && plot.as_deref() != Some(a.as_str()))
         .collect();
-    let want = |name: &str| filter.is_empty() || filter.iter().any(|f| name.contains(f.as_str()));
+    // The `sweep` pseudo-row (first-touch plot data) runs with `--plot` or by name.
+    let want = |name: &str| {
+        if name == "sweep" {
+            plot.is_some() || filter.iter().any(|f| f.as_str() == "sweep")
+        } else {
+            filter.is_empty() || filter.iter().any(|f| name.contains(f.as_str()))
+        }
+    };
+    if let Some(p) = &plot {
+        let _ = plot::PATH.set(p.clone());
+    }
 
     println!(
         "ckalloc compare ({} mode): {} cores, THP {}",

@@ -43,9 +43,11 @@
 //!
 //! Thread safety: `CachingAllocator<A>` is `Send`/`Sync` when `A` is. There
 //! is no global lock: each pool's free lists are split into shards (threads
-//! are spread over them) with one mutex each, live blocks are tracked in an
-//! address-sharded table, limits are enforced with atomics, and the inner
-//! allocator is always called with no lock held.
+//! are spread over them) with one mutex each, blocks held from the inner
+//! allocator are tracked in an address-sharded table, limits are enforced
+//! with per-shard free-count slots and atomics, and the inner allocator is
+//! always called with no lock held. A cache hit and its release take only the
+//! calling thread's shard lock and one table lookup (see `pool.rs`).
 
 mod pool;
 mod spec;
@@ -59,7 +61,7 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use allocator_api2::alloc::{AllocError, Allocator};
 
 use pool::{
-    add, home_shard, sub, BlockInfo, BlockPtr, BlockTable, FreeBlock, Pool, SHARDS, UNPOOLED,
+    add, home_shard, sub, BlockPtr, BlockTable, DescPtr, FreeBlock, Pool, SHARDS, UNPOOLED,
 };
 pub use spec::{
     BufferUsage, CachingSpec, DeclareHeap, Heap, HeapKey, MemoryType, PoolSpec, SpecError,
@@ -245,7 +247,6 @@ impl<A: Allocator> CachingBuilder<A> {
             heap,
             pools,
             table: BlockTable::new(),
-            seq: AtomicU64::new(0),
             no_pool_bypasses: AtomicU64::new(0),
             no_pool_failures: AtomicU64::new(0),
             unpooled_live: AtomicU64::new(0),
@@ -353,8 +354,6 @@ pub struct CachingAllocator<A: Allocator> {
     heap: Heap,
     pools: Box<[Pool]>,
     table: BlockTable,
-    /// Release sequence numbers, for oldest-first eviction and trim.
-    seq: AtomicU64,
     no_pool_bypasses: AtomicU64,
     no_pool_failures: AtomicU64,
     /// Bytes of unpooled (bypass) blocks currently live.
@@ -463,14 +462,14 @@ impl<A: Allocator> CachingAllocator<A> {
                 max_allocation_size: p.params.max_allocation_size,
                 max_allocation_capacity: p.params.max_allocation_capacity,
                 max_free_allocation_count: p.params.max_free_allocation_count,
-                hits: p.sum(|c| &c.hits),
+                hits: p.sum_locked(|s| s.hits),
                 misses: p.sum(|c| &c.misses),
                 bypasses: p.sum(|c| &c.bypasses),
                 evictions: p.sum(|c| &c.evictions),
                 trimmed: p.sum(|c| &c.trimmed),
-                live_bytes: p.sum(|c| &c.live),
-                cached_bytes: p.sum(|c| &c.cached_bytes),
-                cached_blocks: p.cached_blocks.load(Relaxed),
+                live_bytes: p.sum_locked(|s| s.live),
+                cached_bytes: p.sum_locked(|s| s.cached_bytes),
+                cached_blocks: p.sum_locked(|s| s.free.len() as u64),
                 peak_bytes: p.peak.load(Relaxed),
                 inner_failures: p.sum(|c| &c.inner_failures),
             };
@@ -502,10 +501,9 @@ impl<A: Allocator> CachingAllocator<A> {
     pub fn trim_to(&self, bytes: u64) {
         let home = home_shard();
         loop {
-            let cached: u64 = self
-                .pools
-                .iter()
-                .fold(0u64, |acc, p| acc.wrapping_add(p.sum(|c| &c.cached_bytes)));
+            let cached: u64 = self.pools.iter().fold(0u64, |acc, p| {
+                acc.wrapping_add(p.sum_locked(|s| s.cached_bytes))
+            });
             if cached <= bytes {
                 return;
             }
@@ -521,26 +519,43 @@ impl<A: Allocator> CachingAllocator<A> {
             let pool = &self.pools[pi];
             if let Some(fb) = pool.pop_if_front(shard, seq) {
                 add(&pool.shards[home].counters.trimmed, 1);
-                self.free_cached(pool, home, fb);
+                self.free_cached(pool, fb);
             }
         }
     }
 
-    /// Accounts for a block leaving a free list for the inner allocator and frees it.
-    fn free_cached(&self, pool: &Pool, home: usize, fb: FreeBlock) {
-        let b = fb.layout.size() as u64;
-        sub(&pool.cached_blocks, 1);
+    /// Accounts for a block that left a free list (popped with its slot and
+    /// cached bytes accounted) for the inner allocator, and frees it.
+    fn free_cached(&self, pool: &Pool, fb: FreeBlock) {
+        let b = fb.size() as u64;
         sub(&pool.committed, b);
-        sub(&pool.shards[home].counters.cached_bytes, b);
         sub(&self.held, b);
-        // SAFETY: `fb` came from a free list, so it was allocated by
-        // `self.inner` with exactly `fb.layout`, is not live, and is no longer
-        // reachable from any list (it was popped under the list's lock).
-        unsafe { self.inner.deallocate(fb.ptr.0, fb.layout) };
+        self.free_to_inner(fb.ptr, fb.desc);
+    }
+
+    /// Forgets a block that is neither live nor cached and returns it to the
+    /// inner allocator with its layout.
+    fn free_to_inner(&self, ptr: BlockPtr, desc: DescPtr) {
+        let pool = desc.get().pool;
+        if pool != UNPOOLED {
+            self.pools[pool as usize].scrub(ptr.addr());
+        }
+        if let Some(layout) = self.table.forget(ptr.addr()) {
+            // SAFETY: the block was allocated by `self.inner` with exactly
+            // `layout` (its descriptor), is not live, and is no longer
+            // reachable from any list or the table.
+            unsafe { self.inner.deallocate(ptr.0, layout) };
+        }
     }
 
     #[inline]
     fn pool_for(&self, size: usize) -> Option<usize> {
+        // The common configuration: the first pool takes it.
+        if let Some(p) = self.pools.first() {
+            if size as u64 <= p.params.max_allocation_size {
+                return Some(0);
+            }
+        }
         self.pools
             .iter()
             .position(|p| size as u64 <= p.params.max_allocation_size)
@@ -567,14 +582,14 @@ impl<A: Allocator> CachingAllocator<A> {
                 continue;
             }
             // Evict only if dropping every cached block could make room.
-            let cached = pool.sum(|c| &c.cached_bytes);
+            let cached = pool.sum_locked(|s| s.cached_bytes);
             let live = cur.wrapping_sub(cached);
             if live.checked_add(b).is_none_or(|n| n > cap) {
                 return None;
             }
             let fb = pool.pop_oldest()?;
             add(&pool.shards[home].counters.evictions, 1);
-            self.free_cached(pool, home, fb);
+            self.free_cached(pool, fb);
         }
     }
 
@@ -635,13 +650,7 @@ impl<A: Allocator> CachingAllocator<A> {
         }
         add(&self.unpooled_live, b);
         self.note_held(b);
-        self.table.insert(
-            p.as_ptr() as usize,
-            BlockInfo {
-                layout,
-                pool: UNPOOLED,
-            },
-        );
+        self.table.insert(p.as_ptr() as usize, layout, UNPOOLED);
         Ok(NonNull::slice_from_raw_parts(p, layout.size()))
     }
 
@@ -656,19 +665,7 @@ impl<A: Allocator> CachingAllocator<A> {
         };
         let pool = &self.pools[pi];
         let b = pool.block_size(layout.size());
-        let counters = &pool.shards[home].counters;
         if let Some(fb) = pool.take(home, b, layout.align()) {
-            sub(&pool.cached_blocks, 1);
-            add(&counters.hits, 1);
-            add(&counters.live, b as u64);
-            sub(&counters.cached_bytes, b as u64);
-            self.table.insert(
-                fb.ptr.addr(),
-                BlockInfo {
-                    layout: fb.layout,
-                    pool: pi as u32,
-                },
-            );
             let p = fb.ptr.0;
             if zeroed {
                 // SAFETY: the block is `b` bytes long and now owned by this call.
@@ -677,23 +674,19 @@ impl<A: Allocator> CachingAllocator<A> {
             return Ok(NonNull::slice_from_raw_parts(p, b));
         }
         let block_layout = Layout::from_size_align(b, layout.align()).map_err(|_| AllocError)?;
+        let counters = &pool.shards[home].counters;
         if self.reserve(pi, home, b as u64).is_none() {
             return self.alloc_unpooled(layout, zeroed, Some(pi), home);
         }
         match self.inner_alloc(block_layout, zeroed, Some(pi), home) {
             Ok(p) => {
                 add(&counters.misses, 1);
-                add(&counters.live, b as u64);
                 // After the call: a retry may have trimmed this pool meanwhile.
                 pool.peak.fetch_max(pool.committed.load(Relaxed), Relaxed);
                 self.note_held(b as u64);
-                self.table.insert(
-                    p.as_ptr() as usize,
-                    BlockInfo {
-                        layout: block_layout,
-                        pool: pi as u32,
-                    },
-                );
+                let addr = p.as_ptr() as usize;
+                let desc = self.table.insert(addr, block_layout, pi as u32);
+                pool.add_live(home, b as u64, addr, desc);
                 Ok(NonNull::slice_from_raw_parts(p, b))
             }
             Err(e) => {
@@ -703,47 +696,34 @@ impl<A: Allocator> CachingAllocator<A> {
         }
     }
 
-    /// Releases a live block whose table entry was removed.
+    /// Releases a live block (its descriptor was just marked not live).
     #[inline]
-    fn release(&self, ptr: NonNull<u8>, info: BlockInfo) {
-        let b = info.layout.size() as u64;
-        if info.pool == UNPOOLED {
+    fn release(&self, ptr: NonNull<u8>, desc: DescPtr) {
+        let d = desc.get();
+        let b = d.layout.size() as u64;
+        if d.pool == UNPOOLED {
             sub(&self.unpooled_live, b);
             sub(&self.held, b);
-            // SAFETY: unpooled blocks were allocated by `self.inner` with
-            // `info.layout` and the caller gave up ownership.
-            unsafe { self.inner.deallocate(ptr, info.layout) };
+            self.free_to_inner(BlockPtr(ptr), desc);
             return;
         }
-        let home = home_shard();
-        let pool = &self.pools[info.pool as usize];
-        let counters = &pool.shards[home].counters;
-        let max = u64::from(pool.params.max_free_allocation_count);
-        let keep = pool
-            .cached_blocks
-            .fetch_update(Relaxed, Relaxed, |c| (c < max).then_some(c + 1))
-            .is_ok();
-        sub(&counters.live, b);
-        if keep {
-            add(&counters.cached_bytes, b);
-            let mut list = pool::lock(&pool.shards[home].free);
-            let seq = self.seq.fetch_add(1, Relaxed);
-            list.push_back(FreeBlock {
-                ptr: BlockPtr(ptr),
-                layout: info.layout,
-                seq,
-            });
-        } else {
+        self.put(home_shard(), FreeBlock::released(ptr, desc));
+    }
+
+    /// Caches a released pooled block, or returns it to the inner allocator
+    /// when the pool's free count is reached.
+    fn put(&self, home: usize, fb: FreeBlock) {
+        let pool = &self.pools[fb.desc.get().pool as usize];
+        if let Err(fb) = pool.put(home, fb) {
+            let b = fb.size() as u64;
             sub(&pool.committed, b);
             sub(&self.held, b);
-            // SAFETY: pooled blocks were allocated by `self.inner` with
-            // `info.layout` and the caller gave up ownership.
-            unsafe { self.inner.deallocate(ptr, info.layout) };
+            self.free_to_inner(fb.ptr, fb.desc);
         }
     }
 
     /// True if a live block can serve `new` without moving.
-    fn fits_in_place(&self, addr: usize, info: BlockInfo, new: Layout) -> bool {
+    fn fits_in_place(&self, addr: usize, info: &pool::Desc, new: Layout) -> bool {
         if !addr.is_multiple_of(new.align()) {
             return false;
         }
@@ -771,9 +751,9 @@ impl<A: Allocator> CachingAllocator<A> {
             return self.alloc_impl(new, zeroed);
         }
         let addr = ptr.as_ptr() as usize;
-        let info = self.table.get(addr).ok_or(AllocError)?;
-        let b = info.layout.size();
-        if new.size() != 0 && self.fits_in_place(addr, info, new) {
+        let desc = self.table.get_live(addr).ok_or(AllocError)?;
+        let b = desc.get().layout.size();
+        if new.size() != 0 && self.fits_in_place(addr, desc.get(), new) {
             if zeroed && b > old.size() {
                 // SAFETY: bytes old.size()..b lie inside the caller's live block.
                 unsafe { ptr::write_bytes(ptr.as_ptr().add(old.size()), 0, b - old.size()) };
@@ -792,8 +772,8 @@ impl<A: Allocator> CachingAllocator<A> {
                 ptr::write_bytes(fresh.cast::<u8>().as_ptr().add(keep), 0, len - keep);
             }
         }
-        if let Some(info) = self.table.remove(addr) {
-            self.release(ptr, info);
+        if let Some(desc) = self.table.release(addr) {
+            self.release(ptr, desc);
         }
         Ok(fresh)
     }
@@ -833,10 +813,25 @@ unsafe impl<A: Allocator> Allocator for CachingAllocator<A> {
             return;
         }
         let addr = ptr.as_ptr() as usize;
+        // Fast path: the pool this size maps to, the calling thread's shard
+        // handed the block out recently.
+        if let Some(pi) = self.pool_for(layout.size()) {
+            let home = home_shard();
+            match self.pools[pi].release_recent(home, ptr) {
+                Some(Ok(())) => return,
+                Some(Err(fb)) => {
+                    // `release_recent` marked it not live and left its live
+                    // bytes counted; `put` moves them.
+                    self.put(home, fb);
+                    return;
+                }
+                None => {}
+            }
+        }
         // A pointer not in the table violates the caller contract; ignoring
         // it is the only option that cannot corrupt the cache.
-        if let Some(info) = self.table.remove(addr) {
-            self.release(ptr, info);
+        if let Some(desc) = self.table.release(addr) {
+            self.release(ptr, desc);
         }
     }
 

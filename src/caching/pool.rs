@@ -1,56 +1,249 @@
-//! Pools, their sharded free lists, and the table of live blocks.
+//! Pools, their sharded free lists, and the table of blocks held from the
+//! inner allocator.
 //!
-//! Locking: every free list shard and every live-table shard has its own
-//! mutex, held only for a few loads and stores; no lock is held while the
-//! inner allocator runs. Limits (capacity, free count) are enforced with
-//! compare-and-swap on per-pool atomics; the other counters live in the
-//! shard of the thread that changes them and are summed (wrapping) on
-//! [`stats`](super::CachingAllocator::stats), which keeps them exact without
-//! a shared cache line on the hot path.
+//! Hot path (a cache hit and the matching release) takes one uncontended
+//! mutex (the calling thread's home shard of the pool), and does no hash
+//! lookup on the hit and one on the release; it touches no cache line that
+//! another thread writes in steady state:
+//! - the counters a hit or release changes (`hits`, `live`, `cached_bytes`)
+//!   are plain integers under the shard mutex, summed (wrapping) by
+//!   [`stats`](super::CachingAllocator::stats), which keeps them exact;
+//! - the free-count limit is enforced with **slots**: a shard keeps the
+//!   slots it reserved from the pool-wide `slots` counter (at most
+//!   `max_free_allocation_count`) when one of its blocks is handed out, so a
+//!   release into a shard with a spare slot needs no atomic; a release into a
+//!   full shard reserves a new slot (compare-and-swap) or takes a spare slot
+//!   from another shard, and only when every slot holds a block is the block
+//!   returned to the inner allocator. The number of cached blocks therefore
+//!   never exceeds the limit, and a block is refused only when the pool's
+//!   free lists hold `max_free_allocation_count` blocks;
+//! - release order comes from a per-thread clock (a Lamport clock: a thread
+//!   that takes a block released by another thread advances its clock past
+//!   the block's), so "most recently freed" and "oldest" are exact within a
+//!   thread and consistent with causality across threads;
+//! - every block held from the inner allocator has a descriptor (its inner
+//!   layout, its pool, and whether it is live) that stays in the table from
+//!   the inner allocation to the inner deallocation; the free list entry
+//!   carries the descriptor, so a hit needs no table access.
+//!
+//! No lock is held while the inner allocator runs; no two shard locks are
+//! held at once (so there is no lock order to get wrong).
 
 use std::alloc::Layout;
 use std::cell::Cell;
+use std::cell::UnsafeCell;
 use std::collections::{HashMap, VecDeque};
 use std::hash::{BuildHasherDefault, Hasher};
+use std::ops::{Deref, DerefMut};
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
-use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::sync::atomic::{
+    AtomicBool, AtomicU64, AtomicUsize,
+    Ordering::{Acquire, Relaxed, Release},
+};
 
 use super::{PoolParams, RoundUp};
 
 /// Free-list shards per pool (threads are spread over them round-robin).
 pub(crate) const SHARDS: usize = 4;
-/// Shards of the live-block table (chosen by address).
+/// Shards of the block table (chosen by address).
 const TABLE_SHARDS: usize = 64;
-/// `BlockInfo::pool` of a block served unpooled.
+/// `Desc::pool` of a block served unpooled.
 pub(crate) const UNPOOLED: u32 = u32::MAX;
 
+/// A test-and-test-and-set lock for the short critical sections here (a few
+/// loads and stores, a `VecDeque`/`HashMap` operation): one compare-and-swap
+/// to take it and one release store to give it back, no poisoning (nothing
+/// under these locks panics). Waiters spin briefly, then yield the CPU.
+#[derive(Default)]
+pub(crate) struct Mutex<T> {
+    locked: AtomicBool,
+    value: UnsafeCell<T>,
+}
+
+// SAFETY: the lock gives one thread at a time access to the value.
+unsafe impl<T: Send> Sync for Mutex<T> {}
+// SAFETY: moving the lock moves the value.
+unsafe impl<T: Send> Send for Mutex<T> {}
+
+pub(crate) struct MutexGuard<'a, T>(&'a Mutex<T>);
+
+impl<T> Mutex<T> {
+    #[inline]
+    fn lock(&self) -> MutexGuard<'_, T> {
+        if self
+            .locked
+            .compare_exchange_weak(false, true, Acquire, Relaxed)
+            .is_err()
+        {
+            self.lock_contended();
+        }
+        MutexGuard(self)
+    }
+
+    #[cold]
+    fn lock_contended(&self) {
+        let mut spins = 0u32;
+        loop {
+            while self.locked.load(Relaxed) {
+                if spins < 64 {
+                    std::hint::spin_loop();
+                    spins += 1;
+                } else {
+                    std::thread::yield_now();
+                }
+            }
+            if self
+                .locked
+                .compare_exchange_weak(false, true, Acquire, Relaxed)
+                .is_ok()
+            {
+                return;
+            }
+        }
+    }
+
+    pub fn get_mut(&mut self) -> &mut T {
+        self.value.get_mut()
+    }
+}
+
+impl<T> Deref for MutexGuard<'_, T> {
+    type Target = T;
+    #[inline]
+    fn deref(&self) -> &T {
+        // SAFETY: the guard holds the lock.
+        unsafe { &*self.0.value.get() }
+    }
+}
+
+impl<T> DerefMut for MutexGuard<'_, T> {
+    #[inline]
+    fn deref_mut(&mut self) -> &mut T {
+        // SAFETY: the guard holds the lock exclusively.
+        unsafe { &mut *self.0.value.get() }
+    }
+}
+
+impl<T> Drop for MutexGuard<'_, T> {
+    #[inline]
+    fn drop(&mut self) {
+        self.0.locked.store(false, Release);
+    }
+}
+
+#[inline]
 pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    // A panic never happens while one of these locks is held (only plain
-    // loads, stores and VecDeque/HashMap operations run under them), so a
-    // poisoned lock still protects consistent data.
-    m.lock().unwrap_or_else(PoisonError::into_inner)
+    m.lock()
 }
 
 static NEXT_HOME: AtomicUsize = AtomicUsize::new(0);
+
+struct ThreadState {
+    home: Cell<usize>,
+    clock: Cell<u64>,
+}
+
 thread_local! {
-    static HOME: Cell<usize> = const { Cell::new(usize::MAX) };
+    static THREAD: ThreadState = const {
+        ThreadState { home: Cell::new(usize::MAX), clock: Cell::new(0) }
+    };
 }
 
 /// The calling thread's home shard: assigned round-robin on first use.
 #[inline]
 pub(crate) fn home_shard() -> usize {
-    HOME.try_with(|h| {
-        let v = h.get();
-        if v != usize::MAX {
+    THREAD
+        .try_with(|t| {
+            let v = t.home.get();
+            if v != usize::MAX {
+                v
+            } else {
+                let n = NEXT_HOME.fetch_add(1, Relaxed) % SHARDS;
+                t.home.set(n);
+                n
+            }
+        })
+        .unwrap_or(0)
+}
+
+/// The next release sequence number of the calling thread.
+#[inline]
+pub(crate) fn tick() -> u64 {
+    THREAD
+        .try_with(|t| {
+            let v = t.clock.get().wrapping_add(1);
+            t.clock.set(v);
             v
-        } else {
-            let n = NEXT_HOME.fetch_add(1, Relaxed) % SHARDS;
-            h.set(n);
-            n
+        })
+        .unwrap_or(u64::MAX)
+}
+
+/// Advance the calling thread's clock past `seq` (a block it took).
+#[inline]
+fn observe(seq: u64) {
+    let _ = THREAD.try_with(|t| {
+        if t.clock.get() < seq {
+            t.clock.set(seq);
         }
-    })
-    .unwrap_or(0)
+    });
+}
+
+/// What the allocator remembers about a block held from the inner allocator.
+/// Padded to its own cache lines: the thread using a block writes `live` on
+/// every hit and release, and descriptors of blocks used by different
+/// threads must not share a line.
+#[derive(Debug)]
+#[repr(align(128))]
+pub(crate) struct Desc {
+    /// The layout the block was allocated with from the inner allocator.
+    pub layout: Layout,
+    /// Owning pool index, or [`UNPOOLED`].
+    pub pool: u32,
+    /// Handed out (not in a free list).
+    pub live: AtomicBool,
+    /// Release sequence number while cached; written before the block is
+    /// pushed on a free list and read under that list's lock.
+    pub seq: AtomicU64,
+}
+
+/// An owning pointer to a boxed [`Desc`]; the block table owns it while the
+/// block is held from the inner allocator.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct DescPtr(NonNull<Desc>);
+
+// SAFETY: a `DescPtr` points to a heap `Desc` (plain data plus an atomic)
+// owned by the block table; it is freed only after being removed from the
+// table under its lock, by the one path that owns the block.
+unsafe impl Send for DescPtr {}
+// SAFETY: as above; shared access only reads `layout`/`pool` and uses `live`
+// atomically.
+unsafe impl Sync for DescPtr {}
+
+impl DescPtr {
+    pub fn new(layout: Layout, pool: u32, live: bool) -> DescPtr {
+        DescPtr(NonNull::from(Box::leak(Box::new(Desc {
+            layout,
+            pool,
+            live: AtomicBool::new(live),
+            seq: AtomicU64::new(0),
+        }))))
+    }
+
+    #[inline]
+    pub fn get(&self) -> &Desc {
+        // SAFETY: the descriptor lives until `free`, which only the owner of
+        // the block calls, after removing it from the table and every list.
+        unsafe { self.0.as_ref() }
+    }
+
+    /// Frees the descriptor.
+    ///
+    /// # Safety
+    /// No other copy of this pointer is used afterwards.
+    pub unsafe fn free(self) {
+        // SAFETY: created by `Box::leak` in `new`; the caller owns it.
+        drop(unsafe { Box::from_raw(self.0.as_ptr()) });
+    }
 }
 
 /// A block's start pointer, as returned by the inner allocator.
@@ -71,25 +264,43 @@ impl BlockPtr {
     }
 }
 
-/// A cached block: its pointer, the layout it was allocated with from the
-/// inner allocator, and its release sequence number (for oldest-first).
+/// A cached block: its pointer and its descriptor (which holds its size and
+/// release sequence number).
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct FreeBlock {
     pub ptr: BlockPtr,
-    pub layout: Layout,
-    pub seq: u64,
+    pub desc: DescPtr,
 }
 
-/// Counters a thread updates in its home shard (wrapping; summed on read).
+impl FreeBlock {
+    /// A released block, stamped with the calling thread's next sequence number.
+    #[inline]
+    pub fn released(ptr: NonNull<u8>, desc: DescPtr) -> FreeBlock {
+        desc.get().seq.store(tick(), Relaxed);
+        FreeBlock {
+            ptr: BlockPtr(ptr),
+            desc,
+        }
+    }
+    /// Size in bytes (the inner layout's).
+    #[inline]
+    pub fn size(&self) -> usize {
+        self.desc.get().layout.size()
+    }
+    /// Release sequence number (for oldest-first).
+    #[inline]
+    pub fn seq(&self) -> u64 {
+        self.desc.get().seq.load(Relaxed)
+    }
+}
+
+/// Slow-path counters of a shard (wrapping; summed on read).
 #[derive(Default)]
 pub(crate) struct Counters {
-    pub hits: AtomicU64,
     pub misses: AtomicU64,
     pub bypasses: AtomicU64,
     pub evictions: AtomicU64,
     pub trimmed: AtomicU64,
-    pub live: AtomicU64,
-    pub cached_bytes: AtomicU64,
     pub inner_failures: AtomicU64,
 }
 
@@ -102,12 +313,36 @@ pub(crate) fn sub(a: &AtomicU64, v: u64) {
     a.fetch_sub(v, Relaxed);
 }
 
+/// Entries of a shard's ring of recently handed-out blocks.
+const RECENT: usize = 4;
+
+/// What a shard's mutex protects.
+#[derive(Default)]
+pub(crate) struct ShardState {
+    /// Oldest at the front, most recently freed at the back.
+    pub free: FreeList,
+    /// Blocks this shard handed out recently (address, descriptor; address 0
+    /// = empty): a cache of the block table, so a release on the thread
+    /// that allocated needs no table lookup. An entry may outlive the
+    /// block's stay in this shard (the block may be freed and handed out
+    /// elsewhere); it stays correct because a descriptor belongs to one
+    /// address while the block is held, and `scrub` removes the entries of a
+    /// block before its descriptor is freed.
+    recent: [(usize, Option<DescPtr>); RECENT],
+    next_recent: usize,
+    /// Free-count slots this shard holds (`>= free.len()`).
+    pub slots: u64,
+    /// Hot counters (wrapping; summed over shards on read).
+    pub hits: u64,
+    pub live: u64,
+    pub cached_bytes: u64,
+}
+
 /// One free-list shard, padded to its own cache lines.
 #[repr(align(128))]
 #[derive(Default)]
 pub(crate) struct Shard {
-    /// Oldest at the front, most recently freed at the back.
-    pub free: Mutex<VecDeque<FreeBlock>>,
+    pub state: Mutex<ShardState>,
     pub counters: Counters,
 }
 
@@ -115,10 +350,11 @@ pub(crate) struct Pool {
     pub params: PoolParams,
     pub round_up: RoundUp,
     pub shards: Box<[Shard]>,
+    /// Free-count slots reserved by the shards (at most the pool's
+    /// `max_free_allocation_count`).
+    pub slots: AtomicU64,
     /// Live pooled bytes + cached bytes (the quantity the capacity limits).
     pub committed: AtomicU64,
-    /// Blocks in all free lists (the quantity the free count limits).
-    pub cached_blocks: AtomicU64,
     /// High-water mark of `committed`.
     pub peak: AtomicU64,
 }
@@ -129,8 +365,8 @@ impl Pool {
             params,
             round_up,
             shards: (0..SHARDS).map(|_| Shard::default()).collect(),
+            slots: AtomicU64::new(0),
             committed: AtomicU64::new(0),
-            cached_blocks: AtomicU64::new(0),
             peak: AtomicU64::new(0),
         }
     }
@@ -141,53 +377,175 @@ impl Pool {
         self.round_up.apply(size)
     }
 
-    /// Sum of one counter over all shards.
+    /// Sum of one slow-path counter over all shards.
     pub fn sum(&self, f: impl Fn(&Counters) -> &AtomicU64) -> u64 {
         self.shards.iter().fold(0u64, |acc, s| {
             acc.wrapping_add(f(&s.counters).load(Relaxed))
         })
     }
 
+    /// Sum of one locked quantity over all shards.
+    pub fn sum_locked(&self, f: impl Fn(&ShardState) -> u64) -> u64 {
+        self.shards
+            .iter()
+            .fold(0u64, |acc, s| acc.wrapping_add(f(&lock(&s.state))))
+    }
+
     /// Takes the most recently freed block of exactly `size` bytes whose
-    /// address satisfies `align`, home shard first.
+    /// address satisfies `align`, home shard first, and counts the hit.
     #[inline]
     pub fn take(&self, home: usize, size: usize, align: usize) -> Option<FreeBlock> {
-        if self.cached_blocks.load(Relaxed) == 0 {
-            return None;
+        match self.take_from(home, size, align) {
+            Some(fb) => Some(fb),
+            None => self.take_other(home, size, align),
         }
-        for k in 0..SHARDS {
-            let mut list = lock(&self.shards[(home + k) % SHARDS].free);
-            if let Some(pos) = list
-                .iter()
-                .rposition(|f| f.layout.size() == size && f.ptr.addr() % align == 0)
-            {
-                return list.remove(pos);
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn take_other(&self, home: usize, size: usize, align: usize) -> Option<FreeBlock> {
+        let fb = (1..SHARDS).find_map(|k| self.take_from((home + k) % SHARDS, size, align))?;
+        observe(fb.seq());
+        Some(fb)
+    }
+
+    #[inline]
+    fn take_from(&self, shard: usize, size: usize, align: usize) -> Option<FreeBlock> {
+        let mut st = lock(&self.shards[shard].state);
+        let fits = |f: &FreeBlock| f.size() == size && f.ptr.addr() & (align - 1) == 0;
+        let fb = st.free.remove_last(fits)?;
+        // The shard keeps the slot for the block's release.
+        st.remember(fb.ptr.addr(), fb.desc);
+        st.hits = st.hits.wrapping_add(1);
+        st.live = st.live.wrapping_add(size as u64);
+        st.cached_bytes = st.cached_bytes.wrapping_sub(size as u64);
+        drop(st);
+        fb.desc.get().live.store(true, Relaxed);
+        Some(fb)
+    }
+
+    /// Counts `b` new live bytes (a miss) in shard `home`.
+    pub fn add_live(&self, home: usize, b: u64, addr: usize, desc: DescPtr) {
+        let mut st = lock(&self.shards[home].state);
+        st.remember(addr, desc);
+        st.live = st.live.wrapping_add(b);
+    }
+
+    /// Removes every ring entry of `addr` (before its descriptor is freed).
+    pub fn scrub(&self, addr: usize) {
+        for s in self.shards.iter() {
+            let mut st = lock(&s.state);
+            for e in st.recent.iter_mut() {
+                if e.0 == addr {
+                    *e = (0, None);
+                }
             }
         }
-        None
+    }
+
+    /// The release fast path: if shard `home` handed out the block at
+    /// `addr` recently, marks it not live and caches it when the shard has a
+    /// spare slot. Returns `None` when the block is not in the ring (use the
+    /// table), `Some(Ok(()))` when done (cached, or a double free ignored),
+    /// `Some(Err(block))` when the block needs [`put`](Self::put).
+    #[inline]
+    pub fn release_recent(&self, home: usize, ptr: NonNull<u8>) -> Option<Result<(), FreeBlock>> {
+        let addr = ptr.as_ptr() as usize;
+        let mut st = lock(&self.shards[home].state);
+        // The most recently handed-out block first.
+        let last = st.next_recent.wrapping_sub(1) % RECENT;
+        let i = if st.recent[last].0 == addr {
+            last
+        } else {
+            st.recent.iter().position(|e| e.0 == addr)?
+        };
+        // The entry stays: it remains correct while the block is held.
+        let desc = st.recent[i].1?;
+        // SAFETY (lifetime): the entry was in the ring under its lock, and
+        // `scrub` removes it under the same lock before the descriptor is freed.
+        let d = desc.get();
+        if !d.live.swap(false, Relaxed) {
+            return Some(Ok(()));
+        }
+        let size = d.layout.size();
+        let fb = FreeBlock::released(ptr, desc);
+        if (st.free.len() as u64) < st.slots {
+            st.live = st.live.wrapping_sub(size as u64);
+            st.cached_bytes = st.cached_bytes.wrapping_add(size as u64);
+            st.free.push_back(fb);
+            return Some(Ok(()));
+        }
+        Some(Err(fb))
+    }
+
+    /// Releases a block into shard `home`'s free list if the pool's free
+    /// count allows; returns the block back if it does not.
+    #[inline]
+    pub fn put(&self, home: usize, fb: FreeBlock) -> Result<(), FreeBlock> {
+        let b = fb.size() as u64;
+        let shard = &self.shards[home];
+        {
+            let mut st = lock(&shard.state);
+            st.live = st.live.wrapping_sub(b);
+            if (st.free.len() as u64) < st.slots || self.reserve_slot() {
+                if (st.free.len() as u64) >= st.slots {
+                    st.slots += 1;
+                }
+                st.cached_bytes = st.cached_bytes.wrapping_add(b);
+                st.free.push_back(fb);
+                return Ok(());
+            }
+        }
+        // Every slot is reserved: take a spare one from another shard.
+        for k in 1..SHARDS {
+            let mut other = lock(&self.shards[(home + k) % SHARDS].state);
+            if other.slots > other.free.len() as u64 {
+                other.slots -= 1;
+                drop(other);
+                let mut st = lock(&shard.state);
+                st.slots += 1;
+                st.cached_bytes = st.cached_bytes.wrapping_add(b);
+                st.free.push_back(fb);
+                return Ok(());
+            }
+        }
+        Err(fb)
+    }
+
+    /// Reserves one new slot from the pool's free count.
+    #[inline]
+    fn reserve_slot(&self) -> bool {
+        let max = u64::from(self.params.max_free_allocation_count);
+        self.slots
+            .fetch_update(Relaxed, Relaxed, |c| (c < max).then_some(c + 1))
+            .is_ok()
     }
 
     /// The shard holding this pool's oldest cached block, with its sequence number.
     pub fn oldest(&self) -> Option<(u64, usize)> {
         let mut best: Option<(u64, usize)> = None;
         for (i, s) in self.shards.iter().enumerate() {
-            if let Some(f) = lock(&s.free).front() {
-                if best.is_none_or(|(seq, _)| f.seq < seq) {
-                    best = Some((f.seq, i));
+            if let Some(f) = lock(&s.state).free.front() {
+                if best.is_none_or(|(seq, _)| f.seq() < seq) {
+                    best = Some((f.seq(), i));
                 }
             }
         }
         best
     }
 
-    /// Pops the block with sequence number `seq` if it is still the front of `shard`.
+    /// Pops the block with sequence number `seq` if it is still the front of
+    /// `shard`, giving its slot back to the pool.
     pub fn pop_if_front(&self, shard: usize, seq: u64) -> Option<FreeBlock> {
-        let mut list = lock(&self.shards[shard].free);
-        if list.front().map(|f| f.seq) == Some(seq) {
-            list.pop_front()
-        } else {
-            None
+        let mut st = lock(&self.shards[shard].state);
+        if st.free.front().map(|f| f.seq()) != Some(seq) {
+            return None;
         }
+        let fb = st.free.pop_front()?;
+        st.slots -= 1;
+        st.cached_bytes = st.cached_bytes.wrapping_sub(fb.size() as u64);
+        sub(&self.slots, 1);
+        Some(fb)
     }
 
     /// Pops this pool's oldest cached block.
@@ -201,13 +559,63 @@ impl Pool {
     }
 }
 
-/// What the allocator remembers about a live block.
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct BlockInfo {
-    /// The layout the block was allocated with from the inner allocator.
-    pub layout: Layout,
-    /// Owning pool index, or [`UNPOOLED`].
-    pub pool: u32,
+/// A free list: oldest at the front, most recently freed at the back. The
+/// most recently freed block is kept out of the deque (`top`, newer than
+/// every block in `rest`), so the steady state of one thread (release a
+/// block, take it again) is a store and a load.
+#[derive(Default)]
+pub(crate) struct FreeList {
+    rest: VecDeque<FreeBlock>,
+    top: Option<FreeBlock>,
+}
+
+impl FreeList {
+    #[inline]
+    pub fn len(&self) -> usize {
+        self.rest.len() + usize::from(self.top.is_some())
+    }
+    #[inline]
+    pub fn push_back(&mut self, fb: FreeBlock) {
+        if let Some(t) = self.top.replace(fb) {
+            self.rest.push_back(t);
+        }
+    }
+    pub fn front(&self) -> Option<&FreeBlock> {
+        self.rest.front().or(self.top.as_ref())
+    }
+    pub fn pop_front(&mut self) -> Option<FreeBlock> {
+        self.rest.pop_front().or_else(|| self.top.take())
+    }
+    /// Removes the most recent block matching `f`.
+    #[inline]
+    pub fn remove_last(&mut self, f: impl Fn(&FreeBlock) -> bool) -> Option<FreeBlock> {
+        match &self.top {
+            // The common case: the most recent block fits.
+            Some(t) if f(t) => self.top.take(),
+            _ if self.rest.is_empty() => None,
+            _ => self.remove_last_slow(f),
+        }
+    }
+
+    #[inline(never)]
+    fn remove_last_slow(&mut self, f: impl Fn(&FreeBlock) -> bool) -> Option<FreeBlock> {
+        let pos = self.rest.iter().rposition(f)?;
+        self.rest.remove(pos)
+    }
+}
+
+impl ShardState {
+    #[inline]
+    fn remember(&mut self, addr: usize, desc: DescPtr) {
+        let last = self.next_recent.wrapping_sub(1) % RECENT;
+        if self.recent[last].0 == addr {
+            // Already there (entries stay valid while the block is held).
+            return;
+        }
+        let i = self.next_recent % RECENT;
+        self.recent[i] = (addr, Some(desc));
+        self.next_recent = i + 1;
+    }
 }
 
 const K: u64 = 0x9E37_79B9_7F4A_7C15;
@@ -229,13 +637,14 @@ impl Hasher for AddrHasher {
     }
 }
 
-type Map = HashMap<usize, BlockInfo, BuildHasherDefault<AddrHasher>>;
+type Map = HashMap<usize, DescPtr, BuildHasherDefault<AddrHasher>>;
 
 #[repr(align(128))]
 #[derive(Default)]
 struct TableShard(Mutex<Map>);
 
-/// Live blocks by address, sharded by address.
+/// Every block held from the inner allocator (live or cached), by address,
+/// sharded by address. Owns the descriptors.
 pub(crate) struct BlockTable {
     shards: Box<[TableShard]>,
 }
@@ -251,16 +660,53 @@ impl BlockTable {
         let h = (addr as u64).wrapping_mul(K) >> (64 - TABLE_SHARDS.trailing_zeros());
         &self.shards[h as usize].0
     }
+    /// Records a new live block.
     #[inline]
-    pub fn insert(&self, addr: usize, info: BlockInfo) {
-        lock(self.shard(addr)).insert(addr, info);
+    pub fn insert(&self, addr: usize, layout: Layout, pool: u32) -> DescPtr {
+        let d = DescPtr::new(layout, pool, true);
+        if let Some(old) = lock(self.shard(addr)).insert(addr, d) {
+            // The inner allocator cannot hand out an address we still hold;
+            // keep the table consistent anyway.
+            // SAFETY: removed from the table; nothing else refers to it.
+            unsafe { old.free() };
+        }
+        d
     }
+    /// The descriptor of a live block.
     #[inline]
-    pub fn remove(&self, addr: usize) -> Option<BlockInfo> {
-        lock(self.shard(addr)).remove(&addr)
+    pub fn get_live(&self, addr: usize) -> Option<DescPtr> {
+        let m = lock(self.shard(addr));
+        m.get(&addr).copied().filter(|d| d.get().live.load(Relaxed))
     }
+    /// Marks a live block as no longer live; `None` if the address is not a
+    /// live block (a contract violation the caller ignores).
     #[inline]
-    pub fn get(&self, addr: usize) -> Option<BlockInfo> {
-        lock(self.shard(addr)).get(&addr).copied()
+    pub fn release(&self, addr: usize) -> Option<DescPtr> {
+        let m = lock(self.shard(addr));
+        let d = *m.get(&addr)?;
+        d.get().live.swap(false, Relaxed).then_some(d)
+    }
+    /// Forgets a block (before it goes back to the inner allocator) and frees
+    /// its descriptor; returns the block's inner layout.
+    pub fn forget(&self, addr: usize) -> Option<Layout> {
+        let d = lock(self.shard(addr)).remove(&addr)?;
+        let layout = d.get().layout;
+        // SAFETY: removed from the table under its lock; the caller owns the
+        // block (it is neither live nor in a free list), so no other copy of
+        // the pointer is used again.
+        unsafe { d.free() };
+        Some(layout)
+    }
+}
+
+impl Drop for BlockTable {
+    fn drop(&mut self) {
+        for s in self.shards.iter_mut() {
+            let m = s.0.get_mut();
+            for (_, d) in m.drain() {
+                // SAFETY: the table is being dropped; nothing else uses it.
+                unsafe { d.free() };
+            }
+        }
     }
 }
