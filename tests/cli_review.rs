@@ -54,8 +54,19 @@ fn run(args: &[&str]) -> Out {
 /// Exit status 1, one `ckalloc: error:` line containing `needle`, and with
 /// `--json` a parseable document on stdout.
 fn assert_one_line_error(o: &Out, args: &[&str], needle: &str) {
-    assert_eq!(o.code, Some(1), "ckalloc {args:?}: {} / {}", o.stdout, o.stderr);
-    assert_eq!(o.stderr.lines().count(), 1, "ckalloc {args:?}: {:?}", o.stderr);
+    assert_eq!(
+        o.code,
+        Some(1),
+        "ckalloc {args:?}: {} / {}",
+        o.stdout,
+        o.stderr
+    );
+    assert_eq!(
+        o.stderr.lines().count(),
+        1,
+        "ckalloc {args:?}: {:?}",
+        o.stderr
+    );
     assert!(o.stderr.starts_with("ckalloc: error: "), "{:?}", o.stderr);
     assert!(o.stderr.contains(needle), "{:?} lacks {needle:?}", o.stderr);
     if args.contains(&"--json") {
@@ -98,7 +109,10 @@ fn config_json_that_is_not_a_regular_file_is_an_error_not_a_hang() {
         vec!["demo", &model],
     ] {
         let o = run_with(&args, None, Duration::from_secs(30));
-        assert!(o.code.is_some(), "ckalloc {args:?} hangs on a FIFO config.json");
+        assert!(
+            o.code.is_some(),
+            "ckalloc {args:?} hangs on a FIFO config.json"
+        );
         assert_one_line_error(&o, &args, "config.json");
     }
     // A character device that never ends: refused, not read.
@@ -144,7 +158,15 @@ fn stdout_write_failure_is_an_error() {
         .write(true)
         .open("/dev/full")
         .expect("/dev/full");
-    let args = ["synth", dir.path().join("again").to_str().unwrap().to_string().leak()];
+    let args = [
+        "synth",
+        dir.path()
+            .join("again")
+            .to_str()
+            .unwrap()
+            .to_string()
+            .leak(),
+    ];
     let o = run_with(&args, Some(Stdio::from(full)), Duration::from_secs(30));
     assert_one_line_error(&o, &args, "stdout");
 }
@@ -166,14 +188,24 @@ fn absurd_alignment_padding_is_refused_before_writing() {
         "--json",
     ];
     let o = run_with(&args, None, Duration::from_secs(30));
-    assert!(o.code.is_some(), "pack --align 1GiB is still writing after 30 s");
+    assert!(
+        o.code.is_some(),
+        "pack --align 1GiB is still writing after 30 s"
+    );
     assert_one_line_error(&o, &args, "--align 1073741824");
     let left: Vec<_> = std::fs::read_dir(&out)
         .map(|d| d.map(|e| e.unwrap().file_name()).collect())
         .unwrap_or_default();
     assert!(left.is_empty(), "files left behind: {left:?}");
     // A large but sane alignment still works (2 MiB: huge-page aligned tensors).
-    let args = ["pack", &model, "-o", out.to_str().unwrap(), "--align", "2097152"];
+    let args = [
+        "pack",
+        &model,
+        "-o",
+        out.to_str().unwrap(),
+        "--align",
+        "2097152",
+    ];
     let o = run(&args);
     assert_eq!(o.code, Some(0), "{}", o.stderr);
 }

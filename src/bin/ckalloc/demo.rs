@@ -82,11 +82,14 @@ struct Work {
     arena_bytes: usize,
 }
 
-/// The 2-D F32 weights, in file order: (entry name, rows, cols).
+/// The 2-D F32 weights with at least one element, in file order: (entry
+/// name, rows, cols). Empty matrices are skipped: a shape such as
+/// `[1 << 40, 0]` has no bytes in the file but would need `rows` outputs.
 fn matrices(manifest: &Manifest) -> Vec<(String, usize, usize)> {
     manifest
         .sorted_by_offset()
         .into_iter()
+        .filter(|e| e.size > 0)
         .filter(|e| e.parsed_dtype().is_ok_and(|d| d == Dtype::F32))
         .filter_map(|e| match e.shape.as_deref() {
             Some(&[r, c]) => Some((

@@ -7,6 +7,10 @@ use serde_json::json;
 use std::fs::File;
 use std::path::{Path, PathBuf};
 
+/// The largest `config.json` read next to a model (bytes); real ones are a
+/// few KiB.
+const MAX_CONFIG_BYTES: u64 = 16 << 20;
+
 /// A `model.safetensors` file mapped read-only.
 pub struct Model {
     pub path: PathBuf,
@@ -86,11 +90,39 @@ impl Model {
             .parent()
             .unwrap_or(Path::new("."))
             .join("config.json");
-        match std::fs::read_to_string(&p) {
-            Ok(t) => Ok(Some((p, t))),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        // O_NONBLOCK so that a FIFO without a writer does not block `open`;
+        // then only a regular file of bounded size is read (not a FIFO, a
+        // directory or a device such as /dev/zero that never ends).
+        use std::io::Read as _;
+        use std::os::unix::fs::OpenOptionsExt as _;
+        let file = match std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NONBLOCK)
+            .open(&p)
+        {
+            Ok(f) => f,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
             Err(e) => fail!("{}: {e}", p.display()),
+        };
+        let meta = file
+            .metadata()
+            .map_err(|e| err(format!("{}: {e}", p.display())))?;
+        if !meta.is_file() {
+            fail!("{}: not a regular file", p.display());
         }
+        if meta.len() > MAX_CONFIG_BYTES {
+            fail!(
+                "{}: {} bytes, larger than the {} a config.json may have",
+                p.display(),
+                meta.len(),
+                human_bytes(MAX_CONFIG_BYTES)
+            );
+        }
+        let mut text = String::new();
+        file.take(MAX_CONFIG_BYTES)
+            .read_to_string(&mut text)
+            .map_err(|e| err(format!("{}: {e}", p.display())))?;
+        Ok(Some((p, text)))
     }
 }
 

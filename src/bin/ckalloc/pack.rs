@@ -22,6 +22,10 @@ pub struct PackArgs {
     pub align: u64,
 }
 
+/// Zero padding (bytes) always allowed in a packed file; beyond it, padding
+/// may not exceed the tensors' own bytes.
+const MAX_PADDING_FLOOR: u64 = 256 << 20;
+
 /// The result of packing, for the text and JSON reports (and the demo).
 pub struct Packed {
     pub report: WriteReport,
@@ -86,6 +90,25 @@ pub fn pack(
         tensor_bytes = tensor_bytes
             .checked_add(t.data.len() as u64)
             .ok_or_else(|| err("total tensor size overflows u64"))?;
+    }
+    // Padding is written (and hashed) as zeros: refuse an alignment that would
+    // turn a small model into a huge file (--align 1GiB on 40 tensors: 40 GiB).
+    let plan = w.plan().map_err(|e| err(format!("--align {align}: {e}")))?;
+    let padding = plan.data_end.saturating_sub(tensor_bytes);
+    if padding > tensor_bytes.max(MAX_PADDING_FLOOR) {
+        return Err(err(format!(
+            "--align {align}: {} tensors of {} would take a {} file ({} of zero padding); use a smaller alignment",
+            tensors.len(),
+            human_bytes(tensor_bytes),
+            human_bytes(plan.data_end),
+            human_bytes(padding)
+        )));
+    }
+    if out_dir.exists() && !out_dir.is_dir() {
+        return Err(err(format!(
+            "{}: exists and is not a directory",
+            out_dir.display()
+        )));
     }
     std::fs::create_dir_all(out_dir)
         .map_err(|e| err(format!("{}: cannot create: {e}", out_dir.display())))?;

@@ -129,11 +129,17 @@ pub fn install_panic_hook() {
 }
 
 /// Write one line to stdout. A closed pipe (`ckalloc ... | head`) ends the
-/// process quietly with status 0 instead of panicking like `println!`.
+/// process quietly with status 0 instead of panicking like `println!`; any
+/// other write failure (disk full, closed descriptor) is one error line on
+/// stderr and exit status 1, so a lost report is never a success.
 pub fn out(line: impl fmt::Display) {
     let mut o = std::io::stdout().lock();
-    if writeln!(o, "{line}").is_err() {
-        std::process::exit(0);
+    if let Err(e) = writeln!(o, "{line}").and_then(|()| o.flush()) {
+        if e.kind() == std::io::ErrorKind::BrokenPipe {
+            std::process::exit(0);
+        }
+        eprintln!("ckalloc: error: writing to stdout: {e}");
+        std::process::exit(1);
     }
 }
 
