@@ -158,15 +158,8 @@ fn stdout_write_failure_is_an_error() {
         .write(true)
         .open("/dev/full")
         .expect("/dev/full");
-    let args = [
-        "synth",
-        dir.path()
-            .join("again")
-            .to_str()
-            .unwrap()
-            .to_string()
-            .leak(),
-    ];
+    let out_dir = dir.path().join("again");
+    let args = ["synth", out_dir.to_str().unwrap()];
     let o = run_with(&args, Some(Stdio::from(full)), Duration::from_secs(30));
     assert_one_line_error(&o, &args, "stdout");
 }
