@@ -141,13 +141,7 @@ unsafe impl Allocator for &BumpArena {
     ) -> Result<NonNull<[u8]>, AllocError> {
         // SAFETY: forwarded contract.
         let p = unsafe { self.grow(ptr, old, new)? };
-        // SAFETY: the block holds `new.size() >= old.size()` bytes.
-        unsafe {
-            p.as_ptr()
-                .cast::<u8>()
-                .add(old.size())
-                .write_bytes(0, new.size() - old.size())
-        };
+        zero_tail(p, old.size(), new.size());
         Ok(p)
     }
 
@@ -373,13 +367,7 @@ unsafe impl Allocator for &LocalArena<'_> {
     ) -> Result<NonNull<[u8]>, AllocError> {
         // SAFETY: forwarded contract.
         let p = unsafe { self.grow(ptr, old, new)? };
-        // SAFETY: the block holds `new.size() >= old.size()` bytes.
-        unsafe {
-            p.as_ptr()
-                .cast::<u8>()
-                .add(old.size())
-                .write_bytes(0, new.size() - old.size())
-        };
+        zero_tail(p, old.size(), new.size());
         Ok(p)
     }
 
@@ -402,4 +390,11 @@ unsafe impl Allocator for &LocalArena<'_> {
                 .move_block(ptr, new.size(), new, |l| self.alloc_fast(l))
         }
     }
+}
+
+/// Zero bytes `from..to` of a block that grew (bump memory may hold bytes of
+/// blocks freed by a rewind or a last-block free).
+fn zero_tail(p: NonNull<[u8]>, from: usize, to: usize) {
+    // SAFETY: the block holds at least `to >= from` bytes.
+    unsafe { p.as_ptr().cast::<u8>().add(from).write_bytes(0, to - from) };
 }
