@@ -14,17 +14,7 @@ _Static_assert(sizeof(ck_bump_alloc_t) == 56, "ck_bump_alloc_t is 56 bytes on 64
 _Static_assert(offsetof(ck_bump_alloc_t, mode) == 48, "mode at offset 48");
 _Static_assert(offsetof(ck_bump_alloc_t, weights_file_size) == 40, "weights_file_size at 40");
 
-static int failures = 0;
-#define CHECK(cond)                                                          \
-    do {                                                                     \
-        if (!(cond)) {                                                       \
-            fprintf(stderr, "%s:%d: CHECK failed: %s (last error: %s)\n",   \
-                    __FILE__, __LINE__, #cond, ck_last_error());             \
-            failures++;                                                      \
-        }                                                                    \
-    } while (0)
-
-#define MIB ((size_t)1 << 20)
+#include "check.h"
 
 static uint8_t *read_file(const char *path, size_t *len) {
     FILE *f = fopen(path, "rb");

@@ -19,17 +19,7 @@ _Static_assert(CK_BUMP_MODE_UNINITIALIZED == 0 && CK_BUMP_MODE_ANON == 1 &&
 #include <stdlib.h>
 #include <string.h>
 
-static int failures = 0;
-#define CHECK(cond)                                                          \
-    do {                                                                     \
-        if (!(cond)) {                                                       \
-            fprintf(stderr, "%s:%d: CHECK failed: %s (last error: %s)\n",   \
-                    __FILE__, __LINE__, #cond, ck_last_error());             \
-            failures++;                                                      \
-        }                                                                    \
-    } while (0)
-
-#define MIB ((size_t)1 << 20)
+#include "check.h"
 
 int main(void) {
     size_t sizes[] = {1, 4096, 2 * MIB, 3 * MIB + 5, 64 * MIB};
