@@ -48,6 +48,14 @@ fn arena() -> &'static BumpArena {
     Box::leak(Box::new(BumpArena::builder(64 << 20).build().unwrap()))
 }
 
+/// An arena whose thread chunk is set up: the first allocation through
+/// `&BumpArena` takes this thread's chunk from the shared pointer.
+fn shared() -> &'static BumpArena {
+    let a = arena();
+    black_box(a.allocate(L64).unwrap());
+    a
+}
+
 fn local() -> &'static LocalArena<'static> {
     let l = Box::leak(Box::new(arena().local()));
     // The first allocation takes a chunk from the shared pointer.
@@ -157,17 +165,17 @@ fn local_grow() -> Block {
 
 #[library_benchmark(config = only("op_shared_known"))]
 fn shared_known() -> Block {
-    let a = arena();
+    let a = shared();
     black_box(op_shared_known(black_box(&a)))
 }
 #[library_benchmark(config = only("op_shared_hidden"))]
 fn shared_hidden() -> Block {
-    let a = arena();
+    let a = shared();
     black_box(op_shared_hidden(black_box(&a), black_box(L64)))
 }
 #[library_benchmark(config = only("op_shared_grow"))]
 fn shared_grow() -> Block {
-    let a = arena();
+    let a = shared();
     let p = a.allocate(L64).unwrap();
     // SAFETY: `p` was just allocated with L64.
     black_box(unsafe { op_shared_grow(black_box(&a), p.cast(), black_box(L64), black_box(L128)) })

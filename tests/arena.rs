@@ -1026,3 +1026,128 @@ fn mixed_mode_rejects_runtime_offsets_that_differ() {
     let a = b().policy(ModePolicy::AnonOnly).build().unwrap();
     assert_eq!(a.mode(), ArenaMode::Anon);
 }
+
+// ---- per-thread chunks behind `&BumpArena` ---------------------------------
+
+fn offset(arena: &BumpArena, p: std::ptr::NonNull<[u8]>) -> usize {
+    arena.offset_of(p.as_ptr().cast::<u8>()).unwrap() - arena.activations_base()
+}
+
+const L64: Layout = match Layout::from_size_align(64, 8) {
+    Ok(l) => l,
+    Err(_) => panic!(),
+};
+
+/// One thread packs its blocks exactly across chunk refills (its chunk grows
+/// in place), and sees exact `used()` / high-water mark figures.
+#[test]
+fn one_thread_packs_exactly_across_chunks() {
+    let _serial = serial();
+    let arena = BumpArena::builder(4 * MIB)
+        .activations_base(PAGE)
+        .build()
+        .unwrap();
+    let n = 2000; // 125 KiB: several refills of the 16 KiB-and-doubling chunk
+    let mut last = None;
+    for i in 0..n {
+        let p = (&arena).allocate(L64).unwrap();
+        assert_eq!(offset(&arena, p), i * 64, "block {i}");
+        last = Some(p);
+    }
+    assert_eq!(arena.used(), n * 64);
+    assert_eq!(arena.remaining(), 4 * MIB - PAGE - n * 64);
+    // SAFETY: the most recent block, allocated with L64.
+    unsafe { (&arena).deallocate(last.unwrap().cast(), L64) };
+    assert_eq!(arena.used(), (n - 1) * 64, "the last block was given back");
+    assert_eq!(arena.high_water_mark(), n * 64, "the peak stays");
+    let again = (&arena).allocate(L64).unwrap();
+    assert_eq!(offset(&arena, again), (n - 1) * 64, "its space is reused");
+}
+
+/// Each thread bumps in a chunk of its own: a second thread's first block
+/// starts after the first thread's whole chunk, and the first thread keeps
+/// bumping in its chunk afterwards.
+#[test]
+fn threads_get_chunks_of_their_own() {
+    let _serial = serial();
+    let arena = BumpArena::builder(4 * MIB).build().unwrap();
+    let a = (&arena).allocate(L64).unwrap();
+    assert_eq!(offset(&arena, a), 0);
+    let b = std::thread::scope(|s| {
+        s.spawn(|| offset(&arena, (&arena).allocate(L64).unwrap()))
+            .join()
+            .unwrap()
+    });
+    assert_eq!(b, 16 * KIB, "the other thread starts after this thread's 16 KiB chunk");
+    let c = (&arena).allocate(L64).unwrap();
+    assert_eq!(offset(&arena, c), 64, "this thread goes on in its own chunk");
+    // Seen from here, the other thread's chunk counts as used.
+    assert_eq!(arena.used(), 32 * KIB);
+}
+
+/// `thread_chunks(false)`: every allocation moves the shared pointer, so
+/// blocks of different threads are packed exactly.
+#[test]
+fn thread_chunks_off_packs_all_threads_exactly() {
+    let _serial = serial();
+    let arena = BumpArena::builder(4 * MIB)
+        .thread_chunks(false)
+        .build()
+        .unwrap();
+    assert_eq!(offset(&arena, (&arena).allocate(L64).unwrap()), 0);
+    let b = std::thread::scope(|s| {
+        s.spawn(|| offset(&arena, (&arena).allocate(L64).unwrap()))
+            .join()
+            .unwrap()
+    });
+    assert_eq!(b, 64);
+    assert_eq!(offset(&arena, (&arena).allocate(L64).unwrap()), 128);
+    assert_eq!(arena.used(), 192);
+}
+
+/// A reset retires every thread's chunk: a chunk taken before the reset is
+/// never bumped again, even where another thread now owns its range.
+#[test]
+fn reset_retires_every_threads_chunk() {
+    let _serial = serial();
+    let mut arena = BumpArena::builder(4 * MIB).build().unwrap();
+    assert_eq!(offset(&arena, (&arena).allocate(L64).unwrap()), 0);
+    arena.reset();
+    // Another thread now takes [0, 16 KiB) as its chunk.
+    let other = std::thread::scope(|s| {
+        s.spawn(|| {
+            let p = (&arena).allocate(L64).unwrap();
+            // SAFETY: a fresh 64-byte block.
+            unsafe { p.cast::<u8>().as_ptr().write_bytes(0xAB, 64) };
+            p.cast::<u8>().as_ptr() as usize
+        })
+        .join()
+        .unwrap()
+    });
+    assert_eq!(other - arena.as_ptr() as usize, 0);
+    // This thread's old chunk ([0, 16 KiB), cursor at 64) must not be used.
+    let mine = (&arena).allocate(L64).unwrap();
+    assert_eq!(offset(&arena, mine), 16 * KIB);
+    // SAFETY: both blocks are live; the other one is 64 bytes.
+    let theirs = unsafe { std::slice::from_raw_parts(other as *const u8, 64) };
+    assert!(theirs.iter().all(|&b| b == 0xAB));
+
+    // Rewinding retires chunks the same way.
+    let cp = arena.checkpoint();
+    let before = offset(&arena, (&arena).allocate(L64).unwrap());
+    arena.rewind_to(cp).unwrap();
+    assert_eq!(offset(&arena, (&arena).allocate(L64).unwrap()), before);
+}
+
+/// Two arenas used alternately by one thread each keep their own chunk.
+#[test]
+fn alternating_arenas_keep_their_chunks() {
+    let _serial = serial();
+    let a = BumpArena::builder(4 * MIB).build().unwrap();
+    let b = BumpArena::builder(4 * MIB).build().unwrap();
+    for i in 0..1000 {
+        assert_eq!(offset(&a, (&a).allocate(L64).unwrap()), i * 64);
+        assert_eq!(offset(&b, (&b).allocate(L64).unwrap()), i * 64);
+    }
+    assert_eq!((a.used(), b.used()), (64_000, 64_000));
+}

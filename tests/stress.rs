@@ -240,7 +240,19 @@ fn bump_arena_mixed_ops_many_threads() {
     // Four rounds with a reset in between bound the memory touched.
     let rounds = 4;
     let total = if cfg!(miri) { 8 * MIB } else { 512 * MIB };
-    let mut arena = BumpArena::new(None, total, 0, 4096).unwrap();
+    // Per-thread chunks behind `&BumpArena` (the default), then one shared
+    // compare-and-swap per allocation.
+    for thread_chunks in [true, false] {
+        bump_arena_rounds(ops, rounds, total, thread_chunks);
+    }
+}
+
+fn bump_arena_rounds(ops: usize, rounds: usize, total: usize, thread_chunks: bool) {
+    let mut arena = BumpArena::builder(total)
+        .activations_base(4096)
+        .thread_chunks(thread_chunks)
+        .build()
+        .unwrap();
     let lo = arena.as_ptr() as usize + 4096;
     let hi = arena.as_ptr() as usize + total;
     let mut hwm = 0;
@@ -279,7 +291,7 @@ fn bump_arena_mixed_ops_many_threads() {
             assert!(arena.high_water_mark() >= hwm, "the high-water mark fell");
             hwm = arena.high_water_mark();
             eprintln!(
-                "arena, {threads} threads: {} live blocks ({live_bytes} bytes), used {used}, high-water mark {hwm}",
+                "arena (thread chunks {thread_chunks}), {threads} threads: {} live blocks ({live_bytes} bytes), used {used}, high-water mark {hwm}",
                 blocks.len()
             );
             drop(blocks);

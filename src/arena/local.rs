@@ -1,167 +1,16 @@
-//! Bump allocation in the runtime region: `Allocator for &BumpArena` (shared,
-//! lock-free) and [`LocalArena`] (one thread, no atomics).
-//!
-//! Both bump **upward**, so the most recent allocation can grow in place,
-//! and `end` addresses compare directly against a limit. The arithmetic never
-//! overflows: every cursor and limit is at most `base + total_size <=
-//! isize::MAX` (checked when the arena is mapped), and a [`Layout`] has
-//! `size + align - 1 <= isize::MAX`, so every sum stays below `usize::MAX`.
+//! [`LocalArena`]: a single-thread handle that bumps inside chunks taken
+//! from the shared bump pointer, without atomics.
 
+use super::chunk::{block, zero_tail, Chunk, ChunkSizes};
 use super::BumpArena;
 use allocator_api2::alloc::{AllocError, Allocator, Layout};
-use std::cell::Cell;
 use std::ptr::NonNull;
-use std::sync::atomic::Ordering::Relaxed;
 
-/// First chunk a [`LocalArena`] takes from the shared pointer, in bytes.
-const FIRST_CHUNK: usize = 16 << 10;
-/// Chunks double up to this size, in bytes.
-const MAX_CHUNK: usize = 2 << 20;
-
-/// Align `cur` up to `layout.align()` and add `layout.size()`: the block
-/// `(start, end)` when `end <= limit`.
-#[inline(always)]
-fn bump(cur: usize, limit: usize, layout: Layout) -> Option<(usize, usize)> {
-    let align = layout.align();
-    // No overflow: see the module docs.
-    let start = cur.wrapping_add(align - 1) & align.wrapping_neg();
-    let end = start.wrapping_add(layout.size());
-    if end <= limit {
-        Some((start, end))
-    } else {
-        None
-    }
-}
-
-/// A pointer to `addr` with the provenance of the arena's base pointer.
-#[inline(always)]
-fn at(base: NonNull<u8>, addr: usize) -> NonNull<u8> {
-    // SAFETY: `addr` lies inside (or one past the end of) the arena's
-    // mapping, which starts at a non-null address.
-    unsafe { NonNull::new_unchecked(base.as_ptr().with_addr(addr)) }
-}
-
-#[inline(always)]
-fn block(base: NonNull<u8>, addr: usize, size: usize) -> NonNull<[u8]> {
-    NonNull::slice_from_raw_parts(at(base, addr), size)
-}
-
-impl BumpArena {
-    #[inline]
-    fn alloc_shared(&self, layout: Layout) -> Result<NonNull<[u8]>, AllocError> {
-        let mut cur = self.cursor.load(Relaxed);
-        loop {
-            let (start, end) = bump(cur, self.end, layout).ok_or(AllocError)?;
-            // Relaxed suffices: disjointness follows from the single total
-            // order of read-modify-writes on `cursor`; handing data between
-            // threads is the caller's synchronisation.
-            match self
-                .cursor
-                .compare_exchange_weak(cur, end, Relaxed, Relaxed)
-            {
-                Ok(_) => return Ok(block(self.storage.base, start, layout.size())),
-                Err(now) => cur = now,
-            }
-        }
-    }
-
-    /// Move the bump pointer from `from` to `to` if it is still at `from`.
-    fn cas_cursor(&self, from: usize, to: usize) -> bool {
-        let ok = self
-            .cursor
-            .compare_exchange(from, to, Relaxed, Relaxed)
-            .is_ok();
-        if ok && to < from {
-            self.hwm.fetch_max(from, Relaxed);
-        }
-        ok
-    }
-
-    /// Allocate `new`, copy `copy` bytes from `ptr` (which stays allocated).
-    ///
-    /// # Safety
-    /// `ptr` is valid for `copy` reads.
-    unsafe fn move_block(
-        &self,
-        ptr: NonNull<u8>,
-        copy: usize,
-        new: Layout,
-        alloc: impl FnOnce(Layout) -> Result<NonNull<[u8]>, AllocError>,
-    ) -> Result<NonNull<[u8]>, AllocError> {
-        let p = alloc(new)?;
-        // SAFETY: the new block is fresh (disjoint from `ptr`) and at least
-        // `copy` bytes long; `ptr` is readable for `copy` bytes.
-        unsafe { std::ptr::copy_nonoverlapping(ptr.as_ptr(), p.as_ptr().cast::<u8>(), copy) };
-        Ok(p)
-    }
-}
-
-// SAFETY: blocks are disjoint ranges of the runtime region handed out by a
-// compare-and-swap on the bump pointer; they stay valid until the arena is
-// reset, rewound or dropped, each of which needs `&mut BumpArena` (or
-// ownership), so no `&BumpArena` (and no block borrowed from it) is alive.
-// A block is never handed out twice while allocated: the pointer only moves
-// back over the most recent block, when that block is freed or shrunk.
-unsafe impl Allocator for &BumpArena {
-    #[inline]
-    fn allocate(&self, layout: Layout) -> Result<NonNull<[u8]>, AllocError> {
-        self.alloc_shared(layout)
-    }
-
-    #[inline]
-    unsafe fn deallocate(&self, ptr: NonNull<u8>, layout: Layout) {
-        let a = ptr.as_ptr() as usize;
-        // Only the most recent block can be given back; others stay until
-        // reset, as in any bump allocator.
-        self.cas_cursor(a + layout.size(), a);
-    }
-
-    unsafe fn grow(
-        &self,
-        ptr: NonNull<u8>,
-        old: Layout,
-        new: Layout,
-    ) -> Result<NonNull<[u8]>, AllocError> {
-        let a = ptr.as_ptr() as usize;
-        if a & (new.align() - 1) == 0 {
-            let new_end = a + new.size();
-            if new_end <= self.end && self.cas_cursor(a + old.size(), new_end) {
-                return Ok(block(self.storage.base, a, new.size()));
-            }
-        }
-        // SAFETY: the caller guarantees `ptr` holds `old.size()` bytes.
-        unsafe { self.move_block(ptr, old.size(), new, |l| self.alloc_shared(l)) }
-    }
-
-    unsafe fn grow_zeroed(
-        &self,
-        ptr: NonNull<u8>,
-        old: Layout,
-        new: Layout,
-    ) -> Result<NonNull<[u8]>, AllocError> {
-        // SAFETY: forwarded contract.
-        let p = unsafe { self.grow(ptr, old, new)? };
-        zero_tail(p, old.size(), new.size());
-        Ok(p)
-    }
-
-    unsafe fn shrink(
-        &self,
-        ptr: NonNull<u8>,
-        old: Layout,
-        new: Layout,
-    ) -> Result<NonNull<[u8]>, AllocError> {
-        let a = ptr.as_ptr() as usize;
-        if a & (new.align() - 1) == 0 {
-            // Give the tail back when this is the most recent block; keep it
-            // otherwise (it is freed on reset).
-            self.cas_cursor(a + old.size(), a + new.size());
-            return Ok(block(self.storage.base, a, new.size()));
-        }
-        // SAFETY: the caller guarantees `ptr` holds `old.size() >= new.size()` bytes.
-        unsafe { self.move_block(ptr, new.size(), new, |l| self.alloc_shared(l)) }
-    }
-}
+/// Chunk sizes of a [`LocalArena`], in bytes: 16 KiB doubling to 2 MiB.
+const LOCAL_SIZES: ChunkSizes = ChunkSizes {
+    first: 16 << 10,
+    max: 2 << 20,
+};
 
 /// A single-thread handle on a [`BumpArena`] (from [`BumpArena::local`]):
 /// takes chunks (16 KiB doubling to 2 MiB) from the shared bump pointer and
@@ -184,13 +33,8 @@ unsafe impl Allocator for &BumpArena {
 /// assert_eq!(arena.offset_of(b.as_ptr()), Some(0));
 /// ```
 pub struct LocalArena<'a> {
-    /// Next free address in the current chunk.
-    cur: Cell<usize>,
-    /// End of the current chunk.
-    limit: Cell<usize>,
+    chunk: Chunk,
     base: NonNull<u8>,
-    chunk_start: Cell<usize>,
-    next_chunk: Cell<usize>,
     arena: &'a BumpArena,
 }
 
@@ -202,13 +46,10 @@ unsafe impl Send for LocalArena<'_> {}
 impl<'a> LocalArena<'a> {
     pub(super) fn new(arena: &'a BumpArena) -> Self {
         // Start with an empty chunk at the arena's end: the first allocation
-        // takes the slow path.
+        // takes the refill path.
         LocalArena {
-            cur: Cell::new(arena.end),
-            limit: Cell::new(arena.end),
+            chunk: Chunk::empty(arena.end, LOCAL_SIZES.first),
             base: arena.storage.base,
-            chunk_start: Cell::new(arena.end),
-            next_chunk: Cell::new(FIRST_CHUNK),
             arena,
         }
     }
@@ -221,93 +62,29 @@ impl<'a> LocalArena<'a> {
     /// Bytes left in the current chunk (allocations up to this size need no
     /// atomic operation).
     pub fn chunk_remaining(&self) -> usize {
-        self.limit.get() - self.cur.get()
+        self.chunk.remaining()
     }
 
     #[inline(always)]
     fn alloc_fast(&self, layout: Layout) -> Result<NonNull<[u8]>, AllocError> {
-        match bump(self.cur.get(), self.limit.get(), layout) {
-            Some((start, end)) => {
-                self.cur.set(end);
-                Ok(block(self.base, start, layout.size()))
-            }
+        match self.chunk.try_bump(self.base, layout) {
+            Some(b) => Ok(b),
             None => self.alloc_slow(layout),
         }
     }
 
-    /// Refill from the shared pointer, then allocate.
+    /// Refill, then allocate. Takes the same arguments as the fast path so
+    /// the fast path reaches it with a plain jump.
     #[cold]
     #[inline(never)]
     fn alloc_slow(&self, layout: Layout) -> Result<NonNull<[u8]>, AllocError> {
-        let arena = self.arena;
-        let pref = self.next_chunk.get();
-        let mut shared = arena.cursor.load(Relaxed);
-        loop {
-            // Extend the current chunk when nothing was allocated after it;
-            // else start a new chunk at the shared pointer.
-            let extend = shared == self.limit.get();
-            let from = if extend { self.cur.get() } else { shared };
-            let (start, end) = bump(from, arena.end, layout).ok_or(AllocError)?;
-            // Take `pref` bytes when the arena has them, else only what this
-            // allocation needs (leave the rest to other users).
-            let want = shared.saturating_add(pref).max(end);
-            let chunk_end = if want <= arena.end { want } else { end };
-            match arena
-                .cursor
-                .compare_exchange_weak(shared, chunk_end, Relaxed, Relaxed)
-            {
-                Ok(_) => {
-                    if !extend {
-                        self.chunk_start.set(shared);
-                    }
-                    self.cur.set(end);
-                    self.limit.set(chunk_end);
-                    self.next_chunk.set((pref * 2).min(MAX_CHUNK));
-                    return Ok(block(self.base, start, layout.size()));
-                }
-                Err(now) => shared = now,
-            }
-        }
-    }
-
-    /// Whether `a..a+size` is the most recent block of the current chunk.
-    fn is_last(&self, a: usize, size: usize) -> bool {
-        a >= self.chunk_start.get() && a + size == self.cur.get()
-    }
-
-    /// Make the current chunk reach `new_end` by taking more from the shared
-    /// pointer, when nothing was allocated after the chunk.
-    fn extend_to(&self, new_end: usize) -> bool {
-        let arena = self.arena;
-        let limit = self.limit.get();
-        if new_end <= limit {
-            return true;
-        }
-        if new_end > arena.end {
-            return false;
-        }
-        let want = limit.saturating_add(self.next_chunk.get()).max(new_end);
-        let chunk_end = if want <= arena.end { want } else { new_end };
-        if arena
-            .cursor
-            .compare_exchange(limit, chunk_end, Relaxed, Relaxed)
-            .is_ok()
-        {
-            self.limit.set(chunk_end);
-            true
-        } else {
-            false
-        }
+        self.chunk.refill(self.arena, layout, LOCAL_SIZES)
     }
 }
 
 impl Drop for LocalArena<'_> {
     fn drop(&mut self) {
-        let (cur, limit) = (self.cur.get(), self.limit.get());
-        if cur < limit {
-            // Give back the unused tail when nothing was allocated after it.
-            self.arena.cas_cursor(limit, cur);
-        }
+        self.chunk.give_back(self.arena);
     }
 }
 
@@ -333,8 +110,8 @@ unsafe impl Allocator for &LocalArena<'_> {
     #[inline]
     unsafe fn deallocate(&self, ptr: NonNull<u8>, layout: Layout) {
         let a = ptr.as_ptr() as usize;
-        if self.is_last(a, layout.size()) {
-            self.cur.set(a);
+        if self.chunk.is_last(a, layout.size()) {
+            self.chunk.set_cur(a);
         }
     }
 
@@ -345,12 +122,9 @@ unsafe impl Allocator for &LocalArena<'_> {
         new: Layout,
     ) -> Result<NonNull<[u8]>, AllocError> {
         let a = ptr.as_ptr() as usize;
-        if a & (new.align() - 1) == 0 && self.is_last(a, old.size()) {
-            let new_end = a + new.size();
-            if self.extend_to(new_end) {
-                self.cur.set(new_end);
-                return Ok(block(self.base, a, new.size()));
-            }
+        if a & (new.align() - 1) == 0 && self.chunk.grow_last(self.arena, a, old.size(), new.size())
+        {
+            return Ok(block(self.base, a, new.size()));
         }
         // SAFETY: the caller guarantees `ptr` holds `old.size()` bytes.
         unsafe {
@@ -379,8 +153,8 @@ unsafe impl Allocator for &LocalArena<'_> {
     ) -> Result<NonNull<[u8]>, AllocError> {
         let a = ptr.as_ptr() as usize;
         if a & (new.align() - 1) == 0 {
-            if self.is_last(a, old.size()) {
-                self.cur.set(a + new.size());
+            if self.chunk.is_last(a, old.size()) {
+                self.chunk.set_cur(a + new.size());
             }
             return Ok(block(self.base, a, new.size()));
         }
@@ -390,11 +164,4 @@ unsafe impl Allocator for &LocalArena<'_> {
                 .move_block(ptr, new.size(), new, |l| self.alloc_fast(l))
         }
     }
-}
-
-/// Zero bytes `from..to` of a block that grew (bump memory may hold bytes of
-/// blocks freed by a rewind or a last-block free).
-fn zero_tail(p: NonNull<[u8]>, from: usize, to: usize) {
-    // SAFETY: the block holds at least `to >= from` bytes.
-    unsafe { p.as_ptr().cast::<u8>().add(from).write_bytes(0, to - from) };
 }

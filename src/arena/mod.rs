@@ -1,10 +1,12 @@
 //! [`BumpArena`]: one contiguous range for a model's weights and its runtime
 //! buffers; the type's documentation describes the layout and modes.
 
+mod chunk;
 mod error;
 mod local;
 mod map;
 mod materialize;
+mod shared;
 
 pub use error::{ArenaError, FallbackReason};
 pub use local::LocalArena;
@@ -97,11 +99,20 @@ pub struct ArenaBuilder {
     huge: HugeOptions,
     release_on_reset: bool,
     dont_dump: bool,
+    thread_chunks: bool,
     #[cfg(feature = "weights")]
     manifest: Option<crate::weights::Manifest>,
 }
 
 static NEXT_ARENA_ID: AtomicU64 = AtomicU64::new(1);
+
+/// Tokens tag per-thread chunks with an arena epoch (see `shared`); 0 marks
+/// an empty slot.
+static NEXT_TOKEN: AtomicU64 = AtomicU64::new(1);
+
+fn new_token() -> u64 {
+    NEXT_TOKEN.fetch_add(1, Ordering::Relaxed)
+}
 
 impl ArenaBuilder {
     /// The weights file whose bytes `[weights_base, activations_base)` the
@@ -152,6 +163,24 @@ impl ArenaBuilder {
     /// pages covering it). Default `false`.
     pub fn dont_dump(mut self, yes: bool) -> Self {
         self.dont_dump = yes;
+        self
+    }
+
+    /// Give each thread that allocates through `&BumpArena` its own chunk
+    /// of the runtime region (16 KiB doubling to 256 KiB, taken from the
+    /// shared bump pointer), so an allocation is a thread-local bump with no
+    /// atomic operation. Default `true`.
+    ///
+    /// The price: while several threads allocate, each holds the unused
+    /// tail of its chunk (at most 256 KiB per thread, until
+    /// [`BumpArena::reset`] or [`BumpArena::rewind_to`]), so a nearly full
+    /// arena can refuse a request that a single shared pointer would have
+    /// served, and [`BumpArena::used`] counts those tails. A single thread
+    /// wastes nothing: its chunk grows in place and it sees exact figures.
+    /// With `false` every allocation moves the shared pointer with one
+    /// compare-and-swap and blocks of all threads are packed exactly.
+    pub fn thread_chunks(mut self, yes: bool) -> Self {
+        self.thread_chunks = yes;
         self
     }
 
@@ -227,11 +256,18 @@ impl ArenaBuilder {
             }
         };
 
+        let id = NEXT_ARENA_ID.fetch_add(1, Ordering::Relaxed);
         let arena = BumpArena {
             cursor: AtomicUsize::new(storage.base.as_ptr() as usize + ab),
             end: storage.base.as_ptr() as usize + total,
             hwm: AtomicUsize::new(storage.base.as_ptr() as usize + ab),
-            id: NEXT_ARENA_ID.fetch_add(1, Ordering::Relaxed),
+            id,
+            token: if self.thread_chunks {
+                new_token()
+            } else {
+                shared::NO_THREAD_CHUNKS
+            },
+            slot: id as usize % shared::SLOTS,
             storage,
             total_size: total,
             weights_base: wb,
@@ -390,11 +426,14 @@ fn open_weights(path: &Path, plan: &Plan) -> Result<WeightsSource, ArenaError> {
 ///
 /// # Allocation
 ///
-/// `&BumpArena` is an [`Allocator`](allocator_api2::alloc::Allocator): a
-/// lock-free bump pointer (one compare-and-swap per allocation) that any
-/// number of threads may share. [`BumpArena::local`] gives a `!Sync`
-/// [`LocalArena`] handle that takes chunks from the shared pointer and bumps
-/// inside them without atomics, for one thread's hot loop. Both bump upward
+/// `&BumpArena` is an [`Allocator`](allocator_api2::alloc::Allocator) that
+/// any number of threads may share: each thread bumps inside its own chunk
+/// of the runtime region (a thread-local bump pointer, no atomic operation)
+/// and takes the next chunk from the shared bump pointer with one
+/// compare-and-swap ([`ArenaBuilder::thread_chunks`]; with it off, every
+/// allocation is one compare-and-swap on the shared pointer).
+/// [`BumpArena::local`] gives a `!Sync` [`LocalArena`] handle that does the
+/// same without the thread-local lookup, for one thread's hot loop. Both bump upward
 /// in the runtime region; the most recent allocation can be freed, grown and
 /// shrunk in place. [`BumpArena::reset`], [`BumpArena::checkpoint`] /
 /// [`BumpArena::rewind_to`] take `&mut self`, which proves that nothing
@@ -437,6 +476,11 @@ pub struct BumpArena {
     /// Highest address the cursor reached since the last release.
     hwm: AtomicUsize,
     id: u64,
+    /// Tag of this arena epoch's per-thread chunks, renewed by every `&mut`
+    /// cursor move; `shared::NO_THREAD_CHUNKS` when they are disabled.
+    token: u64,
+    /// Index of this arena's entry in each thread's chunk table.
+    slot: usize,
     storage: Storage,
     total_size: usize,
     weights_base: usize,
@@ -488,6 +532,7 @@ impl BumpArena {
             huge: HugeOptions::new(),
             release_on_reset: false,
             dont_dump: false,
+            thread_chunks: true,
             #[cfg(feature = "weights")]
             manifest: None,
         }
@@ -665,24 +710,23 @@ impl BumpArena {
         self.as_ptr() as usize + self.activations_base
     }
 
-    /// Runtime bytes handed out (including alignment padding and chunks held
-    /// by [`LocalArena`] handles).
+    /// Runtime bytes handed out, including alignment padding, chunks held by
+    /// [`LocalArena`] handles and the unused tails of other threads' chunks
+    /// (see [`ArenaBuilder::thread_chunks`]). Exact when one thread
+    /// allocates. Bytes of the runtime region, from `activations_base`.
     pub fn used(&self) -> usize {
-        self.cursor.load(Ordering::Relaxed) - self.runtime_start()
+        self.exact_cursor() - self.runtime_start()
     }
 
-    /// Runtime bytes still free.
+    /// Runtime bytes still free (`runtime size - used()`).
     pub fn remaining(&self) -> usize {
-        self.end - self.cursor.load(Ordering::Relaxed)
+        self.end - self.exact_cursor()
     }
 
     /// The most runtime bytes ever in use at once (since build; a reset or
-    /// rewind does not lower it).
+    /// rewind does not lower it), counted as [`used`](Self::used) counts.
     pub fn high_water_mark(&self) -> usize {
-        let top = self
-            .hwm
-            .load(Ordering::Relaxed)
-            .max(self.cursor.load(Ordering::Relaxed));
+        let top = self.hwm.load(Ordering::Relaxed).max(self.exact_cursor());
         top - self.runtime_start()
     }
 
@@ -743,10 +787,14 @@ impl BumpArena {
     }
 
     fn set_cursor(&mut self, new: usize) {
-        let old = *self.cursor.get_mut();
+        let old = self.exact_cursor();
         let hwm = self.hwm.get_mut();
         *hwm = (*hwm).max(old);
         *self.cursor.get_mut() = new;
+        // Every thread's chunk belongs to the old epoch now.
+        if self.token != shared::NO_THREAD_CHUNKS {
+            self.token = new_token();
+        }
         if self.release_on_reset {
             self.release_above(new);
         }
@@ -779,15 +827,23 @@ impl BumpArena {
     }
 
     #[cfg(test)]
+    pub(crate) fn slot_for_tests(&self) -> usize {
+        self.slot
+    }
+
+    #[cfg(test)]
     pub(crate) fn heap_for_tests(total: usize, activations_base: usize) -> BumpArena {
         let plan = Plan::new(total, 0, activations_base).unwrap();
         let storage = map::heap(&plan);
         let base = storage.base.as_ptr() as usize;
+        let id = NEXT_ARENA_ID.fetch_add(1, Ordering::Relaxed);
         BumpArena {
             cursor: AtomicUsize::new(base + activations_base),
             end: base + total,
             hwm: AtomicUsize::new(base + activations_base),
-            id: NEXT_ARENA_ID.fetch_add(1, Ordering::Relaxed),
+            id,
+            token: new_token(),
+            slot: id as usize % shared::SLOTS,
             storage,
             total_size: total,
             weights_base: 0,
@@ -801,6 +857,13 @@ impl BumpArena {
             #[cfg(feature = "weights")]
             manifest: None,
         }
+    }
+}
+
+impl Drop for BumpArena {
+    fn drop(&mut self) {
+        // The mapping itself goes with `storage`.
+        self.release_thread_slot();
     }
 }
 
