@@ -182,6 +182,8 @@ fuzz_target!(|input: Input| {
         .activations_base(ab)
         .policy(ModePolicy::AnonOnly)
         .release_on_reset(input.ops.len() % 2 == 1)
+        // Per-thread chunks (the default) and the shared pointer alone.
+        .thread_chunks(input.ops.len() % 4 < 2)
         .build()
         .expect("1 MiB arena");
     let base = arena.as_ptr() as usize;
