@@ -41,7 +41,7 @@ use crate::sys::{self, Advice, HugetlbSize, HUGE_PAGE_1G, HUGE_PAGE_2M};
 use std::fmt;
 use std::io;
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering};
 
 /// What kind of pages back a mapping.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -752,23 +752,43 @@ fn populate(ptr: NonNull<u8>, len: usize, granule: usize, threads: usize) -> io:
     let Some(first) = pieces.next() else {
         return Ok(());
     };
+    // A start gate. A new thread maps memory while it starts (its malloc
+    // arena, its signal stack); `mmap` takes the process's mmap_lock for
+    // writing, so it would wait until a running MADV_POPULATE_WRITE (which
+    // holds the lock for reading) had finished, and the pieces would run one
+    // after the other. So every helper first reports that it runs, and no
+    // piece starts before all helpers have.
+    let started = AtomicUsize::new(0);
+    let go = AtomicBool::new(false);
     std::thread::scope(|scope| {
-        // Per other piece: its running thread, or its result when no thread
-        // could be spawned (EAGAIN, a thread limit) and it ran here instead.
+        // Per other piece: its thread, or the piece itself when no thread
+        // could be spawned (EAGAIN, a thread limit): it then runs here.
         let mut others = Vec::with_capacity(n - 1);
         for piece in pieces {
+            let (started, go) = (&started, &go);
             let spawned = std::thread::Builder::new()
                 .stack_size(64 << 10)
-                .spawn_scoped(scope, move || piece.populate());
-            others.push(spawned.map_err(|_| piece.populate()));
+                .spawn_scoped(scope, move || {
+                    started.fetch_add(1, Ordering::Release);
+                    while !go.load(Ordering::Acquire) {
+                        std::thread::yield_now();
+                    }
+                    piece.populate()
+                });
+            others.push(spawned.map_err(|_| piece));
         }
+        let helpers = others.iter().filter(|o| o.is_ok()).count();
+        while started.load(Ordering::Acquire) < helpers {
+            std::thread::yield_now();
+        }
+        go.store(true, Ordering::Release);
         let mut outcome = first.populate();
         for other in others {
             let r = match other {
                 Ok(thread) => thread
                     .join()
                     .unwrap_or_else(|_| Err(io::Error::other("a prefault thread panicked"))),
-                Err(ran_here) => ran_here,
+                Err(piece) => piece.populate(),
             };
             if outcome.is_ok() {
                 outcome = r;
