@@ -235,7 +235,7 @@ pub fn random_reads(full: bool) -> Vec<Row> {
             eprintln!("1 GiB pages: {why}");
             Row {
                 name,
-                ours: format!("skipped: no 1 GiB hugetlb pages reserved ({gib} needed)"),
+                ours: format!("skipped: no 1 GiB hugetlb pages reserved ({gib} free needed)"),
                 peer: "-".into(),
                 ratio: 0.0,
                 target: format!("(report; needs {gib} x 1 GiB pages: scripts/perf-report as root)"),
