@@ -145,8 +145,8 @@ impl HugeOptions {
     ///
     /// The kernel zeroes each page at first touch; for huge pages that
     /// clearing is most of the mapping's cost and runs on the faulting CPU,
-    /// so one thread is bound by what one core can clear. On the idle 2-core
-    /// VM of `docs/pages.md` two threads prefault 256 MiB of THP memory in
+    /// so one thread is bound by what one core can clear. On an idle 2-core
+    /// VM (README, "Performance") two threads prefault 256 MiB of THP memory in
     /// 24 ms instead of 46 ms, 1 GiB in 94 ms instead of 157 ms, and 2 GiB of
     /// 1 GiB hugetlb pages in 204 ms instead of 363 ms. The gain needs idle
     /// cores: with the other core busy, two threads took as long as one.
