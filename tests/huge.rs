@@ -431,10 +431,12 @@ fn gigantic_pages_when_reserved() {
 #[test]
 fn populate_threads_prefaults_every_page() {
     let _serial = serial();
-    // Even, odd (5 extents on 2 threads), more threads than cores, and 0 =
-    // all cores; one byte past a 2 MiB multiple is rounded up and covered too.
+    // Even, odd (an 8 MiB chunk and a 2 MiB tail), many chunks with a tail,
+    // more threads than cores, and 0 = all cores; one byte past a 2 MiB
+    // multiple is rounded up and covered too.
     for (bytes, threads) in [
         (16 * MIB, 2),
+        (40 * MIB + 1, 2),
         (10 * MIB, 2),
         (8 * MIB + 1, 64),
         (6 * MIB, 0),
@@ -488,19 +490,30 @@ fn populate_threads_one_failed_piece_fails_and_releases_all() {
     let bytes = 64 * MIB;
     let opts = HugeOptions::new().hugetlb(false).populate_threads(2);
     // A successful mapping shows how many madvise calls it makes: the THP
-    // advice (if THP is on) and then one MADV_POPULATE_WRITE per piece.
+    // advice (if THP is on), then one MADV_POPULATE_WRITE per 8 MiB chunk
+    // when 2 threads share the work (one call in all on a 1-core machine).
     let before = fault::calls(Op::Madvise);
     let r = HugeRegion::with_options(bytes, &opts).unwrap();
     let calls = fault::calls(Op::Madvise) - before;
     drop(r);
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let pieces = cores.min(2) as u64;
+    let pieces = if cores >= 2 {
+        (bytes / (8 * MIB)) as u64
+    } else {
+        1
+    };
     let advice = u64::from(thp_available());
-    assert_eq!(calls, advice + pieces, "THP advice + one call per piece");
+    assert_eq!(calls, advice + pieces, "THP advice + one call per chunk");
 
     let start = huge_stats().live_bytes();
     let maps_before = big_mappings(bytes);
-    for piece in 1..=pieces {
+    // The first, second, a middle and the last chunk call fail in turn.
+    let mut which: Vec<u64> = [1, 2, pieces / 2 + 1, pieces]
+        .into_iter()
+        .filter(|&k| k <= pieces)
+        .collect();
+    which.dedup();
+    for piece in which {
         fault::fail_nth(Op::Madvise, advice + piece, libc::ENOMEM);
         let err = HugeRegion::with_options(bytes, &opts).unwrap_err();
         let fired = !fault::pending(Op::Madvise);

@@ -141,35 +141,38 @@ impl HugeOptions {
     }
 
     /// Prefault as [`populate(true)`](Self::populate) does, with up to
-    /// `threads` threads working on disjoint pieces of the mapping at once.
+    /// `threads` threads working on disjoint chunks of the mapping at once.
     ///
     /// The kernel zeroes each page at first touch; for huge pages that
     /// clearing is most of the mapping's cost and runs on the faulting CPU,
     /// so one thread is bound by what one core can clear. On an idle 2-core
-    /// VM (README, "Performance") two threads prefault 256 MiB of THP memory in
-    /// 24 ms instead of 46 ms, 1 GiB in 94 ms instead of 157 ms, and 2 GiB of
-    /// 1 GiB hugetlb pages in 204 ms instead of 363 ms. The gain needs idle
-    /// cores: with the other core busy, two threads took as long as one.
+    /// VM (README, "Performance") two threads prefault 256 MiB of THP memory
+    /// about 1.9× and 1 GiB about 1.7× faster than one. The gain needs idle
+    /// cores: with both cores busy, two threads take as long as one.
     ///
     /// - **Count**: `threads == 1` (the default) prefaults on the calling
     ///   thread with one `madvise(MADV_POPULATE_WRITE)`, as `populate(true)`
     ///   does; `threads == 0` means [`std::thread::available_parallelism`].
     ///   The count actually used is at most `available_parallelism` and at
-    ///   most one per huge page (2 MiB, or 1 GiB for 1 GiB hugetlb pages) of
-    ///   the mapping: a 2 MiB mapping is always prefaulted by one thread.
-    /// - **Pieces**: the mapping is split into that many ranges of whole huge
-    ///   pages (boundaries on 2 MiB, or 1 GiB, addresses), so no huge page is
-    ///   faulted by two threads; each range gets one
-    ///   `madvise(MADV_POPULATE_WRITE)`.
-    /// - **Threads**: the calling thread prefaults the first piece; the others
-    ///   run on `threads - 1` scoped threads (`std::thread::scope`, 64 KiB
-    ///   stacks) that are all joined before the constructor returns, so no
-    ///   thread outlives the call and the mapping is not visible to anyone
-    ///   before every piece is done. A thread that cannot be spawned is not an
-    ///   error: its piece is prefaulted on the calling thread.
-    /// - **Errors**: if any piece fails, the whole call fails with
-    ///   [`HugeError::Populate`] naming the full mapping length, and the
-    ///   mapping is released (no partially prefaulted region is returned).
+    ///   most one per chunk: a mapping of one chunk (8 MiB or less) is
+    ///   prefaulted by the calling thread alone.
+    /// - **Chunks**: the mapping is cut at multiples of 8 MiB in address
+    ///   space (of 1 GiB for 1 GiB hugetlb pages), so a chunk holds whole huge
+    ///   pages and no huge page is faulted by two threads. The threads take
+    ///   chunks from a shared counter, one `madvise` per chunk, until none is
+    ///   left: a thread that starts late or is scheduled out holds back at
+    ///   most one chunk.
+    /// - **Threads**: the calling thread works too; the others are
+    ///   `threads - 1` scoped threads (`std::thread::scope`, 64 KiB stacks),
+    ///   all joined before the constructor returns, so no thread outlives
+    ///   the call and the mapping is not visible to anyone before every chunk
+    ///   is done. A thread that cannot be spawned is not an error: the others
+    ///   take its chunks.
+    /// - **Errors**: if any chunk fails, no new chunk is started, and after
+    ///   every thread has been joined the call fails with
+    ///   [`HugeError::Populate`] (the error of the lowest failed chunk, the
+    ///   full mapping length); the mapping is released, so no partially
+    ///   prefaulted region is returned.
     /// - **Where**: spawning threads allocates, so this is only for explicit
     ///   constructors ([`HugeRegion::with_options`], the arena's
     ///   [`huge`](crate::ArenaBuilder::huge) options); the global-allocator
@@ -681,8 +684,12 @@ fn apply_options_paged(
     Ok(())
 }
 
-/// One piece of a parallel prefault: an address range handed to another
-/// thread for `madvise` only.
+/// Bytes a prefault thread takes at a time (at least one huge page): small
+/// enough that a thread the scheduler delays holds back little work, large
+/// enough that the `madvise` calls cost nothing next to clearing the pages.
+const POPULATE_CHUNK: usize = 8 << 20;
+
+/// An address range handed to `madvise` only, from any thread.
 #[derive(Clone, Copy)]
 struct Piece {
     addr: *mut u8,
@@ -696,6 +703,16 @@ struct Piece {
 unsafe impl Send for Piece {}
 
 impl Piece {
+    /// `len` bytes from `offset`, which the caller keeps inside this piece.
+    fn sub(&self, offset: usize, len: usize) -> Piece {
+        debug_assert!(offset.checked_add(len).is_some_and(|e| e <= self.len));
+        Piece {
+            // Inside the piece; the pointer is only handed to `madvise`.
+            addr: self.addr.wrapping_add(offset),
+            len,
+        }
+    }
+
     fn populate(&self) -> io::Result<()> {
         if self.len == 0 {
             return Ok(());
@@ -704,107 +721,124 @@ impl Piece {
     }
 }
 
-/// How many threads prefault `len` bytes when `asked` were asked for (0: all
-/// cores): at most `available_parallelism`, at most one per `granule`.
-fn populate_thread_count(asked: usize, len: usize, granule: usize) -> usize {
-    if asked == 1 || len <= granule {
+/// `start..start+len` cut at the multiples of `chunk` (a power of two) in
+/// address space: chunk `i` covers `base + i * chunk .. base + (i + 1) *
+/// chunk`, clipped to the range.
+#[derive(Clone, Copy, Debug)]
+struct Chunks {
+    start: usize,
+    len: usize,
+    /// `start` rounded down to `chunk`.
+    base: usize,
+    chunk: usize,
+    count: usize,
+}
+
+impl Chunks {
+    /// `None` when the end of the range, rounded up, overflows (never for a
+    /// real mapping).
+    fn new(start: usize, len: usize, chunk: usize) -> Option<Chunks> {
+        let base = start & !(chunk - 1);
+        let top = sys::round_up(start.checked_add(len)?, chunk)?;
+        Some(Chunks {
+            start,
+            len,
+            base,
+            chunk,
+            count: (top - base) / chunk,
+        })
+    }
+
+    /// Offset from `start` and length of chunk `i` (`i < count`).
+    fn get(&self, i: usize) -> (usize, usize) {
+        // `base + count * chunk` was computed without overflow in `new`.
+        let at = |k: usize| {
+            k.checked_mul(self.chunk)
+                .and_then(|o| self.base.checked_add(o))
+                .map_or(self.len, |a| a.saturating_sub(self.start).min(self.len))
+        };
+        let (lo, hi) = (at(i), at(i + 1));
+        (lo, hi - lo)
+    }
+}
+
+/// How many threads prefault `chunks` chunks when `asked` were asked for (0:
+/// all cores): at most `available_parallelism`, at most one per chunk.
+fn populate_thread_count(asked: usize, chunks: usize) -> usize {
+    if asked == 1 || chunks <= 1 {
         return 1;
     }
     let cores = std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get);
     let asked = if asked == 0 { cores } else { asked.min(cores) };
-    asked.min(len.div_ceil(granule)).max(1)
+    asked.min(chunks).max(1)
 }
 
-/// Split `start..start+len` into `n` consecutive pieces (offset from `start`,
-/// length) whose inner boundaries are multiples of `granule` (a power of
-/// two) in address space, as even as whole granules allow. Pieces may be
-/// empty at the end. `None` when a step overflows (never for a real mapping).
-fn split_pieces(start: usize, len: usize, granule: usize, n: usize) -> Option<Vec<(usize, usize)>> {
-    let per = sys::round_up(len.div_ceil(n.max(1)), granule)?;
-    let end = start.checked_add(len)?;
-    let mut pieces = Vec::with_capacity(n);
-    let mut from = 0;
-    for k in 1..=n {
-        let to = if k == n {
-            len
-        } else {
-            let at = sys::round_up(start.checked_add(k.checked_mul(per)?)?, granule)?;
-            at.min(end) - start
-        };
-        pieces.push((from, to - from));
-        from = to;
-    }
-    Some(pieces)
-}
-
-/// Prefault `ptr..ptr+len` with `MADV_POPULATE_WRITE`, on up to `threads`
-/// threads (see [`HugeOptions::populate_threads`]). Piece boundaries are
-/// multiples of `granule` (a power of two) in address space. The first error
-/// in address order is returned after every thread has been joined.
+/// Prefault `ptr..ptr+len` with `MADV_POPULATE_WRITE` on up to `threads`
+/// threads (see [`HugeOptions::populate_threads`]): the calling thread and
+/// its helpers take chunks of [`POPULATE_CHUNK`] bytes (at least `granule`,
+/// the huge page size) from a shared counter until none is left, so a helper
+/// that starts late or is scheduled out holds back at most one chunk. After
+/// a failure no new chunk is started; the error of the lowest failed chunk
+/// is returned once every thread has been joined.
 fn populate(ptr: NonNull<u8>, len: usize, granule: usize, threads: usize) -> io::Result<()> {
-    let n = populate_thread_count(threads, len, granule);
     let whole = Piece {
         addr: ptr.as_ptr(),
         len,
     };
+    if threads == 1 {
+        return whole.populate();
+    }
+    let chunks = Chunks::new(ptr.as_ptr() as usize, len, granule.max(POPULATE_CHUNK))
+        .ok_or_else(|| io::Error::from(io::ErrorKind::InvalidInput))?;
+    let n = populate_thread_count(threads, chunks.count);
     if n <= 1 {
         return whole.populate();
     }
-    let split = split_pieces(ptr.as_ptr() as usize, len, granule, n)
-        .ok_or_else(|| io::Error::from(io::ErrorKind::InvalidInput))?;
-    let pieces = split.into_iter().map(|(offset, len)| Piece {
-        // `offset + len <= len of the mapping`: inside it; the pointer is
-        // only handed to `madvise`.
-        addr: ptr.as_ptr().wrapping_add(offset),
-        len,
-    });
-    let mut pieces = pieces;
-    let Some(first) = pieces.next() else {
-        return Ok(());
-    };
-    // A start gate. A new thread maps memory while it starts (its malloc
-    // arena, its signal stack); `mmap` takes the process's mmap_lock for
-    // writing, so it would wait until a running MADV_POPULATE_WRITE (which
-    // holds the lock for reading) had finished, and the pieces would run one
-    // after the other. So every helper first reports that it runs, and no
-    // piece starts before all helpers have.
-    let started = AtomicUsize::new(0);
-    let go = AtomicBool::new(false);
-    std::thread::scope(|scope| {
-        // Per other piece: its thread, or the piece itself when no thread
-        // could be spawned (EAGAIN, a thread limit): it then runs here.
-        let mut others = Vec::with_capacity(n - 1);
-        for piece in pieces {
-            let (started, go) = (&started, &go);
-            let spawned = std::thread::Builder::new()
-                .stack_size(64 << 10)
-                .spawn_scoped(scope, move || {
-                    started.fetch_add(1, Ordering::Release);
-                    while !go.load(Ordering::Acquire) {
-                        std::thread::yield_now();
-                    }
-                    piece.populate()
-                });
-            others.push(spawned.map_err(|_| piece));
-        }
-        let helpers = others.iter().filter(|o| o.is_ok()).count();
-        while started.load(Ordering::Acquire) < helpers {
-            std::thread::yield_now();
-        }
-        go.store(true, Ordering::Release);
-        let mut outcome = first.populate();
-        for other in others {
-            let r = match other {
-                Ok(thread) => thread
-                    .join()
-                    .unwrap_or_else(|_| Err(io::Error::other("a prefault thread panicked"))),
-                Err(piece) => piece.populate(),
-            };
-            if outcome.is_ok() {
-                outcome = r;
+    // No start gate: a new thread maps memory while it starts (its malloc
+    // arena, its signal stack), and that `mmap` needs the mmap_lock for
+    // writing, which a running MADV_POPULATE_WRITE holds for reading. One
+    // call per chunk lets the helper in after at most one chunk, where one
+    // call for a whole half would have made it wait for that half.
+    let next = AtomicUsize::new(0);
+    let failed = AtomicBool::new(false);
+    let (next, failed) = (&next, &failed);
+    let work = move || -> Option<(usize, io::Error)> {
+        while !failed.load(Ordering::Relaxed) {
+            let i = next.fetch_add(1, Ordering::Relaxed);
+            if i >= chunks.count {
+                break;
+            }
+            let (offset, len) = chunks.get(i);
+            if let Err(e) = whole.sub(offset, len).populate() {
+                failed.store(true, Ordering::Relaxed);
+                return Some((i, e));
             }
         }
-        outcome
+        None
+    };
+    std::thread::scope(|scope| {
+        // A helper that cannot be spawned (EAGAIN, a thread limit) is not
+        // an error: the others, and this thread, take its chunks.
+        let helpers: Vec<_> = (1..n)
+            .filter_map(|_| {
+                std::thread::Builder::new()
+                    .stack_size(64 << 10)
+                    .spawn_scoped(scope, work)
+                    .ok()
+            })
+            .collect();
+        let mut first = work();
+        for helper in helpers {
+            let failure = helper.join().unwrap_or_else(|_| {
+                Some((usize::MAX, io::Error::other("a prefault thread panicked")))
+            });
+            if let Some((i, e)) = failure {
+                if first.as_ref().is_none_or(|(j, _)| i < *j) {
+                    first = Some((i, e));
+                }
+            }
+        }
+        first.map_or(Ok(()), |(_, e)| Err(e))
     })
 }
 
@@ -851,73 +885,61 @@ mod tests {
 
     const M2: usize = HUGE_PAGE_2M;
 
-    fn check(start: usize, len: usize, granule: usize, n: usize) -> Vec<(usize, usize)> {
-        let p = split_pieces(start, len, granule, n).unwrap();
-        assert_eq!(p.len(), n);
+    /// Every chunk of `start..start+len`, checked to be consecutive, to
+    /// cover the range and to end on multiples of `chunk`.
+    fn check(start: usize, len: usize, chunk: usize) -> Vec<(usize, usize)> {
+        let c = Chunks::new(start, len, chunk).unwrap();
+        let all: Vec<_> = (0..c.count).map(|i| c.get(i)).collect();
         let mut next = 0;
-        for (i, &(off, l)) in p.iter().enumerate() {
-            assert_eq!(off, next, "pieces are consecutive: {p:?}");
+        for &(off, l) in &all {
+            assert_eq!(off, next, "consecutive: {all:?}");
+            assert!(l > 0 && l <= chunk, "{all:?}");
             next = off + l;
-            if i + 1 < n && next < len {
-                assert_eq!((start + next) % granule, 0, "inner boundary aligned: {p:?}");
+            if next < len {
+                assert_eq!((start + next) % chunk, 0, "aligned boundary: {all:?}");
             }
         }
-        assert_eq!(next, len, "pieces cover the range: {p:?}");
-        p
+        assert_eq!(next, len, "cover the range: {all:?}");
+        all
     }
 
     #[test]
-    fn split_even_and_uneven() {
-        assert_eq!(
-            check(0x4000_0000, 8 * M2, M2, 2),
-            [(0, 4 * M2), (4 * M2, 4 * M2)]
-        );
-        // 5 extents on 2 threads: 3 + 2, never half an extent.
-        assert_eq!(
-            check(0x4000_0000, 5 * M2, M2, 2),
-            [(0, 3 * M2), (3 * M2, 2 * M2)]
-        );
-        // More threads than extents: trailing pieces are empty.
-        assert_eq!(
-            check(0x4000_0000, 2 * M2, M2, 3),
-            [(0, M2), (M2, M2), (2 * M2, 0)]
-        );
-        // 3 GiB of 1 GiB pages on 2 threads: 2 + 1 pages.
+    fn chunks_aligned_and_odd() {
+        let c = 4 * M2;
+        assert_eq!(check(0x4000_0000, 8 * M2, c), [(0, c), (c, c)]);
+        // A 10 MiB mapping: one whole chunk and a 2 MiB tail.
+        assert_eq!(check(0x4000_0000, 5 * M2, c), [(0, c), (c, M2)]);
+        assert_eq!(check(0x4000_0000, M2, c), [(0, M2)]);
+        // 3 GiB of 1 GiB pages: one page per chunk.
         let g = HUGE_PAGE_1G;
-        assert_eq!(check(4 * g, 3 * g, g, 2), [(0, 2 * g), (2 * g, g)]);
+        assert_eq!(check(4 * g, 3 * g, g), [(0, g), (g, g), (2 * g, g)]);
     }
 
     #[test]
-    fn split_unaligned_start_keeps_absolute_boundaries() {
+    fn chunks_unaligned_start_keep_absolute_boundaries() {
         // An arena runtime range that starts 4 KiB past a 2 MiB boundary.
-        let p = check(0x4000_0000 + 4096, 6 * M2, M2, 2);
-        assert_eq!(p[0].0 + p[0].1, 3 * M2 + M2 - 4096);
-        let p = check(0x4000_0000 + 4096, 3 * M2 + 8192, M2, 4);
-        assert!(p.iter().all(|&(_, l)| l <= 2 * M2), "{p:?}");
+        let s = 0x4000_0000 + 4096;
+        let all = check(s, 6 * M2, M2);
+        assert_eq!(all.len(), 7);
+        assert_eq!(all[0], (0, M2 - 4096));
+        assert_eq!(all[6], (6 * M2 - 4096, 4096));
     }
 
     #[test]
-    fn split_overflow_is_none() {
-        assert!(split_pieces(usize::MAX - M2, 2 * M2, M2, 2).is_none());
-        // The end fits, the first inner boundary does not.
-        assert!(split_pieces(usize::MAX - M2 + 2, M2 - 2, M2, 2).is_none());
+    fn chunks_overflow_is_none() {
+        assert!(Chunks::new(usize::MAX - M2, 2 * M2, M2).is_none());
+        assert!(Chunks::new(usize::MAX - M2 + 2, M2 - 4, M2).is_none());
     }
 
     #[test]
     fn thread_count_limits() {
-        assert_eq!(populate_thread_count(1, 1 << 30, M2), 1);
-        assert_eq!(
-            populate_thread_count(8, M2, M2),
-            1,
-            "one extent, one thread"
-        );
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-        assert_eq!(populate_thread_count(0, 1 << 30, M2), cores.min(512));
-        assert_eq!(
-            populate_thread_count(usize::MAX, 1 << 30, M2),
-            cores.min(512)
-        );
-        assert_eq!(populate_thread_count(2, 4 * M2, M2), cores.min(2));
+        assert_eq!(populate_thread_count(1, 128), 1);
+        assert_eq!(populate_thread_count(8, 1), 1, "one chunk, one thread");
+        assert_eq!(populate_thread_count(0, 128), cores);
+        assert_eq!(populate_thread_count(usize::MAX, 128), cores);
+        assert_eq!(populate_thread_count(2, 2), cores.min(2));
+        assert_eq!(populate_thread_count(64, 3), cores.min(3));
     }
 
     #[test]
