@@ -483,7 +483,7 @@ fn big_mappings(min: usize) -> Vec<String> {
 
 #[cfg(feature = "fault-injection")]
 #[test]
-fn populate_threads_one_failed_piece_fails_and_releases_all() {
+fn populate_threads_one_failed_chunk_fails_and_releases_all() {
     use ckalloc::fault::{self, Op};
     let _serial = serial();
     fault::reset();
@@ -497,42 +497,43 @@ fn populate_threads_one_failed_piece_fails_and_releases_all() {
     let calls = fault::calls(Op::Madvise) - before;
     drop(r);
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let pieces = if cores >= 2 {
+    let chunks = if cores >= 2 {
         (bytes / (8 * MIB)) as u64
     } else {
         1
     };
     let advice = u64::from(thp_available());
-    assert_eq!(calls, advice + pieces, "THP advice + one call per chunk");
+    assert_eq!(calls, advice + chunks, "THP advice + one call per chunk");
 
     let start = huge_stats().live_bytes();
     let maps_before = big_mappings(bytes);
-    // The first, second, a middle and the last chunk call fail in turn.
-    let mut which: Vec<u64> = [1, 2, pieces / 2 + 1, pieces]
+    // The first, second, a middle and the last MADV_POPULATE_WRITE call
+    // (whichever thread makes it) fail in turn.
+    let mut which: Vec<u64> = [1, 2, chunks / 2 + 1, chunks]
         .into_iter()
-        .filter(|&k| k <= pieces)
+        .filter(|&k| k <= chunks)
         .collect();
     which.dedup();
-    for piece in which {
-        fault::fail_nth(Op::Madvise, advice + piece, libc::ENOMEM);
+    for chunk in which {
+        fault::fail_nth(Op::Madvise, advice + chunk, libc::ENOMEM);
         let err = HugeRegion::with_options(bytes, &opts).unwrap_err();
         let fired = !fault::pending(Op::Madvise);
         fault::reset();
-        assert!(fired, "piece {piece}: the fault was reached");
+        assert!(fired, "chunk {chunk}: the fault was reached");
         match &err {
             HugeError::Populate { bytes: b, source } => {
                 assert_eq!(*b, bytes, "the error names the whole mapping");
                 assert_eq!(source.raw_os_error(), Some(libc::ENOMEM));
             }
-            other => panic!("piece {piece}: {other}"),
+            other => panic!("chunk {chunk}: {other}"),
         }
         assert!(err.to_string().contains("MADV_POPULATE_WRITE"), "{err}");
-        assert_eq!(huge_stats().live_bytes(), start, "piece {piece}: counted");
+        assert_eq!(huge_stats().live_bytes(), start, "chunk {chunk}: counted");
         if !under_asan() {
             assert_eq!(
                 big_mappings(bytes),
                 maps_before,
-                "piece {piece}: the mapping was released"
+                "chunk {chunk}: the mapping was released"
             );
         }
     }
