@@ -427,3 +427,117 @@ fn gigantic_pages_when_reserved() {
     drop(r);
     assert_unmapped(p, len);
 }
+
+#[test]
+fn populate_threads_prefaults_every_page() {
+    let _serial = serial();
+    // Even, odd (an 8 MiB chunk and a 2 MiB tail), many chunks with a tail,
+    // more threads than cores, and 0 = all cores; one byte past a 2 MiB
+    // multiple is rounded up and covered too.
+    for (bytes, threads) in [
+        (16 * MIB, 2),
+        (40 * MIB + 1, 2),
+        (10 * MIB, 2),
+        (8 * MIB + 1, 64),
+        (6 * MIB, 0),
+        (2 * MIB, 2),
+    ] {
+        let opts = HugeOptions::new().hugetlb(false).populate_threads(threads);
+        assert!(opts.populates());
+        let r = HugeRegion::with_options(bytes, &opts).unwrap();
+        // The whole mapping (past `len` to the 2 MiB boundary), not only
+        // the requested bytes, is resident.
+        let cov = huge_page_coverage(r.as_ptr(), r.mapped_len()).unwrap();
+        assert_eq!(
+            cov.mapped_bytes,
+            r.mapped_len() as u64,
+            "{bytes} bytes on {threads} threads: every page resident: {cov}"
+        );
+        assert!(r.as_slice().iter().step_by(4096).all(|&b| b == 0));
+        let (p, len) = (r.as_ptr() as usize, r.mapped_len());
+        drop(r);
+        assert_unmapped(p, len);
+    }
+}
+
+/// The `/proc/self/maps` lines of mappings at least `min` bytes long.
+#[cfg(feature = "fault-injection")]
+fn big_mappings(min: usize) -> Vec<String> {
+    mappings_overlapping(0, usize::MAX >> 1)
+        .into_iter()
+        .filter(|l| {
+            let (a, b) = l
+                .split_whitespace()
+                .next()
+                .unwrap()
+                .split_once('-')
+                .unwrap();
+            let (a, b) = (
+                usize::from_str_radix(a, 16).unwrap(),
+                usize::from_str_radix(b, 16).unwrap(),
+            );
+            b - a >= min
+        })
+        .collect()
+}
+
+#[cfg(feature = "fault-injection")]
+#[test]
+fn populate_threads_one_failed_chunk_fails_and_releases_all() {
+    use ckalloc::fault::{self, Op};
+    let _serial = serial();
+    fault::reset();
+    let bytes = 64 * MIB;
+    let opts = HugeOptions::new().hugetlb(false).populate_threads(2);
+    // A successful mapping shows how many madvise calls it makes: the THP
+    // advice (if THP is on), then one MADV_POPULATE_WRITE per 8 MiB chunk
+    // when 2 threads share the work (one call in all on a 1-core machine).
+    let before = fault::calls(Op::Madvise);
+    let r = HugeRegion::with_options(bytes, &opts).unwrap();
+    let calls = fault::calls(Op::Madvise) - before;
+    drop(r);
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let chunks = if cores >= 2 {
+        (bytes / (8 * MIB)) as u64
+    } else {
+        1
+    };
+    let advice = u64::from(thp_available());
+    assert_eq!(calls, advice + chunks, "THP advice + one call per chunk");
+
+    let start = huge_stats().live_bytes();
+    let maps_before = big_mappings(bytes);
+    // The first, second, a middle and the last MADV_POPULATE_WRITE call
+    // (whichever thread makes it) fail in turn.
+    let mut which: Vec<u64> = [1, 2, chunks / 2 + 1, chunks]
+        .into_iter()
+        .filter(|&k| k <= chunks)
+        .collect();
+    which.dedup();
+    for chunk in which {
+        fault::fail_nth(Op::Madvise, advice + chunk, libc::ENOMEM);
+        let err = HugeRegion::with_options(bytes, &opts).unwrap_err();
+        let fired = !fault::pending(Op::Madvise);
+        fault::reset();
+        assert!(fired, "chunk {chunk}: the fault was reached");
+        match &err {
+            HugeError::Populate { bytes: b, source } => {
+                assert_eq!(*b, bytes, "the error names the whole mapping");
+                assert_eq!(source.raw_os_error(), Some(libc::ENOMEM));
+            }
+            other => panic!("chunk {chunk}: {other}"),
+        }
+        assert!(err.to_string().contains("MADV_POPULATE_WRITE"), "{err}");
+        assert_eq!(huge_stats().live_bytes(), start, "chunk {chunk}: counted");
+        if !under_asan() {
+            assert_eq!(
+                big_mappings(bytes),
+                maps_before,
+                "chunk {chunk}: the mapping was released"
+            );
+        }
+    }
+    // The same options work again once the fault is gone.
+    let r = HugeRegion::with_options(bytes, &opts).unwrap();
+    assert_eq!(r.coverage().unwrap().mapped_bytes, bytes as u64);
+}
