@@ -16,7 +16,7 @@ use super::BumpArena;
 use allocator_api2::alloc::{AllocError, Allocator, Layout};
 use std::cell::Cell;
 use std::ptr::NonNull;
-use std::sync::atomic::Ordering::Relaxed;
+use std::sync::atomic::Ordering::{AcqRel, Acquire, Relaxed};
 
 /// Entries in each thread's chunk table (a power of two): up to this many
 /// arenas (consecutive ids) keep their own chunk in one thread.
@@ -160,12 +160,13 @@ impl BumpArena {
         let mut cur = self.cursor.load(Relaxed);
         loop {
             let (start, end) = super::chunk::bump(cur, self.end, layout).ok_or(AllocError)?;
-            // Relaxed suffices: disjointness follows from the single total
-            // order of read-modify-writes on `cursor`; handing data between
-            // threads is the caller's synchronisation.
+            // Disjointness follows from the single total order of
+            // read-modify-writes on `cursor`. Acquire: the range may hold a
+            // block another thread wrote and then freed (a `Release` move
+            // back in `cas_cursor`); its writes must happen before ours.
             match self
                 .cursor
-                .compare_exchange_weak(cur, end, Relaxed, Relaxed)
+                .compare_exchange_weak(cur, end, Acquire, Relaxed)
             {
                 Ok(_) => return Ok(block(self.storage.base, start, layout.size())),
                 Err(now) => cur = now,
@@ -174,10 +175,15 @@ impl BumpArena {
     }
 
     /// Move the shared pointer from `from` to `to` if it is still at `from`.
+    ///
+    /// `AcqRel`: moving back frees memory that this thread may have
+    /// written (release, paired with the acquire of whoever allocates it
+    /// next); moving forward takes memory another thread may have freed
+    /// (acquire).
     pub(super) fn cas_cursor(&self, from: usize, to: usize) -> bool {
         let ok = self
             .cursor
-            .compare_exchange(from, to, Relaxed, Relaxed)
+            .compare_exchange(from, to, AcqRel, Relaxed)
             .is_ok();
         if ok && to < from {
             self.hwm.fetch_max(from, Relaxed);
@@ -214,7 +220,10 @@ impl BumpArena {
 // ownership), so no `&BumpArena` (and no block borrowed from it) is alive. A
 // block is never handed out twice while allocated: a pointer only moves back
 // over the most recent block of its chunk (or of the shared pointer), when
-// that block is freed or shrunk.
+// that block is freed or shrunk. Memory handed from one thread to another
+// through the shared pointer is ordered: a move back releases, every move
+// forward acquires (see `cas_cursor`), so the old owner's writes happen
+// before the new owner's.
 unsafe impl Allocator for &BumpArena {
     #[inline]
     fn allocate(&self, layout: Layout) -> Result<NonNull<[u8]>, AllocError> {

@@ -167,3 +167,100 @@ fn arenas_sharing_a_slot_stay_correct_and_bounded() {
         b.used()
     );
 }
+
+// ---- review3: cross-thread reuse, ordering, views --------------------------
+
+use std::sync::atomic::Ordering::Relaxed;
+
+const L16K: Layout = match Layout::from_size_align(16 << 10, 8) {
+    Ok(l) => l,
+    Err(_) => panic!(),
+};
+
+/// A block written and freed on one thread, then handed out again on
+/// another thread that never synchronised with the first, must not race:
+/// the free has to publish the old writes (release) and the allocation
+/// has to see them (acquire). Under Miri a `Relaxed` handover is reported
+/// as a data race; natively (x86) this test cannot fail.
+fn freed_block_reaches_other_thread_in_order(arena: &BumpArena) {
+    let start = arena.cursor.load(Relaxed);
+    // Fill this thread's first chunk exactly (or take one block from the
+    // shared pointer): the block ends at the shared pointer.
+    let p = (&arena).allocate(L16K).unwrap().cast::<u8>();
+    assert_eq!(
+        p.as_ptr() as usize + L16K.size(),
+        arena.cursor.load(Relaxed)
+    );
+    let p = SendPtr(p);
+    std::thread::scope(|s| {
+        s.spawn(move || {
+            let p = p;
+            // SAFETY: a live 16 KiB block owned by this thread now.
+            unsafe { p.0.as_ptr().write_bytes(0xAA, L16K.size()) };
+            // SAFETY: allocated from `arena` with L16K, not used after.
+            unsafe { (&arena).deallocate(p.0, L16K) };
+        });
+        s.spawn(move || {
+            // Wait (without synchronising) until the block is free again.
+            while arena.cursor.load(Relaxed) != start {
+                std::thread::yield_now();
+            }
+            let q = (&arena).allocate(L64).unwrap().cast::<u8>();
+            assert_eq!(q.as_ptr() as usize, start, "the freed block is reused");
+            // SAFETY: a fresh 64-byte block.
+            unsafe { q.as_ptr().write_bytes(0x55, 64) };
+        });
+    });
+}
+
+struct SendPtr(std::ptr::NonNull<u8>);
+// SAFETY: test-only carrier of a block that moves to another thread.
+unsafe impl Send for SendPtr {}
+
+#[test]
+fn cross_thread_free_then_reuse_is_ordered_thread_chunks() {
+    let arena = BumpArena::heap_for_tests(1 << 17, 0);
+    freed_block_reaches_other_thread_in_order(&arena);
+}
+
+#[test]
+fn cross_thread_free_then_reuse_is_ordered_shared_pointer() {
+    let mut arena = BumpArena::heap_for_tests(1 << 17, 0);
+    arena.token = super::shared::NO_THREAD_CHUNKS;
+    freed_block_reaches_other_thread_in_order(&arena);
+}
+
+/// The same through a [`LocalArena`](super::LocalArena) whose dropped
+/// handle gives its chunk back: bytes it wrote into a freed block must be
+/// ordered before the next owner's writes.
+#[test]
+fn local_arena_give_back_then_reuse_is_ordered() {
+    let arena = BumpArena::heap_for_tests(1 << 17, 0);
+    let start = arena.cursor.load(Relaxed);
+    let arena = &arena;
+    // Relaxed flag: signals without synchronising.
+    let taken = &std::sync::atomic::AtomicBool::new(false);
+    std::thread::scope(|s| {
+        s.spawn(move || {
+            let local = arena.local();
+            let p = (&local).allocate(L64).unwrap().cast::<u8>();
+            taken.store(true, Relaxed);
+            // SAFETY: a fresh 64-byte block.
+            unsafe { p.as_ptr().write_bytes(0xAA, 64) };
+            // SAFETY: the most recent block, allocated with L64.
+            unsafe { (&local).deallocate(p, L64) };
+            drop(local); // gives the whole chunk back
+        });
+        s.spawn(move || {
+            // Wait until a chunk was taken and given back (without
+            // synchronising).
+            while !taken.load(Relaxed) || arena.cursor.load(Relaxed) != start {
+                std::thread::yield_now();
+            }
+            let q = arena.allocate(L64).unwrap().cast::<u8>();
+            assert_eq!(q.as_ptr() as usize, start);
+            // SAFETY: a fresh 64-byte block.
+            unsafe { q.as_ptr().write_bytes(0x55, 64) };
+        });
+    });
+}
