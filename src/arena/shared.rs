@@ -16,12 +16,46 @@ use super::BumpArena;
 use allocator_api2::alloc::{AllocError, Allocator, Layout};
 use std::cell::Cell;
 use std::ptr::NonNull;
+use std::sync::atomic::AtomicU32;
 use std::sync::atomic::Ordering::{AcqRel, Acquire, Relaxed};
 
 /// Entries in each thread's chunk table (a power of two): up to this many
 /// arenas (consecutive ids) keep their own chunk in one thread.
 pub(super) const SLOTS: usize = 8;
 static_assertions::const_assert!(SLOTS.is_power_of_two());
+
+/// Slots held by live arenas with thread chunks (bit `i`: slot `i`).
+static HELD: AtomicU32 = AtomicU32::new(0);
+static_assertions::const_assert!(SLOTS <= 32);
+
+/// The entry of a new arena (id `id`) in every thread's chunk table: the
+/// first slot at or after `id % SLOTS` that no live arena holds, so up to
+/// [`SLOTS`] live arenas never share a slot (ids alone would collide
+/// whenever they are equal modulo `SLOTS`, e.g. after arenas were built and
+/// dropped in between). When every slot is held: `id % SLOTS`, shared.
+/// Returns the slot and whether the arena holds it (to release on drop).
+/// Only a placement hint: tokens keep shared slots correct.
+pub(super) fn claim_slot(id: u64) -> (usize, bool) {
+    let first = (id % SLOTS as u64) as usize;
+    let mut held = HELD.load(Relaxed);
+    loop {
+        let free = (0..SLOTS)
+            .map(|k| (first + k) % SLOTS)
+            .find(|&s| held & (1 << s) == 0);
+        let Some(slot) = free else {
+            return (first, false);
+        };
+        match HELD.compare_exchange_weak(held, held | 1 << slot, Relaxed, Relaxed) {
+            Ok(_) => return (slot, true),
+            Err(now) => held = now,
+        }
+    }
+}
+
+/// Give back a slot from [`claim_slot`].
+pub(super) fn release_slot(slot: usize) {
+    HELD.fetch_and(!(1 << slot), Relaxed);
+}
 
 /// Chunk sizes of the per-thread chunks, in bytes.
 pub(super) const THREAD_SIZES: ChunkSizes = ChunkSizes {
