@@ -1078,9 +1078,17 @@ fn threads_get_chunks_of_their_own() {
             .join()
             .unwrap()
     });
-    assert_eq!(b, 16 * KIB, "the other thread starts after this thread's 16 KiB chunk");
+    assert_eq!(
+        b,
+        16 * KIB,
+        "the other thread starts after this thread's 16 KiB chunk"
+    );
     let c = (&arena).allocate(L64).unwrap();
-    assert_eq!(offset(&arena, c), 64, "this thread goes on in its own chunk");
+    assert_eq!(
+        offset(&arena, c),
+        64,
+        "this thread goes on in its own chunk"
+    );
     // Seen from here, the other thread's chunk counts as used.
     assert_eq!(arena.used(), 32 * KIB);
 }
@@ -1150,4 +1158,30 @@ fn alternating_arenas_keep_their_chunks() {
         assert_eq!(offset(&b, (&b).allocate(L64).unwrap()), i * 64);
     }
     assert_eq!((a.used(), b.used()), (64_000, 64_000));
+}
+
+// ---- review3 -----------------------------------------------------------------
+
+/// Two live arenas must not share a thread-chunk slot just because their
+/// ids are equal modulo 8 (here: seven arenas were built and dropped in
+/// between). On a shared slot, one thread alternating between them abandons
+/// a chunk tail at every slot take-over, and the arena refused requests with
+/// 61 % of it free.
+#[test]
+fn two_live_arenas_one_thread_get_all_their_bytes() {
+    let _serial = serial();
+    let runtime = 256 * KIB;
+    let a = BumpArena::builder(runtime).build().unwrap();
+    for _ in 0..7 {
+        drop(BumpArena::builder(runtime).build().unwrap());
+    }
+    let b = BumpArena::builder(runtime).build().unwrap();
+    let l = Layout::from_size_align(16, 16).unwrap();
+    let mut live = 0;
+    while (&a).allocate(l).is_ok() {
+        live += 16;
+        (&b).allocate(l).unwrap();
+    }
+    assert_eq!(live, runtime, "a single thread wastes nothing");
+    assert_eq!((a.used(), b.used()), (runtime, runtime));
 }

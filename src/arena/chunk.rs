@@ -12,7 +12,7 @@ use super::BumpArena;
 use allocator_api2::alloc::{AllocError, Layout};
 use std::cell::Cell;
 use std::ptr::NonNull;
-use std::sync::atomic::Ordering::Relaxed;
+use std::sync::atomic::Ordering::{Acquire, Relaxed};
 
 /// Align `cur` up to `layout.align()` and add `layout.size()`: the block
 /// `(start, end)` when `end <= limit`.
@@ -128,9 +128,11 @@ impl Chunk {
             // allocation needs (leave the rest to other users).
             let want = shared.saturating_add(pref).max(end);
             let chunk_end = if want <= arena.end { want } else { end };
+            // Acquire: the range may hold blocks another thread wrote and
+            // freed (see `BumpArena::cas_cursor`).
             match arena
                 .cursor
-                .compare_exchange_weak(shared, chunk_end, Relaxed, Relaxed)
+                .compare_exchange_weak(shared, chunk_end, Acquire, Relaxed)
             {
                 Ok(_) => {
                     if !extend {
@@ -173,7 +175,7 @@ impl Chunk {
         let chunk_end = if want <= arena.end { want } else { new_end };
         if arena
             .cursor
-            .compare_exchange(limit, chunk_end, Relaxed, Relaxed)
+            .compare_exchange(limit, chunk_end, Acquire, Relaxed)
             .is_ok()
         {
             self.limit.set(chunk_end);

@@ -257,6 +257,11 @@ impl ArenaBuilder {
         };
 
         let id = NEXT_ARENA_ID.fetch_add(1, Ordering::Relaxed);
+        let (slot, holds_slot) = if self.thread_chunks {
+            shared::claim_slot(id)
+        } else {
+            (id as usize % shared::SLOTS, false)
+        };
         let arena = BumpArena {
             cursor: AtomicUsize::new(storage.base.as_ptr() as usize + ab),
             end: storage.base.as_ptr() as usize + total,
@@ -267,7 +272,8 @@ impl ArenaBuilder {
             } else {
                 shared::NO_THREAD_CHUNKS
             },
-            slot: id as usize % shared::SLOTS,
+            slot,
+            holds_slot,
             storage,
             total_size: total,
             weights_base: wb,
@@ -481,6 +487,8 @@ pub struct BumpArena {
     token: u64,
     /// Index of this arena's entry in each thread's chunk table.
     slot: usize,
+    /// Whether no other live arena uses `slot` (released on drop).
+    holds_slot: bool,
     storage: Storage,
     total_size: usize,
     weights_base: usize,
@@ -837,13 +845,15 @@ impl BumpArena {
         let storage = map::heap(&plan);
         let base = storage.base.as_ptr() as usize;
         let id = NEXT_ARENA_ID.fetch_add(1, Ordering::Relaxed);
+        let (slot, holds_slot) = shared::claim_slot(id);
         BumpArena {
             cursor: AtomicUsize::new(base + activations_base),
             end: base + total,
             hwm: AtomicUsize::new(base + activations_base),
             id,
             token: new_token(),
-            slot: id as usize % shared::SLOTS,
+            slot,
+            holds_slot,
             storage,
             total_size: total,
             weights_base: 0,
@@ -864,6 +874,9 @@ impl Drop for BumpArena {
     fn drop(&mut self) {
         // The mapping itself goes with `storage`.
         self.release_thread_slot();
+        if self.holds_slot {
+            shared::release_slot(self.slot);
+        }
     }
 }
 

@@ -16,12 +16,46 @@ use super::BumpArena;
 use allocator_api2::alloc::{AllocError, Allocator, Layout};
 use std::cell::Cell;
 use std::ptr::NonNull;
-use std::sync::atomic::Ordering::Relaxed;
+use std::sync::atomic::AtomicU32;
+use std::sync::atomic::Ordering::{AcqRel, Acquire, Relaxed};
 
 /// Entries in each thread's chunk table (a power of two): up to this many
 /// arenas (consecutive ids) keep their own chunk in one thread.
 pub(super) const SLOTS: usize = 8;
 static_assertions::const_assert!(SLOTS.is_power_of_two());
+
+/// Slots held by live arenas with thread chunks (bit `i`: slot `i`).
+static HELD: AtomicU32 = AtomicU32::new(0);
+static_assertions::const_assert!(SLOTS <= 32);
+
+/// The entry of a new arena (id `id`) in every thread's chunk table: the
+/// first slot at or after `id % SLOTS` that no live arena holds, so up to
+/// [`SLOTS`] live arenas never share a slot (ids alone would collide
+/// whenever they are equal modulo `SLOTS`, e.g. after arenas were built and
+/// dropped in between). When every slot is held: `id % SLOTS`, shared.
+/// Returns the slot and whether the arena holds it (to release on drop).
+/// Only a placement hint: tokens keep shared slots correct.
+pub(super) fn claim_slot(id: u64) -> (usize, bool) {
+    let first = (id % SLOTS as u64) as usize;
+    let mut held = HELD.load(Relaxed);
+    loop {
+        let free = (0..SLOTS)
+            .map(|k| (first + k) % SLOTS)
+            .find(|&s| held & (1 << s) == 0);
+        let Some(slot) = free else {
+            return (first, false);
+        };
+        match HELD.compare_exchange_weak(held, held | 1 << slot, Relaxed, Relaxed) {
+            Ok(_) => return (slot, true),
+            Err(now) => held = now,
+        }
+    }
+}
+
+/// Give back a slot from [`claim_slot`].
+pub(super) fn release_slot(slot: usize) {
+    HELD.fetch_and(!(1 << slot), Relaxed);
+}
 
 /// Chunk sizes of the per-thread chunks, in bytes.
 pub(super) const THREAD_SIZES: ChunkSizes = ChunkSizes {
@@ -160,12 +194,13 @@ impl BumpArena {
         let mut cur = self.cursor.load(Relaxed);
         loop {
             let (start, end) = super::chunk::bump(cur, self.end, layout).ok_or(AllocError)?;
-            // Relaxed suffices: disjointness follows from the single total
-            // order of read-modify-writes on `cursor`; handing data between
-            // threads is the caller's synchronisation.
+            // Disjointness follows from the single total order of
+            // read-modify-writes on `cursor`. Acquire: the range may hold a
+            // block another thread wrote and then freed (a `Release` move
+            // back in `cas_cursor`); its writes must happen before ours.
             match self
                 .cursor
-                .compare_exchange_weak(cur, end, Relaxed, Relaxed)
+                .compare_exchange_weak(cur, end, Acquire, Relaxed)
             {
                 Ok(_) => return Ok(block(self.storage.base, start, layout.size())),
                 Err(now) => cur = now,
@@ -174,10 +209,15 @@ impl BumpArena {
     }
 
     /// Move the shared pointer from `from` to `to` if it is still at `from`.
+    ///
+    /// `AcqRel`: moving back frees memory that this thread may have
+    /// written (release, paired with the acquire of whoever allocates it
+    /// next); moving forward takes memory another thread may have freed
+    /// (acquire).
     pub(super) fn cas_cursor(&self, from: usize, to: usize) -> bool {
         let ok = self
             .cursor
-            .compare_exchange(from, to, Relaxed, Relaxed)
+            .compare_exchange(from, to, AcqRel, Relaxed)
             .is_ok();
         if ok && to < from {
             self.hwm.fetch_max(from, Relaxed);
@@ -214,7 +254,10 @@ impl BumpArena {
 // ownership), so no `&BumpArena` (and no block borrowed from it) is alive. A
 // block is never handed out twice while allocated: a pointer only moves back
 // over the most recent block of its chunk (or of the shared pointer), when
-// that block is freed or shrunk.
+// that block is freed or shrunk. Memory handed from one thread to another
+// through the shared pointer is ordered: a move back releases, every move
+// forward acquires (see `cas_cursor`), so the old owner's writes happen
+// before the new owner's.
 unsafe impl Allocator for &BumpArena {
     #[inline]
     fn allocate(&self, layout: Layout) -> Result<NonNull<[u8]>, AllocError> {
