@@ -266,6 +266,7 @@ impl ArenaBuilder {
             cursor: AtomicUsize::new(storage.base.as_ptr() as usize + ab),
             end: storage.base.as_ptr() as usize + total,
             hwm: AtomicUsize::new(storage.base.as_ptr() as usize + ab),
+            hwm_shared: AtomicUsize::new(storage.base.as_ptr() as usize + ab),
             id,
             token: if self.thread_chunks {
                 new_token()
@@ -481,6 +482,9 @@ pub struct BumpArena {
     end: usize,
     /// Highest address the cursor reached since the last release.
     hwm: AtomicUsize,
+    /// Highest address the shared pointer reached (at chunk granularity);
+    /// the high-water mark of threads that hold no chunk of this arena.
+    hwm_shared: AtomicUsize,
     id: u64,
     /// Tag of this arena epoch's per-thread chunks, renewed by every `&mut`
     /// cursor move; `shared::NO_THREAD_CHUNKS` when they are disabled.
@@ -732,9 +736,19 @@ impl BumpArena {
     }
 
     /// The most runtime bytes ever in use at once (since build; a reset or
-    /// rewind does not lower it), counted as [`used`](Self::used) counts.
+    /// rewind does not lower it), in bytes. A thread that has allocated from
+    /// the arena through `&BumpArena` sees the peaks of its own view (exact
+    /// when it is the only thread allocating); any other thread sees the
+    /// peak of the shared bump pointer, which counts whole per-thread
+    /// chunks. Each view never decreases.
     pub fn high_water_mark(&self) -> usize {
-        let top = self.hwm.load(Ordering::Relaxed).max(self.exact_cursor());
+        let top = if self.allocates_here() {
+            self.hwm.load(Ordering::Relaxed).max(self.exact_cursor())
+        } else {
+            self.hwm_shared
+                .load(Ordering::Relaxed)
+                .max(self.cursor.load(Ordering::Relaxed))
+        };
         top - self.runtime_start()
     }
 
@@ -771,11 +785,19 @@ impl BumpArena {
     /// proves none of it is alive). With `release_on_reset` the whole pages
     /// above the new bump pointer go back to the kernel.
     ///
+    /// A checkpoint taken on another thread is valid too. It counts the
+    /// chunk tails that thread saw held by others (see
+    /// [`ArenaBuilder::thread_chunks`]); blocks allocated later inside such
+    /// a tail lie below the checkpoint and stay allocated until
+    /// [`reset`](Self::reset) or a rewind to an earlier checkpoint.
+    ///
     /// # Errors
     /// [`ArenaError::BadCheckpoint`] for a checkpoint of another arena or one
-    /// above the current bump pointer; nothing changes then.
+    /// above the shared bump pointer (taken before a reset or an earlier
+    /// rewind); nothing changes then.
     pub fn rewind_to(&mut self, checkpoint: Checkpoint) -> Result<(), ArenaError> {
-        let used = self.used();
+        // Every thread's view is at or below the shared pointer.
+        let used = *self.cursor.get_mut() - self.runtime_start();
         if checkpoint.arena_id != self.id || checkpoint.used > used {
             return Err(ArenaError::BadCheckpoint {
                 checkpoint_used: checkpoint.used,
@@ -798,6 +820,9 @@ impl BumpArena {
         let old = self.exact_cursor();
         let hwm = self.hwm.get_mut();
         *hwm = (*hwm).max(old);
+        let shared = *self.cursor.get_mut();
+        let hwm_shared = self.hwm_shared.get_mut();
+        *hwm_shared = (*hwm_shared).max(shared);
         *self.cursor.get_mut() = new;
         // Every thread's chunk belongs to the old epoch now.
         if self.token != shared::NO_THREAD_CHUNKS {
@@ -816,7 +841,7 @@ impl BumpArena {
         let map_end = self.storage.map_ptr.as_ptr() as usize + self.storage.map_len;
         let (Some(start), Some(stop)) = (
             sys::round_up(from, pg),
-            sys::round_up(*self.hwm.get_mut(), pg),
+            sys::round_up(*self.hwm_shared.get_mut(), pg),
         ) else {
             return;
         };
@@ -850,6 +875,7 @@ impl BumpArena {
             cursor: AtomicUsize::new(base + activations_base),
             end: base + total,
             hwm: AtomicUsize::new(base + activations_base),
+            hwm_shared: AtomicUsize::new(base + activations_base),
             id,
             token: new_token(),
             slot,

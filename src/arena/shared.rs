@@ -128,6 +128,12 @@ impl BumpArena {
         })
     }
 
+    /// Whether this thread holds (or held, in an earlier epoch) a chunk of
+    /// this arena: it then sees its own exact view of the figures.
+    pub(super) fn allocates_here(&self) -> bool {
+        self.token != NO_THREAD_CHUNKS && self.with_slot(|s| s.arena_id.get() == self.id)
+    }
+
     /// Record `cur` in the high-water mark before a chunk's pointer moves
     /// back (one plain load unless `cur` is a new peak).
     #[inline]
@@ -221,6 +227,7 @@ impl BumpArena {
             .is_ok();
         if ok && to < from {
             self.hwm.fetch_max(from, Relaxed);
+            self.hwm_shared.fetch_max(from, Relaxed);
         }
         ok
     }

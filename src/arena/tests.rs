@@ -581,7 +581,7 @@ fn one_thread_parity(runtime: usize) {
                     }
                 }
                 5 | 6 if !live.is_empty() => {
-                    let i = if pick % 2 == 0 {
+                    let i = if pick.is_multiple_of(2) {
                         live.len() - 1
                     } else {
                         pick as usize % live.len()
@@ -592,7 +592,7 @@ fn one_thread_parity(runtime: usize) {
                     unsafe { arena.deallocate(p, l) };
                 }
                 7 | 8 if !live.is_empty() => {
-                    let i = if pick % 2 == 0 {
+                    let i = if pick.is_multiple_of(2) {
                         live.len() - 1
                     } else {
                         pick as usize % live.len()
@@ -658,7 +658,10 @@ fn zero_size_and_huge_alignment() {
             assert_eq!(addr % align, 0);
             assert!(addr >= base + 100 && addr < base + (1 << 16), "{align}");
         } else {
-            assert!(align > 1 << 16 || base % align != 0, "{align} should fit");
+            assert!(
+                align > 1 << 16 || !base.is_multiple_of(align),
+                "{align} should fit"
+            );
         }
     }
     let big = Layout::from_size_align(isize::MAX as usize - (1 << 20) + 1, 1 << 20).unwrap();
@@ -723,7 +726,7 @@ fn one_thread_can_allocate_all_that_remains() {
 /// blocks this thread allocates after such a checkpoint land in its chunk
 /// tail, below the checkpoint, and a rewind would not free them.
 #[test]
-#[ignore = "review3 bug: cross-thread checkpoint rejected as BadCheckpoint"]
+
 fn checkpoint_from_another_thread_rewinds() {
     let mut arena = BumpArena::heap_for_tests(1 << 20, 0);
     let _ = (&arena).allocate(L64).unwrap();
@@ -752,7 +755,7 @@ fn checkpoint_from_another_thread_rewinds() {
 /// records only the resetting thread's view, so a thread that saw the
 /// other thread's chunk tail counted sees the peak drop.
 #[test]
-#[ignore = "review3 bug: high_water_mark() falls after a reset, seen from another thread"]
+
 fn high_water_mark_never_falls_seen_from_another_thread() {
     let mut arena = BumpArena::heap_for_tests(1 << 20, 0);
     let _ = (&arena).allocate(L64).unwrap();
