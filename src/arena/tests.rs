@@ -338,11 +338,13 @@ impl Registry {
 }
 
 fn random_layout(r: &mut Rng) -> Layout {
+    // Miri checks every byte written: smaller blocks there.
+    let scale = if cfg!(miri) { 16 } else { 1 };
     let size = match r.below(10) {
         0 => 0,
         1..=6 => r.below(200) as usize,
-        7 | 8 => r.below(5000) as usize,
-        _ => r.below(40_000) as usize,
+        7 | 8 => r.below(5000 / scale) as usize,
+        _ => r.below(40_000 / scale) as usize,
     };
     let align = match r.below(10) {
         0 => 4096,
@@ -513,7 +515,7 @@ fn stress_cross_thread_thread_chunks() {
     } else {
         (6, 4, 3000)
     };
-    let mut arena = BumpArena::heap_for_tests(64 << 20, 4096);
+    let mut arena = BumpArena::heap_for_tests(if cfg!(miri) { 4 << 20 } else { 64 << 20 }, 4096);
     stress_rounds(&mut arena, rounds, threads, ops);
 }
 
@@ -524,7 +526,7 @@ fn stress_cross_thread_shared_pointer() {
     } else {
         (6, 4, 3000)
     };
-    let mut arena = BumpArena::heap_for_tests(64 << 20, 4096);
+    let mut arena = BumpArena::heap_for_tests(if cfg!(miri) { 4 << 20 } else { 64 << 20 }, 4096);
     arena.token = super::shared::NO_THREAD_CHUNKS;
     stress_rounds(&mut arena, rounds, threads, ops);
 }
