@@ -369,6 +369,8 @@ fn stress(arena: &BumpArena, threads: usize, ops: usize, seed: u64) -> usize {
                 let a = arena;
                 let mut r = Rng(seed + t as u64 * 7919 + 1);
                 let mut mine: std::vec::Vec<Blk> = std::vec::Vec::new();
+                // Blocks of `LocalArena` handles (dropped): kept to the end.
+                let mut pinned: std::vec::Vec<Blk> = std::vec::Vec::new();
                 let mut tag = (t as u8).wrapping_mul(37);
                 for _ in 0..ops {
                     while let Ok(b) = rx.try_recv() {
@@ -377,7 +379,7 @@ fn stress(arena: &BumpArena, threads: usize, ops: usize, seed: u64) -> usize {
                     }
                     tag = tag.wrapping_add(1);
                     match r.below(10) {
-                        0..=3 => {
+                        0..=2 => {
                             let layout = random_layout(&mut r);
                             match a.allocate(layout) {
                                 Ok(p) => {
@@ -468,6 +470,39 @@ fn stress(arena: &BumpArena, threads: usize, ops: usize, seed: u64) -> usize {
                                 }
                             }
                         }
+                        3 => {
+                            // A `LocalArena` burst on this thread, between
+                            // this thread's `&BumpArena` blocks; the last
+                            // block is sometimes freed through the handle.
+                            let local = a.local();
+                            let mut last = None;
+                            for _ in 0..r.below(4) {
+                                let layout = random_layout(&mut r);
+                                if let Ok(p) = (&local).allocate(layout) {
+                                    let ptr = p.cast::<u8>();
+                                    let addr = ptr.as_ptr() as usize;
+                                    assert_eq!(addr % layout.align(), 0);
+                                    assert!(addr >= lo && addr + layout.size() <= hi);
+                                    let b = Blk {
+                                        ptr,
+                                        addr,
+                                        layout,
+                                        tag,
+                                    };
+                                    reg.add(&b);
+                                    fill(&b);
+                                    pinned.push(b);
+                                    last = Some(b);
+                                }
+                            }
+                            if let (Some(b), 0) = (last, r.below(2)) {
+                                check(&b);
+                                reg.remove(&b);
+                                pinned.pop();
+                                // SAFETY: the handle's most recent block.
+                                unsafe { (&local).deallocate(b.ptr, b.layout) };
+                            }
+                        }
                         8 if !mine.is_empty() => {
                             let i = r.below(mine.len() as u64) as usize;
                             let b = mine.swap_remove(i);
@@ -477,14 +512,16 @@ fn stress(arena: &BumpArena, threads: usize, ops: usize, seed: u64) -> usize {
                             }
                         }
                         _ => {
-                            // Views stay consistent on this thread.
-                            let (u, rem, hwm) = (a.used(), a.remaining(), a.high_water_mark());
-                            assert!(u + rem <= hi - lo);
-                            assert!(hwm >= u.min(hwm));
+                            // Each figure is a snapshot (other threads move
+                            // the shared pointer between two calls), but
+                            // each stays in range.
+                            assert!(a.used() <= hi - lo);
+                            assert!(a.remaining() <= hi - lo);
+                            assert!(a.high_water_mark() <= hi - lo);
                         }
                     }
                 }
-                for b in &mine {
+                for b in mine.iter().chain(&pinned) {
                     check(b);
                 }
                 mine
@@ -763,4 +800,30 @@ fn high_water_mark_never_falls_seen_from_another_thread() {
     arena.reset();
     let after = std::thread::scope(|s| s.spawn(|| arena.high_water_mark()).join().unwrap());
     assert!(after >= seen, "the peak fell from {seen} to {after}");
+}
+
+/// One thread: `remaining()` counts this thread's chunk tail as free, so a
+/// `LocalArena` made on the same thread must reach it (it could not: a
+/// request for what `remaining()` promised failed), and `&BumpArena` packs
+/// on after the handle's blocks.
+#[test]
+fn local_arena_gets_what_remaining_promises() {
+    let runtime = 1 << 20;
+    let arena = BumpArena::heap_for_tests(runtime, 0);
+    let _ = (&arena).allocate(L64).unwrap();
+    let rest = arena.remaining();
+    assert_eq!(rest, runtime - 64);
+    let local = arena.local();
+    let l = Layout::from_size_align(rest - 64, 1).unwrap();
+    let p = (&local).allocate(l).unwrap();
+    assert_eq!(
+        off(&arena, p),
+        64,
+        "the local handle starts after the block"
+    );
+    drop(local);
+    assert_eq!(arena.used(), runtime - 64);
+    assert_eq!(off(&arena, (&arena).allocate(L64).unwrap()), runtime - 64);
+    assert_eq!(arena.remaining(), 0);
+    assert_eq!(arena.high_water_mark(), runtime);
 }
