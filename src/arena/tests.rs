@@ -620,7 +620,7 @@ fn one_thread_parity(runtime: usize) {
                     }
                 }
                 5 | 6 if !live.is_empty() => {
-                    let i = if pick % 2 == 0 {
+                    let i = if pick.is_multiple_of(2) {
                         live.len() - 1
                     } else {
                         pick as usize % live.len()
@@ -631,7 +631,7 @@ fn one_thread_parity(runtime: usize) {
                     unsafe { arena.deallocate(p, l) };
                 }
                 7 | 8 if !live.is_empty() => {
-                    let i = if pick % 2 == 0 {
+                    let i = if pick.is_multiple_of(2) {
                         live.len() - 1
                     } else {
                         pick as usize % live.len()
@@ -697,7 +697,7 @@ fn zero_size_and_huge_alignment() {
             assert_eq!(addr % align, 0);
             assert!(addr >= base + 100 && addr < base + (1 << 16), "{align}");
         } else {
-            assert!(align > 1 << 16 || base % align != 0, "{align} should fit");
+            assert!(align > 1 << 16 || !base.is_multiple_of(align), "{align} should fit");
         }
     }
     let big = Layout::from_size_align(isize::MAX as usize - (1 << 20) + 1, 1 << 20).unwrap();
