@@ -697,7 +697,10 @@ fn zero_size_and_huge_alignment() {
             assert_eq!(addr % align, 0);
             assert!(addr >= base + 100 && addr < base + (1 << 16), "{align}");
         } else {
-            assert!(align > 1 << 16 || !base.is_multiple_of(align), "{align} should fit");
+            assert!(
+                align > 1 << 16 || !base.is_multiple_of(align),
+                "{align} should fit"
+            );
         }
     }
     let big = Layout::from_size_align(isize::MAX as usize - (1 << 20) + 1, 1 << 20).unwrap();
@@ -826,4 +829,60 @@ fn local_arena_gets_what_remaining_promises() {
     assert_eq!(off(&arena, (&arena).allocate(L64).unwrap()), runtime - 64);
     assert_eq!(arena.remaining(), 0);
     assert_eq!(arena.high_water_mark(), runtime);
+}
+
+/// A cross-thread free can move the shared pointer back into a thread's
+/// full chunk; another thread then takes a chunk over the same range. A
+/// block of that new chunk freed on the first thread ends at the first
+/// thread's chunk cursor and passes its "most recent block" check, so the
+/// first thread takes the freed block's range back. That range is free,
+/// so no live block is handed out twice (the SAFETY argument holds, though
+/// "the most recent block of its chunk" is not what is checked).
+#[test]
+fn free_attributed_to_another_threads_chunk_stays_disjoint() {
+    let arena = BumpArena::heap_for_tests(1 << 20, 0);
+    let arena = &arena;
+    let half = Layout::from_size_align(8 << 10, 8).unwrap();
+    let (tx_b, rx_b) = std::sync::mpsc::channel::<SendPtr>();
+    let (tx_done, rx_done) = std::sync::mpsc::channel::<usize>();
+    std::thread::scope(|s| {
+        // Thread B: fills its first chunk with one block, which main frees.
+        let b = s.spawn(move || {
+            let b1 = arena.allocate(L16K).unwrap().cast::<u8>();
+            tx_done.send(b1.as_ptr() as usize).unwrap();
+            // Later: free a block of thread C's chunk here, then allocate.
+            let c2 = rx_b.recv().unwrap();
+            // SAFETY: C's live 8 KiB block, handed over.
+            unsafe { arena.deallocate(c2.0, half) };
+            let n = arena.allocate(half).unwrap().cast::<u8>();
+            // SAFETY: a fresh 8 KiB block.
+            unsafe { n.as_ptr().write_bytes(0xBB, half.size()) };
+            n.as_ptr() as usize
+        });
+        let b1 = rx_done.recv().unwrap();
+        let p = arena.ptr_at(b1 - arena.as_ptr() as usize).unwrap();
+        // SAFETY: B's block, not used by B after sending it.
+        unsafe { arena.deallocate(p, L16K) };
+        assert_eq!(arena.cursor.load(Relaxed), b1, "moved back into B's chunk");
+        // Thread C: a chunk over the same range, two 8 KiB blocks.
+        let (c1, c2) = s
+            .spawn(move || {
+                let c1 = arena.allocate(half).unwrap().cast::<u8>();
+                let c2 = arena.allocate(half).unwrap().cast::<u8>();
+                // SAFETY: fresh 8 KiB blocks.
+                unsafe { c1.as_ptr().write_bytes(0xC1, half.size()) };
+                (c1.as_ptr() as usize, SendPtr(c2))
+            })
+            .join()
+            .unwrap();
+        assert_eq!(c1, b1);
+        let c2_addr = c2.0.as_ptr() as usize;
+        tx_b.send(c2).unwrap();
+        let n = b.join().unwrap();
+        assert_eq!(n, c2_addr, "B reuses the freed block's range");
+        // C's live block is intact.
+        // SAFETY: c1 is live (8 KiB).
+        let c1s = unsafe { std::slice::from_raw_parts(p.as_ptr(), half.size()) };
+        assert!(c1s.iter().all(|&x| x == 0xC1));
+    });
 }
