@@ -148,6 +148,12 @@ impl Chunk {
         }
     }
 
+    /// End the chunk at its cursor (its tail went back to the shared
+    /// pointer).
+    pub(super) fn truncate(&self) {
+        self.limit.set(self.cur.get());
+    }
+
     /// Whether `a..a+size` is the most recent block of this chunk.
     #[inline]
     pub(super) fn is_last(&self, a: usize, size: usize) -> bool {

@@ -45,6 +45,8 @@ unsafe impl Send for LocalArena<'_> {}
 
 impl<'a> LocalArena<'a> {
     pub(super) fn new(arena: &'a BumpArena) -> Self {
+        // This thread's `&BumpArena` chunk tail would be out of reach.
+        arena.give_back_thread_tail();
         // Start with an empty chunk at the arena's end: the first allocation
         // takes the refill path.
         LocalArena {

@@ -173,7 +173,9 @@ impl ArenaBuilder {
     ///
     /// The price: while several threads allocate, each holds the unused
     /// tail of its chunk (at most 256 KiB per thread, until
-    /// [`BumpArena::reset`] or [`BumpArena::rewind_to`]), so a nearly full
+    /// [`BumpArena::reset`] or [`BumpArena::rewind_to`]; a thread that
+    /// exits keeps it too, so every short-lived thread that allocates costs
+    /// at least its first 16 KiB chunk), so a nearly full
     /// arena can refuse a request that a single shared pointer would have
     /// served, and [`BumpArena::used`] counts those tails. A single thread
     /// wastes nothing: its chunk grows in place and it sees exact figures.
@@ -724,8 +726,10 @@ impl BumpArena {
 
     /// Runtime bytes handed out, including alignment padding, chunks held by
     /// [`LocalArena`] handles and the unused tails of other threads' chunks
-    /// (see [`ArenaBuilder::thread_chunks`]). Exact when one thread
-    /// allocates. Bytes of the runtime region, from `activations_base`.
+    /// (see [`ArenaBuilder::thread_chunks`]), as seen from the calling
+    /// thread: exact on the thread that allocates when one thread
+    /// allocates (another thread's figure includes that thread's unused
+    /// chunk tail). Bytes of the runtime region, from `activations_base`.
     pub fn used(&self) -> usize {
         self.exact_cursor() - self.runtime_start()
     }

@@ -195,6 +195,34 @@ impl BumpArena {
         });
     }
 
+    /// Give this thread's unused chunk tail back to the shared pointer when
+    /// nothing was taken after it, so that a [`LocalArena`](super::LocalArena)
+    /// made on this thread starts where this thread's blocks end (as
+    /// `remaining()` promised). The chunk then ends at its cursor; a later
+    /// `&BumpArena` allocation extends it again while the pointer allows.
+    pub(super) fn give_back_thread_tail(&self) {
+        if self.token == NO_THREAD_CHUNKS {
+            return;
+        }
+        self.with_slot(|s| {
+            if s.token.get() != self.token {
+                return;
+            }
+            let (cur, limit) = (s.chunk.cur(), s.chunk.limit());
+            // Release: freed blocks in the tail may hold this thread's
+            // writes. No high-water mark update: this thread counted the
+            // tail as free already.
+            if cur < limit
+                && self
+                    .cursor
+                    .compare_exchange(limit, cur, AcqRel, Relaxed)
+                    .is_ok()
+            {
+                s.chunk.truncate();
+            }
+        });
+    }
+
     /// Allocate straight from the shared pointer (one compare-and-swap).
     pub(super) fn alloc_shared(&self, layout: Layout) -> Result<NonNull<[u8]>, AllocError> {
         let mut cur = self.cursor.load(Relaxed);
