@@ -727,7 +727,7 @@ fn one_thread_can_allocate_all_that_remains() {
         &[16 << 10],
         &[300_000],
     ] {
-        let runtime = if cfg!(miri) { 40_000 } else { 1 << 20 };
+        let runtime = if cfg!(miri) { 6_000 } else { 1 << 20 };
         let arena = BumpArena::heap_for_tests(runtime + 123, 123);
         let mut i = 0;
         while arena.remaining() > 0 {
