@@ -794,11 +794,16 @@ fn populate(ptr: NonNull<u8>, len: usize, granule: usize, threads: usize) -> io:
     if n <= 1 {
         return whole.populate();
     }
-    // No start gate: a new thread maps memory while it starts (its malloc
-    // arena, its signal stack), and that `mmap` needs the mmap_lock for
-    // writing, which a running MADV_POPULATE_WRITE holds for reading. One
-    // call per chunk lets the helper in after at most one chunk, where one
-    // call for a whole half would have made it wait for that half.
+    // A new thread maps memory while it starts (its malloc arena, its signal
+    // stack), and each such `mmap` needs the mmap_lock for writing, which a
+    // running MADV_POPULATE_WRITE holds for reading. So the calling thread
+    // waits, briefly, until the helpers run before it takes a chunk; a helper
+    // the scheduler has not started by then costs at most [`START_WAIT`]
+    // here, and later waits for at most one chunk per `mmap` (one call per
+    // chunk; one call per half would have made it wait for a whole half).
+    const START_WAIT: std::time::Duration = std::time::Duration::from_millis(1);
+    let started = AtomicUsize::new(0);
+    let started = &started;
     let next = AtomicUsize::new(0);
     let failed = AtomicBool::new(false);
     let (next, failed) = (&next, &failed);
@@ -823,10 +828,17 @@ fn populate(ptr: NonNull<u8>, len: usize, granule: usize, threads: usize) -> io:
             .filter_map(|_| {
                 std::thread::Builder::new()
                     .stack_size(64 << 10)
-                    .spawn_scoped(scope, work)
+                    .spawn_scoped(scope, move || {
+                        started.fetch_add(1, Ordering::Relaxed);
+                        work()
+                    })
                     .ok()
             })
             .collect();
+        let since = std::time::Instant::now();
+        while started.load(Ordering::Relaxed) < helpers.len() && since.elapsed() < START_WAIT {
+            std::thread::yield_now();
+        }
         let mut first = work();
         for helper in helpers {
             let failure = helper.join().unwrap_or_else(|_| {
