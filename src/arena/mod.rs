@@ -793,7 +793,10 @@ impl BumpArena {
     /// chunk tails that thread saw held by others (see
     /// [`ArenaBuilder::thread_chunks`]); blocks allocated later inside such
     /// a tail lie below the checkpoint and stay allocated until
-    /// [`reset`](Self::reset) or a rewind to an earlier checkpoint.
+    /// [`reset`](Self::reset) or a rewind to an earlier checkpoint. For the
+    /// same reason a stale checkpoint that lies within the unused tail of a
+    /// chunk is accepted: the bump pointer then moves up to it, leaving at
+    /// most that tail unused until the next reset or rewind.
     ///
     /// # Errors
     /// [`ArenaError::BadCheckpoint`] for a checkpoint of another arena or one
