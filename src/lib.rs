@@ -61,9 +61,12 @@ mod arena;
 pub mod caching;
 #[cfg(feature = "capi")]
 pub mod capi;
+pub mod env;
 pub mod huge;
+mod par;
 mod probe;
 mod stats;
+mod tier;
 #[cfg(feature = "weights")]
 pub mod weights;
 
@@ -76,12 +79,11 @@ pub use huge::{
     HugeRegion,
 };
 pub use probe::{huge_page_coverage, probe, HugeCoverage, HugetlbPool, SystemHugePages};
-pub use stats::{huge_stats, HugeStats, TierStats};
+pub use stats::{huge_stats, human_bytes, HugeStats, TierStats};
 
-/// Test-only fault injection into the OS layer (feature `fault-injection`).
-#[cfg(feature = "fault-injection")]
+/// Test-only fault injection into the OS layer (`--cfg ckalloc_fault_injection`).
+#[cfg(ckalloc_fault_injection)]
 #[doc(hidden)]
 pub mod fault {
-    pub use crate::sys::fault::*;
-    pub use crate::sys::Op;
+    pub use crate::sys::fault::{calls, fail_from, fail_nth, pending, reset, Op};
 }

@@ -1,9 +1,10 @@
 //! Seeing what you got: the system's huge-page state ([`probe`]) and how much
 //! of a range is backed by huge pages ([`huge_page_coverage`]).
 
-use crate::huge::selected_word;
 use crate::stats::human_bytes;
 use crate::sys;
+use crate::tier::{self, THP_DEFRAG, THP_ENABLED};
+use std::ffi::CStr;
 use std::fmt;
 use std::io;
 
@@ -153,9 +154,9 @@ impl SystemHugePages {
     }
 }
 
-fn read_choice(path: &str) -> Option<String> {
-    let text = std::fs::read(path).ok()?;
-    selected_word(&text).map(|w| String::from_utf8_lossy(w).into_owned())
+fn read_choice(path: &CStr) -> Option<String> {
+    let mut buf = [0u8; 128];
+    tier::sysfs_choice(path, &mut buf).map(|w| String::from_utf8_lossy(w).into_owned())
 }
 
 fn read_u64(path: &std::path::Path) -> Option<u64> {
@@ -188,8 +189,8 @@ pub fn probe() -> SystemHugePages {
     hugetlb.sort_by_key(|p| p.page_size);
     let (memlock_soft, memlock_hard) = sys::memlock_limit().unwrap_or((None, None));
     SystemHugePages {
-        thp_enabled: read_choice("/sys/kernel/mm/transparent_hugepage/enabled"),
-        thp_defrag: read_choice("/sys/kernel/mm/transparent_hugepage/defrag"),
+        thp_enabled: read_choice(THP_ENABLED),
+        thp_defrag: read_choice(THP_DEFRAG),
         hugetlb,
         base_page_size: sys::page_size() as u64,
         memlock_soft,

@@ -4,7 +4,7 @@
 //! other threads allocate may mix moments (as any statistics read under
 //! load). Reading them never allocates.
 
-use crate::huge::Backing;
+use crate::tier::Backing;
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
@@ -53,16 +53,11 @@ impl Counters {
     }
 
     /// A mapping grew from `old` to `new` bytes by `mremap`; the added bytes
-    /// count as mapped (on the THP tier's books when THP is in use, else
-    /// normal; hugetlb never grows this way).
-    pub(crate) fn record_grow(&self, old: usize, new: usize) {
+    /// count as mapped on the books of `backing`, the tier of the grown
+    /// mapping (THP or plain pages: hugetlb never grows this way).
+    pub(crate) fn record_grow(&self, old: usize, new: usize, backing: Backing) {
         self.remaps.fetch_add(1, Relaxed);
-        let t = if crate::huge::thp_enabled() {
-            Backing::TransparentHuge
-        } else {
-            Backing::Normal
-        };
-        self.map_bytes[tier(t)].fetch_add((new - old) as u64, Relaxed);
+        self.map_bytes[tier(backing)].fetch_add((new - old) as u64, Relaxed);
     }
 }
 
@@ -128,9 +123,16 @@ pub fn huge_stats() -> HugeStats {
     }
 }
 
-/// Format a byte count with a binary unit (`1.50 GiB`).
-pub(crate) fn human_bytes(bytes: u64) -> String {
-    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+/// Format a byte count with a binary unit: whole bytes below 1 KiB
+/// (`512 B`), else two decimals of the largest unit from KiB to PiB that
+/// keeps the number at least 1 (`1.50 GiB`; units of 1024 bytes).
+///
+/// ```
+/// assert_eq!(ckalloc::human_bytes(512), "512 B");
+/// assert_eq!(ckalloc::human_bytes(3 << 29), "1.50 GiB");
+/// ```
+pub fn human_bytes(bytes: u64) -> String {
+    const UNITS: [&str; 6] = ["B", "KiB", "MiB", "GiB", "TiB", "PiB"];
     let mut v = bytes as f64;
     let mut u = 0;
     while v >= 1024.0 && u + 1 < UNITS.len() {

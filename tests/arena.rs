@@ -947,6 +947,10 @@ fn arena_is_send_and_sync_local_is_send() {
     send::<LocalArena<'static>>();
 }
 
+// A `LocalArena` bumps through `Cell`s: sharing one between threads must not
+// compile.
+static_assertions::assert_not_impl_any!(LocalArena<'static>: Sync);
+
 #[cfg(feature = "weights")]
 #[test]
 fn writer_reader_arena_round_trip_for_both_versions() {
@@ -1160,7 +1164,7 @@ fn alternating_arenas_keep_their_chunks() {
     assert_eq!((a.used(), b.used()), (64_000, 64_000));
 }
 
-// ---- review3 -----------------------------------------------------------------
+// ---- thread-chunk slots of several arenas --------------------------------------
 
 /// Two live arenas must not share a thread-chunk slot just because their
 /// ids are equal modulo 8 (here: seven arenas were built and dropped in

@@ -3,9 +3,9 @@
 //! leaked mapping, huge-page statistics back to their starting values, and
 //! the arena still usable after a failed materialization.
 //!
-//! Run with `cargo test --features fault-injection --test arena_faults`. The
+//! Run with `scripts/test` (or `RUSTFLAGS="--cfg ckalloc_fault_injection" cargo test --test arena_faults`). The
 //! fault state is process-global, so this file holds a single test.
-#![cfg(feature = "fault-injection")]
+#![cfg(ckalloc_fault_injection)]
 
 use ckalloc::fault::{self, Op};
 use ckalloc::*;

@@ -5,9 +5,9 @@
 //! afterwards the caching statistics and the huge-page statistics return to
 //! their starting values (nothing stays mapped).
 //!
-//! Run with `cargo test --features fault-injection --test caching_faults`.
+//! Run with `scripts/test` (or `RUSTFLAGS="--cfg ckalloc_fault_injection" cargo test --test caching_faults`).
 //! The fault state is process-global, so the tests take a lock.
-#![cfg(feature = "fault-injection")]
+#![cfg(ckalloc_fault_injection)]
 
 mod common;
 use allocator_api2::alloc::{Allocator, Layout};

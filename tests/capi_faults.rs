@@ -3,8 +3,8 @@
 //! return -1, with a reason in `ck_last_error()`, the struct left zeroed
 //! (mode UNINITIALIZED), nothing mapped and the statistics unchanged.
 //!
-//! Run with `cargo test --features capi,fault-injection --test capi_faults`.
-#![cfg(all(feature = "capi", feature = "fault-injection"))]
+//! Run with `scripts/test` (or `RUSTFLAGS="--cfg ckalloc_fault_injection" cargo test --features capi --test capi_faults`).
+#![cfg(all(feature = "capi", ckalloc_fault_injection))]
 
 use ckalloc::capi::*;
 use ckalloc::fault::{self, Op};

@@ -1,7 +1,7 @@
 //! Fault injection into the OS layer under the huge-page paths: every
 //! failure gives a typed error (or null / `AllocError`), nothing panics,
 //! nothing stays mapped, and the counters return to where they started.
-#![cfg(feature = "fault-injection")]
+#![cfg(ckalloc_fault_injection)]
 
 mod common;
 use allocator_api2::alloc::{Allocator, Layout};

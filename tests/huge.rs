@@ -461,7 +461,7 @@ fn populate_threads_prefaults_every_page() {
 }
 
 /// The `/proc/self/maps` lines of mappings at least `min` bytes long.
-#[cfg(feature = "fault-injection")]
+#[cfg(ckalloc_fault_injection)]
 fn big_mappings(min: usize) -> Vec<String> {
     mappings_overlapping(0, usize::MAX >> 1)
         .into_iter()
@@ -481,7 +481,7 @@ fn big_mappings(min: usize) -> Vec<String> {
         .collect()
 }
 
-#[cfg(feature = "fault-injection")]
+#[cfg(ckalloc_fault_injection)]
 #[test]
 fn populate_threads_one_failed_chunk_fails_and_releases_all() {
     use ckalloc::fault::{self, Op};

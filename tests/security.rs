@@ -8,6 +8,9 @@
 //!   touch of a dropped page raises `SIGBUS` (shown in a child process). Anon
 //!   mode, the documented remedy, holds its own copy and is unaffected.
 //!
+//! * A FIFO or a device given as the weights file or a sidecar fails at
+//!   once as "not a regular file" instead of blocking or reading forever.
+//!
 //! The read-only protections (`r--p`), the `SIGSEGV` on a write and the
 //! unchanged bytes and mtime are in `tests/arena.rs`.
 #![cfg(target_os = "linux")]
@@ -17,8 +20,10 @@ use ckalloc::{ArenaMode, BumpArena, ModePolicy};
 use common::serial;
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::process::ExitStatusExt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
+use std::sync::mpsc;
+use std::time::Duration;
 
 const PAGE: usize = 4096;
 
@@ -76,7 +81,7 @@ fn replacing_the_path_after_build_changes_nothing() {
 }
 
 /// One `open` and one `fstat` per build: the file is checked once.
-#[cfg(feature = "fault-injection")]
+#[cfg(ckalloc_fault_injection)]
 #[test]
 fn the_weights_file_is_opened_and_checked_once() {
     let _g = serial();
@@ -202,4 +207,107 @@ fn child_touch_after_truncate() {
 #[ignore = "run by truncating_a_mapped_weights_file_raises_sigbus_in_mixed_mode_only"]
 fn child_anon_after_truncate() {
     child_run(ModePolicy::AnonOnly);
+}
+
+// ---- files that are not regular files
+
+/// Run `f` on a helper thread; `None` if it does not finish in 5 s (a hang).
+fn within_5s<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> Option<T> {
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(f());
+    });
+    rx.recv_timeout(Duration::from_secs(5)).ok()
+}
+
+fn mkfifo(path: &Path) {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(path.as_os_str().as_bytes()).unwrap();
+    // SAFETY: valid NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0, "mkfifo");
+}
+
+fn fifo_in(dir: &Path, name: &str) -> PathBuf {
+    let p = dir.join(name);
+    mkfifo(&p);
+    p
+}
+
+/// A FIFO given as the weights file fails with `NotRegularFile` instead of
+/// blocking in open(2) until a writer appears.
+#[test]
+#[cfg_attr(miri, ignore)]
+fn fifo_weights_file_fails_fast() {
+    let dir = tempfile::tempdir().unwrap();
+    let fifo = fifo_in(dir.path(), "weights.bump");
+    let r = within_5s(move || {
+        ckalloc::BumpArena::builder(1 << 20)
+            .weights_file(&fifo)
+            .activations_base(4096)
+            .build()
+            .err()
+            .map(|e| e.to_string())
+    });
+    let msg = r
+        .expect("build() hung on a FIFO")
+        .expect("a FIFO must be rejected");
+    assert!(msg.contains("not a regular file"), "{msg}");
+}
+
+/// `WeightsFile::open` rejects a FIFO the same way.
+#[cfg(feature = "weights")]
+#[test]
+#[cfg_attr(miri, ignore)]
+fn weights_reader_rejects_fifo_fast() {
+    let dir = tempfile::tempdir().unwrap();
+    let fifo = fifo_in(dir.path(), "weights.bump");
+    let r = within_5s(move || {
+        ckalloc::weights::WeightsFile::open(&fifo)
+            .err()
+            .map(|e| e.to_string())
+    });
+    let msg = r
+        .expect("WeightsFile::open hung on a FIFO")
+        .expect("must fail");
+    assert!(msg.contains("not a regular file"), "{msg}");
+}
+
+/// `Manifest::load_sidecars` rejects a sidecar that is a FIFO (which would
+/// block) ...
+#[cfg(feature = "weights")]
+#[test]
+#[cfg_attr(miri, ignore)]
+fn sidecar_fifo_fails_fast() {
+    let dir = tempfile::tempdir().unwrap();
+    fifo_in(dir.path(), "weights_manifest.map");
+    let d = dir.path().to_path_buf();
+    let r = within_5s(move || {
+        ckalloc::weights::Manifest::load_sidecars(&d)
+            .err()
+            .map(|e| e.to_string())
+    });
+    let msg = r
+        .expect("load_sidecars hung on a FIFO sidecar")
+        .expect("must fail");
+    assert!(msg.contains("not a regular file"), "{msg}");
+}
+
+/// ... or a symlink to `/dev/zero` (which would be read until memory runs
+/// out).
+#[cfg(feature = "weights")]
+#[test]
+#[cfg_attr(miri, ignore)]
+fn sidecar_dev_zero_fails_fast() {
+    let dir = tempfile::tempdir().unwrap();
+    std::os::unix::fs::symlink("/dev/zero", dir.path().join("weights_manifest.json")).unwrap();
+    let d = dir.path().to_path_buf();
+    let r = within_5s(move || {
+        ckalloc::weights::Manifest::load_sidecars(&d)
+            .err()
+            .map(|e| e.to_string())
+    });
+    let msg = r
+        .expect("load_sidecars kept reading /dev/zero")
+        .expect("must fail");
+    assert!(msg.contains("not a regular file"), "{msg}");
 }

@@ -5,6 +5,7 @@
 use super::ArenaError;
 use crate::huge::{self, Backing, HugeOptions};
 use crate::sys::{self, HUGE_PAGE_2M};
+use crate::tier;
 use std::ptr::NonNull;
 
 /// Where the arena sits inside its mapping.
@@ -236,7 +237,7 @@ pub(super) fn mixed(
         }
     }
     if runtime_len > 0 {
-        storage.backing = if huge::thp_enabled()
+        storage.backing = if tier::thp_enabled()
             && sys::madvise(runtime.as_ptr(), runtime_len, sys::Advice::HugePage).is_ok()
         {
             Backing::TransparentHuge

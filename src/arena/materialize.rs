@@ -6,10 +6,11 @@
 //! is compared with the size checked at build time before and after reading.
 
 use super::{open_weights, ArenaError, ArenaMode, BumpArena, Plan};
+use crate::par::{SendPtr, Workers};
 use crate::sys;
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
 
 /// Bytes per `pread` / work item.
 const BLOCK: usize = 16 << 20;
@@ -17,25 +18,6 @@ const BLOCK: usize = 16 << 20;
 const PARALLEL_MIN: usize = 64 << 20;
 /// At most this many threads read.
 const MAX_THREADS: usize = 8;
-
-/// The weights region's base pointer, shared by the reader threads, which
-/// write disjoint blocks of it.
-#[derive(Clone, Copy)]
-struct Dst(*mut u8);
-// SAFETY: each thread writes only the blocks it claimed through an atomic
-// counter, so no two threads touch the same byte; the region outlives the
-// thread scope.
-unsafe impl Send for Dst {}
-// SAFETY: as above.
-unsafe impl Sync for Dst {}
-
-impl Dst {
-    /// (A method, so closures capture the whole `Send` wrapper, not the
-    /// raw pointer field.)
-    fn at(self, off: usize) -> *mut u8 {
-        self.0.wrapping_add(off)
-    }
-}
 
 impl BumpArena {
     /// Copy the weights file's bytes `[weights_base, activations_base)` into
@@ -88,7 +70,10 @@ impl BumpArena {
         let read_len = file_end.saturating_sub(wb);
         // Advice only: the copy works without it.
         let _ = sys::fadvise_sequential(&src.fd, wb as u64, read_len as u64);
-        let dst = Dst(self.ptr_at_unchecked(wb));
+        // SAFETY: the weights region is read-write anonymous memory owned by
+        // the arena, which `&mut self` keeps alive and unshared while the
+        // readers run; each reader writes only the blocks it claimed.
+        let dst = unsafe { SendPtr::new(self.ptr_at_unchecked(wb)) };
         read_parallel(&src.fd, dst, wb, read_len, progress)?;
         check_size()?;
         if ab > wb + read_len {
@@ -121,56 +106,18 @@ impl BumpArena {
     }
 }
 
-/// Read `len` bytes of `fd` at `offset` into `dst..dst+len`.
+/// Read `len` bytes of `fd` at `offset` into `dst..dst+len`, in blocks of
+/// [`BLOCK`] bytes, on several threads when the range is large.
 fn read_parallel(
     fd: &sys::Fd,
-    dst: Dst,
+    dst: SendPtr,
     offset: usize,
     len: usize,
     mut progress: impl FnMut(u64, u64),
 ) -> Result<(), ArenaError> {
     let total = len as u64;
     let blocks = len.div_ceil(BLOCK);
-    let next = AtomicUsize::new(0);
     let done = AtomicU64::new(0);
-    let failed = AtomicBool::new(false);
-    let error: Mutex<Option<ArenaError>> = Mutex::new(None);
-
-    // Claim blocks until none is left or a reader failed; returns after each
-    // block so the calling thread can report progress.
-    let work_one = || -> bool {
-        if failed.load(Ordering::Relaxed) {
-            return false;
-        }
-        let i = next.fetch_add(1, Ordering::Relaxed);
-        if i >= blocks {
-            return false;
-        }
-        let start = i * BLOCK;
-        let n = BLOCK.min(len - start);
-        // SAFETY: block `i` is claimed by this thread alone (atomic counter);
-        // it lies inside the weights region, which is read-write anonymous
-        // memory that outlives the scope.
-        let buf = unsafe { std::slice::from_raw_parts_mut(dst.at(start), n) };
-        let file_off = (offset + start) as u64;
-        match sys::pread_exact(fd, buf, file_off) {
-            Ok(()) => {
-                done.fetch_add(n as u64, Ordering::Relaxed);
-                true
-            }
-            Err(source) => {
-                failed.store(true, Ordering::Relaxed);
-                let mut slot = error.lock().unwrap_or_else(|p| p.into_inner());
-                slot.get_or_insert(ArenaError::ReadWeights {
-                    offset: file_off,
-                    len: n,
-                    source,
-                });
-                false
-            }
-        }
-    };
-
     let threads = if len >= PARALLEL_MIN {
         std::thread::available_parallelism()
             .map_or(1, |n| n.get())
@@ -179,36 +126,38 @@ fn read_parallel(
     } else {
         1
     };
-    let finished = AtomicUsize::new(0);
-    let (work_one, finished) = (&work_one, &finished);
-    std::thread::scope(|s| {
-        let mut spawned = 0;
-        for _ in 1..threads {
-            let worker = move || {
-                while work_one() {}
-                finished.fetch_add(1, Ordering::Release);
-            };
-            // A thread that cannot be spawned just means fewer readers.
-            if std::thread::Builder::new()
-                .name("ckalloc-materialize".into())
-                .spawn_scoped(s, worker)
-                .is_ok()
-            {
-                spawned += 1;
+    let workers = Workers {
+        threads,
+        name: Some("ckalloc-materialize"),
+        stack_size: None,
+        start_wait: Duration::ZERO,
+    };
+    // (offset in the range, length) of block `i`.
+    let block = |i: usize| {
+        let start = i * BLOCK;
+        (start, BLOCK.min(len - start))
+    };
+    let read_block = |i: usize| {
+        let (start, n) = block(i);
+        // SAFETY: block `i` is claimed by this thread alone (the workers'
+        // shared counter); it lies inside the weights region, which is
+        // read-write anonymous memory that outlives the threads.
+        let buf = unsafe { std::slice::from_raw_parts_mut(dst.at(start), n) };
+        sys::pread_exact(fd, buf, (offset + start) as u64)?;
+        done.fetch_add(n as u64, Ordering::Relaxed);
+        Ok(())
+    };
+    let mut report = || progress(done.load(Ordering::Relaxed), total);
+    workers
+        .run(blocks, read_block, Some(&mut report))
+        .map_err(|(i, source)| {
+            let (start, n) = if i < blocks { block(i) } else { (0, len) };
+            ArenaError::ReadWeights {
+                offset: (offset + start) as u64,
+                len: n,
+                source,
             }
-        }
-        while work_one() {
-            progress(done.load(Ordering::Relaxed), total);
-        }
-        // Keep reporting while the other readers finish their last blocks.
-        while finished.load(Ordering::Acquire) < spawned {
-            std::thread::sleep(std::time::Duration::from_millis(2));
-            progress(done.load(Ordering::Relaxed), total);
-        }
-    });
-    if let Some(e) = error.into_inner().unwrap_or_else(|p| p.into_inner()) {
-        return Err(e);
-    }
+        })?;
     progress(total, total);
     Ok(())
 }

@@ -11,6 +11,7 @@ mod shared;
 pub use error::{ArenaError, FallbackReason};
 pub use local::LocalArena;
 
+use crate::env;
 use crate::huge::{Backing, HugeOptions};
 use crate::probe::{huge_page_coverage, HugeCoverage};
 use crate::sys;
@@ -251,11 +252,12 @@ impl ArenaBuilder {
                 let s = map::mixed(&plan, &src.fd, src.size, &self.huge)?;
                 (s, ArenaMode::MixedFileBacked, None)
             }
-            ModePolicy::Auto => {
-                let force = crate::huge::env_flag(sys::getenv(c"CK_BUMP_FORCE_MIXED"));
-                let disable = crate::huge::env_flag(sys::getenv(c"CK_BUMP_DISABLE_MIXED"));
-                self.auto(&plan, source.as_ref(), force, disable)?
-            }
+            ModePolicy::Auto => self.auto(
+                &plan,
+                source.as_ref(),
+                env::force_mixed(),
+                env::disable_mixed(),
+            )?,
         };
 
         let id = NEXT_ARENA_ID.fetch_add(1, Ordering::Relaxed);

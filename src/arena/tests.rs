@@ -5,19 +5,6 @@ use allocator_api2::alloc::{Allocator, Layout};
 use allocator_api2::vec::Vec;
 
 #[test]
-fn seed_env_flag_matches_seed() {
-    use crate::huge::env_flag as f;
-    assert!(!f(None));
-    for off in [&b""[..], b"0", b"false", b"FALSE", b"No", b"no"] {
-        assert!(!f(Some(off)), "{off:?}");
-    }
-    // The seed neither trims nor knows "off".
-    for on in [&b"1"[..], b"yes", b"off", b" 0", b"true", b"2"] {
-        assert!(f(Some(on)), "{on:?}");
-    }
-}
-
-#[test]
 fn shared_bump_aligns_frees_last_and_grows_in_place() {
     let arena = BumpArena::heap_for_tests(1 << 16, 100);
     let a = &arena;

@@ -422,7 +422,7 @@ impl<A: Allocator> CachingAllocator<A> {
     /// # Errors
     /// `NotUnicode` if the value is not Unicode, else as [`from_spec`](Self::from_spec).
     pub fn from_env(inner: A, var: &str) -> Result<CachingAllocator<A>, SpecError> {
-        match std::env::var_os(var) {
+        match crate::env::var_os(var) {
             None => Ok(Self::unbounded(inner)),
             Some(v) => match v.to_str() {
                 Some(s) => Self::from_spec(inner, s),

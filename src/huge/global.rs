@@ -1,9 +1,10 @@
 //! [`CkHuge`]: a global allocator and `allocator_api2` allocator that serves
 //! large requests from huge-page mappings and small ones from `System`.
 
-use super::{map_huge, thp_enabled, unmap, HugeOptions};
+use super::{map_huge, unmap, HugeOptions};
 use crate::stats::COUNTERS;
 use crate::sys::{self, Advice, HUGE_PAGE_2M};
+use crate::tier::{self, Backing};
 use allocator_api2::alloc::{AllocError, Allocator, Layout};
 use std::alloc::{GlobalAlloc, System};
 use std::ptr::{self, NonNull};
@@ -212,10 +213,11 @@ impl CkHuge {
             })
         });
         if let Ok(p) = grown {
-            if thp_enabled() {
+            let backing = tier::anon_tier();
+            if backing == Backing::TransparentHuge {
                 let _ = sys::madvise(p.as_ptr(), new_len, Advice::HugePage);
             }
-            COUNTERS.record_grow(old_len, new_len);
+            COUNTERS.record_grow(old_len, new_len, backing);
             zero_dirty(p.as_ptr());
             return p.as_ptr();
         }

@@ -92,13 +92,6 @@ impl HugeRegion {
         self.ptr.as_ptr()
     }
 
-    /// The start as `NonNull` (for crate-internal users that hand out
-    /// disjoint pieces under their own synchronisation).
-    #[allow(dead_code)]
-    pub(crate) fn non_null(&self) -> NonNull<u8> {
-        self.ptr
-    }
-
     /// The requested size in bytes.
     pub fn len(&self) -> usize {
         self.len

@@ -1,0 +1,216 @@
+//! The environment variables ckalloc reads, all read here.
+//!
+//! | Variable | Values | Default | Read by | Rule |
+//! |---|---|---|---|---|
+//! | `CKALLOC_HUGETLB` | on / off switch | on | the tier ladder ([`HugeRegion`](crate::HugeRegion), [`CkHuge`](crate::CkHuge), [`huge_alloc`](crate::huge_alloc), the arena): off skips the hugetlb tier unless a caller requires it | `CKALLOC_*` switch, read once per process ([`hugetlb_allowed`]) |
+//! | `CKALLOC_THP` | on / off switch | on | the tier ladder and `mremap` growth: off skips `MADV_HUGEPAGE` | `CKALLOC_*` switch, read once per process ([`thp_allowed`]) |
+//! | `CKALLOC_HUGETLB_BACKOFF_MS` | decimal milliseconds | 1000 | the tier ladder: how long hugetlb is skipped after a failed hugetlb `mmap` | trimmed decimal `u64`; anything else gives the default; read once per process ([`hugetlb_backoff_ms`]) |
+//! | `CK_BUMP_FORCE_MIXED` | flag | unset | [`ArenaBuilder::build`](crate::ArenaBuilder::build) under [`ModePolicy::Auto`](crate::ModePolicy::Auto): skip anonymous mode | C-Kernel-Engine's `env_flag_enabled`, read at every build ([`force_mixed`]) |
+//! | `CK_BUMP_DISABLE_MIXED` | flag | unset | the same: no fallback to mixed mode | C-Kernel-Engine's `env_flag_enabled`, read at every build ([`disable_mixed`]) |
+//! | `CKALLOC_MODEL_CACHE` | directory | `.cache/models` in the crate's source directory | the `ckalloc` CLI's demo and `scripts/fetch-model`: where the downloaded model is cached | path, not parsed ([`model_cache_dir`]) |
+//! | any name given to [`CachingAllocator::from_env`](crate::caching::CachingAllocator::from_env) | IREE caching-allocator spec | unbounded pools | `from_env` | the spec grammar of [`caching`](crate::caching); must be Unicode |
+//!
+//! The two parsing rules:
+//!
+//! - **`CKALLOC_*` switch**: unset means on. A set value is trimmed of
+//!   ASCII white space; it means off when it is then empty, `0`, `false`,
+//!   `no` or `off` (ASCII case-insensitive), and on otherwise.
+//! - **C-Kernel-Engine's `env_flag_enabled`** (for `CK_BUMP_*`, kept exactly
+//!   as C-Kernel-Engine reads them): unset means not set. A value is set
+//!   unless it is empty, `0`, `false` or `no` (ASCII case-insensitive), with
+//!   no trimming; `off` and ` 0` therefore count as set.
+//!
+//! The switches on the allocation paths are read with `getenv` without
+//! allocating and cached in atomics, so changing them after the first
+//! mapping of the process has no effect. Thread-safety: every function here
+//! may be called from any thread; like every `getenv` reader, they race with
+//! a concurrent `setenv` in another thread.
+
+use crate::sys;
+use std::ffi::{CStr, OsString};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
+
+/// The `CKALLOC_*` switch rule (see the [module docs](self)): `true` (on)
+/// when unset, `false` when the trimmed value is empty, `0`, `false`, `no`
+/// or `off` (ASCII case-insensitive).
+fn ckalloc_switch(value: Option<&[u8]>) -> bool {
+    let Some(v) = value else {
+        return true;
+    };
+    let v = v.trim_ascii();
+    !(v.is_empty()
+        || v == b"0"
+        || v.eq_ignore_ascii_case(b"false")
+        || v.eq_ignore_ascii_case(b"no")
+        || v.eq_ignore_ascii_case(b"off"))
+}
+
+/// C-Kernel-Engine's `env_flag_enabled` rule (see the [module docs](self)):
+/// set and not empty, `0`, `false` or `no` (ASCII case-insensitive, no
+/// trimming).
+pub(crate) fn ck_flag_enabled(value: Option<&[u8]>) -> bool {
+    match value {
+        None => false,
+        Some(v) => {
+            !(v.is_empty()
+                || v == b"0"
+                || v.eq_ignore_ascii_case(b"false")
+                || v.eq_ignore_ascii_case(b"no"))
+        }
+    }
+}
+
+/// A decimal `u64` after trimming ASCII white space; `None` for anything
+/// else (including overflow).
+fn parse_u64(v: &[u8]) -> Option<u64> {
+    let v = v.trim_ascii();
+    if v.is_empty() {
+        return None;
+    }
+    v.iter().try_fold(0u64, |acc, &b| {
+        if b.is_ascii_digit() {
+            acc.checked_mul(10)?.checked_add(u64::from(b - b'0'))
+        } else {
+            None
+        }
+    })
+}
+
+const UNREAD: u8 = 0;
+const OFF: u8 = 1;
+const ON: u8 = 2;
+
+/// A `CKALLOC_*` switch, read once and cached in `cache`. Never allocates.
+#[inline]
+fn cached_switch(cache: &AtomicU8, name: &CStr) -> bool {
+    match cache.load(Ordering::Relaxed) {
+        ON => true,
+        OFF => false,
+        _ => {
+            let on = ckalloc_switch(sys::getenv(name));
+            cache.store(if on { ON } else { OFF }, Ordering::Relaxed);
+            on
+        }
+    }
+}
+
+/// Whether `CKALLOC_HUGETLB` lets the tier ladder try hugetlb pages: `true`
+/// unless it is set to an off value by the `CKALLOC_*` switch rule (trimmed;
+/// empty, `0`, `false`, `no`, `off`). Read once per process, then cached;
+/// never allocates.
+pub fn hugetlb_allowed() -> bool {
+    static CACHE: AtomicU8 = AtomicU8::new(UNREAD);
+    cached_switch(&CACHE, c"CKALLOC_HUGETLB")
+}
+
+/// Whether `CKALLOC_THP` lets ckalloc advise `MADV_HUGEPAGE`: `true` unless
+/// it is set to an off value by the `CKALLOC_*` switch rule (trimmed; empty,
+/// `0`, `false`, `no`, `off`). Read once per process, then cached; never
+/// allocates. THP is used only when this is `true` and the kernel's THP
+/// mode is not `never`.
+pub fn thp_allowed() -> bool {
+    static CACHE: AtomicU8 = AtomicU8::new(UNREAD);
+    cached_switch(&CACHE, c"CKALLOC_THP")
+}
+
+/// How long, in milliseconds, the tier ladder skips hugetlb after a failed
+/// hugetlb `mmap`: `CKALLOC_HUGETLB_BACKOFF_MS` as a decimal number (ASCII
+/// white space trimmed), else 1000. Read once per process, then cached;
+/// never allocates.
+pub fn hugetlb_backoff_ms() -> u64 {
+    static CACHE: AtomicU64 = AtomicU64::new(u64::MAX);
+    let cached = CACHE.load(Ordering::Relaxed);
+    if cached != u64::MAX {
+        return cached;
+    }
+    let ms = sys::getenv(c"CKALLOC_HUGETLB_BACKOFF_MS")
+        .and_then(parse_u64)
+        .unwrap_or(1000)
+        .min(u64::MAX - 1);
+    CACHE.store(ms, Ordering::Relaxed);
+    ms
+}
+
+/// Whether `CK_BUMP_FORCE_MIXED` is set by C-Kernel-Engine's
+/// `env_flag_enabled` rule (not empty, `0`, `false` or `no`; no trimming):
+/// [`ModePolicy::Auto`](crate::ModePolicy::Auto) then skips anonymous mode.
+/// Read at every call; never allocates.
+pub fn force_mixed() -> bool {
+    ck_flag_enabled(sys::getenv(c"CK_BUMP_FORCE_MIXED"))
+}
+
+/// Whether `CK_BUMP_DISABLE_MIXED` is set by C-Kernel-Engine's
+/// `env_flag_enabled` rule (not empty, `0`, `false` or `no`; no trimming):
+/// [`ModePolicy::Auto`](crate::ModePolicy::Auto) then never falls back to
+/// mixed mode. Read at every call; never allocates.
+pub fn disable_mixed() -> bool {
+    ck_flag_enabled(sys::getenv(c"CK_BUMP_DISABLE_MIXED"))
+}
+
+/// The directory that caches downloaded models (the `ckalloc` CLI's demo,
+/// `scripts/fetch-model`): `CKALLOC_MODEL_CACHE` when set (any value, taken
+/// as a path), else `.cache/models` under the directory holding ckalloc's
+/// `Cargo.toml` at build time. Allocates; not for allocator paths.
+pub fn model_cache_dir() -> PathBuf {
+    var_os("CKALLOC_MODEL_CACHE")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join(".cache/models"))
+}
+
+/// The value of the environment variable `name` as `std::env::var_os`
+/// reads it (allocates; for constructors such as
+/// [`CachingAllocator::from_env`](crate::caching::CachingAllocator::from_env)).
+pub(crate) fn var_os(name: &str) -> Option<OsString> {
+    std::env::var_os(name)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ck_flag_rule_matches_c_kernel_engine() {
+        let f = ck_flag_enabled;
+        assert!(!f(None));
+        for off in [&b""[..], b"0", b"false", b"FALSE", b"No", b"no"] {
+            assert!(!f(Some(off)), "{off:?}");
+        }
+        // C-Kernel-Engine neither trims nor knows "off".
+        for on in [&b"1"[..], b"yes", b"off", b" 0", b"true", b"2"] {
+            assert!(f(Some(on)), "{on:?}");
+        }
+    }
+
+    #[test]
+    fn ckalloc_switch_is_trimmed_and_knows_off() {
+        let f = ckalloc_switch;
+        assert!(f(None), "unset means on");
+        for off in [
+            &b""[..],
+            b"0",
+            b" 0",
+            b"0\n",
+            b"\tfalse ",
+            b"NO",
+            b"off",
+            b" Off ",
+            b"  ",
+        ] {
+            assert!(!f(Some(off)), "{off:?}");
+        }
+        for on in [&b"1"[..], b"yes", b"on", b" 1 ", b"true", b"00", b"offf"] {
+            assert!(f(Some(on)), "{on:?}");
+        }
+    }
+
+    #[test]
+    fn backoff_number_is_trimmed_decimal() {
+        assert_eq!(parse_u64(b"250"), Some(250));
+        assert_eq!(parse_u64(b" 250\n"), Some(250));
+        assert_eq!(parse_u64(b""), None);
+        assert_eq!(parse_u64(b"2 5"), None);
+        assert_eq!(parse_u64(b"-1"), None);
+        assert_eq!(parse_u64(b"99999999999999999999"), None);
+    }
+}

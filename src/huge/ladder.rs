@@ -1,0 +1,267 @@
+//! The tier ladder: [`map_huge`] walks hugetlb, THP and plain pages, one
+//! function per rung; [`finish`] applies the options and counts the mapping;
+//! [`unmap`] releases it. Nothing here allocates, locks, panics or prints
+//! (the global allocator maps through it), except a parallel prefault asked
+//! for with [`HugeOptions::populate_threads`].
+
+use super::prefault::populate;
+use super::{HugeError, HugeOptions};
+use crate::env;
+use crate::stats::COUNTERS;
+use crate::sys::{self, Advice, HugetlbSize, HUGE_PAGE_1G, HUGE_PAGE_2M};
+use crate::tier::{self, Backing};
+use std::io;
+use std::ops::ControlFlow::{self, Break, Continue};
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// One mapping produced by the ladder.
+#[derive(Debug)]
+pub(crate) struct Mapping {
+    pub ptr: NonNull<u8>,
+    pub mapped_len: usize,
+    pub backing: Backing,
+    /// Page size of the backing: 2 MiB or 1 GiB for hugetlb, else the base page.
+    pub page_size: usize,
+}
+
+/// What a rung does: `Break` ends the walk with a mapping or an error,
+/// `Continue` falls to the next rung with the error of the last attempt.
+type Rung = ControlFlow<Result<Mapping, HugeError>, Option<io::Error>>;
+
+// ---- hugetlb back-off: after a failed hugetlb mmap, skip the tier for a while.
+
+/// Monotonic time (ns) until which hugetlb is skipped; 0: not backing off.
+static HUGETLB_RETRY_AT_NS: AtomicU64 = AtomicU64::new(0);
+
+fn hugetlb_backing_off() -> bool {
+    let until = HUGETLB_RETRY_AT_NS.load(Ordering::Relaxed);
+    until != 0 && sys::monotonic_ns() < until
+}
+
+fn start_hugetlb_backoff() {
+    let backoff_ns = env::hugetlb_backoff_ms().saturating_mul(1_000_000);
+    let until = sys::monotonic_ns().saturating_add(backoff_ns);
+    HUGETLB_RETRY_AT_NS.store(until.max(1), Ordering::Relaxed);
+}
+
+/// Forget a previous hugetlb failure so the next allocation tries the
+/// hugetlb tier again at once (for example after reserving pages).
+pub fn reset_hugetlb_backoff() {
+    HUGETLB_RETRY_AT_NS.store(0, Ordering::Relaxed);
+}
+
+// ---- the ladder
+
+/// A checked request: `bytes` (non-zero) rounded up to 2 MiB (`len_2m`),
+/// aligned to `align` (a power of two, at least 2 MiB).
+struct Request {
+    bytes: usize,
+    align: usize,
+    len_2m: usize,
+}
+
+impl Request {
+    fn new(bytes: usize, align: usize) -> Result<Request, HugeError> {
+        if bytes == 0 {
+            return Err(HugeError::ZeroSize);
+        }
+        if !align.is_power_of_two() {
+            return Err(HugeError::BadAlignment { align });
+        }
+        let too_large = HugeError::TooLarge { requested: bytes };
+        let len_2m = match sys::round_up(bytes, HUGE_PAGE_2M) {
+            Some(l) if l <= isize::MAX as usize => l,
+            _ => return Err(too_large),
+        };
+        let align = align.max(HUGE_PAGE_2M);
+        // Aligning needs up to `align` bytes of slack in the address space; an
+        // alignment that cannot fit is the request's fault, not the kernel's.
+        if len_2m
+            .checked_add(align)
+            .is_none_or(|n| n > isize::MAX as usize)
+        {
+            return Err(too_large);
+        }
+        Ok(Request {
+            bytes,
+            align,
+            len_2m,
+        })
+    }
+}
+
+/// Map `bytes` (rounded up to 2 MiB, or 1 GiB for gigantic pages) aligned to
+/// at least `align` bytes, walking the tier ladder: hugetlb, then THP, then
+/// plain pages (see the [module docs](super)). Never allocates.
+pub(crate) fn map_huge(
+    bytes: usize,
+    align: usize,
+    opts: &HugeOptions,
+) -> Result<Mapping, HugeError> {
+    let req = Request::new(bytes, align)?;
+    let hugetlb_err = match hugetlb_rung(&req, opts) {
+        Break(done) => return done,
+        Continue(err) => err,
+    };
+    if opts.require == Backing::Hugetlb {
+        return Err(HugeError::TierUnavailable {
+            requested: bytes,
+            required: Backing::Hugetlb,
+            source: hugetlb_err,
+        });
+    }
+    thp_or_plain_rung(&req, opts)
+}
+
+/// Rung 1: hugetlb pages, 1 GiB pages first when allowed, then 2 MiB pages.
+/// hugetlb mappings are aligned to their page size, so larger alignments
+/// skip the size. Skipped when `CKALLOC_HUGETLB` is off or during the
+/// back-off after a failure, unless the options require hugetlb.
+fn hugetlb_rung(req: &Request, opts: &HugeOptions) -> Rung {
+    let required = opts.require == Backing::Hugetlb;
+    if !opts.hugetlb || !(required || env::hugetlb_allowed()) {
+        return Continue(None);
+    }
+    if !required && hugetlb_backing_off() {
+        COUNTERS.hugetlb_skipped.fetch_add(1, Ordering::Relaxed);
+        return Continue(None);
+    }
+    let mut err = None;
+    if opts.gigantic && req.align <= HUGE_PAGE_1G {
+        if let Some(len_1g) =
+            sys::round_up(req.bytes, HUGE_PAGE_1G).filter(|&l| l <= isize::MAX as usize)
+        {
+            match sys::map_hugetlb(len_1g, HugetlbSize::Size1G) {
+                Ok(ptr) => return Break(finish(ptr, len_1g, Backing::Hugetlb, HUGE_PAGE_1G, opts)),
+                Err(e) => {
+                    COUNTERS.hugetlb_fallbacks.fetch_add(1, Ordering::Relaxed);
+                    err = Some(e);
+                }
+            }
+        }
+    }
+    if req.align <= HUGE_PAGE_2M {
+        match sys::map_hugetlb(req.len_2m, HugetlbSize::Size2M) {
+            Ok(ptr) => {
+                return Break(finish(
+                    ptr,
+                    req.len_2m,
+                    Backing::Hugetlb,
+                    HUGE_PAGE_2M,
+                    opts,
+                ))
+            }
+            Err(e) => {
+                COUNTERS.hugetlb_fallbacks.fetch_add(1, Ordering::Relaxed);
+                start_hugetlb_backoff();
+                err = Some(e);
+            }
+        }
+    }
+    Continue(err)
+}
+
+/// Rungs 2 and 3: one 2 MiB-aligned anonymous mapping, advised
+/// `MADV_HUGEPAGE` when THP is enabled (rung 2), else left as plain pages
+/// (rung 3). Only the advice differs, so a failed mapping here is final.
+fn thp_or_plain_rung(req: &Request, opts: &HugeOptions) -> Result<Mapping, HugeError> {
+    let len = req.len_2m;
+    let ptr = sys::map_anon_aligned(len, req.align).map_err(|source| HugeError::Map {
+        requested: req.bytes,
+        mapped_len: len,
+        source,
+    })?;
+    let (backing, thp_err) = advise_thp(ptr, len);
+    if backing < opts.require {
+        let _ = sys::munmap_best_effort(ptr.as_ptr(), len);
+        return Err(HugeError::TierUnavailable {
+            requested: req.bytes,
+            required: opts.require,
+            source: thp_err,
+        });
+    }
+    finish(ptr, len, backing, sys::page_size(), opts)
+}
+
+/// `MADV_HUGEPAGE` on a fresh anonymous mapping when THP is enabled: the
+/// tier it then has, and the error when the advice failed (the mapping
+/// stays, as plain pages).
+fn advise_thp(ptr: NonNull<u8>, len: usize) -> (Backing, Option<io::Error>) {
+    if !tier::thp_enabled() {
+        return (Backing::Normal, None);
+    }
+    match sys::madvise(ptr.as_ptr(), len, Advice::HugePage) {
+        Ok(()) => (Backing::TransparentHuge, None),
+        Err(e) => {
+            COUNTERS.thp_fallbacks.fetch_add(1, Ordering::Relaxed);
+            (Backing::Normal, Some(e))
+        }
+    }
+}
+
+/// Apply the post-mapping options (bind, prefault, lock, dump) and count the
+/// mapping. On failure the mapping is released.
+fn finish(
+    ptr: NonNull<u8>,
+    mapped_len: usize,
+    backing: Backing,
+    page_size: usize,
+    opts: &HugeOptions,
+) -> Result<Mapping, HugeError> {
+    // Prefault pieces never split a huge page between two threads.
+    let granule = page_size.max(HUGE_PAGE_2M);
+    if let Err(e) = apply_options_paged(ptr, mapped_len, granule, opts) {
+        let _ = sys::munmap_best_effort(ptr.as_ptr(), mapped_len);
+        return Err(e);
+    }
+    COUNTERS.record_map(backing, mapped_len);
+    Ok(Mapping {
+        ptr,
+        mapped_len,
+        backing,
+        page_size,
+    })
+}
+
+/// Bind, prefault, lock and mark a fresh range as the options ask.
+/// Parallel prefault splits the range on 2 MiB boundaries.
+pub(crate) fn apply_options(
+    ptr: NonNull<u8>,
+    len: usize,
+    opts: &HugeOptions,
+) -> Result<(), HugeError> {
+    apply_options_paged(ptr, len, HUGE_PAGE_2M, opts)
+}
+
+/// [`apply_options`] with the huge page size of the range (`granule`, a power
+/// of two): parallel prefault pieces start and end on multiples of it.
+fn apply_options_paged(
+    ptr: NonNull<u8>,
+    len: usize,
+    granule: usize,
+    opts: &HugeOptions,
+) -> Result<(), HugeError> {
+    if let Some(node) = opts.numa_node {
+        sys::mbind(ptr.as_ptr(), len, node).map_err(|source| HugeError::Mbind { node, source })?;
+    }
+    if opts.populate {
+        populate(ptr, len, granule, opts.populate_threads)
+            .map_err(|source| HugeError::Populate { bytes: len, source })?;
+    }
+    if opts.mlock {
+        sys::mlock(ptr.as_ptr(), len).map_err(|source| HugeError::Mlock { bytes: len, source })?;
+    }
+    if opts.dont_dump {
+        // Only a hint for core dumps: failure loses nothing.
+        let _ = sys::madvise(ptr.as_ptr(), len, Advice::DontDump);
+    }
+    Ok(())
+}
+
+/// Unmap a ladder mapping and count it.
+pub(crate) fn unmap(ptr: NonNull<u8>, mapped_len: usize) {
+    if sys::munmap_best_effort(ptr.as_ptr(), mapped_len).is_ok() {
+        COUNTERS.record_unmap(mapped_len);
+    }
+}

@@ -1,0 +1,306 @@
+//! Memory mappings: `mmap`, `munmap`, `madvise`, `mremap`, `mbind`, `mlock`.
+
+use super::fault::{inject, Op};
+use super::{cvt, page_size, round_up};
+use std::io;
+use std::ptr::NonNull;
+
+/// Which hugetlb page size a `MAP_HUGETLB` mapping asks for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum HugetlbSize {
+    Size2M,
+    Size1G,
+}
+
+/// Protection of a new mapping.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Prot {
+    None,
+    Read,
+    ReadWrite,
+}
+
+impl Prot {
+    fn bits(self) -> libc::c_int {
+        match self {
+            Prot::None => libc::PROT_NONE,
+            Prot::Read => libc::PROT_READ,
+            Prot::ReadWrite => libc::PROT_READ | libc::PROT_WRITE,
+        }
+    }
+}
+
+pub(super) fn mmap_raw(
+    addr: *mut u8,
+    len: usize,
+    prot: Prot,
+    flags: libc::c_int,
+    fd: libc::c_int,
+    offset: u64,
+) -> io::Result<NonNull<u8>> {
+    inject(Op::Mmap)?;
+    // POSIX: a zero-length mmap fails with EINVAL; callers never ask for one,
+    // but say so here rather than let the kernel decide.
+    if len == 0 {
+        return Err(io::Error::from_raw_os_error(libc::EINVAL));
+    }
+    let offset =
+        libc::off_t::try_from(offset).map_err(|_| io::Error::from_raw_os_error(libc::EOVERFLOW))?;
+    // SAFETY: without MAP_FIXED the kernel picks an unused range, so no
+    // existing memory is affected. With MAP_FIXED (callers below) `addr..+len`
+    // lies inside a reservation that the caller owns, which the new mapping
+    // replaces atomically.
+    let p = unsafe { libc::mmap(addr.cast(), len, prot.bits(), flags, fd, offset) };
+    if p == libc::MAP_FAILED {
+        return Err(io::Error::last_os_error());
+    }
+    // mmap never returns null on success unless asked for address 0 with
+    // MAP_FIXED, which this crate never does.
+    NonNull::new(p.cast()).ok_or_else(|| io::Error::from_raw_os_error(libc::ENOMEM))
+}
+
+/// Anonymous private hugetlb memory of `len` bytes (a multiple of the page
+/// size `size`). Fails with `ENOMEM` when no pages of that size are free;
+/// `MAP_NORESERVE` is deliberately not used, since it would turn that failure
+/// into a SIGBUS at first touch.
+#[cfg(target_os = "linux")]
+pub(crate) fn map_hugetlb(len: usize, size: HugetlbSize) -> io::Result<NonNull<u8>> {
+    let size_flag = match size {
+        HugetlbSize::Size2M => libc::MAP_HUGE_2MB,
+        HugetlbSize::Size1G => libc::MAP_HUGE_1GB,
+    };
+    mmap_raw(
+        std::ptr::null_mut(),
+        len,
+        Prot::ReadWrite,
+        libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_HUGETLB | size_flag,
+        -1,
+        0,
+    )
+}
+
+/// Reserve `len` bytes of address space aligned to `align` (a power of two, at
+/// least the base page size) with no access and no commit charge
+/// (`PROT_NONE`, `MAP_NORESERVE`). The caller later maps over parts of it with
+/// the `*_fixed` functions. Over-reserves by `align` and trims both ends.
+pub(crate) fn reserve_aligned(len: usize, align: usize) -> io::Result<NonNull<u8>> {
+    map_aligned(len, align, Prot::None)
+}
+
+/// Anonymous private read-write memory of `len` bytes whose start is aligned
+/// to `align` (a power of two): over-reserve, then unmap the unaligned head
+/// and the tail.
+pub(crate) fn map_anon_aligned(len: usize, align: usize) -> io::Result<NonNull<u8>> {
+    map_aligned(len, align, Prot::ReadWrite)
+}
+
+fn map_aligned(len: usize, align: usize, prot: Prot) -> io::Result<NonNull<u8>> {
+    let page = page_size();
+    let align = align.max(page);
+    let len = round_up(len, page).ok_or_else(|| io::Error::from_raw_os_error(libc::ENOMEM))?;
+    let over = len
+        .checked_add(align - page)
+        .ok_or_else(|| io::Error::from_raw_os_error(libc::ENOMEM))?;
+    let flags = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS;
+    // A PROT_NONE reservation should not be charged against the commit
+    // limit; Linux needs MAP_NORESERVE for that, other systems do not charge
+    // inaccessible mappings.
+    #[cfg(any(target_os = "linux", target_os = "android"))]
+    let flags = if prot == Prot::None {
+        flags | libc::MAP_NORESERVE
+    } else {
+        flags
+    };
+    let raw = mmap_raw(std::ptr::null_mut(), over, prot, flags, -1, 0)?;
+    let start = raw.as_ptr() as usize;
+    // The over-reservation ends inside the address space, so this cannot
+    // overflow; still, never panic on an allocation path.
+    let Some(aligned) = round_up(start, align) else {
+        let _ = munmap_best_effort(raw.as_ptr(), over);
+        return Err(io::Error::from_raw_os_error(libc::ENOMEM));
+    };
+    let head = aligned - start;
+    let tail = over - head - len;
+    // Trimming cannot be undone halfway: if an unmap fails, release the whole
+    // over-reservation and report the error, so the caller holds nothing.
+    let trim = (|| {
+        if head > 0 {
+            munmap(raw.as_ptr(), head)?;
+        }
+        if tail > 0 {
+            // SAFETY: aligned + len is inside the over-reserved mapping.
+            munmap(unsafe { (aligned as *mut u8).add(len) }, tail)?;
+        }
+        Ok(())
+    })();
+    if let Err(e) = trim {
+        let _ = munmap_best_effort(raw.as_ptr(), over);
+        return Err(e);
+    }
+    // SAFETY: aligned >= start > 0.
+    Ok(unsafe { NonNull::new_unchecked(aligned as *mut u8) })
+}
+
+/// Replace `addr..addr+len` (inside a reservation the caller owns) with
+/// anonymous private read-write memory.
+pub(crate) fn map_anon_fixed(addr: NonNull<u8>, len: usize) -> io::Result<()> {
+    mmap_raw(
+        addr.as_ptr(),
+        len,
+        Prot::ReadWrite,
+        libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED,
+        -1,
+        0,
+    )
+    .map(|_| ())
+}
+
+/// Replace `addr..addr+len` (inside a reservation the caller owns) with a
+/// private read-only view of `fd` starting at `offset` (page aligned). Pages
+/// of the view past the end of the file raise SIGBUS when touched: callers map
+/// only whole pages that the file covers.
+pub(crate) fn map_file_fixed_readonly(
+    addr: NonNull<u8>,
+    len: usize,
+    fd: libc::c_int,
+    offset: u64,
+) -> io::Result<()> {
+    mmap_raw(
+        addr.as_ptr(),
+        len,
+        Prot::Read,
+        libc::MAP_PRIVATE | libc::MAP_FIXED,
+        fd,
+        offset,
+    )
+    .map(|_| ())
+}
+
+/// Unmap `addr..addr+len`.
+pub(crate) fn munmap(addr: *mut u8, len: usize) -> io::Result<()> {
+    inject(Op::Munmap)?;
+    // SAFETY: the caller owns the range; munmap of unmapped pages is harmless
+    // to other memory. hugetlb ranges need lengths in whole huge pages, which
+    // callers guarantee (else EINVAL and the mapping stays).
+    cvt(unsafe { libc::munmap(addr.cast(), len) })
+}
+
+/// Unmap without fault injection: for cleanup paths (Drop, error unwinding)
+/// where an injected failure would only simulate a leak that cannot happen.
+pub(crate) fn munmap_best_effort(addr: *mut u8, len: usize) -> io::Result<()> {
+    // SAFETY: as for `munmap`.
+    cvt(unsafe { libc::munmap(addr.cast(), len) })
+}
+
+/// `madvise` advice used by the crate.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Advice {
+    /// `MADV_HUGEPAGE`: back this range with THP when possible.
+    HugePage,
+    /// `MADV_POPULATE_WRITE` (Linux 5.14): prefault writable pages, reporting failure.
+    PopulateWrite,
+    /// `MADV_DONTNEED`: drop the pages; anonymous memory reads back as zero.
+    DontNeed,
+    /// `MADV_DONTDUMP`: leave the range out of core dumps.
+    DontDump,
+}
+
+/// The `MADV_*` value of `advice`.
+#[cfg(target_os = "linux")]
+pub(super) fn advice_raw(advice: Advice) -> io::Result<libc::c_int> {
+    Ok(match advice {
+        Advice::HugePage => libc::MADV_HUGEPAGE,
+        Advice::PopulateWrite => libc::MADV_POPULATE_WRITE,
+        Advice::DontNeed => libc::MADV_DONTNEED,
+        Advice::DontDump => libc::MADV_DONTDUMP,
+    })
+}
+
+/// `madvise(addr, len, advice)`.
+pub(crate) fn madvise(addr: *mut u8, len: usize, advice: Advice) -> io::Result<()> {
+    inject(Op::Madvise)?;
+    let raw = super::advice_raw(advice)?;
+    loop {
+        // SAFETY: advice about a range the caller owns; DONTNEED zeroes it,
+        // which callers request only for memory no live reference points into.
+        match cvt(unsafe { libc::madvise(addr.cast(), len, raw) }) {
+            // POPULATE_WRITE may be interrupted by a signal.
+            Err(e) if e.raw_os_error() == Some(libc::EINTR) => continue,
+            r => return r,
+        }
+    }
+}
+
+/// Resize the mapping at `old` in place (`new_addr == None`, no move), or
+/// move it onto `new_addr` (`MREMAP_MAYMOVE | MREMAP_FIXED`), which atomically
+/// replaces whatever was mapped there (a reservation of the caller's).
+/// hugetlb mappings cannot grow (`EINVAL`).
+#[cfg(target_os = "linux")]
+pub(crate) fn mremap(
+    old: NonNull<u8>,
+    old_len: usize,
+    new_len: usize,
+    new_addr: Option<NonNull<u8>>,
+) -> io::Result<NonNull<u8>> {
+    inject(Op::Mremap)?;
+    // SAFETY: the caller owns the old mapping and, when moving, the
+    // destination reservation; no reference into the old range outlives this.
+    let p = unsafe {
+        match new_addr {
+            None => libc::mremap(old.as_ptr().cast(), old_len, new_len, 0),
+            Some(dst) => libc::mremap(
+                old.as_ptr().cast(),
+                old_len,
+                new_len,
+                libc::MREMAP_MAYMOVE | libc::MREMAP_FIXED,
+                dst.as_ptr().cast::<libc::c_void>(),
+            ),
+        }
+    };
+    if p == libc::MAP_FAILED {
+        return Err(io::Error::last_os_error());
+    }
+    NonNull::new(p.cast()).ok_or_else(|| io::Error::from_raw_os_error(libc::ENOMEM))
+}
+
+/// Bind `addr..addr+len` to NUMA node `node` (`MPOL_BIND`, `MPOL_MF_MOVE`).
+/// libc has no wrapper for `mbind`, so this is the raw system call.
+#[cfg(target_os = "linux")]
+pub(crate) fn mbind(addr: *mut u8, len: usize, node: u32) -> io::Result<()> {
+    inject(Op::Mbind)?;
+    // libc 0.2 lacks MPOL_MF_MOVE (linux/mempolicy.h: move pages owned only
+    // by this process).
+    const MPOL_MF_MOVE: libc::c_ulong = 1 << 1;
+    const BITS: usize = 1024;
+    if node as usize >= BITS {
+        return Err(io::Error::from_raw_os_error(libc::EINVAL));
+    }
+    let mut mask = [0 as libc::c_ulong; BITS / (8 * std::mem::size_of::<libc::c_ulong>())];
+    let word_bits = 8 * std::mem::size_of::<libc::c_ulong>();
+    mask[node as usize / word_bits] |= 1 << (node as usize % word_bits);
+    // SAFETY: `mask` outlives the call and holds BITS bits; the range is owned
+    // by the caller.
+    let ret = unsafe {
+        libc::syscall(
+            libc::SYS_mbind,
+            addr,
+            len,
+            libc::c_long::from(libc::MPOL_BIND),
+            mask.as_ptr(),
+            BITS as libc::c_ulong + 1,
+            MPOL_MF_MOVE,
+        )
+    };
+    if ret == -1 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(())
+    }
+}
+
+/// Lock `addr..addr+len` into RAM (`mlock`); counts against `RLIMIT_MEMLOCK`.
+pub(crate) fn mlock(addr: *mut u8, len: usize) -> io::Result<()> {
+    inject(Op::Mlock)?;
+    // SAFETY: mlock only changes residency of a range the caller owns.
+    cvt(unsafe { libc::mlock(addr.cast(), len) })
+}

@@ -1,0 +1,165 @@
+//! This process and its kernel interfaces: the environment, small sysfs and
+//! procfs files, `RLIMIT_MEMLOCK`, the monotonic clock and the page map.
+
+use super::cvt;
+#[cfg(target_os = "linux")]
+use super::files::open_readonly;
+use super::files::Fd;
+use std::io;
+
+/// `getenv` without allocating (std::env::var allocates, which the global
+/// allocator's paths must not). Returns the value's bytes; the environment is
+/// not modified by this crate, so the slice stays valid while nobody calls
+/// `setenv`.
+pub(crate) fn getenv(name: &std::ffi::CStr) -> Option<&'static [u8]> {
+    // SAFETY: `name` is NUL-terminated; the returned pointer, if any, points
+    // into the environment block.
+    let p = unsafe { libc::getenv(name.as_ptr()) };
+    if p.is_null() {
+        return None;
+    }
+    // SAFETY: getenv returns a NUL-terminated string.
+    Some(unsafe { std::ffi::CStr::from_ptr(p) }.to_bytes())
+}
+
+/// Read a small file (a sysfs or procfs knob) into `buf` without allocating;
+/// returns the bytes read.
+pub(crate) fn read_small_file<'a>(path: &std::ffi::CStr, buf: &'a mut [u8]) -> Option<&'a [u8]> {
+    // SAFETY: NUL-terminated path.
+    let fd = unsafe { libc::open(path.as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC) };
+    if fd < 0 {
+        return None;
+    }
+    let fd = Fd::from_raw(fd);
+    let mut len = 0;
+    while len < buf.len() {
+        // SAFETY: the slice tail is valid for writes.
+        let n = unsafe { libc::read(fd.raw(), buf[len..].as_mut_ptr().cast(), buf.len() - len) };
+        if n < 0 {
+            if io::Error::last_os_error().raw_os_error() == Some(libc::EINTR) {
+                continue;
+            }
+            return None;
+        }
+        if n == 0 {
+            break;
+        }
+        len += n as usize;
+    }
+    Some(&buf[..len])
+}
+
+/// `RLIMIT_MEMLOCK` as (soft, hard) in bytes; `None` stands for unlimited.
+pub(crate) fn memlock_limit() -> io::Result<(Option<u64>, Option<u64>)> {
+    // SAFETY: plain out-struct.
+    let mut rl: libc::rlimit = unsafe { std::mem::zeroed() };
+    // SAFETY: valid out pointer.
+    cvt(unsafe { libc::getrlimit(libc::RLIMIT_MEMLOCK, &mut rl) })?;
+    let conv = |v: libc::rlim_t| {
+        if v == libc::RLIM_INFINITY {
+            None
+        } else {
+            #[allow(clippy::unnecessary_cast)]
+            Some(v as u64)
+        }
+    };
+    Ok((conv(rl.rlim_cur), conv(rl.rlim_max)))
+}
+
+/// Monotonic clock in nanoseconds (`CLOCK_MONOTONIC`), without allocating.
+pub(crate) fn monotonic_ns() -> u64 {
+    // SAFETY: plain out-struct.
+    let mut ts: libc::timespec = unsafe { std::mem::zeroed() };
+    // SAFETY: valid out pointer; CLOCK_MONOTONIC always exists.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    (ts.tv_sec as u64)
+        .saturating_mul(1_000_000_000)
+        .saturating_add(ts.tv_nsec as u64)
+}
+
+/// One run of pages reported by `PAGEMAP_SCAN`.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct PageRun {
+    pub start: u64,
+    pub end: u64,
+    pub huge: bool,
+}
+
+/// Walk the present pages of `start..end` in this process with the
+/// `PAGEMAP_SCAN` ioctl (Linux 6.7+) on `/proc/self/pagemap`, calling `f` for
+/// each run of present pages with whether they are huge (THP or hugetlb).
+/// `Err(ENOTTY / EINVAL)` means the kernel lacks the ioctl.
+#[cfg(target_os = "linux")]
+pub(crate) fn pagemap_scan(start: u64, end: u64, mut f: impl FnMut(PageRun)) -> io::Result<()> {
+    // libc 0.2 lacks `struct pm_scan_arg`, `struct page_region`, the
+    // `PAGE_IS_*` categories and `PAGEMAP_SCAN` (linux/fs.h, Linux 6.7).
+    #[repr(C)]
+    struct PmScanArg {
+        size: u64,
+        flags: u64,
+        start: u64,
+        end: u64,
+        walk_end: u64,
+        vec: u64,
+        vec_len: u64,
+        max_pages: u64,
+        category_inverted: u64,
+        category_mask: u64,
+        category_anyof_mask: u64,
+        return_mask: u64,
+    }
+    #[repr(C)]
+    #[derive(Clone, Copy)]
+    struct PageRegion {
+        start: u64,
+        end: u64,
+        categories: u64,
+    }
+    const PAGE_IS_PRESENT: u64 = 1 << 3;
+    const PAGE_IS_HUGE: u64 = 1 << 6;
+    // _IOWR('f', 16, struct pm_scan_arg): dir 3 << 30 | size << 16 | 'f' << 8 | 16.
+    const PAGEMAP_SCAN: libc::c_ulong =
+        (3 << 30) | ((std::mem::size_of::<PmScanArg>() as libc::c_ulong) << 16) | (0x66 << 8) | 16;
+
+    let fd = open_readonly(std::path::Path::new("/proc/self/pagemap"))?;
+    let mut regions = [PageRegion {
+        start: 0,
+        end: 0,
+        categories: 0,
+    }; 128];
+    let mut cursor = start;
+    while cursor < end {
+        let mut arg = PmScanArg {
+            size: std::mem::size_of::<PmScanArg>() as u64,
+            flags: 0,
+            start: cursor,
+            end,
+            walk_end: 0,
+            vec: regions.as_mut_ptr() as u64,
+            vec_len: regions.len() as u64,
+            max_pages: 0,
+            category_inverted: 0,
+            category_mask: 0,
+            category_anyof_mask: PAGE_IS_PRESENT,
+            return_mask: PAGE_IS_PRESENT | PAGE_IS_HUGE,
+        };
+        // SAFETY: `arg` and `regions` are valid for the ioctl's reads/writes;
+        // the kernel writes at most `vec_len` regions.
+        let n = unsafe { libc::ioctl(fd.raw(), PAGEMAP_SCAN as _, &mut arg as *mut PmScanArg) };
+        if n < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        for r in &regions[..n as usize] {
+            f(PageRun {
+                start: r.start,
+                end: r.end,
+                huge: r.categories & PAGE_IS_HUGE != 0,
+            });
+        }
+        if arg.walk_end <= cursor {
+            break;
+        }
+        cursor = arg.walk_end;
+    }
+    Ok(())
+}
