@@ -5,7 +5,8 @@
 //! the next 16 MiB block), after `posix_fadvise(SEQUENTIAL)`. The file's size
 //! is compared with the size checked at build time before and after reading.
 
-use super::{open_weights, ArenaError, ArenaMode, BumpArena, Plan};
+use super::builder::open_weights;
+use super::{ArenaError, ArenaMode, BumpArena, Plan};
 use crate::par::{SendPtr, Workers};
 use crate::sys;
 use std::path::Path;
