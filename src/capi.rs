@@ -239,7 +239,7 @@ pub unsafe extern "C" fn ck_bump_alloc_free(alloc: *mut CkBumpAlloc) {
 }
 
 /// `ck_bump_alloc_needs_weight_materialization`: 1 unless the arena is in
-/// mixed mode (also 1 for NULL or an uninitialized struct), as in the seed.
+/// mixed mode (also 1 for NULL or an uninitialized struct), as in C-Kernel-Engine.
 ///
 /// # Safety
 /// `alloc` is NULL or points to a `ck_bump_alloc_t`.

@@ -517,7 +517,7 @@ fn env_vars_steer_auto_mode_in_child() {
     ];
     if mixed_supported() {
         cases.push(("1", "", "1", "forced"));
-        cases.push(("off", "", "1", "forced")); // the seed treats "off" as set
+        cases.push(("off", "", "1", "forced")); // C-Kernel-Engine treats "off" as set
         cases.push(("TRUE", "no", "1", "forced"));
     }
     for (force, disable, with_file, expect) in cases {

@@ -190,8 +190,8 @@ pub fn random_reads(full: bool) -> Vec<Row> {
             x ^= x << 13;
             x ^= x >> 7;
             x ^= x << 17;
-            // Independent addresses (as the reference figures,
-            // 14 vs 36 ns per read, imply): the CPU overlaps several misses,
+            // Independent addresses (14 vs 36 ns per read in the reference
+            // figures imply as much): the CPU overlaps several misses,
             // so page walks, not DRAM latency, dominate the difference.
             // `words` is a power of two: a mask, not a division, so the
             // loop measures memory rather than the divider.

@@ -48,7 +48,7 @@ pub enum ArenaError {
         path: PathBuf,
     },
     /// The weights file does not cover the weights region: its size rounded
-    /// up to a page must be at least `activations_base` (the seed's rule).
+    /// up to a page must be at least `activations_base` (C-Kernel-Engine's rule).
     WeightsFileTooSmall {
         /// The path given.
         path: PathBuf,
@@ -114,7 +114,7 @@ pub enum ArenaError {
         found: u64,
     },
     /// Under `ModePolicy::Auto` both `CK_BUMP_FORCE_MIXED` and
-    /// `CK_BUMP_DISABLE_MIXED` are set, which leaves no mode to try (the seed
+    /// `CK_BUMP_DISABLE_MIXED` are set, which leaves no mode to try (C-Kernel-Engine
     /// fails the same way).
     ModesDisabledByEnv,
     /// Under `ModePolicy::Auto` the anonymous arena failed and so did the

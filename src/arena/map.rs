@@ -186,7 +186,7 @@ pub(super) fn mixed(
         }
     };
     let has_weights = plan.activations_base > plan.weights_base;
-    // Whole pages below the weights stay anonymous and writable (the seed's
+    // Whole pages below the weights stay anonymous and writable (C-Kernel-Engine's
     // "prefix"); whole file pages of the weights region are mapped read-only;
     // everything from the page holding `activations_base` on is anonymous.
     let (file_start, file_end) = if has_weights {

@@ -119,7 +119,7 @@ fn new_token() -> u64 {
 ///   never written.
 /// * [`ModePolicy::Auto`] tries anonymous first and falls back to mixed mode
 ///   when a weights file is given, honouring `CK_BUMP_FORCE_MIXED` and
-///   `CK_BUMP_DISABLE_MIXED` exactly as the seed's `ck_bump_alloc_init`.
+///   `CK_BUMP_DISABLE_MIXED` exactly as C-Kernel-Engine's `ck_bump_alloc_init`.
 ///
 /// # Allocation
 ///
@@ -278,7 +278,7 @@ impl fmt::Debug for BumpArena {
 }
 
 impl BumpArena {
-    /// The seed's `ck_bump_alloc_init`: an arena of `total_size` bytes with
+    /// C-Kernel-Engine's `ck_bump_alloc_init`: an arena of `total_size` bytes with
     /// the weights region `[weights_base, activations_base)`, under
     /// [`ModePolicy::Auto`] (so `CK_BUMP_*` apply), with the weights file for
     /// materialization and the mixed-mode fallback when given.
@@ -363,7 +363,7 @@ impl BumpArena {
     /// [`materialize_weights`](Self::materialize_weights): true in anon mode
     /// with a non-empty weights region until that succeeds; false in mixed
     /// mode and without a weights region. (The C ABI's function of the same
-    /// name is a property of the mode instead, as in the seed.)
+    /// name is a property of the mode instead, as in C-Kernel-Engine.)
     pub fn needs_weight_materialization(&self) -> bool {
         !self.materialized
     }

@@ -155,7 +155,7 @@ fn arenas_sharing_a_slot_stay_correct_and_bounded() {
     );
 }
 
-// ---- review3: cross-thread reuse, ordering, views --------------------------
+// ---- cross-thread reuse, ordering, views --------------------------
 
 use std::sync::atomic::Ordering::Relaxed;
 
@@ -252,7 +252,7 @@ fn local_arena_give_back_then_reuse_is_ordered() {
     });
 }
 
-// ---- review3: multi-thread stress with cross-thread free/grow/shrink -------
+// ---- multi-thread stress with cross-thread free/grow/shrink -------
 
 struct Rng(u64);
 impl Rng {
@@ -567,7 +567,7 @@ fn stress_cross_thread_tight_arena() {
     stress_rounds(&mut arena, rounds, threads, ops);
 }
 
-// ---- review3: single-thread invariants, parity, edge layouts ----------------
+// ---- single-thread invariants, parity, edge layouts ----------------
 
 /// One thread, one op sequence: with and without thread chunks the blocks
 /// land at the same offsets (exact packing), and `used() + remaining()` is
@@ -741,7 +741,7 @@ fn one_thread_can_allocate_all_that_remains() {
     }
 }
 
-// ---- review3: per-thread views across threads, slot conflicts ---------------
+// ---- per-thread views across threads, slot conflicts ---------------
 
 /// A checkpoint taken on one thread and rewound on another with nothing
 /// allocated in between is valid (it is with `thread_chunks(false)`). The

@@ -1,9 +1,9 @@
 /* C ABI test: ck_huge_alloc / ck_huge_free through both tiers, edge cases. */
 #include "ckernel_alloc.h"
 
-/* The seed header's declarations, repeated verbatim: C accepts a compatible
+/* C-Kernel-Engine's header declarations, repeated verbatim: C accepts a compatible
  * redeclaration and rejects any difference in parameter or return types, so
- * this proves code written against the seed compiles against our header. */
+ * this proves code written against C-Kernel-Engine's header compiles against our header. */
 void *ck_huge_alloc(size_t bytes);
 void ck_huge_free(void *ptr, size_t bytes);
 int ck_bump_alloc_init(ck_bump_alloc_t *alloc, const char *weights_path, size_t total_size,
@@ -12,7 +12,7 @@ void ck_bump_alloc_free(ck_bump_alloc_t *alloc);
 int ck_bump_alloc_needs_weight_materialization(const ck_bump_alloc_t *alloc);
 _Static_assert(CK_BUMP_MODE_UNINITIALIZED == 0 && CK_BUMP_MODE_ANON == 1 &&
                    CK_BUMP_MODE_MIXED_FILE_BACKED == 2,
-               "ck_bump_mode_t values as in the seed");
+               "ck_bump_mode_t values as in C-Kernel-Engine");
 
 #include <stdint.h>
 #include <stdio.h>
