@@ -34,11 +34,11 @@
 //!
 //! A C ABI compatible with C-Kernel-Engine's `ckernel_alloc.h` is in the `capi` module
 //! (feature `capi`; header in `include/`). Every environment variable the
-//! crate reads is listed, and read, in [`env`].
+//! crate reads is listed, and read, in [`env`](mod@env).
 //!
 //! Modules form a stack; each uses only modules below it. At the bottom
 //! `sys` (the OS calls), `par` (work split over threads) and the `weights`
-//! file format, which needs none of the others; then [`env`] (environment
+//! file format, which needs none of the others; then [`env`](mod@env) (environment
 //! variables), `tier` ([`Backing`], the kernel's THP mode), `stats`
 //! ([`huge_stats`]), `probe` ([`probe()`], [`huge_page_coverage`]), [`huge`]
 //! (the tier ladder), the arena ([`BumpArena`]) and [`caching`]; on top the

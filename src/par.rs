@@ -184,7 +184,11 @@ mod tests {
                 .unwrap();
             assert!(hits.iter().all(|h| h.load(Ordering::Relaxed) == 1));
             if threads <= 1 {
-                assert_eq!(calls, hits.len(), "one report per item of the calling thread");
+                assert_eq!(
+                    calls,
+                    hits.len(),
+                    "one report per item of the calling thread"
+                );
             }
         }
     }

@@ -143,7 +143,7 @@ fn new_token() -> u64 {
 ///   and the writer gets `SIGBUS` when none is left.
 /// * A cgroup memory limit strikes when a page is first touched, not at
 ///   `mmap`: `Auto` cannot fall back then (the process is OOM-killed). Use
-///   [`HugeOptions::populate`] to move that failure into
+///   [`HugeOptions::populate`](crate::HugeOptions::populate) to move that failure into
 ///   [`BumpArena::builder`]'s `build()`.
 /// * In mixed mode the weights pages come from the file: if another process
 ///   truncates it, touching the dropped pages raises `SIGBUS` (no lock or

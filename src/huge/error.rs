@@ -31,7 +31,7 @@ pub enum HugeError {
         /// The OS error.
         source: io::Error,
     },
-    /// [`HugeOptions::require`] asked for a tier that is not available.
+    /// [`HugeOptions::require`](super::HugeOptions::require) asked for a tier that is not available.
     TierUnavailable {
         /// Requested bytes.
         requested: usize,

@@ -46,7 +46,7 @@ impl HugeOptions {
         }
     }
 
-    /// Fail with [`HugeError::TierUnavailable`] instead of falling below
+    /// Fail with [`HugeError::TierUnavailable`](super::HugeError::TierUnavailable) instead of falling below
     /// `tier`. `Backing::Normal` (the default) accepts any tier.
     pub const fn require(mut self, tier: Backing) -> Self {
         self.require = tier;
@@ -68,7 +68,7 @@ impl HugeOptions {
 
     /// Prefault every page with `madvise(MADV_POPULATE_WRITE)` (Linux 5.14+),
     /// after NUMA binding. Unlike `MAP_POPULATE` this reports failure (for
-    /// example `ENOMEM` under a cgroup limit) as [`HugeError::Populate`].
+    /// example `ENOMEM` under a cgroup limit) as [`HugeError::Populate`](super::HugeError::Populate).
     /// Default `false`.
     pub const fn populate(mut self, yes: bool) -> Self {
         self.populate = yes;
@@ -105,13 +105,13 @@ impl HugeOptions {
     ///   take its chunks.
     /// - **Errors**: if any chunk fails, no new chunk is started, and after
     ///   every thread has been joined the call fails with
-    ///   [`HugeError::Populate`] (the error of the lowest failed chunk, the
+    ///   [`HugeError::Populate`](super::HugeError::Populate) (the error of the lowest failed chunk, the
     ///   full mapping length); the mapping is released, so no partially
     ///   prefaulted region is returned.
     /// - **Where**: spawning threads allocates, so this is only for explicit
-    ///   constructors ([`HugeRegion::with_options`], the arena's
+    ///   constructors ([`HugeRegion::with_options`](super::HugeRegion::with_options), the arena's
     ///   [`huge`](crate::ArenaBuilder::huge) options); the global-allocator
-    ///   path ([`CkHuge`], [`huge_alloc`], the C ABI) uses fixed options that
+    ///   path ([`CkHuge`](super::CkHuge), [`huge_alloc`](super::huge_alloc), the C ABI) uses fixed options that
     ///   never prefault.
     ///
     /// A later `populate(false)` turns prefaulting off again.
