@@ -16,6 +16,7 @@ pub(crate) enum HugetlbSize {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Prot {
     None,
+    #[cfg(target_os = "linux")]
     Read,
     ReadWrite,
 }
@@ -24,6 +25,7 @@ impl Prot {
     fn bits(self) -> libc::c_int {
         match self {
             Prot::None => libc::PROT_NONE,
+            #[cfg(target_os = "linux")]
             Prot::Read => libc::PROT_READ,
             Prot::ReadWrite => libc::PROT_READ | libc::PROT_WRITE,
         }
@@ -142,7 +144,9 @@ fn map_aligned(len: usize, align: usize, prot: Prot) -> io::Result<NonNull<u8>> 
 }
 
 /// Replace `addr..addr+len` (inside a reservation the caller owns) with
-/// anonymous private read-write memory.
+/// anonymous private read-write memory (for the arena's mixed mode, which is
+/// Linux-only).
+#[cfg(target_os = "linux")]
 pub(crate) fn map_anon_fixed(addr: NonNull<u8>, len: usize) -> io::Result<()> {
     mmap_raw(
         addr.as_ptr(),
@@ -158,7 +162,8 @@ pub(crate) fn map_anon_fixed(addr: NonNull<u8>, len: usize) -> io::Result<()> {
 /// Replace `addr..addr+len` (inside a reservation the caller owns) with a
 /// private read-only view of `fd` starting at `offset` (page aligned). Pages
 /// of the view past the end of the file raise SIGBUS when touched: callers map
-/// only whole pages that the file covers.
+/// only whole pages that the file covers. Linux-only, as mixed mode.
+#[cfg(target_os = "linux")]
 pub(crate) fn map_file_fixed_readonly(
     addr: NonNull<u8>,
     len: usize,

@@ -24,8 +24,8 @@ mod unsupported;
 
 pub(crate) use files::{fstat, open_readonly, pread_exact, Fd};
 pub(crate) use mappings::{
-    madvise, map_anon_aligned, map_anon_fixed, map_file_fixed_readonly, mlock, munmap,
-    munmap_best_effort, reserve_aligned, Advice, HugetlbSize,
+    madvise, map_anon_aligned, mlock, munmap, munmap_best_effort, reserve_aligned, Advice,
+    HugetlbSize,
 };
 pub(crate) use process::{getenv, memlock_limit, monotonic_ns, read_small_file};
 
@@ -38,7 +38,7 @@ pub(crate) use unsupported::{fadvise_sequential, map_hugetlb, mbind, mremap, pag
 #[cfg(target_os = "linux")]
 pub(crate) use {
     files::fadvise_sequential,
-    mappings::{map_hugetlb, mbind, mremap},
+    mappings::{map_anon_fixed, map_file_fixed_readonly, map_hugetlb, mbind, mremap},
     process::pagemap_scan,
 };
 
