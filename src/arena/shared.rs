@@ -260,6 +260,23 @@ impl BumpArena {
         ok
     }
 
+    /// The path of `grow` that cannot grow in place: a new block and a copy
+    /// of `old_size` bytes. Out of line, so the in-place path stays small.
+    ///
+    /// # Safety
+    /// `ptr` is valid for `old_size` reads.
+    #[cold]
+    #[inline(never)]
+    unsafe fn grow_by_moving(
+        &self,
+        ptr: NonNull<u8>,
+        old_size: usize,
+        new: Layout,
+    ) -> Result<NonNull<[u8]>, AllocError> {
+        // SAFETY: forwarded contract.
+        unsafe { self.move_block(ptr, old_size, new, |l| Allocator::allocate(&self, l)) }
+    }
+
     /// Allocate `new`, copy `copy` bytes from `ptr` (which stays allocated).
     ///
     /// # Safety
@@ -346,7 +363,7 @@ unsafe impl Allocator for &BumpArena {
             }
         }
         // SAFETY: the caller guarantees `ptr` holds `old.size()` bytes.
-        unsafe { self.move_block(ptr, old.size(), new, |l| self.allocate(l)) }
+        unsafe { self.grow_by_moving(ptr, old.size(), new) }
     }
 
     unsafe fn grow_zeroed(
