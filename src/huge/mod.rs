@@ -9,9 +9,10 @@
 //! 1. **hugetlb** — `mmap(MAP_HUGETLB | MAP_HUGE_2MB)` (or `MAP_HUGE_1GB` when
 //!    [`HugeOptions::allow_1gib`] is set). Needs pages reserved in
 //!    `/proc/sys/vm/nr_hugepages`. After a failure the tier is skipped for a
-//!    back-off period ([`env::hugetlb_backoff_ms`](crate::env::hugetlb_backoff_ms), default 1000 ms) instead of
-//!    paying a failed system call on every allocation, as mimalloc does; see
-//!    [`reset_hugetlb_backoff`].
+//!    back-off period
+//!    ([`env::hugetlb_backoff_ms`](crate::env::hugetlb_backoff_ms), default
+//!    1000 ms) instead of paying a failed system call on every allocation,
+//!    as mimalloc does; see [`reset_hugetlb_backoff`].
 //! 2. **THP** — anonymous memory over-reserved and trimmed to a 2 MiB-aligned
 //!    range, then `madvise(MADV_HUGEPAGE)` (transparent huge pages back only
 //!    whole, aligned 2 MiB extents). [`Backing::TransparentHuge`] means the range
