@@ -49,6 +49,10 @@
 //! always called with no lock held. A cache hit and its release take only the
 //! calling thread's shard lock and one table lookup (see `pool.rs`).
 
+mod error;
+mod flags;
+mod heap;
+mod lock;
 mod pool;
 mod spec;
 mod stats;
@@ -60,13 +64,13 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
 use allocator_api2::alloc::{AllocError, Allocator};
 
+pub use error::{SpecError, SpecErrorKind, SpecField};
+pub use flags::{BufferUsage, MemoryType};
+pub use heap::{DeclareHeap, Heap, HeapKey};
 use pool::{
     add, home_shard, sub, BlockPtr, BlockTable, DescPtr, FreeBlock, Pool, SHARDS, UNPOOLED,
 };
-pub use spec::{
-    BufferUsage, CachingSpec, DeclareHeap, Heap, HeapKey, MemoryType, PoolSpec, SpecError,
-    SpecErrorKind, SpecField, MAX_POOLS,
-};
+pub use spec::{CachingSpec, PoolSpec, MAX_POOLS};
 pub use stats::{CacheStats, PoolStats};
 
 /// IREE's default `max_free_allocation_count`.
@@ -467,7 +471,7 @@ impl<A: Allocator> CachingAllocator<A> {
                 bypasses: p.sum(|c| &c.bypasses),
                 evictions: p.sum(|c| &c.evictions),
                 trimmed: p.sum(|c| &c.trimmed),
-                live_bytes: p.sum_locked(|s| s.live),
+                live_bytes: p.sum_locked(|s| s.live_bytes),
                 cached_bytes: p.sum_locked(|s| s.cached_bytes),
                 cached_blocks: p.sum_locked(|s| s.free.len() as u64),
                 peak_bytes: p.peak.load(Relaxed),
@@ -665,13 +669,14 @@ impl<A: Allocator> CachingAllocator<A> {
         };
         let pool = &self.pools[pi];
         let b = pool.block_size(layout.size());
-        if let Some(fb) = pool.take(home, b, layout.align()) {
-            let p = fb.ptr.0;
+        // The cache hit (see `Pool::take_from`).
+        if let Some(block) = pool.take(home, b, layout.align()) {
+            let start = block.ptr.0;
             if zeroed {
                 // SAFETY: the block is `b` bytes long and now owned by this call.
-                unsafe { ptr::write_bytes(p.as_ptr(), 0, b) };
+                unsafe { ptr::write_bytes(start.as_ptr(), 0, b) };
             }
-            return Ok(NonNull::slice_from_raw_parts(p, b));
+            return Ok(NonNull::slice_from_raw_parts(start, b));
         }
         let block_layout = Layout::from_size_align(b, layout.align()).map_err(|_| AllocError)?;
         let counters = &pool.shards[home].counters;
