@@ -26,7 +26,7 @@ use std::sync::atomic::{
 /// cache hit and its release, twice per operation; see
 /// `benches/compare/alloc.rs`); the numbers are in
 /// `docs/caching-lock.md`.
-pub(crate) struct PoolLock<T> {
+pub struct PoolLock<T> {
     locked: AtomicBool,
     value: UnsafeCell<T>,
 }
@@ -43,7 +43,7 @@ impl<T: Default> Default for PoolLock<T> {
 }
 
 /// Holds a [`PoolLock`]; dropping it releases the lock.
-pub(crate) struct PoolLockGuard<'a, T>(&'a PoolLock<T>);
+pub struct PoolLockGuard<'a, T>(&'a PoolLock<T>);
 
 impl<T> PoolLock<T> {
     /// An unlocked lock holding `value`.

@@ -2,9 +2,11 @@
 //! inner allocator.
 //!
 //! Hot path (a cache hit and the matching release) takes one uncontended
-//! mutex (the calling thread's home shard of the pool), and does no hash
-//! lookup on the hit and one on the release; it touches no cache line that
-//! another thread writes in steady state:
+//! lock (the calling thread's home shard of the pool, a [`PoolLock`]), and
+//! does no hash lookup on the hit and none on a release by the thread that
+//! took the block (the shard's ring of recently handed-out blocks; one
+//! lookup otherwise); it touches no cache line that another thread writes
+//! in steady state:
 //! - the counters a hit or release changes (`hits`, `live`, `cached_bytes`)
 //!   are plain integers under the shard mutex, summed (wrapping) by
 //!   [`stats`](super::CachingAllocator::stats), which keeps them exact;

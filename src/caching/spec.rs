@@ -1,18 +1,8 @@
 //! The pool specification parser (IREE's `--device_allocator=caching:<spec>`
 //! form, parsed strictly) and its result, [`CachingSpec`].
 //!
-//! Grammar (whitespace around every field and name is trimmed):
-//!
-//! ```text
-//! spec      := "" | pair ("," pair)*            at most 16 pairs
-//! pair      := heap_key ["=" limits]
-//! heap_key  := side [";" side]                  memory type, then buffer usage
-//! side      := "*" | name ("|" name)*           names are case-insensitive
-//! limits    := [size] [";" [size] [";" [count]]]   empty or "*" keeps the default
-//! size      := digits [suffix]                  digits: "0" or no leading zero
-//! suffix    := b | kb | kib | mb | mib | gb | gib | tb | tib   (lowercase only)
-//! count     := digits                           a decimal u32
-//! ```
+//! The grammar is documented on [`CachingSpec`] and in the
+//! [module documentation](super#spec-grammar).
 //!
 //! Unlike IREE's parser this one rejects what IREE silently misreads:
 //! upper-case suffixes, trailing junk, fractions, signs, leading zeros,
