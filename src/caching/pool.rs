@@ -311,7 +311,7 @@ impl Pool {
     #[inline]
     pub fn take(&self, home: usize, size: usize, align: usize) -> Option<FreeBlock> {
         match self.take_from(home, size, align) {
-            Some(fb) => Some(fb),
+            Some(block) => Some(block),
             None => self.take_other(home, size, align),
         }
     }
@@ -319,9 +319,9 @@ impl Pool {
     #[cold]
     #[inline(never)]
     fn take_other(&self, home: usize, size: usize, align: usize) -> Option<FreeBlock> {
-        let fb = (1..SHARDS).find_map(|k| self.take_from((home + k) % SHARDS, size, align))?;
-        observe(fb.seq());
-        Some(fb)
+        let block = (1..SHARDS).find_map(|k| self.take_from((home + k) % SHARDS, size, align))?;
+        observe(block.seq());
+        Some(block)
     }
 
     /// The cache hit: takes the most recently freed block of `size` bytes
@@ -349,8 +349,8 @@ impl Pool {
     /// Removes every ring entry of `addr` (before its descriptor is freed).
     pub fn scrub(&self, addr: usize) {
         for s in self.shards.iter() {
-            let mut st = s.state.lock();
-            for e in st.recent.iter_mut() {
+            let mut state = s.state.lock();
+            for e in state.recent.iter_mut() {
                 if e.0 == addr {
                     *e = (0, None);
                 }
@@ -366,16 +366,16 @@ impl Pool {
     #[inline]
     pub fn release_recent(&self, home: usize, ptr: NonNull<u8>) -> Option<Result<(), FreeBlock>> {
         let addr = ptr.as_ptr() as usize;
-        let mut st = self.shards[home].state.lock();
+        let mut state = self.shards[home].state.lock();
         // The most recently handed-out block first.
-        let last = st.next_recent.wrapping_sub(1) % RECENT;
-        let i = if st.recent[last].0 == addr {
+        let last = state.next_recent.wrapping_sub(1) % RECENT;
+        let i = if state.recent[last].0 == addr {
             last
         } else {
-            st.recent.iter().position(|e| e.0 == addr)?
+            state.recent.iter().position(|e| e.0 == addr)?
         };
         // The entry stays: it remains correct while the block is held.
-        let desc = st.recent[i].1?;
+        let desc = state.recent[i].1?;
         // SAFETY (lifetime): the entry was in the ring under its lock, and
         // `scrub` removes it under the same lock before the descriptor is freed.
         let d = desc.get();
@@ -384,9 +384,9 @@ impl Pool {
         }
         let size = d.layout.size() as u64;
         let block = FreeBlock::released(ptr, desc);
-        if (st.free.len() as u64) < st.slots {
-            st.count_release(size);
-            st.free.push_back(block);
+        if (state.free.len() as u64) < state.slots {
+            state.count_release(size);
+            state.free.push_back(block);
             return Some(Ok(()));
         }
         Some(Err(block))
@@ -395,18 +395,18 @@ impl Pool {
     /// Releases a block into shard `home`'s free list if the pool's free
     /// count allows; returns the block back if it does not.
     #[inline]
-    pub fn put(&self, home: usize, fb: FreeBlock) -> Result<(), FreeBlock> {
-        let b = fb.size() as u64;
+    pub fn put(&self, home: usize, block: FreeBlock) -> Result<(), FreeBlock> {
+        let b = block.size() as u64;
         let shard = &self.shards[home];
         {
-            let mut st = shard.state.lock();
-            st.live_bytes = st.live_bytes.wrapping_sub(b);
-            if (st.free.len() as u64) < st.slots || self.reserve_slot() {
-                if (st.free.len() as u64) >= st.slots {
-                    st.slots += 1;
+            let mut state = shard.state.lock();
+            state.live_bytes = state.live_bytes.wrapping_sub(b);
+            if (state.free.len() as u64) < state.slots || self.reserve_slot() {
+                if (state.free.len() as u64) >= state.slots {
+                    state.slots += 1;
                 }
-                st.cached_bytes = st.cached_bytes.wrapping_add(b);
-                st.free.push_back(fb);
+                state.cached_bytes = state.cached_bytes.wrapping_add(b);
+                state.free.push_back(block);
                 return Ok(());
             }
         }
@@ -416,14 +416,14 @@ impl Pool {
             if other.slots > other.free.len() as u64 {
                 other.slots -= 1;
                 drop(other);
-                let mut st = shard.state.lock();
-                st.slots += 1;
-                st.cached_bytes = st.cached_bytes.wrapping_add(b);
-                st.free.push_back(fb);
+                let mut state = shard.state.lock();
+                state.slots += 1;
+                state.cached_bytes = state.cached_bytes.wrapping_add(b);
+                state.free.push_back(block);
                 return Ok(());
             }
         }
-        Err(fb)
+        Err(block)
     }
 
     /// Reserves one new slot from the pool's free count.
@@ -451,15 +451,15 @@ impl Pool {
     /// Pops the block with sequence number `seq` if it is still the front of
     /// `shard`, giving its slot back to the pool.
     pub fn pop_if_front(&self, shard: usize, seq: u64) -> Option<FreeBlock> {
-        let mut st = self.shards[shard].state.lock();
-        if st.free.front().map(|f| f.seq()) != Some(seq) {
+        let mut state = self.shards[shard].state.lock();
+        if state.free.front().map(|f| f.seq()) != Some(seq) {
             return None;
         }
-        let fb = st.free.pop_front()?;
-        st.slots -= 1;
-        st.cached_bytes = st.cached_bytes.wrapping_sub(fb.size() as u64);
+        let block = state.free.pop_front()?;
+        state.slots -= 1;
+        state.cached_bytes = state.cached_bytes.wrapping_sub(block.size() as u64);
         sub(&self.slots, 1);
-        Some(fb)
+        Some(block)
     }
 
     /// Pops this pool's oldest cached block.
@@ -489,8 +489,8 @@ impl FreeList {
         self.rest.len() + usize::from(self.top.is_some())
     }
     #[inline]
-    pub fn push_back(&mut self, fb: FreeBlock) {
-        if let Some(t) = self.top.replace(fb) {
+    pub fn push_back(&mut self, block: FreeBlock) {
+        if let Some(t) = self.top.replace(block) {
             self.rest.push_back(t);
         }
     }
