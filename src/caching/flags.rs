@@ -1,5 +1,5 @@
 //! IREE's memory type and buffer usage bit sets (`iree_hal_memory_type_t`,
-//! `iree_hal_buffer_usage_t`), as [`bitflags`] types with IREE's bit values.
+//! `iree_hal_buffer_usage_t`), as [`bitflags`](mod@bitflags) types with IREE's bit values.
 //!
 //! The constants are declared in display order (composites first), so
 //! [`Display`](fmt::Display) writes the shortest name-based spelling; the
