@@ -13,6 +13,7 @@
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::hint::black_box;
+use std::ops::DerefMut;
 use std::ptr::NonNull;
 
 use allocator_api2::alloc::{AllocError, Allocator};
@@ -300,4 +301,75 @@ library_benchmark_group!(
     benchmarks = [cache_hit_4mib, ckhuge_small_64, system_small_64]
 );
 
-main!(library_benchmark_groups = bump, caching);
+// ---- pool lock variants --------------------------------------------------
+// The lock traffic of a cache hit and its release (two uncontended critical
+// sections with the hot counter updates) under each lock the pool lock is
+// measured against (`benches/compare`, row 7).
+
+#[derive(Default)]
+struct ShardModel {
+    top: Option<usize>,
+    hits: u64,
+    live_bytes: u64,
+    cached_bytes: u64,
+}
+
+macro_rules! lock_bench {
+    ($op:ident, $bench:ident, $t:ty, $lock:ident) => {
+        #[inline(never)]
+        fn $op(shard: &$t) {
+            const SIZE: u64 = 4 << 20;
+            let block = {
+                let mut s = $lock(shard);
+                s.hits = s.hits.wrapping_add(1);
+                s.live_bytes = s.live_bytes.wrapping_add(SIZE);
+                s.cached_bytes = s.cached_bytes.wrapping_sub(SIZE);
+                s.top.take()
+            };
+            let block = black_box(block).or(Some(1 << 21));
+            let mut s = $lock(shard);
+            s.top = block;
+            s.live_bytes = s.live_bytes.wrapping_sub(SIZE);
+            s.cached_bytes = s.cached_bytes.wrapping_add(SIZE);
+        }
+
+        #[library_benchmark(config = only(stringify!($op)))]
+        fn $bench() {
+            let shard = <$t>::default();
+            $op(black_box(&shard));
+        }
+    };
+}
+
+type SpinShard = ckalloc::caching::PoolLock<ShardModel>;
+type StdShard = std::sync::Mutex<ShardModel>;
+type ParkingLotShard = parking_lot::Mutex<ShardModel>;
+
+#[inline(always)]
+fn lock_spin(l: &SpinShard) -> impl DerefMut<Target = ShardModel> + '_ {
+    l.lock()
+}
+#[inline(always)]
+fn lock_std(l: &StdShard) -> impl DerefMut<Target = ShardModel> + '_ {
+    l.lock().unwrap()
+}
+#[inline(always)]
+fn lock_parking_lot(l: &ParkingLotShard) -> impl DerefMut<Target = ShardModel> + '_ {
+    l.lock()
+}
+
+lock_bench!(op_pool_lock, lock_pool_lock, SpinShard, lock_spin);
+lock_bench!(op_std_mutex, lock_std_mutex, StdShard, lock_std);
+lock_bench!(
+    op_parking_lot_mutex,
+    lock_parking_lot_mutex,
+    ParkingLotShard,
+    lock_parking_lot
+);
+
+library_benchmark_group!(
+    name = pool_lock,
+    benchmarks = [lock_pool_lock, lock_std_mutex, lock_parking_lot_mutex]
+);
+
+main!(library_benchmark_groups = bump, caching, pool_lock);

@@ -1,4 +1,4 @@
-//! Spec grammar: the issue's examples, canonical Display, malformed specs
+//! Spec grammar: example specs, canonical Display, malformed specs
 //! with their error kinds, heap matching and `from_env`.
 
 use allocator_api2::alloc::Global;
@@ -25,7 +25,7 @@ fn roundtrip(s: &str) -> String {
 }
 
 #[test]
-fn issue_examples_parse_and_build() {
+fn example_specs_parse_and_build() {
     let cases = [
         ("device_local=1gib;1gib;8", "device_local=1gib;1gib;8"),
         ("host_local=*;*;32", "host_local=*;*;32"),

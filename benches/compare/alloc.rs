@@ -1,6 +1,7 @@
 //! Rows about allocator costs: bump allocation (row 1), the caching
 //! allocator's allocate/free loop against glibc, mimalloc and uncached
-//! `CkHuge` (row 4), and two threads sharing one pool (row 6).
+//! `CkHuge` (row 4), two threads sharing one pool (row 6), and the pool
+//! lock against `std::sync::Mutex` and `parking_lot::Mutex` (row 7).
 
 use crate::{fmt_dur, median, Row};
 use allocator_api2::alloc::{Allocator, Layout};
@@ -315,4 +316,146 @@ pub fn threads(full: bool) -> Vec<Row> {
             met: true,
         },
     ]
+}
+
+/// What a pool shard's lock protects, reduced to what a cache hit and its
+/// release touch: the free list's top entry and the three hot counters.
+#[derive(Default)]
+pub struct ShardModel {
+    top: Option<usize>,
+    hits: u64,
+    live_bytes: u64,
+    cached_bytes: u64,
+}
+
+/// A lock around a [`ShardModel`]: the variants the pool lock is measured against.
+pub trait ShardLock: Default + Sync {
+    const NAME: &'static str;
+    fn with<R>(&self, f: impl FnOnce(&mut ShardModel) -> R) -> R;
+}
+
+impl ShardLock for ckalloc::caching::PoolLock<ShardModel> {
+    const NAME: &'static str = "PoolLock (spin, then yield)";
+    #[inline]
+    fn with<R>(&self, f: impl FnOnce(&mut ShardModel) -> R) -> R {
+        f(&mut self.lock())
+    }
+}
+
+impl ShardLock for std::sync::Mutex<ShardModel> {
+    const NAME: &'static str = "std::sync::Mutex";
+    #[inline]
+    fn with<R>(&self, f: impl FnOnce(&mut ShardModel) -> R) -> R {
+        f(&mut self.lock().unwrap())
+    }
+}
+
+impl ShardLock for parking_lot::Mutex<ShardModel> {
+    const NAME: &'static str = "parking_lot::Mutex";
+    #[inline]
+    fn with<R>(&self, f: impl FnOnce(&mut ShardModel) -> R) -> R {
+        f(&mut self.lock())
+    }
+}
+
+/// The lock traffic of one cache hit of 4 MiB and its release: two critical
+/// sections on the thread's shard, with the counter updates of `pool.rs`.
+#[inline(never)]
+pub fn hit_and_release<L: ShardLock>(shard: &L) {
+    const SIZE: u64 = 4 << 20;
+    let block = shard.with(|s| {
+        let block = s.top.take();
+        s.hits = s.hits.wrapping_add(1);
+        s.live_bytes = s.live_bytes.wrapping_add(SIZE);
+        s.cached_bytes = s.cached_bytes.wrapping_sub(SIZE);
+        block
+    });
+    let block = black_box(block).or(Some(1 << 21));
+    shard.with(|s| {
+        s.top = block;
+        s.live_bytes = s.live_bytes.wrapping_sub(SIZE);
+        s.cached_bytes = s.cached_bytes.wrapping_add(SIZE);
+    });
+}
+
+#[repr(align(128))]
+#[derive(Default)]
+struct Padded<L>(L);
+
+/// Nanoseconds per hit + release on each of `threads` threads; with
+/// `shared`, every thread uses one shard (contention), else each its own
+/// (how the allocator spreads threads over a pool's shards).
+fn lock_pass<L: ShardLock>(threads: usize, shared: bool, n: usize) -> f64 {
+    let shards: Vec<Padded<L>> = (0..threads).map(|_| Padded::default()).collect();
+    let t = Instant::now();
+    std::thread::scope(|s| {
+        for i in 0..threads {
+            let shard = &shards[if shared { 0 } else { i }].0;
+            s.spawn(move || {
+                for _ in 0..n {
+                    hit_and_release(shard);
+                }
+            });
+        }
+    });
+    t.elapsed().as_nanos() as f64 / n as f64
+}
+
+/// Pool lock row: the critical sections of a cache hit + release of 4 MiB
+/// under `PoolLock`, `std::sync::Mutex` and `parking_lot::Mutex`, on 1
+/// thread, 2 threads with a shard each, and 2 threads sharing one shard;
+/// the variants run interleaved in every repetition.
+pub fn pool_lock(full: bool) -> Vec<Row> {
+    use ckalloc::caching::PoolLock;
+    type Spin = PoolLock<ShardModel>;
+    type Std = std::sync::Mutex<ShardModel>;
+    type Pl = parking_lot::Mutex<ShardModel>;
+    let reps = if full { 15 } else { 9 };
+    let n = 2_000_000usize;
+    let mut rows = vec![];
+    for (threads, shared, what) in [
+        (1, false, "1 thread"),
+        (2, false, "2 threads, a shard each"),
+        (2, true, "2 threads, one shared shard"),
+    ] {
+        lock_pass::<Spin>(threads, shared, n / 10);
+        lock_pass::<Std>(threads, shared, n / 10);
+        lock_pass::<Pl>(threads, shared, n / 10);
+        let (mut spin, mut std_m, mut pl) = (vec![], vec![], vec![]);
+        for _ in 0..reps {
+            spin.push(lock_pass::<Spin>(threads, shared, n));
+            std_m.push(lock_pass::<Std>(threads, shared, n));
+            pl.push(lock_pass::<Pl>(threads, shared, n));
+        }
+        let spread = |v: &[f64]| {
+            let lo = v.iter().copied().fold(f64::INFINITY, f64::min);
+            let hi = v.iter().copied().fold(0.0, f64::max);
+            format!("{:.1}-{:.1} ns", lo, hi)
+        };
+        eprintln!(
+            "pool_lock {what}: spread over {reps} reps: {} {}, {} {}, {} {}",
+            Spin::NAME,
+            spread(&spin),
+            Std::NAME,
+            spread(&std_m),
+            Pl::NAME,
+            spread(&pl)
+        );
+        let sm = median(spin.clone());
+        for (peer_name, peer) in [(Std::NAME, &std_m), (Pl::NAME, &pl)] {
+            let ratios: Vec<f64> = peer.iter().zip(&spin).map(|(p, o)| p / o).collect();
+            rows.push(row(
+                format!(
+                    "7. pool lock, hit + release 4 MiB, {what}: {} vs {peer_name}",
+                    Spin::NAME
+                ),
+                sm,
+                median(peer.clone()),
+                ratios,
+                "(report: keep PoolLock if >= 1.0x)",
+                0.0,
+            ));
+        }
+    }
+    rows
 }

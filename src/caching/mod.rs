@@ -20,7 +20,7 @@
 //!   inner.allocate (outside any lock; on failure: trim, retry once)
 //! ```
 //!
-//! Pools are configured with IREE's spec grammar (see [`spec`](CachingSpec)):
+//! Pools are configured with IREE's spec grammar (below, and [`CachingSpec`]):
 //!
 //! ```
 //! use allocator_api2::{alloc::Global, vec::Vec};
@@ -36,19 +36,73 @@
 //! # drop(v2);
 //! ```
 //!
-//! Differences from IREE's implementation (which does not do what its header
-//! says): the pool is chosen by size as well as heap; capacity is enforced
-//! on live + cached bytes with oldest-first eviction; the spec parser rejects
-//! what IREE silently misreads (`1GiB`, `8x`, `1.5gib`, `-1`, `010`, overflow).
+//! # Spec grammar
 //!
-//! Thread safety: `CachingAllocator<A>` is `Send`/`Sync` when `A` is. There
-//! is no global lock: each pool's free lists are split into shards (threads
-//! are spread over them) with one mutex each, blocks held from the inner
-//! allocator are tracked in an address-sharded table, limits are enforced
-//! with per-shard free-count slots and atomics, and the inner allocator is
-//! always called with no lock held. A cache hit and its release take only the
-//! calling thread's shard lock and one table lookup (see `pool.rs`).
+//! A spec lists pools in priority order as IREE's
+//! `heap_key=max_allocation_size;max_allocation_capacity;max_free_allocation_count`
+//! pairs (`caching_allocator.h`, `iree_hal_caching_allocator_pool_params_t`),
+//! parsed strictly; whitespace around every field and name is trimmed:
+//!
+//! ```text
+//! spec      := "" | pair ("," pair)*            at most 16 pairs (MAX_POOLS)
+//! pair      := heap_key ["=" limits]
+//! heap_key  := side [";" side]                  memory type, then buffer usage
+//! side      := "*" | name ("|" name)*           IREE names, case-insensitive
+//! limits    := [size] [";" [size] [";" [count]]]   empty or "*" keeps the default
+//! size      := digits [suffix]                  digits: "0" or no leading zero
+//! suffix    := b | kb | kib | mb | mib | gb | gib | tb | tib   (lowercase only)
+//! count     := digits                           a decimal u32
+//! ```
+//!
+//! Names are IREE's memory types ([`MemoryType`]: `host_local`,
+//! `device_local`, `optimal`, `host_visible`, ...) and buffer usages
+//! ([`BufferUsage`]: `transfer`, `dispatch_storage`, `mapping`, ...); `*` is
+//! the wildcard. The defaults are IREE's: `max_allocation_size` = the heap's
+//! maximum, `max_allocation_capacity` = unlimited, `max_free_allocation_count`
+//! = 64 ([`DEFAULT_MAX_FREE_ALLOCATION_COUNT`]). An empty spec means one
+//! unbounded pool.
+//!
+//! # Units
+//!
+//! Every size, capacity and byte counter is in bytes (`kb` = 1000, `kib` =
+//! 1024, and so on); sizes must fit `u64` and `usize`. Capacity and
+//! statistics count a block by the size it was allocated with from the inner
+//! allocator (after the pool's [`RoundUp`]). Alignment is the request's
+//! [`Layout`] alignment; a cached block is reused only if its address
+//! satisfies it.
+//!
+//! # Errors
+//!
+//! A rejected spec or configuration is a [`SpecError`] with a stable
+//! [`SpecErrorKind`], the [`SpecField`] it is about, the offending pair
+//! (index and text) and the offending text. Allocation failures are
+//! [`AllocError`], after the cache was trimmed and the inner allocator
+//! retried once.
+//!
+//! # Differences from IREE
+//!
+//! IREE's implementation does not do what its header says; this one does:
+//! the pool is chosen by size as well as heap; capacity is enforced on live +
+//! cached bytes with oldest-first eviction; the spec parser rejects what
+//! IREE silently misreads (`1GiB`, `8x`, `1.5gib`, `-1`, `010`, overflow,
+//! a fourth limit field, empty pairs and empty names).
+//!
+//! # Thread safety
+//!
+//! `CachingAllocator<A>` is `Send`/`Sync` when `A` is. There is no global
+//! lock: each pool's free lists are split into shards (threads are spread
+//! over them) with one lock each, blocks held from the inner allocator are
+//! tracked in an address-sharded table, limits are enforced with per-shard
+//! free-count slots and atomics, and the inner allocator is always called
+//! with no lock held. A cache hit takes only the calling thread's shard
+//! lock; its release on the same thread takes the same lock and no table
+//! lookup (see `pool.rs`). The locks are spin-then-yield locks whose state is
+//! one atomic flag.
 
+mod error;
+mod flags;
+mod heap;
+mod lock;
 mod pool;
 mod spec;
 mod stats;
@@ -60,14 +114,19 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
 use allocator_api2::alloc::{AllocError, Allocator};
 
+pub use error::{SpecError, SpecErrorKind, SpecField};
+pub use flags::{BufferUsage, MemoryType};
+pub use heap::{DeclareHeap, Heap, HeapKey};
 use pool::{
     add, home_shard, sub, BlockPtr, BlockTable, DescPtr, FreeBlock, Pool, SHARDS, UNPOOLED,
 };
-pub use spec::{
-    BufferUsage, CachingSpec, DeclareHeap, Heap, HeapKey, MemoryType, PoolSpec, SpecError,
-    SpecErrorKind, SpecField, MAX_POOLS,
-};
+pub use spec::{CachingSpec, PoolSpec, MAX_POOLS};
 pub use stats::{CacheStats, PoolStats};
+
+/// The pool lock, for `benches/compare` (which measures it against other
+/// locks); not part of the supported API.
+#[doc(hidden)]
+pub use lock::PoolLock;
 
 /// IREE's default `max_free_allocation_count`.
 pub const DEFAULT_MAX_FREE_ALLOCATION_COUNT: u32 = 64;
@@ -467,7 +526,7 @@ impl<A: Allocator> CachingAllocator<A> {
                 bypasses: p.sum(|c| &c.bypasses),
                 evictions: p.sum(|c| &c.evictions),
                 trimmed: p.sum(|c| &c.trimmed),
-                live_bytes: p.sum_locked(|s| s.live),
+                live_bytes: p.sum_locked(|s| s.live_bytes),
                 cached_bytes: p.sum_locked(|s| s.cached_bytes),
                 cached_blocks: p.sum_locked(|s| s.free.len() as u64),
                 peak_bytes: p.peak.load(Relaxed),
@@ -665,13 +724,14 @@ impl<A: Allocator> CachingAllocator<A> {
         };
         let pool = &self.pools[pi];
         let b = pool.block_size(layout.size());
-        if let Some(fb) = pool.take(home, b, layout.align()) {
-            let p = fb.ptr.0;
+        // The cache hit (see `Pool::take_from`).
+        if let Some(block) = pool.take(home, b, layout.align()) {
+            let start = block.ptr.0;
             if zeroed {
                 // SAFETY: the block is `b` bytes long and now owned by this call.
-                unsafe { ptr::write_bytes(p.as_ptr(), 0, b) };
+                unsafe { ptr::write_bytes(start.as_ptr(), 0, b) };
             }
-            return Ok(NonNull::slice_from_raw_parts(p, b));
+            return Ok(NonNull::slice_from_raw_parts(start, b));
         }
         let block_layout = Layout::from_size_align(b, layout.align()).map_err(|_| AllocError)?;
         let counters = &pool.shards[home].counters;

@@ -2,9 +2,11 @@
 //! inner allocator.
 //!
 //! Hot path (a cache hit and the matching release) takes one uncontended
-//! mutex (the calling thread's home shard of the pool), and does no hash
-//! lookup on the hit and one on the release; it touches no cache line that
-//! another thread writes in steady state:
+//! lock (the calling thread's home shard of the pool, a [`PoolLock`]), and
+//! does no hash lookup on the hit and none on a release by the thread that
+//! took the block (the shard's ring of recently handed-out blocks; one
+//! lookup otherwise); it touches no cache line that another thread writes
+//! in steady state:
 //! - the counters a hit or release changes (`hits`, `live`, `cached_bytes`)
 //!   are plain integers under the shard mutex, summed (wrapping) by
 //!   [`stats`](super::CachingAllocator::stats), which keeps them exact;
@@ -31,16 +33,12 @@
 
 use std::alloc::Layout;
 use std::cell::Cell;
-use std::cell::UnsafeCell;
 use std::collections::{HashMap, VecDeque};
 use std::hash::{BuildHasherDefault, Hasher};
-use std::ops::{Deref, DerefMut};
 use std::ptr::NonNull;
-use std::sync::atomic::{
-    AtomicBool, AtomicU64, AtomicUsize,
-    Ordering::{Acquire, Relaxed, Release},
-};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::Relaxed};
 
+use super::lock::PoolLock;
 use super::{PoolParams, RoundUp};
 
 /// Free-list shards per pool (threads are spread over them round-robin).
@@ -49,92 +47,6 @@ pub(crate) const SHARDS: usize = 4;
 const TABLE_SHARDS: usize = 64;
 /// `Desc::pool` of a block served unpooled.
 pub(crate) const UNPOOLED: u32 = u32::MAX;
-
-/// A test-and-test-and-set lock for the short critical sections here (a few
-/// loads and stores, a `VecDeque`/`HashMap` operation): one compare-and-swap
-/// to take it and one release store to give it back, no poisoning (nothing
-/// under these locks panics). Waiters spin briefly, then yield the CPU.
-#[derive(Default)]
-pub(crate) struct Mutex<T> {
-    locked: AtomicBool,
-    value: UnsafeCell<T>,
-}
-
-// SAFETY: the lock gives one thread at a time access to the value.
-unsafe impl<T: Send> Sync for Mutex<T> {}
-// SAFETY: moving the lock moves the value.
-unsafe impl<T: Send> Send for Mutex<T> {}
-
-pub(crate) struct MutexGuard<'a, T>(&'a Mutex<T>);
-
-impl<T> Mutex<T> {
-    #[inline]
-    fn lock(&self) -> MutexGuard<'_, T> {
-        if self
-            .locked
-            .compare_exchange_weak(false, true, Acquire, Relaxed)
-            .is_err()
-        {
-            self.lock_contended();
-        }
-        MutexGuard(self)
-    }
-
-    #[cold]
-    fn lock_contended(&self) {
-        let mut spins = 0u32;
-        loop {
-            while self.locked.load(Relaxed) {
-                if spins < 64 {
-                    std::hint::spin_loop();
-                    spins += 1;
-                } else {
-                    std::thread::yield_now();
-                }
-            }
-            if self
-                .locked
-                .compare_exchange_weak(false, true, Acquire, Relaxed)
-                .is_ok()
-            {
-                return;
-            }
-        }
-    }
-
-    pub fn get_mut(&mut self) -> &mut T {
-        self.value.get_mut()
-    }
-}
-
-impl<T> Deref for MutexGuard<'_, T> {
-    type Target = T;
-    #[inline]
-    fn deref(&self) -> &T {
-        // SAFETY: the guard holds the lock.
-        unsafe { &*self.0.value.get() }
-    }
-}
-
-impl<T> DerefMut for MutexGuard<'_, T> {
-    #[inline]
-    fn deref_mut(&mut self) -> &mut T {
-        // SAFETY: the guard holds the lock exclusively.
-        unsafe { &mut *self.0.value.get() }
-    }
-}
-
-impl<T> Drop for MutexGuard<'_, T> {
-    #[inline]
-    fn drop(&mut self) {
-        self.0.locked.store(false, Release);
-    }
-}
-
-#[inline]
-pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock()
-}
 
 static NEXT_HOME: AtomicUsize = AtomicUsize::new(0);
 
@@ -332,9 +244,12 @@ pub(crate) struct ShardState {
     next_recent: usize,
     /// Free-count slots this shard holds (`>= free.len()`).
     pub slots: u64,
-    /// Hot counters (wrapping; summed over shards on read).
+    /// Cache hits served by this shard (wrapping; summed over shards on read).
     pub hits: u64,
-    pub live: u64,
+    /// Bytes of live pooled blocks counted in this shard (wrapping; summed
+    /// over shards on read, so one shard's share may "go negative").
+    pub live_bytes: u64,
+    /// Bytes of the blocks in this shard's free list (wrapping, as `live_bytes`).
     pub cached_bytes: u64,
 }
 
@@ -342,7 +257,7 @@ pub(crate) struct ShardState {
 #[repr(align(128))]
 #[derive(Default)]
 pub(crate) struct Shard {
-    pub state: Mutex<ShardState>,
+    pub state: PoolLock<ShardState>,
     pub counters: Counters,
 }
 
@@ -388,7 +303,7 @@ impl Pool {
     pub fn sum_locked(&self, f: impl Fn(&ShardState) -> u64) -> u64 {
         self.shards
             .iter()
-            .fold(0u64, |acc, s| acc.wrapping_add(f(&lock(&s.state))))
+            .fold(0u64, |acc, s| acc.wrapping_add(f(&s.state.lock())))
     }
 
     /// Takes the most recently freed block of exactly `size` bytes whose
@@ -396,7 +311,7 @@ impl Pool {
     #[inline]
     pub fn take(&self, home: usize, size: usize, align: usize) -> Option<FreeBlock> {
         match self.take_from(home, size, align) {
-            Some(fb) => Some(fb),
+            Some(block) => Some(block),
             None => self.take_other(home, size, align),
         }
     }
@@ -404,38 +319,38 @@ impl Pool {
     #[cold]
     #[inline(never)]
     fn take_other(&self, home: usize, size: usize, align: usize) -> Option<FreeBlock> {
-        let fb = (1..SHARDS).find_map(|k| self.take_from((home + k) % SHARDS, size, align))?;
-        observe(fb.seq());
-        Some(fb)
+        let block = (1..SHARDS).find_map(|k| self.take_from((home + k) % SHARDS, size, align))?;
+        observe(block.seq());
+        Some(block)
     }
 
+    /// The cache hit: takes the most recently freed block of `size` bytes
+    /// whose address is a multiple of `align` (a power of two) from `shard`.
+    /// The shard keeps the block's free-count slot for its release.
     #[inline]
     fn take_from(&self, shard: usize, size: usize, align: usize) -> Option<FreeBlock> {
-        let mut st = lock(&self.shards[shard].state);
-        let fits = |f: &FreeBlock| f.size() == size && f.ptr.addr() & (align - 1) == 0;
-        let fb = st.free.remove_last(fits)?;
-        // The shard keeps the slot for the block's release.
-        st.remember(fb.ptr.addr(), fb.desc);
-        st.hits = st.hits.wrapping_add(1);
-        st.live = st.live.wrapping_add(size as u64);
-        st.cached_bytes = st.cached_bytes.wrapping_sub(size as u64);
-        drop(st);
-        fb.desc.get().live.store(true, Relaxed);
-        Some(fb)
+        let mut state = self.shards[shard].state.lock();
+        let fits = |block: &FreeBlock| block.size() == size && block.ptr.addr() & (align - 1) == 0;
+        let block = state.free.remove_last(fits)?;
+        state.remember(block.ptr.addr(), block.desc);
+        state.count_hit(size as u64);
+        drop(state);
+        block.desc.get().live.store(true, Relaxed);
+        Some(block)
     }
 
     /// Counts `b` new live bytes (a miss) in shard `home`.
     pub fn add_live(&self, home: usize, b: u64, addr: usize, desc: DescPtr) {
-        let mut st = lock(&self.shards[home].state);
-        st.remember(addr, desc);
-        st.live = st.live.wrapping_add(b);
+        let mut state = self.shards[home].state.lock();
+        state.remember(addr, desc);
+        state.live_bytes = state.live_bytes.wrapping_add(b);
     }
 
     /// Removes every ring entry of `addr` (before its descriptor is freed).
     pub fn scrub(&self, addr: usize) {
         for s in self.shards.iter() {
-            let mut st = lock(&s.state);
-            for e in st.recent.iter_mut() {
+            let mut state = s.state.lock();
+            for e in state.recent.iter_mut() {
                 if e.0 == addr {
                     *e = (0, None);
                 }
@@ -451,65 +366,64 @@ impl Pool {
     #[inline]
     pub fn release_recent(&self, home: usize, ptr: NonNull<u8>) -> Option<Result<(), FreeBlock>> {
         let addr = ptr.as_ptr() as usize;
-        let mut st = lock(&self.shards[home].state);
+        let mut state = self.shards[home].state.lock();
         // The most recently handed-out block first.
-        let last = st.next_recent.wrapping_sub(1) % RECENT;
-        let i = if st.recent[last].0 == addr {
+        let last = state.next_recent.wrapping_sub(1) % RECENT;
+        let i = if state.recent[last].0 == addr {
             last
         } else {
-            st.recent.iter().position(|e| e.0 == addr)?
+            state.recent.iter().position(|e| e.0 == addr)?
         };
         // The entry stays: it remains correct while the block is held.
-        let desc = st.recent[i].1?;
+        let desc = state.recent[i].1?;
         // SAFETY (lifetime): the entry was in the ring under its lock, and
         // `scrub` removes it under the same lock before the descriptor is freed.
         let d = desc.get();
         if !d.live.swap(false, Relaxed) {
             return Some(Ok(()));
         }
-        let size = d.layout.size();
-        let fb = FreeBlock::released(ptr, desc);
-        if (st.free.len() as u64) < st.slots {
-            st.live = st.live.wrapping_sub(size as u64);
-            st.cached_bytes = st.cached_bytes.wrapping_add(size as u64);
-            st.free.push_back(fb);
+        let size = d.layout.size() as u64;
+        let block = FreeBlock::released(ptr, desc);
+        if (state.free.len() as u64) < state.slots {
+            state.count_release(size);
+            state.free.push_back(block);
             return Some(Ok(()));
         }
-        Some(Err(fb))
+        Some(Err(block))
     }
 
     /// Releases a block into shard `home`'s free list if the pool's free
     /// count allows; returns the block back if it does not.
     #[inline]
-    pub fn put(&self, home: usize, fb: FreeBlock) -> Result<(), FreeBlock> {
-        let b = fb.size() as u64;
+    pub fn put(&self, home: usize, block: FreeBlock) -> Result<(), FreeBlock> {
+        let b = block.size() as u64;
         let shard = &self.shards[home];
         {
-            let mut st = lock(&shard.state);
-            st.live = st.live.wrapping_sub(b);
-            if (st.free.len() as u64) < st.slots || self.reserve_slot() {
-                if (st.free.len() as u64) >= st.slots {
-                    st.slots += 1;
+            let mut state = shard.state.lock();
+            state.live_bytes = state.live_bytes.wrapping_sub(b);
+            if (state.free.len() as u64) < state.slots || self.reserve_slot() {
+                if (state.free.len() as u64) >= state.slots {
+                    state.slots += 1;
                 }
-                st.cached_bytes = st.cached_bytes.wrapping_add(b);
-                st.free.push_back(fb);
+                state.cached_bytes = state.cached_bytes.wrapping_add(b);
+                state.free.push_back(block);
                 return Ok(());
             }
         }
         // Every slot is reserved: take a spare one from another shard.
         for k in 1..SHARDS {
-            let mut other = lock(&self.shards[(home + k) % SHARDS].state);
+            let mut other = self.shards[(home + k) % SHARDS].state.lock();
             if other.slots > other.free.len() as u64 {
                 other.slots -= 1;
                 drop(other);
-                let mut st = lock(&shard.state);
-                st.slots += 1;
-                st.cached_bytes = st.cached_bytes.wrapping_add(b);
-                st.free.push_back(fb);
+                let mut state = shard.state.lock();
+                state.slots += 1;
+                state.cached_bytes = state.cached_bytes.wrapping_add(b);
+                state.free.push_back(block);
                 return Ok(());
             }
         }
-        Err(fb)
+        Err(block)
     }
 
     /// Reserves one new slot from the pool's free count.
@@ -525,7 +439,7 @@ impl Pool {
     pub fn oldest(&self) -> Option<(u64, usize)> {
         let mut best: Option<(u64, usize)> = None;
         for (i, s) in self.shards.iter().enumerate() {
-            if let Some(f) = lock(&s.state).free.front() {
+            if let Some(f) = s.state.lock().free.front() {
                 if best.is_none_or(|(seq, _)| f.seq() < seq) {
                     best = Some((f.seq(), i));
                 }
@@ -537,15 +451,15 @@ impl Pool {
     /// Pops the block with sequence number `seq` if it is still the front of
     /// `shard`, giving its slot back to the pool.
     pub fn pop_if_front(&self, shard: usize, seq: u64) -> Option<FreeBlock> {
-        let mut st = lock(&self.shards[shard].state);
-        if st.free.front().map(|f| f.seq()) != Some(seq) {
+        let mut state = self.shards[shard].state.lock();
+        if state.free.front().map(|f| f.seq()) != Some(seq) {
             return None;
         }
-        let fb = st.free.pop_front()?;
-        st.slots -= 1;
-        st.cached_bytes = st.cached_bytes.wrapping_sub(fb.size() as u64);
+        let block = state.free.pop_front()?;
+        state.slots -= 1;
+        state.cached_bytes = state.cached_bytes.wrapping_sub(block.size() as u64);
         sub(&self.slots, 1);
-        Some(fb)
+        Some(block)
     }
 
     /// Pops this pool's oldest cached block.
@@ -575,8 +489,8 @@ impl FreeList {
         self.rest.len() + usize::from(self.top.is_some())
     }
     #[inline]
-    pub fn push_back(&mut self, fb: FreeBlock) {
-        if let Some(t) = self.top.replace(fb) {
+    pub fn push_back(&mut self, block: FreeBlock) {
+        if let Some(t) = self.top.replace(block) {
             self.rest.push_back(t);
         }
     }
@@ -605,6 +519,21 @@ impl FreeList {
 }
 
 impl ShardState {
+    /// A hit: `bytes` move from cached to live.
+    #[inline]
+    fn count_hit(&mut self, bytes: u64) {
+        self.hits = self.hits.wrapping_add(1);
+        self.live_bytes = self.live_bytes.wrapping_add(bytes);
+        self.cached_bytes = self.cached_bytes.wrapping_sub(bytes);
+    }
+
+    /// A release into this shard's free list: `bytes` move from live to cached.
+    #[inline]
+    fn count_release(&mut self, bytes: u64) {
+        self.live_bytes = self.live_bytes.wrapping_sub(bytes);
+        self.cached_bytes = self.cached_bytes.wrapping_add(bytes);
+    }
+
     #[inline]
     fn remember(&mut self, addr: usize, desc: DescPtr) {
         let last = self.next_recent.wrapping_sub(1) % RECENT;
@@ -641,7 +570,7 @@ type Map = HashMap<usize, DescPtr, BuildHasherDefault<AddrHasher>>;
 
 #[repr(align(128))]
 #[derive(Default)]
-struct TableShard(Mutex<Map>);
+struct TableShard(PoolLock<Map>);
 
 /// Every block held from the inner allocator (live or cached), by address,
 /// sharded by address. Owns the descriptors.
@@ -656,7 +585,7 @@ impl BlockTable {
         }
     }
     #[inline]
-    fn shard(&self, addr: usize) -> &Mutex<Map> {
+    fn shard(&self, addr: usize) -> &PoolLock<Map> {
         let h = (addr as u64).wrapping_mul(K) >> (64 - TABLE_SHARDS.trailing_zeros());
         &self.shards[h as usize].0
     }
@@ -664,7 +593,7 @@ impl BlockTable {
     #[inline]
     pub fn insert(&self, addr: usize, layout: Layout, pool: u32) -> DescPtr {
         let d = DescPtr::new(layout, pool, true);
-        if let Some(old) = lock(self.shard(addr)).insert(addr, d) {
+        if let Some(old) = self.shard(addr).lock().insert(addr, d) {
             // The inner allocator cannot hand out an address we still hold;
             // keep the table consistent anyway.
             // SAFETY: removed from the table; nothing else refers to it.
@@ -675,21 +604,21 @@ impl BlockTable {
     /// The descriptor of a live block.
     #[inline]
     pub fn get_live(&self, addr: usize) -> Option<DescPtr> {
-        let m = lock(self.shard(addr));
+        let m = self.shard(addr).lock();
         m.get(&addr).copied().filter(|d| d.get().live.load(Relaxed))
     }
     /// Marks a live block as no longer live; `None` if the address is not a
     /// live block (a contract violation the caller ignores).
     #[inline]
     pub fn release(&self, addr: usize) -> Option<DescPtr> {
-        let m = lock(self.shard(addr));
+        let m = self.shard(addr).lock();
         let d = *m.get(&addr)?;
         d.get().live.swap(false, Relaxed).then_some(d)
     }
     /// Forgets a block (before it goes back to the inner allocator) and frees
     /// its descriptor; returns the block's inner layout.
     pub fn forget(&self, addr: usize) -> Option<Layout> {
-        let d = lock(self.shard(addr)).remove(&addr)?;
+        let d = self.shard(addr).lock().remove(&addr)?;
         let layout = d.get().layout;
         // SAFETY: removed from the table under its lock; the caller owns the
         // block (it is neither live nor in a free list), so no other copy of
