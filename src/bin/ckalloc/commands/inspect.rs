@@ -1,6 +1,6 @@
 //! `ckalloc inspect`: header, checksum, tensor table, gaps and overlaps.
 
-use crate::pack::hex;
+use crate::commands::pack::hex;
 use crate::util::{emit_json, err, err_reported, human_bytes, progress, CliError};
 use crate::{outln, Global};
 use ckalloc::weights::{Manifest, WeightsError, WeightsFile};

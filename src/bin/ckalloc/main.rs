@@ -14,26 +14,14 @@
 //! (2 for a usage error); the tool never shows a panic or a backtrace.
 //! See docs/cli.md.
 
-#[path = "ckalloc/compute.rs"]
+mod arena_load;
+mod commands;
 mod compute;
-#[path = "ckalloc/demo.rs"]
-mod demo;
-#[path = "ckalloc/inspect.rs"]
-mod inspect;
-#[path = "ckalloc/load.rs"]
-mod load;
-#[path = "ckalloc/loader.rs"]
-mod loader;
-#[path = "ckalloc/model.rs"]
 mod model;
-#[path = "ckalloc/pack.rs"]
-mod pack;
-#[path = "ckalloc/probe.rs"]
-mod probe;
-#[path = "ckalloc/util.rs"]
 mod util;
 
 use clap::{Args, Parser, Subcommand};
+use commands::{demo, inspect, load, pack, probe};
 use std::process::ExitCode;
 use util::CliError;
 

@@ -1,8 +1,8 @@
 //! `ckalloc load`: build the arena on a `weights.bump` and verify it.
 
-use crate::inspect::{open, verify_checksum};
-use crate::loader::{self, coverage_json, ModeArg};
-use crate::pack::hex;
+use crate::arena_load::{self, coverage_json, ModeArg};
+use crate::commands::inspect::{open, verify_checksum};
+use crate::commands::pack::hex;
 use crate::util::{emit_json, err, err_reported, human_bytes, ms, parse_size, CliError};
 use crate::{outln, Global};
 use serde_json::json;
@@ -31,7 +31,7 @@ pub fn run(g: Global, a: LoadArgs) -> Result<(), CliError> {
     if let Some(e) = checksum {
         return Err(err(format!("{}: {e}", path.display())));
     }
-    let l = loader::load(path, &file, &manifest, a.mode, a.activations, g.json)?;
+    let l = arena_load::load(path, &file, &manifest, a.mode, a.activations, g.json)?;
     let arena = &l.arena;
     // Every manifest entry, in the arena, against the (checksum-verified) file.
     let reference: Vec<(&str, &[u8])> = manifest
@@ -42,7 +42,7 @@ pub fn run(g: Global, a: LoadArgs) -> Result<(), CliError> {
                 .map_err(|x| err(format!("{}: {x}", path.display())))
         })
         .collect::<Result<_, _>>()?;
-    let v = loader::verify(arena, reference);
+    let v = arena_load::verify(arena, reference);
     let cov = arena.coverage().ok();
     if g.json {
         emit_json(&json!({
@@ -56,7 +56,7 @@ pub fn run(g: Global, a: LoadArgs) -> Result<(), CliError> {
                 "weights": coverage_json(&c.weights),
                 "runtime": coverage_json(&c.runtime),
             })),
-            "resident": loader::resident_json(),
+            "resident": arena_load::resident_json(),
         }));
     } else {
         outln!(
@@ -101,7 +101,7 @@ pub fn run(g: Global, a: LoadArgs) -> Result<(), CliError> {
             }
             None => outln!("coverage: unavailable (/proc/self/pagemap and smaps unreadable)"),
         }
-        outln!("{}", loader::resident_line());
+        outln!("{}", arena_load::resident_line());
     }
     if !v.mismatches.is_empty() {
         return Err(err_reported(format!(

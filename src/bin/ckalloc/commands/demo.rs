@@ -6,11 +6,11 @@
 //! arena (`Vec::new_in(&arena)`) and the scratch buffers from a
 //! `CachingAllocator<CkHuge>`.
 
+use crate::arena_load::{self, coverage_json, ModeArg};
+use crate::commands::inspect::verify_checksum;
+use crate::commands::pack::{self, hex};
 use crate::compute::{self, Checksum};
-use crate::inspect::verify_checksum;
-use crate::loader::{self, coverage_json, ModeArg};
 use crate::model::{self, Model};
-use crate::pack::{self, hex};
 use crate::util::{emit_json, err, err_reported, human_bytes, ms, parse_size, CliError};
 use crate::{outln, Global};
 use allocator_api2::vec::Vec as AVec;
@@ -244,8 +244,8 @@ pub fn run(g: Global, a: DemoArgs) -> Result<(), CliError> {
         ("forced mixed", ModeArg::Mixed),
         ("auto", ModeArg::Auto),
     ] {
-        let l = loader::load(&wpath, &file, &manifest, mode, activations, json_mode)?;
-        let v = loader::verify(&l.arena, reference.iter().copied());
+        let l = arena_load::load(&wpath, &file, &manifest, mode, activations, json_mode)?;
+        let v = arena_load::verify(&l.arena, reference.iter().copied());
         let cov = l.arena.coverage().ok();
         let work = compute_all(&l.arena, &mats, &cache)?;
         text(String::new());
@@ -275,7 +275,7 @@ pub fn run(g: Global, a: DemoArgs) -> Result<(), CliError> {
             human_bytes(work.arena_bytes as u64),
             work.checksum
         ));
-        text(format!("  {}", loader::resident_line()));
+        text(format!("  {}", arena_load::resident_line()));
         if !v.mismatches.is_empty() {
             failures.push(format!(
                 "{label}: {} of {} tensors differ (first: {})",
@@ -299,7 +299,7 @@ pub fn run(g: Global, a: DemoArgs) -> Result<(), CliError> {
                 "arena_bytes": work.arena_bytes,
                 "checksum": work.checksum.to_string(),
             },
-            "resident": loader::resident_json(),
+            "resident": arena_load::resident_json(),
         }));
     }
     let equal = checksums.windows(2).all(|w| w[0] == w[1]);
