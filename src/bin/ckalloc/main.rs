@@ -21,7 +21,7 @@ mod model;
 mod util;
 
 use clap::{Args, Parser, Subcommand};
-use commands::{demo, inspect, load, pack, probe};
+use commands::{demo, inspect, load, pack, probe, synth};
 use std::process::ExitCode;
 use util::CliError;
 
@@ -56,7 +56,7 @@ enum Command {
     /// The main job: pack a model, load it three ways, verify every tensor, compute on it.
     Demo(demo::DemoArgs),
     /// Write the synthetic demo model (model.safetensors + config.json) into DIR.
-    Synth(model::SynthArgs),
+    Synth(synth::SynthArgs),
 }
 
 fn run(cli: Cli) -> Result<(), CliError> {
@@ -67,7 +67,7 @@ fn run(cli: Cli) -> Result<(), CliError> {
         Command::Inspect(a) => inspect::run(g, a),
         Command::Load(a) => load::run(g, a),
         Command::Demo(a) => demo::run(g, a),
-        Command::Synth(a) => model::run_synth(g, a),
+        Command::Synth(a) => synth::run(g, a),
     }
 }
 

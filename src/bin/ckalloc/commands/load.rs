@@ -2,9 +2,9 @@
 
 use crate::arena_load::{self, coverage_json, ModeArg};
 use crate::commands::inspect::{open, verify_checksum};
-use crate::commands::pack::hex;
-use crate::util::{emit_json, err, err_reported, human_bytes, ms, parse_size, CliError};
+use crate::util::{emit_json, err, err_reported, ms, parse_size, sha256, CliError};
 use crate::{outln, Global};
+use indicatif::BinaryBytes;
 use serde_json::json;
 use std::path::PathBuf;
 
@@ -49,7 +49,7 @@ pub fn run(g: Global, a: LoadArgs) -> Result<(), CliError> {
             "path": path,
             "tensors": manifest.len(),
             "tensor_bytes": manifest.total_bytes(),
-            "checksum": {"ok": true, "sha256": hex(file.checksum())},
+            "checksum": {"ok": true, "sha256": format!("{:x}", sha256(file.checksum()))},
             "arena": l.json(),
             "verified": v.json(),
             "coverage": cov.map(|c| json!({
@@ -60,18 +60,18 @@ pub fn run(g: Global, a: LoadArgs) -> Result<(), CliError> {
         }));
     } else {
         outln!(
-            "{}: {} tensors, {}; checksum verified (sha256 {})",
+            "{}: {} tensors, {}; checksum verified (sha256 {:x})",
             path.display(),
             manifest.len(),
-            human_bytes(manifest.total_bytes()),
-            hex(file.checksum())
+            BinaryBytes(manifest.total_bytes()),
+            sha256(file.checksum())
         );
         outln!(
             "arena: {} = weights [{:#x}, {:#x}) + {} runtime region",
-            human_bytes(arena.total_size() as u64),
+            BinaryBytes(arena.total_size() as u64),
             arena.weights_base(),
             arena.activations_base(),
-            human_bytes(a.activations)
+            BinaryBytes(a.activations)
         );
         outln!(
             "mode: {} ({}); backing {}",

@@ -5,3 +5,4 @@ pub mod inspect;
 pub mod load;
 pub mod pack;
 pub mod probe;
+pub mod synth;
