@@ -32,6 +32,20 @@ pub struct Row {
     pub met: bool,
 }
 
+impl Row {
+    /// The row as written by `--json FILE` (a non-finite ratio is `null`).
+    fn json(&self) -> serde_json::Value {
+        serde_json::json!({
+            "name": self.name,
+            "ours": self.ours,
+            "peer": self.peer,
+            "ratio": self.ratio,
+            "target": self.target,
+            "met": self.met,
+        })
+    }
+}
+
 /// Measure `f` once.
 pub fn time<T>(f: impl FnOnce() -> T) -> (Duration, T) {
     let t = Instant::now();
@@ -126,16 +140,9 @@ fn main() {
         );
     }
     if let Some(path) = json {
-        let rows: Vec<String> = table
-            .iter()
-            .map(|r| {
-                format!(
-                    "{{\"name\":{:?},\"ours\":{:?},\"peer\":{:?},\"ratio\":{},\"target\":{:?},\"met\":{}}}",
-                    r.name, r.ours, r.peer, r.ratio, r.target, r.met
-                )
-            })
-            .collect();
-        std::fs::write(&path, format!("[{}]\n", rows.join(",\n"))).expect("write json");
+        let rows: Vec<serde_json::Value> = table.iter().map(Row::json).collect();
+        let text = serde_json::to_string_pretty(&rows).expect("rows serialize");
+        std::fs::write(&path, text + "\n").expect("write json");
     }
 }
 

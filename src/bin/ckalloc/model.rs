@@ -1,7 +1,8 @@
 //! Reading `model.safetensors` (+ `config.json`), and the synthetic demo model.
 
-use crate::util::{emit_json, err, human_bytes, CliError};
-use crate::{fail, outln, Global};
+use crate::fail;
+use crate::util::{err, CliError};
+use indicatif::BinaryBytes;
 use safetensors::{tensor::TensorView, Dtype as StDtype, SafeTensors};
 use serde_json::json;
 use std::fs::File;
@@ -115,7 +116,7 @@ impl Model {
                 "{}: {} bytes, larger than the {} a config.json may have",
                 p.display(),
                 meta.len(),
-                human_bytes(MAX_CONFIG_BYTES)
+                BinaryBytes(MAX_CONFIG_BYTES)
             );
         }
         let mut text = String::new();
@@ -136,12 +137,6 @@ pub const SYNTH_LAYERS: usize = 2;
 pub const SYNTH_VOCAB: usize = 4096;
 pub const SYNTH_CONTEXT: usize = 128;
 pub const SYNTH_HEADS: usize = 4;
-
-#[derive(clap::Args, Debug)]
-pub struct SynthArgs {
-    /// Directory to write model.safetensors and config.json into (created if missing).
-    pub dir: PathBuf,
-}
 
 /// A deterministic pseudo-random stream (SplitMix64), seeded per tensor name.
 struct Rng(u64);
@@ -261,29 +256,6 @@ pub fn write_synth(dir: &Path) -> Result<PathBuf, CliError> {
     let text = serde_json::to_string_pretty(&synth_config()).unwrap_or_default();
     std::fs::write(&cfg, text + "\n").map_err(|e| err(format!("{}: {e}", cfg.display())))?;
     Ok(path)
-}
-
-pub fn run_synth(g: Global, a: SynthArgs) -> Result<(), CliError> {
-    let path = write_synth(&a.dir)?;
-    let model = Model::open(&path)?;
-    let tensors = model.tensors()?;
-    let bytes: usize = tensors.iter().map(|t| t.data.len()).sum();
-    if g.json {
-        emit_json(&json!({
-            "model": path,
-            "config": a.dir.join("config.json"),
-            "tensors": tensors.len(),
-            "tensor_bytes": bytes,
-        }));
-    } else {
-        outln!(
-            "wrote {} ({} tensors, {}) and config.json",
-            path.display(),
-            tensors.len(),
-            human_bytes(bytes as u64)
-        );
-    }
-    Ok(())
 }
 
 #[cfg(test)]

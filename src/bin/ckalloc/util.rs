@@ -155,20 +155,10 @@ pub fn emit_json(v: &serde_json::Value) {
     out(serde_json::to_string_pretty(v).unwrap_or_else(|_| "null".into()));
 }
 
-/// Bytes in binary units: `512 B`, `1.50 KiB`, `86.66 MiB`.
-pub fn human_bytes(bytes: u64) -> String {
-    const UNITS: [&str; 6] = ["B", "KiB", "MiB", "GiB", "TiB", "PiB"];
-    let mut v = bytes as f64;
-    let mut u = 0;
-    while v >= 1024.0 && u + 1 < UNITS.len() {
-        v /= 1024.0;
-        u += 1;
-    }
-    if u == 0 {
-        format!("{bytes} B")
-    } else {
-        format!("{v:.2} {}", UNITS[u])
-    }
+/// A SHA-256 checksum as sha2's digest type, which prints as lowercase hex
+/// with `{:x}` (and its first `N` hex digits with `{:.N$x}`, e.g. `{:.16x}`).
+pub fn sha256(checksum: &[u8; 32]) -> sha2::digest::Output<sha2::Sha256> {
+    (*checksum).into()
 }
 
 /// Parse a size in bytes: a decimal integer with an optional suffix, ASCII
@@ -235,6 +225,7 @@ pub fn ms(d: std::time::Duration) -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use indicatif::BinaryBytes;
 
     #[test]
     fn sizes() {
@@ -255,10 +246,23 @@ mod tests {
         }
     }
 
+    /// The byte sizes in reports (and docs/cli.md) use indicatif's binary units.
     #[test]
-    fn bytes_human() {
-        assert_eq!(human_bytes(512), "512 B");
-        assert_eq!(human_bytes(3 << 19), "1.50 MiB");
+    fn binary_bytes_print_two_decimals_and_iec_units() {
+        assert_eq!(BinaryBytes(512).to_string(), "512 B");
+        assert_eq!(BinaryBytes(3 << 19).to_string(), "1.50 MiB");
+    }
+
+    #[test]
+    fn sha256_prints_as_lowercase_hex() {
+        let mut c = [0u8; 32];
+        c[0] = 0xab;
+        c[31] = 0x0f;
+        let hex = format!("{:x}", sha256(&c));
+        assert_eq!(hex.len(), 64);
+        assert!(hex.starts_with("ab00"), "{hex}");
+        assert!(hex.ends_with("000f"), "{hex}");
+        assert_eq!(format!("{:.16x}", sha256(&c)), "ab00000000000000");
     }
 
     #[test]

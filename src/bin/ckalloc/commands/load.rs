@@ -1,10 +1,10 @@
 //! `ckalloc load`: build the arena on a `weights.bump` and verify it.
 
-use crate::inspect::{open, verify_checksum};
-use crate::loader::{self, coverage_json, ModeArg};
-use crate::pack::hex;
-use crate::util::{emit_json, err, err_reported, human_bytes, ms, parse_size, CliError};
+use crate::arena_load::{self, coverage_json, ModeArg};
+use crate::commands::inspect::{open, verify_checksum};
+use crate::util::{emit_json, err, err_reported, ms, parse_size, sha256, CliError};
 use crate::{outln, Global};
+use indicatif::BinaryBytes;
 use serde_json::json;
 use std::path::PathBuf;
 
@@ -31,7 +31,7 @@ pub fn run(g: Global, a: LoadArgs) -> Result<(), CliError> {
     if let Some(e) = checksum {
         return Err(err(format!("{}: {e}", path.display())));
     }
-    let l = loader::load(path, &file, &manifest, a.mode, a.activations, g.json)?;
+    let l = arena_load::load(path, &file, &manifest, a.mode, a.activations, g.json)?;
     let arena = &l.arena;
     // Every manifest entry, in the arena, against the (checksum-verified) file.
     let reference: Vec<(&str, &[u8])> = manifest
@@ -42,36 +42,36 @@ pub fn run(g: Global, a: LoadArgs) -> Result<(), CliError> {
                 .map_err(|x| err(format!("{}: {x}", path.display())))
         })
         .collect::<Result<_, _>>()?;
-    let v = loader::verify(arena, reference);
+    let v = arena_load::verify(arena, reference);
     let cov = arena.coverage().ok();
     if g.json {
         emit_json(&json!({
             "path": path,
             "tensors": manifest.len(),
             "tensor_bytes": manifest.total_bytes(),
-            "checksum": {"ok": true, "sha256": hex(file.checksum())},
+            "checksum": {"ok": true, "sha256": format!("{:x}", sha256(file.checksum()))},
             "arena": l.json(),
             "verified": v.json(),
             "coverage": cov.map(|c| json!({
                 "weights": coverage_json(&c.weights),
                 "runtime": coverage_json(&c.runtime),
             })),
-            "resident": loader::resident_json(),
+            "resident": arena_load::resident_json(),
         }));
     } else {
         outln!(
-            "{}: {} tensors, {}; checksum verified (sha256 {})",
+            "{}: {} tensors, {}; checksum verified (sha256 {:x})",
             path.display(),
             manifest.len(),
-            human_bytes(manifest.total_bytes()),
-            hex(file.checksum())
+            BinaryBytes(manifest.total_bytes()),
+            sha256(file.checksum())
         );
         outln!(
             "arena: {} = weights [{:#x}, {:#x}) + {} runtime region",
-            human_bytes(arena.total_size() as u64),
+            BinaryBytes(arena.total_size() as u64),
             arena.weights_base(),
             arena.activations_base(),
-            human_bytes(a.activations)
+            BinaryBytes(a.activations)
         );
         outln!(
             "mode: {} ({}); backing {}",
@@ -101,7 +101,7 @@ pub fn run(g: Global, a: LoadArgs) -> Result<(), CliError> {
             }
             None => outln!("coverage: unavailable (/proc/self/pagemap and smaps unreadable)"),
         }
-        outln!("{}", loader::resident_line());
+        outln!("{}", arena_load::resident_line());
     }
     if !v.mismatches.is_empty() {
         return Err(err_reported(format!(

@@ -1,12 +1,13 @@
 //! `ckalloc probe`: the system's huge-page state, and what each tier does
 //! when actually tried.
 
-use crate::util::{emit_json, human_bytes, ms, CliError};
+use crate::util::{emit_json, ms, CliError};
 use crate::{outln, Global};
 use ckalloc::{
     huge_page_coverage, probe, reset_hugetlb_backoff, Backing, HugeCoverage, HugeOptions,
     HugeRegion, SystemHugePages,
 };
+use indicatif::BinaryBytes;
 use serde_json::{json, Value};
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::time::{Duration, Instant};
@@ -204,7 +205,7 @@ fn hints(sys: &SystemHugePages, trials: &[Trial]) -> Vec<String> {
     if sys.memlock_soft.is_some_and(|l| l < TOUCH_BYTES as u64) {
         h.push(format!(
             "mlock: RLIMIT_MEMLOCK is {}; HugeOptions::mlock needs more: `ulimit -l unlimited` or CAP_IPC_LOCK",
-            human_bytes(sys.memlock_soft.unwrap_or(0))
+            BinaryBytes(sys.memlock_soft.unwrap_or(0))
         ));
     }
     h

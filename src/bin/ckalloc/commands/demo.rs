@@ -6,19 +6,21 @@
 //! arena (`Vec::new_in(&arena)`) and the scratch buffers from a
 //! `CachingAllocator<CkHuge>`.
 
+use crate::arena_load::{self, coverage_json, ModeArg};
+use crate::commands::inspect::verify_checksum;
+use crate::commands::pack;
 use crate::compute::{self, Checksum};
-use crate::inspect::verify_checksum;
-use crate::loader::{self, coverage_json, ModeArg};
 use crate::model::{self, Model};
-use crate::pack::{self, hex};
-use crate::util::{emit_json, err, err_reported, human_bytes, ms, parse_size, CliError};
+use crate::util::{emit_json, err, err_reported, ms, parse_size, sha256, CliError};
 use crate::{outln, Global};
 use allocator_api2::vec::Vec as AVec;
 use ckalloc::caching::{CacheStats, CachingAllocator};
 use ckalloc::weights::{Dtype, Manifest, Version, WeightsFile};
 use ckalloc::{BumpArena, CkHuge};
+use indicatif::BinaryBytes;
 use serde_json::{json, Value};
 use std::path::{Path, PathBuf};
+use tempfile::TempDir;
 
 #[derive(clap::Args, Debug)]
 pub struct DemoArgs {
@@ -36,41 +38,32 @@ pub struct DemoArgs {
     pub activations: u64,
 }
 
-/// Where scripts/fetch-model caches the real model.
-fn cached_model() -> Option<PathBuf> {
-    let cache = std::env::var_os("CKALLOC_MODEL_CACHE")
+/// The model cache folder: `CKALLOC_MODEL_CACHE`, else `.cache/models` in
+/// the source tree (where scripts/fetch-model puts the model).
+fn model_cache_dir() -> PathBuf {
+    std::env::var_os("CKALLOC_MODEL_CACHE")
         .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join(".cache/models"));
-    let p = cache.join("all-minilm-l6-v2/model.safetensors");
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join(".cache/models"))
+}
+
+/// The real model, when scripts/fetch-model has cached it.
+fn cached_model() -> Option<PathBuf> {
+    let p = model_cache_dir().join("all-minilm-l6-v2/model.safetensors");
     p.is_file().then_some(p)
 }
 
-/// A directory removed (with its contents) on drop.
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new(tag: &str) -> Result<TempDir, CliError> {
-        let base = std::env::temp_dir();
-        for i in 0..100u32 {
-            let p = base.join(format!("ckalloc-{tag}-{}-{i}", std::process::id()));
-            match std::fs::create_dir(&p) {
-                Ok(()) => return Ok(TempDir(p)),
-                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
-                Err(e) => return Err(err(format!("{}: {e}", p.display()))),
-            }
-        }
-        Err(err(format!(
-            "cannot create a temporary directory in {}",
-            base.display()
-        )))
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        // Best effort: a leftover temporary directory is harmless.
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
+/// A temporary directory `ckalloc-TAG-*` under the system's temporary
+/// directory, removed with its contents when dropped.
+fn temp_dir(tag: &str) -> Result<TempDir, CliError> {
+    tempfile::Builder::new()
+        .prefix(&format!("ckalloc-{tag}-"))
+        .tempdir()
+        .map_err(|e| {
+            err(format!(
+                "cannot create a temporary directory in {}: {e}",
+                std::env::temp_dir().display()
+            ))
+        })
 }
 
 /// The outcome of the compute step in one arena.
@@ -167,8 +160,8 @@ pub fn run(g: Global, a: DemoArgs) -> Result<(), CliError> {
         (Some(p), _) => (p.clone(), false),
         (None, Some(p)) => (p, false),
         (None, None) => {
-            let d = TempDir::new("synth")?;
-            let p = model::write_synth(&d.0)?;
+            let d = temp_dir("synth")?;
+            let p = model::write_synth(d.path())?;
             _synth_dir = Some(d);
             (p, true)
         }
@@ -181,14 +174,14 @@ pub fn run(g: Global, a: DemoArgs) -> Result<(), CliError> {
             "model: no model given and none cached (scripts/fetch-model fetches all-MiniLM-L6-v2): \
              using the built-in synthetic model ({} tensors, {})",
             originals.len(),
-            human_bytes(original_bytes)
+            BinaryBytes(original_bytes)
         ));
     } else {
         text(format!(
             "model: {} ({} tensors, {})",
             model_path.display(),
             originals.len(),
-            human_bytes(original_bytes)
+            BinaryBytes(original_bytes)
         ));
     }
 
@@ -197,8 +190,8 @@ pub fn run(g: Global, a: DemoArgs) -> Result<(), CliError> {
     let out_dir = match &a.output {
         Some(d) => d.clone(),
         None => {
-            tmp = TempDir::new("demo")?;
-            tmp.0.clone()
+            tmp = temp_dir("demo")?;
+            tmp.path().to_path_buf()
         }
     };
     let version = Version::from_number(a.version)
@@ -212,11 +205,11 @@ pub fn run(g: Global, a: DemoArgs) -> Result<(), CliError> {
     )?;
     let wpath = packed.report.weights_path.clone();
     text(format!(
-        "packed: {} ({} bytes, BUMPWGT{}, sha256 {}…)",
+        "packed: {} ({} bytes, BUMPWGT{}, sha256 {:.16x}…)",
         wpath.display(),
         packed.report.file_len,
         version.number(),
-        &hex(&packed.report.checksum)[..16]
+        sha256(&packed.report.checksum)
     ));
     let file = WeightsFile::open(&wpath).map_err(|e| err(format!("{}: {e}", wpath.display())))?;
     let manifest = packed.report.manifest.clone();
@@ -244,8 +237,8 @@ pub fn run(g: Global, a: DemoArgs) -> Result<(), CliError> {
         ("forced mixed", ModeArg::Mixed),
         ("auto", ModeArg::Auto),
     ] {
-        let l = loader::load(&wpath, &file, &manifest, mode, activations, json_mode)?;
-        let v = loader::verify(&l.arena, reference.iter().copied());
+        let l = arena_load::load(&wpath, &file, &manifest, mode, activations, json_mode)?;
+        let v = arena_load::verify(&l.arena, reference.iter().copied());
         let cov = l.arena.coverage().ok();
         let work = compute_all(&l.arena, &mats, &cache)?;
         text(String::new());
@@ -272,10 +265,10 @@ pub fn run(g: Global, a: DemoArgs) -> Result<(), CliError> {
             "  compute: {} matrix-vector products, {} outputs ({} in the arena), checksum {}",
             work.matrices,
             work.outputs,
-            human_bytes(work.arena_bytes as u64),
+            BinaryBytes(work.arena_bytes as u64),
             work.checksum
         ));
-        text(format!("  {}", loader::resident_line()));
+        text(format!("  {}", arena_load::resident_line()));
         if !v.mismatches.is_empty() {
             failures.push(format!(
                 "{label}: {} of {} tensors differ (first: {})",
@@ -299,7 +292,7 @@ pub fn run(g: Global, a: DemoArgs) -> Result<(), CliError> {
                 "arena_bytes": work.arena_bytes,
                 "checksum": work.checksum.to_string(),
             },
-            "resident": loader::resident_json(),
+            "resident": arena_load::resident_json(),
         }));
     }
     let equal = checksums.windows(2).all(|w| w[0] == w[1]);

@@ -14,26 +14,14 @@
 //! (2 for a usage error); the tool never shows a panic or a backtrace.
 //! See docs/cli.md.
 
-#[path = "ckalloc/compute.rs"]
+mod arena_load;
+mod commands;
 mod compute;
-#[path = "ckalloc/demo.rs"]
-mod demo;
-#[path = "ckalloc/inspect.rs"]
-mod inspect;
-#[path = "ckalloc/load.rs"]
-mod load;
-#[path = "ckalloc/loader.rs"]
-mod loader;
-#[path = "ckalloc/model.rs"]
 mod model;
-#[path = "ckalloc/pack.rs"]
-mod pack;
-#[path = "ckalloc/probe.rs"]
-mod probe;
-#[path = "ckalloc/util.rs"]
 mod util;
 
 use clap::{Args, Parser, Subcommand};
+use commands::{demo, inspect, load, pack, probe, synth};
 use std::process::ExitCode;
 use util::CliError;
 
@@ -68,7 +56,7 @@ enum Command {
     /// The main job: pack a model, load it three ways, verify every tensor, compute on it.
     Demo(demo::DemoArgs),
     /// Write the synthetic demo model (model.safetensors + config.json) into DIR.
-    Synth(model::SynthArgs),
+    Synth(synth::SynthArgs),
 }
 
 fn run(cli: Cli) -> Result<(), CliError> {
@@ -79,7 +67,7 @@ fn run(cli: Cli) -> Result<(), CliError> {
         Command::Inspect(a) => inspect::run(g, a),
         Command::Load(a) => load::run(g, a),
         Command::Demo(a) => demo::run(g, a),
-        Command::Synth(a) => model::run_synth(g, a),
+        Command::Synth(a) => synth::run(g, a),
     }
 }
 

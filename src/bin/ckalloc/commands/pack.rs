@@ -1,9 +1,10 @@
 //! `ckalloc pack`: `model.safetensors` -> `weights.bump` + both manifests.
 
 use crate::model::{Model, Tensor};
-use crate::util::{emit_json, err, human_bytes, progress, CliError};
+use crate::util::{emit_json, err, progress, sha256, CliError};
 use crate::{outln, Global};
 use ckalloc::weights::{Dtype, ModelDims, Version, WeightsWriter, WriteReport};
+use indicatif::BinaryBytes;
 use serde_json::{json, Value};
 use std::path::{Path, PathBuf};
 
@@ -99,9 +100,9 @@ pub fn pack(
         return Err(err(format!(
             "--align {align}: {} tensors of {} would take a {} file ({} of zero padding); use a smaller alignment",
             tensors.len(),
-            human_bytes(tensor_bytes),
-            human_bytes(plan.data_end),
-            human_bytes(padding)
+            BinaryBytes(tensor_bytes),
+            BinaryBytes(plan.data_end),
+            BinaryBytes(padding)
         )));
     }
     if out_dir.exists() && !out_dir.is_dir() {
@@ -146,14 +147,10 @@ pub fn packed_json(p: &Packed, version: Version, align: u64) -> Value {
         "weights_base": r.weights_base,
         "data_end": r.data_end,
         "file_len": r.file_len,
-        "sha256": hex(&r.checksum),
+        "sha256": format!("{:x}", sha256(&r.checksum)),
         "config": p.config,
         "dims": p.dims.as_ref().map(dims_json),
     })
-}
-
-pub fn hex(b: &[u8]) -> String {
-    b.iter().map(|x| format!("{x:02x}")).collect()
 }
 
 pub fn run(g: Global, a: PackArgs) -> Result<(), CliError> {
@@ -169,7 +166,7 @@ pub fn run(g: Global, a: PackArgs) -> Result<(), CliError> {
     outln!(
         "packed {} tensors ({}) from {}",
         p.tensors,
-        human_bytes(p.tensor_bytes),
+        BinaryBytes(p.tensor_bytes),
         a.model.display()
     );
     outln!(
@@ -181,7 +178,7 @@ pub fn run(g: Global, a: PackArgs) -> Result<(), CliError> {
         r.weights_base,
         r.data_end
     );
-    outln!("  sha256 {}", hex(&r.checksum));
+    outln!("  sha256 {:x}", sha256(&r.checksum));
     outln!("  {}", r.manifest_json_path.display());
     outln!("  {}", r.manifest_map_path.display());
     match (&p.config, &p.dims) {

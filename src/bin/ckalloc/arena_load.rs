@@ -1,8 +1,9 @@
 //! Building a [`BumpArena`] on a `weights.bump`, shared by `load` and `demo`.
 
-use crate::util::{err, human_bytes, ms, progress, CliError};
+use crate::util::{err, ms, progress, CliError};
 use ckalloc::weights::{Manifest, WeightsFile};
 use ckalloc::{ArenaMode, BumpArena, HugeCoverage, ModePolicy};
+use indicatif::BinaryBytes;
 use serde_json::{json, Value};
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -232,9 +233,12 @@ pub fn resident() -> [(&'static str, Option<u64>); 5] {
 
 pub fn resident_line() -> String {
     let r = resident();
-    let f = |v: Option<u64>| v.map(human_bytes).unwrap_or_else(|| "?".into());
+    let f = |v: Option<u64>| {
+        v.map(|b| BinaryBytes(b).to_string())
+            .unwrap_or_else(|| "?".into())
+    };
     let hugetlb = match r[3].1 {
-        Some(h) if h > 0 => format!(" + hugetlb {}", human_bytes(h)),
+        Some(h) if h > 0 => format!(" + hugetlb {}", BinaryBytes(h)),
         _ => String::new(),
     };
     format!(

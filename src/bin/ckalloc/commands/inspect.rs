@@ -1,9 +1,9 @@
 //! `ckalloc inspect`: header, checksum, tensor table, gaps and overlaps.
 
-use crate::pack::hex;
-use crate::util::{emit_json, err, err_reported, human_bytes, progress, CliError};
+use crate::util::{emit_json, err, err_reported, progress, sha256, CliError};
 use crate::{outln, Global};
 use ckalloc::weights::{Manifest, WeightsError, WeightsFile};
+use indicatif::BinaryBytes;
 use serde_json::{json, Value};
 use std::path::{Path, PathBuf};
 
@@ -99,7 +99,7 @@ pub fn run(g: Global, a: InspectArgs) -> Result<(), CliError> {
                 "version": h.version.number(),
                 "model_type": d.model_type,
                 "dims": d.to_json(),
-                "checksum": hex(&h.checksum),
+                "checksum": format!("{:x}", sha256(&h.checksum)),
                 "dtype_table_len": h.dtype_table_len,
                 "tensor_data_start": h.tensor_data_start,
                 "data_end": h.data_end,
@@ -165,14 +165,14 @@ pub fn run(g: Global, a: InspectArgs) -> Result<(), CliError> {
         if h.reserved_nonzero {
             outln!("  warning: reserved header bytes are not zero");
         }
-        outln!("  sha256 {} ({checksum_state})", hex(&h.checksum));
+        outln!("  sha256 {:x} ({checksum_state})", sha256(&h.checksum));
         match &manifest {
             Err(e) => outln!("  manifest: {e}"),
             Ok(m) => {
                 outln!(
                     "  manifest: {} tensors, {} ({})",
                     m.len(),
-                    human_bytes(m.total_bytes()),
+                    BinaryBytes(m.total_bytes()),
                     manifest_ok.as_deref().unwrap_or("valid")
                 );
                 if let Some(n) = &table_note {
@@ -206,11 +206,11 @@ pub fn run(g: Global, a: InspectArgs) -> Result<(), CliError> {
                     let largest = l.gaps.iter().map(|g| g.end - g.start).max().unwrap_or(0);
                     outln!(
                         "  layout: {} of [{:#x}, {:#x}) covered; {} gaps ({} padding, largest {} B); {} overlaps; {} outside",
-                        human_bytes(l.covered_bytes),
+                        BinaryBytes(l.covered_bytes),
                         l.region.0,
                         l.region.1,
                         l.gaps.len(),
-                        human_bytes(l.gap_bytes()),
+                        BinaryBytes(l.gap_bytes()),
                         largest,
                         l.overlaps.len(),
                         l.outside.len()
