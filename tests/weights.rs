@@ -996,7 +996,7 @@ fn seeds() {
         let file = std::fs::read(&rep.weights_path).unwrap();
         let map = std::fs::read_to_string(&rep.manifest_map_path).unwrap();
         let json = std::fs::read_to_string(&rep.manifest_json_path).unwrap();
-        // Sanity: the seed decodes back to a valid, consistent set.
+        // Sanity: each seed decodes back to a valid, consistent set.
         let f = WeightsFile::from_bytes(&file).unwrap();
         f.verify_checksum().unwrap();
         f.validate_manifest(&Manifest::from_map(&map).unwrap())

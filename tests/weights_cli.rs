@@ -106,7 +106,7 @@ fn load_in_anon_and_mixed_modes_finds_every_entry_equal() {
         let w = weights(name);
         for mode in ["anon", "mixed"] {
             let j = json(&["load", s(&w), "--mode", mode, "--activations", "1MiB"]);
-            assert_eq!(j["container"], label, "{name}");
+            assert_eq!(j["container"]["layout"], label, "{name}");
             assert_eq!(j["arena"]["mode"], mode, "{name}");
             assert_eq!(j["verified"]["tensors"], entries, "{name} {mode}");
             assert_eq!(j["verified"]["mismatches"], 0, "{name} {mode}: {j}");

@@ -396,7 +396,9 @@ pub(crate) fn detect(file: &[u8]) -> Result<Header, WeightsError> {
         return Err(truncated(needed));
     }
     let mut fits: Vec<Fit> = Vec::new();
-    let mut identified: Vec<(Container, Misfit)> = Vec::new();
+    // Layouts whose header rules matched but whose structure does not fit.
+    let mut identified: Vec<Misfit> = Vec::new();
+    // In `Container::ALL` order, as `candidates`.
     let mut tried: Vec<LayoutRejection> = Vec::new();
     for &c in &candidates {
         match identify(c, file) {
@@ -411,7 +413,7 @@ pub(crate) fn detect(file: &[u8]) -> Result<Header, WeightsError> {
                         container: c,
                         reason: m.reason(),
                     });
-                    identified.push((c, m));
+                    identified.push(m);
                 }
             },
         }
@@ -422,10 +424,9 @@ pub(crate) fn detect(file: &[u8]) -> Result<Header, WeightsError> {
     }
     // Exactly one layout's header matched: its own error is the most precise.
     if identified.len() == 1 {
-        if let Some((_, Misfit::Specific(e))) = identified.pop() {
+        if let Some(Misfit::Specific(e)) = identified.pop() {
             return Err(e);
         }
     }
-    tried.sort_by_key(|r| Container::ALL.iter().position(|&c| c == r.container));
     Err(WeightsError::NotAKnownLayout { magic, tried })
 }

@@ -46,7 +46,7 @@ pub fn run(g: Global, a: LoadArgs) -> Result<(), CliError> {
     if g.json {
         emit_json(&json!({
             "path": path,
-            "container": file.container().label(),
+            "container": {"layout": file.container().label(), "id": file.container().id()},
             "tensors": manifest.len(),
             "tensor_bytes": manifest.total_bytes(),
             "checksum": {"ok": true, "sha256": hex(file.checksum())},
