@@ -7,8 +7,14 @@
 //!   rest = .json text.
 //! Lengths are clamped to what remains, so every input decodes.
 //!
-//! Properties: nothing panics, and every byte slice the reader hands out lies
-//! inside the file's bytes (AddressSanitizer also catches any read past them).
+//! Seeds cover every layout (L1-L4, hand-built and the first bytes of files
+//! C-Kernel-Engine's converters wrote; see `fuzz_seeds_cover_every_layout` in
+//! `tests/weights_layouts.rs`).
+//!
+//! Properties: nothing panics; every byte slice the reader hands out lies
+//! inside the file's bytes (AddressSanitizer also catches any read past them);
+//! a recognised file's regions are ordered (checksum range start <= table <=
+//! tensor data <= data end <= file length) and sit at its layout's offsets.
 #![no_main]
 
 use arbitrary::Unstructured;
@@ -39,6 +45,11 @@ fn exercise(manifest: &Manifest, file: Option<&WeightsFile>) {
     let _ = f.validate_manifest(manifest);
     let _ = manifest.validate_against(f.len());
     let _ = f.check_dtype_table(manifest);
+    let _ = f.check_manifest(manifest);
+    if let Some(note) = f.dtype_table_note(manifest) {
+        assert!(!note.contains('\n'));
+    }
+    assert_eq!(f.slot_dtypes(Some(manifest)).len(), f.dtype_table().len());
     let rep = f.layout_report(manifest);
     assert!(rep.covered_bytes <= f.data_end() - f.tensor_data_start());
     for e in manifest {
@@ -61,11 +72,30 @@ fuzz_target!(|data: &[u8]| {
     let map_text = String::from_utf8_lossy(take(&mut u)).into_owned();
     let json_text = String::from_utf8_lossy(u.take_rest()).into_owned();
 
-    let file = WeightsFile::from_bytes(file_bytes).ok();
+    let file = match WeightsFile::from_bytes(file_bytes) {
+        Ok(f) => Some(f),
+        Err(e) => {
+            let _ = e.to_string();
+            None
+        }
+    };
     if let Some(f) = &file {
         let h = f.header();
         assert_eq!(f.as_bytes(), file_bytes);
         assert!(h.tensor_data_start <= h.data_end && h.data_end <= h.file_len);
+        let o = f.container().offsets();
+        assert!(f.container().versions().contains(&f.version()));
+        assert_eq!(&file_bytes[..8], &f.version().magic());
+        let (start, end) = f.checksum_range();
+        assert!(start == o.hash_start && start <= o.dtype_count);
+        assert_eq!(end, h.data_end);
+        assert_eq!(h.dtype_table_offset(), o.dtype_table());
+        assert_eq!(
+            &file_bytes[o.checksum as usize..o.checksum as usize + 32],
+            f.checksum()
+        );
+        let _ = f.dims().to_json();
+        let _ = f.slot_dtypes(None);
         assert!(inside(f.as_bytes(), f.dtype_table()));
         assert_eq!(f.dtype_table().len() as u64, u64::from(h.dtype_table_len));
         let _ = f.dtypes().count();
@@ -73,7 +103,11 @@ fuzz_target!(|data: &[u8]| {
             assert!(inside(f.as_bytes(), m));
             let _ = f.metadata_json();
         }
-        let _ = f.verify_checksum();
+        if let Err(e) = f.verify_checksum() {
+            assert!(
+                matches!(e, ckalloc::weights::WeightsError::BadChecksum { container, .. } if container == f.container())
+            );
+        }
     }
     for manifest in [
         Manifest::from_map(&map_text),

@@ -249,6 +249,121 @@ impl Dtype {
     }
 }
 
+impl Dtype {
+    /// The fewest bytes `elements` elements can take: `ceil(elements * bits / 8)`
+    /// for element types, `ceil(elements / block weights) * block bytes` for GGML
+    /// block types (rows padded to whole blocks only need more). `None` on overflow.
+    pub fn min_bytes(self, elements: u64) -> Option<u64> {
+        if let Some(bits) = self.element_bits() {
+            return elements
+                .checked_mul(u64::from(bits))?
+                .checked_add(7)
+                .map(|b| b / 8);
+        }
+        let (weights, bytes) = self.block()?;
+        elements.div_ceil(weights).checked_mul(bytes)
+    }
+}
+
+/// One dtype-table code, read with what is known about the file's producer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+#[allow(non_camel_case_types)]
+pub enum SlotDtype {
+    /// The code has one meaning for this producer.
+    Known(Dtype),
+    /// Code 6 with nothing saying who wrote the file: Q4_1 in
+    /// `include/ckernel_dtype.h`, Q4_K from C-Kernel-Engine's HF converters.
+    /// No size is computed from it.
+    Q4_1OrQ4_K,
+    /// A code no one assigned.
+    Unknown(u8),
+}
+
+impl SlotDtype {
+    /// True when the slot is compatible with `dtype` (an ambiguous slot with
+    /// either of its readings; an unknown code or dtype with nothing).
+    pub fn may_be(self, dtype: Option<Dtype>) -> bool {
+        match (self, dtype) {
+            (SlotDtype::Known(a), Some(b)) => a == b,
+            (SlotDtype::Q4_1OrQ4_K, Some(b)) => b == Dtype::Q4_1 || b == Dtype::Q4_K,
+            _ => false,
+        }
+    }
+}
+
+impl std::fmt::Display for SlotDtype {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            SlotDtype::Known(d) => f.write_str(d.name()),
+            SlotDtype::Q4_1OrQ4_K => f.write_str("q4_1 or q4_k (ambiguous)"),
+            SlotDtype::Unknown(c) => write!(f, "unknown code {c}"),
+        }
+    }
+}
+
+/// Who wrote a file, as far as it matters for reading dtype-table codes.
+/// Found by [`Producer::from_info`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Producer {
+    /// C-Kernel-Engine's HF converters (`convert_hf_to_bump*.py`): they write
+    /// code 6 for Q4_K.
+    HfConverter,
+    /// A writer whose codes follow `include/ckernel_dtype.h` (the GGUF and v8
+    /// safetensors converters, ckalloc): code 6 is Q4_1, Q4_K is 7.
+    CkernelDtypeCodes,
+    /// Nothing says.
+    Unknown,
+}
+
+impl Producer {
+    /// Classify from the v5 metadata's `created_by` and the JSON manifest's
+    /// `format` and `generator` (each `None` when absent):
+    ///
+    /// * `created_by` naming an `hf_to_bump` script: [`HfConverter`](Self::HfConverter);
+    /// * `created_by` naming a `gguf_to_bump` or `safetensors_to_bump` script, or
+    ///   `created_by` / `generator` starting with `ckalloc`:
+    ///   [`CkernelDtypeCodes`](Self::CkernelDtypeCodes);
+    /// * otherwise a manifest `format` of `ck-bumpwgt4-manifest-v1` /
+    ///   `ck-bumpwgt5-manifest-v1` (written by the v7 HF converter; ckalloc's
+    ///   manifests also name their `generator`): [`HfConverter`](Self::HfConverter);
+    /// * otherwise [`Unknown`](Self::Unknown).
+    pub fn from_info(
+        created_by: Option<&str>,
+        manifest_format: Option<&str>,
+        manifest_generator: Option<&str>,
+    ) -> Producer {
+        if let Some(c) = created_by {
+            if c.contains("hf_to_bump") {
+                return Producer::HfConverter;
+            }
+            if c.contains("gguf_to_bump")
+                || c.contains("safetensors_to_bump")
+                || c.starts_with("ckalloc")
+            {
+                return Producer::CkernelDtypeCodes;
+            }
+        }
+        if manifest_generator.is_some_and(|g| g.starts_with("ckalloc")) {
+            return Producer::CkernelDtypeCodes;
+        }
+        if manifest_format.is_some_and(|f| f.starts_with("ck-bumpwgt")) {
+            return Producer::HfConverter;
+        }
+        Producer::Unknown
+    }
+
+    /// What table code `code` means for this producer.
+    pub fn slot_dtype(self, code: u8) -> SlotDtype {
+        match (code, self) {
+            (6, Producer::HfConverter) => SlotDtype::Known(Dtype::Q4_K),
+            (6, Producer::Unknown) => SlotDtype::Q4_1OrQ4_K,
+            _ => Dtype::from_code(code).map_or(SlotDtype::Unknown(code), SlotDtype::Known),
+        }
+    }
+}
+
 impl std::fmt::Display for Dtype {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(self.name())

@@ -44,14 +44,15 @@ pub enum WeightsError {
         /// The path given.
         path: PathBuf,
     },
-    /// The file is shorter than the fixed header plus the dtype-table length (156 bytes).
+    /// The file is shorter than its layout's header plus the dtype-table count
+    /// (156 bytes for L1, 132 for L2-L4; 156 when the layout is not yet known).
     TruncatedHeader {
         /// File length in bytes.
         len: u64,
         /// Bytes needed.
         needed: u64,
     },
-    /// The first 8 bytes are neither `BUMPWGT4` nor `BUMPWGT5`.
+    /// The first 8 bytes do not start with `BUMPWGT`.
     WrongMagic {
         /// The 8 bytes found at offset 0.
         found: [u8; 8],
@@ -64,10 +65,12 @@ pub enum WeightsError {
         /// The u32 found at offset 8.
         version: u32,
     },
-    /// The dtype-table length at offset 152 runs past the end of the file.
+    /// The dtype table (count at the layout's offset) runs past the end of the file.
     DtypeTableOutOfBounds {
         /// The table length read from the file (entries = bytes).
         table_len: u32,
+        /// Offset of the first table byte.
+        table_offset: u64,
         /// File length in bytes.
         file_len: u64,
     },
@@ -83,12 +86,42 @@ pub enum WeightsError {
         /// SHA-256 of the metadata bytes.
         actual: [u8; 32],
     },
-    /// The header's SHA-256 does not match bytes `[152, data_end)`.
+    /// The bytes of a recognised layout changed: its header's SHA-256 does not
+    /// match its checksum range.
     BadChecksum {
-        /// SHA-256 stored in the header (offset 88).
+        /// The layout the file was read as.
+        container: super::Container,
+        /// The bytes hashed, `[start, end)`.
+        range: (u64, u64),
+        /// SHA-256 stored in the header (at `container.offsets().checksum`).
         expected: [u8; 32],
         /// SHA-256 computed over the file.
         actual: [u8; 32],
+    },
+    /// The magic is `BUMPWGT3`, `BUMPWGT4` or `BUMPWGT5` but no layout's rules
+    /// fit the bytes (distinct from [`BadChecksum`](Self::BadChecksum), a known
+    /// layout whose bytes changed).
+    NotAKnownLayout {
+        /// The 8 bytes found at offset 0.
+        magic: [u8; 8],
+        /// Every layout tried, with the rule the file breaks.
+        tried: Vec<super::LayoutRejection>,
+    },
+    /// Loading needs tensor offsets from a sidecar manifest and there is none.
+    /// C-Kernel-Engine's loader takes every offset from `weights_manifest.map`;
+    /// L4 (`BUMPWGT3`) converters write no manifest at all.
+    ManifestRequired {
+        /// The layout of the weights file.
+        container: super::Container,
+        /// Its magic.
+        magic: [u8; 8],
+        /// The directory searched for `weights_manifest.map` / `weights_manifest.json`.
+        dir: PathBuf,
+    },
+    /// ckalloc writes L1 files only (`BUMPWGT4`, `BUMPWGT5`).
+    UnsupportedWriteVersion {
+        /// The version asked for.
+        version: u32,
     },
     /// A manifest could not be parsed.
     ManifestSyntax {
@@ -239,17 +272,17 @@ impl fmt::Display for WeightsError {
             ),
             WrongMagic { found } => write!(
                 f,
-                "not a weights.bump file: magic is \"{}\", expected \"BUMPWGT4\" or \"BUMPWGT5\"",
+                "not a weights.bump file: magic is \"{}\", expected \"BUMPWGT3\", \"BUMPWGT4\" or \"BUMPWGT5\"",
                 show_magic(found)
             ),
             UnknownVersion { magic, version } => write!(
                 f,
-                "unsupported weights.bump version: magic \"{}\" with version field {version} (supported: BUMPWGT4/4, BUMPWGT5/5)",
+                "unsupported weights.bump version: magic \"{}\" with version field {version} (supported: BUMPWGT3/3, BUMPWGT4/4, BUMPWGT5/5)",
                 show_magic(magic)
             ),
-            DtypeTableOutOfBounds { table_len, file_len } => write!(
+            DtypeTableOutOfBounds { table_len, table_offset, file_len } => write!(
                 f,
-                "dtype table of {table_len} entries at offset 156 runs past the end of the {file_len}-byte file"
+                "dtype table of {table_len} entries at offset {table_offset} runs past the end of the {file_len}-byte file"
             ),
             BadFooter { reason } => write!(f, "bad BUMPWGT5 metadata footer: {reason}"),
             BadMetadataChecksum { expected, actual } => write!(
@@ -258,11 +291,41 @@ impl fmt::Display for WeightsError {
                 hex32(expected),
                 hex32(actual)
             ),
-            BadChecksum { expected, actual } => write!(
+            BadChecksum { container, range, expected, actual } => write!(
                 f,
-                "weights checksum mismatch: header says {}, bytes [152, data_end) hash to {}",
+                "weights checksum mismatch ({} layout, checksum at {}): header says {}, bytes [{}, {}) hash to {}",
+                container.label(),
+                container.offsets().checksum,
                 hex32(expected),
+                range.0,
+                range.1,
                 hex32(actual)
+            ),
+            NotAKnownLayout { magic, tried } => {
+                write!(f, "not a known weights.bump layout (magic \"{}\"): ", show_magic(magic))?;
+                for (i, t) in tried.iter().enumerate() {
+                    if i > 0 {
+                        f.write_str("; ")?;
+                    }
+                    write!(f, "{t}")?;
+                }
+                Ok(())
+            }
+            ManifestRequired { container, magic, dir } => write!(
+                f,
+                "{}: {} file ({} layout) has no weights_manifest.map or weights_manifest.json; loading takes every tensor offset from one{}",
+                dir.display(),
+                show_magic(magic),
+                container.label(),
+                if *container == super::Container::BareHfConverter {
+                    " (the converters of this layout write none, and C-Kernel-Engine's loader refuses BUMPWGT3)"
+                } else {
+                    ""
+                }
+            ),
+            UnsupportedWriteVersion { version } => write!(
+                f,
+                "cannot write version {version}: ckalloc writes BUMPWGT4 and BUMPWGT5 (layout L1)"
             ),
             ManifestSyntax { kind, line, message } => {
                 if *line > 0 {

@@ -6,9 +6,10 @@ use std::path::{Path, PathBuf};
 
 use sha2::{Digest, Sha256};
 
-use super::format::{DATA_START, DTYPE_TABLE_OFFSET};
+use super::format::DTYPE_TABLE_OFFSET;
 use super::{
-    Dtype, Header, Manifest, ManifestEntry, MetadataFooter, ModelDims, Version, WeightsError,
+    Container, Dtype, Header, HeaderDims, Manifest, ManifestEntry, MetadataFooter, Producer,
+    SlotDtype, Version, WeightsError,
 };
 
 /// Bytes hashed between two progress reports in [`WeightsFile::verify_checksum_with`].
@@ -19,9 +20,10 @@ enum Storage {
     Owned(Vec<u8>),
 }
 
-/// A parsed `weights.bump`: either a read-only memory map of a file or bytes in
-/// memory. The header (and, for v5, the footer and metadata hash) are checked on
-/// construction; the tensor checksum is checked by [`verify_checksum`](Self::verify_checksum).
+/// A parsed `weights.bump` of any of the four layouts: either a read-only memory
+/// map of a file or bytes in memory. The layout is recognised and the header
+/// (and, for v5, the footer and metadata hash) checked on construction; the
+/// tensor checksum is checked by [`verify_checksum`](Self::verify_checksum).
 ///
 /// Every accessor is bounds-checked against the length fixed at open time: nothing
 /// reads outside the file. `WeightsFile` is `Send + Sync` (it is never written).
@@ -148,42 +150,83 @@ impl WeightsFile {
         self.header.file_len
     }
 
-    /// Always false: a valid file has at least a 156-byte header.
+    /// Always false: a valid file has at least a 132-byte header.
     pub fn is_empty(&self) -> bool {
         self.header.file_len == 0
     }
 
-    /// Container version.
+    /// Container version (the magic's digit).
     pub fn version(&self) -> Version {
         self.header.version
     }
 
-    /// Model fields of the header.
-    pub fn dims(&self) -> &ModelDims {
+    /// The layout recognised: which converter family writes files like this one.
+    pub fn container(&self) -> Container {
+        self.header.container
+    }
+
+    /// Model fields of the header; those the layout lacks are `None`.
+    pub fn dims(&self) -> &HeaderDims {
         &self.header.dims
     }
 
-    /// SHA-256 stored in the header (offset 88).
+    /// SHA-256 stored in the header (at `container().offsets().checksum`).
     pub fn checksum(&self) -> &[u8; 32] {
         &self.header.checksum
     }
 
-    /// The dtype table bytes (one code per tensor, starting at offset 156).
-    pub fn dtype_table(&self) -> &[u8] {
-        &self.as_bytes()[DTYPE_TABLE_OFFSET as usize..self.header.tensor_data_start as usize]
+    /// The bytes the checksum covers, `[start, end)` (see [`Header::checksum_range`]).
+    pub fn checksum_range(&self) -> (u64, u64) {
+        self.header.checksum_range()
     }
 
-    /// The dtype table decoded; `None` for codes no one assigned.
+    /// The dtype table bytes (one code per slot, after the u32 count at
+    /// `container().offsets().dtype_count`).
+    pub fn dtype_table(&self) -> &[u8] {
+        &self.as_bytes()
+            [self.header.dtype_table_offset() as usize..self.header.tensor_data_start as usize]
+    }
+
+    /// The dtype table decoded with `include/ckernel_dtype.h`'s codes (code 6 is
+    /// Q4_1 there); `None` for codes no one assigned. Converters disagree on some
+    /// codes: [`slot_dtypes`](Self::slot_dtypes) takes the producer into account.
     pub fn dtypes(&self) -> impl Iterator<Item = Option<Dtype>> + '_ {
         self.dtype_table().iter().map(|&c| Dtype::from_code(c))
     }
 
-    /// First byte after the dtype table (`156 + table length`).
+    /// Who wrote the file, as far as the v5 metadata's `created_by` and the
+    /// manifest's `format` / `generator` say (see [`Producer`]).
+    pub fn producer(&self, manifest: Option<&Manifest>) -> Producer {
+        let created_by = self
+            .metadata_json()
+            .and_then(Result::ok)
+            .and_then(|v| v.get("created_by")?.as_str().map(str::to_owned));
+        Producer::from_info(
+            created_by.as_deref(),
+            manifest.and_then(Manifest::format),
+            manifest.and_then(Manifest::generator),
+        )
+    }
+
+    /// The dtype table decoded for its producer: code 6 is Q4_K from the HF
+    /// converters, Q4_1 from converters and writers that follow
+    /// `include/ckernel_dtype.h`, and [`SlotDtype::Q4_1OrQ4_K`] when nothing says
+    /// which. Use the manifest's dtype names where there is a manifest: they win.
+    pub fn slot_dtypes(&self, manifest: Option<&Manifest>) -> Vec<SlotDtype> {
+        let p = self.producer(manifest);
+        self.dtype_table()
+            .iter()
+            .map(|&c| p.slot_dtype(c))
+            .collect()
+    }
+
+    /// First byte after the dtype table (`dtype table offset + table length`).
     pub fn tensor_data_start(&self) -> u64 {
         self.header.tensor_data_start
     }
 
-    /// End of tensor data, exclusive (bytes). The checksum covers `[152, data_end)`.
+    /// End of tensor data, exclusive (bytes): the metadata offset of a v5 file,
+    /// else the end of the file.
     pub fn data_end(&self) -> u64 {
         self.header.data_end
     }
@@ -213,13 +256,15 @@ impl WeightsFile {
         })
     }
 
-    /// SHA-256 of bytes `[152, data_end)`.
+    /// SHA-256 of the layout's checksum range ([`checksum_range`](Self::checksum_range)).
     pub fn compute_checksum(&self) -> [u8; 32] {
         self.compute_checksum_with(|_, _| {})
     }
 
     fn compute_checksum_with(&self, mut progress: impl FnMut(u64, u64)) -> [u8; 32] {
-        let covered = &self.as_bytes()[DATA_START as usize..self.header.data_end as usize];
+        let (start, end) = self.checksum_range();
+        // start <= tensor_data_start <= data_end <= file length, checked on parse.
+        let covered = &self.as_bytes()[start as usize..end as usize];
         let total = covered.len() as u64;
         let mut h = Sha256::new();
         let mut done = 0u64;
@@ -232,10 +277,10 @@ impl WeightsFile {
         h.finalize().into()
     }
 
-    /// Hash bytes `[152, data_end)` and compare with the header.
+    /// Hash the layout's checksum range and compare with the header.
     ///
     /// # Errors
-    /// [`WeightsError::BadChecksum`] with both digests.
+    /// [`WeightsError::BadChecksum`] naming the layout and the range, with both digests.
     pub fn verify_checksum(&self) -> Result<(), WeightsError> {
         self.verify_checksum_with(|_, _| {})
     }
@@ -249,6 +294,8 @@ impl WeightsFile {
         let actual = self.compute_checksum_with(progress);
         if actual != self.header.checksum {
             return Err(WeightsError::BadChecksum {
+                container: self.header.container,
+                range: self.checksum_range(),
                 expected: self.header.checksum,
                 actual,
             });
@@ -356,6 +403,90 @@ impl WeightsFile {
             }
         }
         Ok(())
+    }
+
+    /// Load the sidecar manifest from `dir` for this file
+    /// ([`Manifest::load_sidecars`]): offsets come from `weights_manifest.map` or
+    /// from `entries[].file_offset` of `weights_manifest.json`, the way
+    /// C-Kernel-Engine's loader takes them. The JSON `version` is not compared
+    /// with the magic (converters write 5 for `BUMPWGT4` files).
+    ///
+    /// # Errors
+    /// [`WeightsError::ManifestRequired`] naming the layout and magic when `dir`
+    /// has neither sidecar (always the case for L4, `BUMPWGT3`); otherwise the
+    /// errors of [`Manifest::load_sidecars`].
+    pub fn load_manifest(&self, dir: impl AsRef<Path>) -> Result<Manifest, WeightsError> {
+        match Manifest::load_sidecars(dir) {
+            Err(WeightsError::MissingSidecars { dir }) => Err(WeightsError::ManifestRequired {
+                container: self.header.container,
+                magic: self.header.version.magic(),
+                dir,
+            }),
+            r => r,
+        }
+    }
+
+    /// Check `manifest` against this file with every file-validity rule of the
+    /// reader, in this order:
+    ///
+    /// 1. every entry has a name ([`WeightsError::InvalidTensorName`]); names are
+    ///    unique by construction of [`Manifest`];
+    /// 2. every dtype name is known ([`WeightsError::UnknownDtype`]);
+    /// 3. every entry lies inside the tensor data `[tensor_data_start, data_end)`
+    ///    ([`WeightsError::EntryOutsideFile`]);
+    /// 4. no two entries share a byte; zero-size entries share nothing, so one
+    ///    may sit at the offset of the next tensor ([`WeightsError::OverlappingEntries`]);
+    /// 5. an entry with a shape stores at least the bytes its shape and dtype need
+    ///    ([`WeightsError::ShapeMismatch`]); more is allowed (converters pad rows).
+    ///
+    /// Where the writer put each tensor (alignment, padding, order) is not a rule.
+    ///
+    /// # Errors
+    /// The variants named above, for the first entry (in manifest order) that breaks a rule.
+    pub fn check_manifest(&self, manifest: &Manifest) -> Result<(), WeightsError> {
+        if let Some(e) = manifest.iter().find(|e| e.name.is_empty()) {
+            return Err(WeightsError::InvalidTensorName {
+                name: e.name.clone(),
+                reason: "empty",
+            });
+        }
+        manifest.check_dtypes()?;
+        self.validate_manifest(manifest)?;
+        manifest.check_shapes()
+    }
+
+    /// One informational line comparing the dtype table with `manifest`, or
+    /// `None` when the table has one slot per entry (in file order) with the
+    /// code of the entry's dtype.
+    ///
+    /// C-Kernel-Engine's converters fill the table from their own weight list:
+    /// GGUF converters keep a reserved `pos_emb` slot and list no tokenizer
+    /// entries; the HF converters list bias slots the file does not hold; the
+    /// safetensors converter codes i32/u8 tokenizer entries as 0. None of this
+    /// is an error, since offsets and dtypes come from the manifest.
+    pub fn dtype_table_note(&self, manifest: &Manifest) -> Option<String> {
+        let slots = self.dtype_table().len();
+        let entries = manifest.len();
+        if slots != entries {
+            return Some(format!(
+                "table has {slots} slots, manifest {entries} entries: the converter fills the table \
+                 from its own weight list, so offsets and dtypes come from the manifest"
+            ));
+        }
+        let producer = self.producer(Some(manifest));
+        let mut differ = manifest
+            .sorted_by_offset()
+            .into_iter()
+            .zip(self.dtype_table())
+            .enumerate()
+            .filter(|(_, (e, &code))| !producer.slot_dtype(code).may_be(e.parsed_dtype().ok()));
+        let (i, (first, &code)) = differ.next()?;
+        let n = 1 + differ.count();
+        Some(format!(
+            "table has {slots} slots, manifest {entries} entries: {n} slot code(s) differ from the \
+             manifest dtypes (first: slot {i}, \"{}\" {} coded {code}); the manifest's dtype names win",
+            first.name, first.dtype
+        ))
     }
 }
 

@@ -2,33 +2,39 @@
 
 use sha2::{Digest, Sha256};
 
+use super::container::{Container, HEADER_SIZE, L1_OFFSETS};
 use super::WeightsError;
 
-/// Magic of a version-4 file.
+/// Magic of a version-3 file (layout L4 only).
+pub const MAGIC_V3: [u8; 8] = *b"BUMPWGT3";
+/// Magic of a version-4 file (layouts L1, L2 or L3).
 pub const MAGIC_V4: [u8; 8] = *b"BUMPWGT4";
-/// Magic of a version-5 file.
+/// Magic of a version-5 file (layouts L1 or L2, with the metadata footer).
 pub const MAGIC_V5: [u8; 8] = *b"BUMPWGT5";
 /// Magic of the version-5 metadata footer.
 pub const FOOTER_MAGIC: [u8; 8] = *b"BUMPV5MD";
-/// Size of the fixed header (bytes).
-pub const HEADER_SIZE: u64 = 128;
-/// Size of the zero-filled extended-metadata block after the header (bytes).
-pub const EXT_METADATA_SIZE: u64 = 24;
-/// Offset of the dtype-table length (u32); the checksum covers `[DATA_START, data_end)`.
-pub const DATA_START: u64 = HEADER_SIZE + EXT_METADATA_SIZE;
-/// Offset of the first dtype-table byte.
-pub const DTYPE_TABLE_OFFSET: u64 = DATA_START + 4;
-/// Offset of the 32-byte SHA-256 in the header.
-pub const CHECKSUM_OFFSET: u64 = 88;
+/// Size of L1's zero-filled extension block after the header (bytes), the layout
+/// ckalloc writes.
+pub const EXT_METADATA_SIZE: u64 = L1_OFFSETS.hash_start - HEADER_SIZE;
+/// L1's dtype-table count offset (u32), where its checksum range starts:
+/// [`L1_OFFSETS`]`.dtype_count`. Other layouts: [`Container::offsets`](super::Container::offsets).
+pub const DATA_START: u64 = L1_OFFSETS.dtype_count;
+/// L1's first dtype-table byte: [`L1_OFFSETS`]`.dtype_table()`.
+pub const DTYPE_TABLE_OFFSET: u64 = L1_OFFSETS.dtype_table();
+/// L1's header SHA-256 offset: [`L1_OFFSETS`]`.checksum`.
+pub const CHECKSUM_OFFSET: u64 = L1_OFFSETS.checksum;
 /// Size of the version-5 metadata footer (bytes).
 pub const FOOTER_SIZE: u64 = 48;
 /// The element alignment C-Kernel-Engine's converters use for `aligned_*` dims (bytes).
 pub const CACHE_ALIGN: u64 = 64;
 
-/// Container version. `#[non_exhaustive]`.
+/// Container version: the digit of the magic, repeated as the u32 at offset 8.
+/// `#[non_exhaustive]`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum Version {
+    /// `BUMPWGT3`: layout L4 (read only; ckalloc does not write it).
+    V3,
     /// `BUMPWGT4`: header, dtype table, tensor data.
     V4,
     /// `BUMPWGT5`: as V4, then canonical JSON metadata and a 48-byte footer.
@@ -36,9 +42,10 @@ pub enum Version {
 }
 
 impl Version {
-    /// The number in the header (4 or 5).
+    /// The number in the header (3, 4 or 5).
     pub fn number(self) -> u32 {
         match self {
+            Version::V3 => 3,
             Version::V4 => 4,
             Version::V5 => 5,
         }
@@ -47,6 +54,7 @@ impl Version {
     /// The version for a header number, or `None`.
     pub fn from_number(n: u32) -> Option<Version> {
         match n {
+            3 => Some(Version::V3),
             4 => Some(Version::V4),
             5 => Some(Version::V5),
             _ => None,
@@ -56,14 +64,17 @@ impl Version {
     /// The 8-byte magic.
     pub fn magic(self) -> [u8; 8] {
         match self {
+            Version::V3 => MAGIC_V3,
             Version::V4 => MAGIC_V4,
             Version::V5 => MAGIC_V5,
         }
     }
 }
 
-/// The model fields of the header (offsets 12..88). All counts are elements,
-/// not bytes. `#[non_exhaustive]`: build with `ModelDims::default()` and set fields.
+/// The model fields ckalloc's writer puts in an L1 header (offsets 12..88). All
+/// counts are elements, not bytes. `#[non_exhaustive]`: build with
+/// `ModelDims::default()` and set fields. The reader returns [`HeaderDims`],
+/// whose fields a layout lacks are `None`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub struct ModelDims {
@@ -227,137 +238,175 @@ pub struct MetadataFooter {
     pub sha256: [u8; 32],
 }
 
-/// A parsed header: the fixed fields plus the derived region boundaries.
-/// All offsets are bytes from the start of the file.
+/// The model fields of a parsed header. All counts are elements, not bytes.
+/// A field the file's layout does not have is `None` (see the
+/// [layout table](super#layouts)); offsets below are L1's, L2's and L3's, then L4's.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub struct HeaderDims {
+    /// Offset 12 (L4: 12). C-Kernel-Engine writes 1.
+    pub model_type: u32,
+    /// Offset 16 (L4: 16).
+    pub num_layers: u32,
+    /// Offset 20 (L4: 20).
+    pub vocab_size: u32,
+    /// Offset 24 (L4: 24).
+    pub embed_dim: u32,
+    /// Offset 28; L4 has none.
+    pub intermediate_size: Option<u32>,
+    /// Offset 32 (L4: 28).
+    pub context_len: u32,
+    /// Offset 36 (L4: 32).
+    pub num_heads: u32,
+    /// Offset 40; L4 has none.
+    pub num_kv_heads: Option<u32>,
+    /// Offset 44 (L4: 36).
+    pub head_dim: u32,
+    /// Offset 48, u64 (L4: 40).
+    pub aligned_embed_dim: u64,
+    /// Offset 56, u64 (L4: 48).
+    pub aligned_head_dim: u64,
+    /// Offset 64, u64; L4 has none.
+    pub aligned_intermediate: Option<u64>,
+    /// Offset 72, u64 (L4: 56).
+    pub aligned_context: u64,
+    /// Offset 80, L1 and L3 only (L2 keeps checksum bytes there).
+    pub num_merges: Option<u32>,
+    /// Offset 84, L1 and L3 only.
+    pub total_vocab_bytes: Option<u32>,
+}
+
+impl HeaderDims {
+    /// The fields as a JSON object with the keys of [`ModelDims::to_json`];
+    /// fields the layout lacks are left out.
+    pub fn to_json(&self) -> serde_json::Value {
+        let mut m = serde_json::Map::new();
+        let mut put = |k: &str, v: Option<u64>| {
+            if let Some(v) = v {
+                m.insert(k.into(), v.into());
+            }
+        };
+        put("model_type", Some(self.model_type.into()));
+        put("num_layers", Some(self.num_layers.into()));
+        put("vocab_size", Some(self.vocab_size.into()));
+        put("embed_dim", Some(self.embed_dim.into()));
+        put("intermediate_size", self.intermediate_size.map(u64::from));
+        put("context_length", Some(self.context_len.into()));
+        put("num_heads", Some(self.num_heads.into()));
+        put("num_kv_heads", self.num_kv_heads.map(u64::from));
+        put("head_dim", Some(self.head_dim.into()));
+        put("aligned_embed_dim", Some(self.aligned_embed_dim));
+        put("aligned_head_dim", Some(self.aligned_head_dim));
+        put("aligned_intermediate", self.aligned_intermediate);
+        put("aligned_context", Some(self.aligned_context));
+        put("num_merges", self.num_merges.map(u64::from));
+        put("total_vocab_bytes", self.total_vocab_bytes.map(u64::from));
+        serde_json::Value::Object(m)
+    }
+}
+
+impl From<ModelDims> for HeaderDims {
+    /// The fields of an L1 header written with `d`.
+    fn from(d: ModelDims) -> HeaderDims {
+        HeaderDims {
+            model_type: d.model_type,
+            num_layers: d.num_layers,
+            vocab_size: d.vocab_size,
+            embed_dim: d.embed_dim,
+            intermediate_size: Some(d.intermediate_size),
+            context_len: d.context_len,
+            num_heads: d.num_heads,
+            num_kv_heads: Some(d.num_kv_heads),
+            head_dim: d.head_dim,
+            aligned_embed_dim: d.aligned_embed_dim,
+            aligned_head_dim: d.aligned_head_dim,
+            aligned_intermediate: Some(d.aligned_intermediate),
+            aligned_context: d.aligned_context,
+            num_merges: Some(d.num_merges),
+            total_vocab_bytes: Some(d.total_vocab_bytes),
+        }
+    }
+}
+
+/// A parsed header: the layout, the fixed fields and the derived region
+/// boundaries. All offsets are bytes from the start of the file.
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct Header {
-    /// 4 or 5 (the magic and the version field agree).
+    /// The layout recognised (see [`Container`]); every field below is read at
+    /// that layout's offsets.
+    pub container: Container,
+    /// 3, 4 or 5 (the magic and the version field agree).
     pub version: Version,
-    /// Offsets 12..88.
-    pub dims: ModelDims,
-    /// Offset 88: SHA-256 of bytes `[DATA_START, data_end)`.
+    /// The model fields; those the layout lacks are `None`.
+    pub dims: HeaderDims,
+    /// The stored SHA-256 (at `container.offsets().checksum`) of bytes
+    /// [`checksum_range`](Self::checksum_range).
     pub checksum: [u8; 32],
-    /// Number of dtype-table entries (u32 at offset 152).
+    /// Number of dtype-table entries (the u32 at `container.offsets().dtype_count`).
     pub dtype_table_len: u32,
-    /// `156 + dtype_table_len`: first byte after the dtype table.
+    /// First byte after the dtype table (`dtype_table() + dtype_table_len`).
     pub tensor_data_start: u64,
-    /// End of tensor data (exclusive): the file length for v4, the metadata offset for v5.
+    /// End of tensor data (exclusive): the metadata offset of a `BUMPWGT5` file,
+    /// else the file length.
     pub data_end: u64,
     /// File length.
     pub file_len: u64,
-    /// The v5 footer (`None` for v4).
+    /// The v5 footer (`None` for `BUMPWGT3`/`BUMPWGT4`).
     pub footer: Option<MetadataFooter>,
-    /// True when bytes `[120, 152)` (padding and the reserved extended block) are not all zero.
-    /// Accepted, but worth reporting.
+    /// True when the layout's zero bytes are not all zero: the header padding
+    /// (L1 and L3: 120..128) or L1's extension block 128..152. Accepted, but
+    /// worth reporting.
     pub reserved_nonzero: bool,
 }
 
-fn u32_at(b: &[u8], off: usize) -> u32 {
+pub(crate) fn u32_at(b: &[u8], off: usize) -> u32 {
     let mut a = [0u8; 4];
     a.copy_from_slice(&b[off..off + 4]);
     u32::from_le_bytes(a)
 }
 
-fn u64_at(b: &[u8], off: usize) -> u64 {
+pub(crate) fn u64_at(b: &[u8], off: usize) -> u64 {
     let mut a = [0u8; 8];
     a.copy_from_slice(&b[off..off + 8]);
     u64::from_le_bytes(a)
 }
 
 impl Header {
-    /// Parse and check the header of a whole file's bytes (the v5 footer is at the
-    /// end, so `file` must be the complete file). Reads nothing outside `file`.
+    /// Recognise the layout of a whole file's bytes and parse its header (the v5
+    /// footer is at the end, so `file` must be the complete file). Reads nothing
+    /// outside `file` and hashes only the v5 metadata. The rules are listed in the
+    /// [module documentation](super#how-the-reader-recognises-the-layout).
     ///
     /// Checks, in order: magic (`WrongMagic`), version (`UnknownVersion`), length
-    /// (`TruncatedHeader`), dtype table (`DtypeTableOutOfBounds`), and for v5 the
-    /// footer (`BadFooter`) and metadata hash (`BadMetadataChecksum`). It does not
-    /// hash the tensor data: call [`WeightsFile::verify_checksum`](super::WeightsFile::verify_checksum).
+    /// (`TruncatedHeader`), then each layout the magic allows. When no layout
+    /// fits, the error is the one layout's own (`TruncatedHeader`,
+    /// `DtypeTableOutOfBounds`, `BadFooter`, `BadMetadataChecksum`) if exactly one
+    /// layout's header rules matched, else `NotAKnownLayout` listing every layout
+    /// tried and why. It does not hash the tensor data: call
+    /// [`WeightsFile::verify_checksum`](super::WeightsFile::verify_checksum).
     ///
     /// # Errors
     /// The variants named above.
     pub fn parse(file: &[u8]) -> Result<Header, WeightsError> {
-        let file_len = file.len() as u64;
-        let needed = DTYPE_TABLE_OFFSET;
-        if file.len() < 8 {
-            return Err(WeightsError::TruncatedHeader {
-                len: file_len,
-                needed,
-            });
-        }
-        let mut magic = [0u8; 8];
-        magic.copy_from_slice(&file[..8]);
-        if &magic[..7] != b"BUMPWGT" {
-            return Err(WeightsError::WrongMagic { found: magic });
-        }
-        if file.len() < 12 {
-            return Err(WeightsError::TruncatedHeader {
-                len: file_len,
-                needed,
-            });
-        }
-        let version_field = u32_at(file, 8);
-        let version = match Version::from_number(version_field) {
-            Some(v) if v.magic() == magic => v,
-            _ => {
-                return Err(WeightsError::UnknownVersion {
-                    magic,
-                    version: version_field,
-                })
-            }
-        };
-        if file_len < needed {
-            return Err(WeightsError::TruncatedHeader {
-                len: file_len,
-                needed,
-            });
-        }
-        let dims = ModelDims {
-            model_type: u32_at(file, 12),
-            num_layers: u32_at(file, 16),
-            vocab_size: u32_at(file, 20),
-            embed_dim: u32_at(file, 24),
-            intermediate_size: u32_at(file, 28),
-            context_len: u32_at(file, 32),
-            num_heads: u32_at(file, 36),
-            num_kv_heads: u32_at(file, 40),
-            head_dim: u32_at(file, 44),
-            aligned_embed_dim: u64_at(file, 48),
-            aligned_head_dim: u64_at(file, 56),
-            aligned_intermediate: u64_at(file, 64),
-            aligned_context: u64_at(file, 72),
-            num_merges: u32_at(file, 80),
-            total_vocab_bytes: u32_at(file, 84),
-        };
-        let mut checksum = [0u8; 32];
-        checksum.copy_from_slice(&file[88..120]);
-        let reserved_nonzero = file[120..DATA_START as usize].iter().any(|&b| b != 0);
-        let dtype_table_len = u32_at(file, DATA_START as usize);
-        let tensor_data_start = DTYPE_TABLE_OFFSET + u64::from(dtype_table_len);
-        if tensor_data_start > file_len {
-            return Err(WeightsError::DtypeTableOutOfBounds {
-                table_len: dtype_table_len,
-                file_len,
-            });
-        }
-        let (data_end, footer) = match version {
-            Version::V4 => (file_len, None),
-            Version::V5 => {
-                let f = parse_footer(file, tensor_data_start)?;
-                (f.offset, Some(f))
-            }
-        };
-        Ok(Header {
-            version,
-            dims,
-            checksum,
-            dtype_table_len,
-            tensor_data_start,
-            data_end,
-            file_len,
-            footer,
-            reserved_nonzero,
-        })
+        super::container::detect(file)
+    }
+
+    /// The layout's offsets.
+    pub fn offsets(&self) -> &'static super::LayoutOffsets {
+        self.container.offsets()
+    }
+
+    /// Offset of the first dtype-table code.
+    pub fn dtype_table_offset(&self) -> u64 {
+        self.container.offsets().dtype_table()
+    }
+
+    /// The bytes the stored checksum covers, `[start, end)`: `[152, data_end)`
+    /// for L1, `[128, data_end)` for L2, L3 and L4 (L3 and L4 end at the end of
+    /// the file).
+    pub fn checksum_range(&self) -> (u64, u64) {
+        (self.container.offsets().hash_start, self.data_end)
     }
 
     /// The first [`DATA_START`] bytes of a file with these fields: magic, version,
@@ -396,7 +445,10 @@ impl Header {
     }
 }
 
-fn parse_footer(file: &[u8], tensor_data_start: u64) -> Result<MetadataFooter, WeightsError> {
+pub(crate) fn parse_footer(
+    file: &[u8],
+    tensor_data_start: u64,
+) -> Result<MetadataFooter, WeightsError> {
     let file_len = file.len() as u64;
     let bad = |reason: String| WeightsError::BadFooter { reason };
     let room = file_len - tensor_data_start; // tensor_data_start <= file_len checked by caller

@@ -122,12 +122,23 @@ impl LayoutReport {
 /// A parsed manifest: entries in the order the sidecar lists them (ckalloc's
 /// writer lists them in file-offset order) and an index by name.
 ///
-/// Immutable after construction; `Send + Sync`.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+/// Immutable after construction; `Send + Sync`. Two manifests are equal when
+/// their entries are (the JSON `format` and `generator` strings are not compared).
+#[derive(Clone, Debug, Default)]
 pub struct Manifest {
     entries: Vec<ManifestEntry>,
     index: HashMap<String, usize>,
+    format: Option<String>,
+    generator: Option<String>,
 }
+
+impl PartialEq for Manifest {
+    fn eq(&self, other: &Manifest) -> bool {
+        self.entries == other.entries
+    }
+}
+
+impl Eq for Manifest {}
 
 /// Parse an offset/size field: `0x`/`0X` hexadecimal or decimal. A decimal with a
 /// leading zero (`0123`) is rejected because C-Kernel-Engine's C loader
@@ -173,6 +184,10 @@ struct JsonEntry {
 #[derive(Deserialize)]
 struct JsonManifest {
     entries: Vec<JsonEntry>,
+    #[serde(default)]
+    format: Option<serde_json::Value>,
+    #[serde(default)]
+    generator: Option<serde_json::Value>,
 }
 
 fn json_err(message: String) -> WeightsError {
@@ -208,7 +223,12 @@ impl Manifest {
                 });
             }
         }
-        Ok(Manifest { entries, index })
+        Ok(Manifest {
+            entries,
+            index,
+            format: None,
+            generator: None,
+        })
     }
 
     /// Parse `weights_manifest.map`: one `name|dtype|FILE_OFFSET|SIZE|RUNTIME_OFFSET`
@@ -313,7 +333,14 @@ impl Manifest {
                 shape: e.shape,
             });
         }
-        Manifest::from_entries(entries)
+        let text = |v: Option<serde_json::Value>| match v {
+            Some(serde_json::Value::String(s)) => Some(s),
+            _ => None,
+        };
+        let mut m = Manifest::from_entries(entries)?;
+        m.format = text(raw.format);
+        m.generator = text(raw.generator);
+        Ok(m)
     }
 
     /// Load the sidecars from `dir`. With both present, the `.map` gives order and
@@ -393,9 +420,21 @@ impl Manifest {
                     }
                     e.shape = je.shape.clone();
                 }
+                m.format = j.format;
+                m.generator = j.generator;
                 Ok(m)
             }
         }
+    }
+
+    /// The JSON manifest's `format` string (`ck-bumpwgt5-manifest-v1`...), if any.
+    pub fn format(&self) -> Option<&str> {
+        self.format.as_deref()
+    }
+
+    /// The JSON manifest's `generator` string (`ckalloc 0.1.0`...), if any.
+    pub fn generator(&self) -> Option<&str> {
+        self.generator.as_deref()
     }
 
     /// The entry named `name`.
@@ -506,6 +545,37 @@ impl Manifest {
         self.entries
             .iter()
             .try_for_each(|e| e.parsed_dtype().map(|_| ()))
+    }
+
+    /// Check that every entry with a shape stores at least the bytes its shape
+    /// and dtype need ([`Dtype::min_bytes`]). Entries without a shape, or whose
+    /// dtype is unknown, are not checked here (see [`check_dtypes`](Self::check_dtypes)).
+    ///
+    /// # Errors
+    /// [`WeightsError::ShapeMismatch`] for the first entry (in manifest order)
+    /// stored in fewer bytes; [`WeightsError::SizeOverflow`].
+    pub fn check_shapes(&self) -> Result<(), WeightsError> {
+        for e in &self.entries {
+            let (Some(shape), Ok(dtype)) = (&e.shape, e.parsed_dtype()) else {
+                continue;
+            };
+            let needed = shape
+                .iter()
+                .try_fold(1u64, |a, &d| a.checked_mul(d))
+                .and_then(|n| dtype.min_bytes(n))
+                .ok_or_else(|| {
+                    WeightsError::overflow(format!("byte size of \"{}\" shape {shape:?}", e.name))
+                })?;
+            if needed > e.size {
+                return Err(WeightsError::ShapeMismatch {
+                    name: e.name.clone(),
+                    shape: shape.clone(),
+                    expected_bytes: needed,
+                    actual_bytes: e.size,
+                });
+            }
+        }
+        Ok(())
     }
 
     /// Overlapping pairs (each later entry against the furthest-reaching earlier

@@ -1,11 +1,37 @@
-//! The `weights.bump` container of C-Kernel-Engine (`BUMPWGT4` / `BUMPWGT5`):
-//! reader, sidecar manifests and writer. Behind the default `weights` feature.
+//! The `weights.bump` container of C-Kernel-Engine (`BUMPWGT3` / `BUMPWGT4` /
+//! `BUMPWGT5`): reader for the four layouts its converters write, sidecar
+//! manifests, and a writer (layout L1). Behind the default `weights` feature.
 //!
-//! # Layout
+//! # Layouts
 //!
-//! All integers little-endian, all offsets bytes from the start of the file. This
-//! follows C-Kernel-Engine's `convert_gguf_to_bump_v6_6.py` (`HEADER_SIZE = 128`,
-//! `EXT_METADATA_SIZE = 24`, `DATA_START = 152`) and `include/ckernel_bump_v5.h`.
+//! C-Kernel-Engine's converters write four layouts; the same magic starts more
+//! than one of them, so the reader recognises the layout by structure
+//! ([`WeightsFile::container`] returns it as a [`Container`]). All integers are
+//! little-endian, all offsets bytes from the start of the file; "data end" is
+//! the end of the last tensor. Paths are in C-Kernel-Engine's tree (the fork
+//! `ArrivedAditya/C-Kernel-Engine` at `d9018583`, which contains upstream main
+//! `991d0874`); the offsets below were checked against files those converters
+//! wrote (the fixtures under `tests/data/cke/`).
+//!
+//! | | L1 [`Container::V8Converters`] | L2 [`Container::V4HeaderConverters`] | L3 [`Container::V65GgufConverters`] | L4 [`Container::BareHfConverter`] |
+//! |---|---|---|---|---|
+//! | magic | `BUMPWGT5` or `BUMPWGT4` | `BUMPWGT4`, or `BUMPWGT5` with the v5 footer (v6.6/v7 HF converters) | `BUMPWGT4` | `BUMPWGT3` |
+//! | header (128 B) | u32 version @8, model_type @12, layers @16, vocab @20, embed @24, intermediate @28, context @32, heads @36, kv_heads @40, head_dim @44; u64 aligned embed/head/intermediate/context @48/56/64/72; u32 `num_merges` @80, `total_vocab_bytes` @84; checksum @88..120; zeros 120..128 | as L1 to @80, no merge fields; checksum @80..112; zeros 112..128 | as L1 to @128 | u32 version @8, model_type @12, layers @16, vocab @20, embed @24, context @28, heads @32, head_dim @36; u64 aligned embed/head/context @40/48/56; checksum @64..96; zeros 96..128 |
+//! | after the header | 24 zero bytes, then the dtype table (u32 count, one code per slot) @152 | dtype table @128 | dtype table @128 | dtype table @128 |
+//! | checksum covers | [152, data end) | [128, data end) | [128, end of file) | [128, end of file) |
+//! | trailer | `BUMPWGT5`: metadata JSON + 48-byte `BUMPV5MD` footer | `BUMPWGT5`: the same | none | none |
+//! | Q4_K code | 7 | 7 (GGUF converters), **6** (HF converters) | 7 | 6 |
+//! | offsets | [`L1_OFFSETS`] | [`L2_OFFSETS`] | [`L3_OFFSETS`] | [`L4_OFFSETS`] |
+//! | written by | `version/v8/scripts/convert_gguf_to_bump_v8.py`, `convert_safetensors_to_bump_v8.py`, `version/v7/scripts/convert_gguf_to_bump_v7.py`, `version/v6.6/scripts/convert_gguf_to_bump_v6_6.py`; ckalloc's [`WeightsWriter`] | `scripts/convert_gguf_to_bump.py`, `scripts/convert_gguf_to_bump_v6.py`, `scripts/v4/convert_gguf_to_bump_v4*.py`, `scripts/v6/convert_gguf_to_bump_v6.py`; HF: `scripts/v4/convert_hf_to_bump_v4.py`, `scripts/v6/`, `scripts/v6.5/`, `scripts/v6.6/`, `version/v6.6/scripts/convert_hf_to_bump_v6_6.py`, `version/v7/scripts/convert_hf_to_bump_v7.py` | `scripts/v6.5/convert_gguf_to_bump_v6_5.py`, `scripts/v6.6/convert_gguf_to_bump_v6_6.py` | every unversioned `convert_hf_to_bump.py`, `scripts/gen_random_bump.py` |
+//!
+//! Header fields a layout lacks are `None` in [`HeaderDims`]. The v5 footer is
+//! `BUMPV5MD`, a u64 metadata length and the SHA-256 of the metadata; the
+//! metadata (canonical JSON) starts at the data end and is not covered by the
+//! header checksum. ckalloc writes L1 only, aligning each tensor (see
+//! [`WeightsWriter`]); C-Kernel-Engine's converters pack tensors right after the
+//! table (newer exporters pad to 32 or 64 bytes). Alignment is not a reader rule.
+//!
+//! L1 as ckalloc writes it, for reference:
 //!
 //! ```text
 //!   0  magic "BUMPWGT4" | "BUMPWGT5"          8 bytes
@@ -27,9 +53,66 @@
 //!      "BUMPV5MD", u64 metadata length, SHA-256 of the metadata
 //! ```
 //!
-//! With an arena built on the file, arena offset == file offset: the weights region
-//! is `[weights_base, activations_base)` where `weights_base` is the first tensor's
-//! offset and `activations_base` can be [`WriteReport::data_end`].
+//! # How the reader recognises the layout
+//!
+//! [`Header::parse`] (and so [`WeightsFile::open`]) reads the magic and the u32
+//! at 8, which must repeat the magic's digit. The magic allows L4 (`BUMPWGT3`),
+//! L1, L2 or L3 (`BUMPWGT4`), or L1 or L2 (`BUMPWGT5`). For each allowed layout:
+//!
+//! 1. **Header rules** (the first 128 bytes, plus the u32 at 128):
+//!    * L1 and L3 keep the checksum at 88..120, so bytes 112..120 are not all
+//!      zero (a SHA-256 ending in 8 zero bytes does not occur);
+//!    * L2 keeps it at 80..112, so bytes 112..128 are all zero;
+//!    * L3 has its dtype-table count at 128, which is not 0 (in L1, 128..152 is
+//!      the zero extension block);
+//!    * L4: bytes 96..128 are all zero.
+//! 2. **Structure rules**: the file holds the header and table count; the dtype
+//!    table (count, then one byte per slot) ends inside the file; L2, L3 and L4
+//!    have at least one slot (their converters write one per weight); a
+//!    `BUMPWGT5` file ends with a valid `BUMPV5MD` footer whose metadata hash
+//!    matches.
+//! 3. **Soft rules**, counted when more than one layout fits: every table code
+//!    is a known dtype code; the header padding is zero; L1's extension block is
+//!    zero. The layout breaking the fewest wins (ties: L1, L2, L3 order). In
+//!    files the converters write only one layout ever fits.
+//!
+//! When no layout fits, the error is [`WeightsError::NotAKnownLayout`], listing
+//! each layout tried and the rule it breaks, unless exactly one layout's header
+//! rules matched: then that layout's own error (truncated header, dtype table
+//! out of bounds, bad footer) is more precise and is returned. The model fields
+//! are not used to tell layouts apart: L1, L2 and L3 store them identically up
+//! to byte 80, and converters disagree on `aligned_*` (the safetensors converter
+//! writes the raw dims). The checksum is not hashed while recognising:
+//! [`WeightsFile::verify_checksum`] then hashes the recognised layout's range,
+//! and a mismatch there ([`WeightsError::BadChecksum`], naming the layout and
+//! the range) means the bytes of a known layout changed. Sidecars play no part
+//! in recognition; [`WeightsFile::check_manifest`] then requires every entry to
+//! lie inside the recognised layout's tensor data.
+//!
+//! # Dtype codes
+//!
+//! The dtype table holds one code per slot of the converter's own weight list,
+//! which need not match the manifest one to one (a reserved `pos_emb` slot, bias
+//! slots the file does not hold, no tokenizer entries):
+//! [`WeightsFile::dtype_table_note`] explains a difference in one line instead
+//! of treating it as an error. The manifest's dtype names win over codes. Code 6
+//! is Q4_1 in `include/ckernel_dtype.h` but Q4_K from the HF converters:
+//! [`WeightsFile::slot_dtypes`] reads it by [`Producer`] (the v5 metadata's
+//! `created_by`, the manifest's `format` / `generator`) and reports
+//! [`SlotDtype::Q4_1OrQ4_K`] ("q4_1 or q4_k (ambiguous)") when nothing says,
+//! with no size computed from it.
+//!
+//! # Loading
+//!
+//! Offsets and sizes come from a sidecar manifest, as C-Kernel-Engine's v8
+//! loader takes them from `weights_manifest.map`; the header is not used for
+//! them. [`WeightsFile::load_manifest`] fails with
+//! [`WeightsError::ManifestRequired`] when there is none (always for L4, whose
+//! converters write no manifest and which C-Kernel-Engine's loader refuses).
+//! With an arena built on the file, arena offset == file offset: the weights
+//! region is `[weights_base, activations_base)` where `weights_base` is the first
+//! tensor's offset and `activations_base` the data end ([`WeightsFile::data_end`],
+//! [`WriteReport::data_end`]).
 //!
 //! # Sidecars
 //!
@@ -38,14 +121,21 @@
 //! * `weights_manifest.json` — `{"entries": [{"name", "dtype", "file_offset", "size",
 //!   "shape"?}], ...}` ([`Manifest::from_json`]).
 //!
+//! Converters write the JSON manifest when given `--manifest-out`; its `version`
+//! may say 5 for a `BUMPWGT4` file and is not compared with the magic. The `.map`
+//! comes from C-Kernel-Engine's IR builder (`build_ir_v8.py --manifest-map-output`).
+//! The HF converters' `--map-out` JSON and the IR builder's `weights_map.json`
+//! name table slots and carry no offsets; they are not manifests.
+//!
 //! The manifest is the authority for offsets, sizes and dtypes; the dtype table
-//! is a per-tensor hint (see [`Dtype`] for codes, including the extension range
-//! for types C-Kernel-Engine's table lacks).
+//! is a per-slot hint (see [`Dtype`] for codes, including the extension range
+//! for types C-Kernel-Engine's table lacks). [`WeightsFile::check_manifest`]
+//! applies the reader's file-validity rules.
 //!
 //! # Example
 //!
 //! ```
-//! use ckalloc::weights::{Dtype, Manifest, Version, WeightsFile, WeightsWriter};
+//! use ckalloc::weights::{Container, Dtype, Version, WeightsFile, WeightsWriter};
 //! let dir = tempfile::tempdir().unwrap();
 //! let ids: Vec<u8> = (0..8i64).flat_map(|i| i.to_le_bytes()).collect();
 //! let mut w = WeightsWriter::new(Version::V4);
@@ -54,8 +144,10 @@
 //!
 //! let file = WeightsFile::open(dir.path().join("weights.bump")).unwrap();
 //! file.verify_checksum().unwrap();
-//! let manifest = Manifest::load_sidecars(dir.path()).unwrap();
-//! file.validate_manifest(&manifest).unwrap();
+//! assert_eq!(file.container(), Container::V8Converters);
+//! let manifest = file.load_manifest(dir.path()).unwrap();
+//! file.check_manifest(&manifest).unwrap();
+//! assert_eq!(file.dtype_table_note(&manifest), None);
 //! manifest.check_runtime_offsets().unwrap();
 //! let e = manifest.get("position_ids").unwrap();
 //! assert_eq!(e.dtype, "i64");
@@ -68,6 +160,7 @@
 //! [`WeightsFile`] and [`Manifest`] are immutable and `Send + Sync`.
 //! [`WeightsWriter`] is a plain builder (`Send` when its borrowed data is).
 
+mod container;
 mod dtype;
 mod error;
 mod file;
@@ -75,13 +168,17 @@ mod format;
 mod manifest;
 mod writer;
 
-pub use dtype::{Dtype, EXTENSION_CODE_BASE};
+pub use container::{
+    Container, LayoutOffsets, LayoutRejection, HEADER_SIZE, L1_OFFSETS, L2_OFFSETS, L3_OFFSETS,
+    L4_OFFSETS,
+};
+pub use dtype::{Dtype, Producer, SlotDtype, EXTENSION_CODE_BASE};
 pub use error::{ManifestKind, WeightsError};
 pub use file::WeightsFile;
 pub use format::{
-    canonical_json, Header, MetadataFooter, ModelDims, Version, CACHE_ALIGN, CHECKSUM_OFFSET,
-    DATA_START, DTYPE_TABLE_OFFSET, EXT_METADATA_SIZE, FOOTER_MAGIC, FOOTER_SIZE, HEADER_SIZE,
-    MAGIC_V4, MAGIC_V5,
+    canonical_json, Header, HeaderDims, MetadataFooter, ModelDims, Version, CACHE_ALIGN,
+    CHECKSUM_OFFSET, DATA_START, DTYPE_TABLE_OFFSET, EXT_METADATA_SIZE, FOOTER_MAGIC, FOOTER_SIZE,
+    MAGIC_V3, MAGIC_V4, MAGIC_V5,
 };
 pub use manifest::{
     Gap, LayoutReport, Manifest, ManifestEntry, Overlap, MANIFEST_JSON, MANIFEST_MAP,

@@ -8,8 +8,9 @@ use std::path::{Path, PathBuf};
 
 use sha2::{Digest, Sha256};
 
+use super::container::HEADER_SIZE;
 use super::format::{
-    canonical_json, DATA_START, DTYPE_TABLE_OFFSET, EXT_METADATA_SIZE, FOOTER_MAGIC, HEADER_SIZE,
+    canonical_json, DATA_START, DTYPE_TABLE_OFFSET, EXT_METADATA_SIZE, FOOTER_MAGIC,
 };
 use super::manifest::{MANIFEST_JSON, MANIFEST_MAP};
 use super::{Dtype, Header, Manifest, ManifestEntry, ModelDims, Version, WeightsError};
@@ -341,13 +342,19 @@ impl<'a> WeightsWriter<'a> {
     /// the error). Not safe to run twice concurrently on the same `dir`.
     ///
     /// # Errors
-    /// [`WeightsError::Io`] naming the file, [`WeightsError::SizeOverflow`].
+    /// [`WeightsError::Io`] naming the file, [`WeightsError::SizeOverflow`],
+    /// [`WeightsError::UnsupportedWriteVersion`] for [`Version::V3`].
     pub fn write_dir_with_progress(
         &self,
         dir: impl AsRef<Path>,
         mut progress: impl FnMut(u64, u64),
     ) -> Result<WriteReport, WeightsError> {
         let dir = dir.as_ref();
+        if !matches!(self.version, Version::V4 | Version::V5) {
+            return Err(WeightsError::UnsupportedWriteVersion {
+                version: self.version.number(),
+            });
+        }
         let plan = self.plan()?;
         let manifest_json = self.manifest_json(&plan);
         let metadata = match self.version {

@@ -2,7 +2,7 @@
 
 use crate::util::{emit_json, err, err_reported, progress, sha256, CliError};
 use crate::{outln, Global};
-use ckalloc::weights::{Manifest, WeightsError, WeightsFile};
+use ckalloc::weights::{Manifest, SlotDtype, WeightsError, WeightsFile};
 use indicatif::BinaryBytes;
 use serde_json::{json, Value};
 use std::path::{Path, PathBuf};
@@ -24,11 +24,29 @@ pub fn sidecar_dir(weights: &Path) -> PathBuf {
     }
 }
 
-/// Open `weights.bump` and its sidecars; errors name the file.
+/// Open `weights.bump` and its sidecars; errors name the file. A file without
+/// a manifest is refused with the library's `ManifestRequired` error.
 pub fn open(path: &Path) -> Result<(WeightsFile, Manifest), CliError> {
     let file = WeightsFile::open(path).map_err(|e| err(format!("{}: {e}", path.display())))?;
-    let manifest = Manifest::load_sidecars(sidecar_dir(path)).map_err(|e| err(e.to_string()))?;
+    let manifest = file
+        .load_manifest(sidecar_dir(path))
+        .map_err(|e| err(e.to_string()))?;
     Ok((file, manifest))
+}
+
+/// The dtype table as "N slots (fp32 x19, q8_0 x13)", codes read for the
+/// file's producer (an ambiguous code 6 stays ambiguous).
+fn slot_summary(file: &WeightsFile, manifest: Option<&Manifest>) -> String {
+    let slots = file.slot_dtypes(manifest);
+    let mut counts: Vec<(SlotDtype, usize)> = Vec::new();
+    for s in &slots {
+        match counts.iter_mut().find(|(d, _)| d == s) {
+            Some((_, n)) => *n += 1,
+            None => counts.push((*s, 1)),
+        }
+    }
+    let parts: Vec<String> = counts.iter().map(|(d, n)| format!("{d} x{n}")).collect();
+    format!("{} slots ({})", slots.len(), parts.join(", "))
 }
 
 /// Hash the file with a progress bar; `Ok(None)` when verified, `Ok(Some(msg))`
@@ -52,8 +70,10 @@ pub fn run(g: Global, a: InspectArgs) -> Result<(), CliError> {
     let file = WeightsFile::open(path).map_err(|e| err(format!("{}: {e}", path.display())))?;
     let h = file.header();
     let d = file.dims();
+    let c = file.container();
+    let (hash_start, hash_end) = file.checksum_range();
     // The sidecars are optional for inspect: without them only the header is shown.
-    let manifest = Manifest::load_sidecars(sidecar_dir(path));
+    let manifest = file.load_manifest(sidecar_dir(path));
     let checksum = if a.no_verify {
         None
     } else {
@@ -67,12 +87,11 @@ pub fn run(g: Global, a: InspectArgs) -> Result<(), CliError> {
     let (manifest_ok, layout, table_note) = match &manifest {
         Ok(m) => {
             let valid = file
-                .validate_manifest(m)
+                .check_manifest(m)
                 .and_then(|()| m.check_runtime_offsets())
-                .and_then(|()| m.check_dtypes())
                 .err()
                 .map(|e| e.to_string());
-            let table = file.check_dtype_table(m).err().map(|e| e.to_string());
+            let table = file.dtype_table_note(m);
             (valid, Some(file.layout_report(m)), table)
         }
         Err(_) => (None, None, None),
@@ -95,12 +114,22 @@ pub fn run(g: Global, a: InspectArgs) -> Result<(), CliError> {
             .unwrap_or_default();
         emit_json(&json!({
             "path": path,
+            "container": {
+                "layout": c.label(),
+                "id": c.id(),
+                "writers": c.writers(),
+                "magic": String::from_utf8_lossy(&h.version.magic()),
+                "checksum_offset": c.offsets().checksum,
+                "checksum_range": [hash_start, hash_end],
+                "dtype_table_offset": h.dtype_table_offset(),
+            },
             "header": {
                 "version": h.version.number(),
                 "model_type": d.model_type,
                 "dims": d.to_json(),
                 "checksum": format!("{:x}", sha256(&h.checksum)),
                 "dtype_table_len": h.dtype_table_len,
+                "dtype_table": slot_summary(&file, manifest.as_ref().ok()),
                 "tensor_data_start": h.tensor_data_start,
                 "data_end": h.data_end,
                 "file_len": h.file_len,
@@ -133,29 +162,41 @@ pub fn run(g: Global, a: InspectArgs) -> Result<(), CliError> {
     } else {
         outln!("{}", path.display());
         outln!(
-            "  version {} (BUMPWGT{}), model_type {}, {} bytes",
+            "  layout {c}, BUMPWGT{}, {} bytes, model_type {}",
             h.version.number(),
-            h.version.number(),
-            d.model_type,
-            h.file_len
+            h.file_len,
+            d.model_type
+        );
+        outln!("  written by: {}", c.writers());
+        // Only the fields this layout has: a field it lacks is not printed.
+        let opt =
+            |label: &str, v: Option<u64>| v.map(|v| format!(", {label} {v}")).unwrap_or_default();
+        outln!(
+            "  dims: layers {}, vocab {}, embed {}{}, context {}, heads {}{}, head_dim {}",
+            d.num_layers,
+            d.vocab_size,
+            d.embed_dim,
+            opt("intermediate", d.intermediate_size.map(u64::from)),
+            d.context_len,
+            d.num_heads,
+            d.num_kv_heads.map(|k| format!("/{k}")).unwrap_or_default(),
+            d.head_dim
         );
         outln!(
-            "  dims: layers {}, vocab {}, embed {}, intermediate {}, context {}, heads {}/{}, head_dim {}",
-            d.num_layers, d.vocab_size, d.embed_dim, d.intermediate_size, d.context_len,
-            d.num_heads, d.num_kv_heads, d.head_dim
-        );
-        outln!(
-            "  aligned: embed {}, head {}, intermediate {}, context {}; merges {}, vocab bytes {}",
+            "  aligned: embed {}, head {}{}, context {}{}{}",
             d.aligned_embed_dim,
             d.aligned_head_dim,
-            d.aligned_intermediate,
+            opt("intermediate", d.aligned_intermediate),
             d.aligned_context,
-            d.num_merges,
-            d.total_vocab_bytes
+            d.num_merges
+                .map(|m| format!("; merges {m}"))
+                .unwrap_or_default(),
+            opt("vocab bytes", d.total_vocab_bytes.map(u64::from))
         );
         outln!(
-            "  dtype table: {} entries; tensor data [{:#x}, {:#x}){}",
-            h.dtype_table_len,
+            "  dtype table at {:#x}: {}; tensor data [{:#x}, {:#x}){}",
+            h.dtype_table_offset(),
+            slot_summary(&file, manifest.as_ref().ok()),
             h.tensor_data_start,
             h.data_end,
             h.footer
@@ -165,6 +206,12 @@ pub fn run(g: Global, a: InspectArgs) -> Result<(), CliError> {
         if h.reserved_nonzero {
             outln!("  warning: reserved header bytes are not zero");
         }
+        outln!(
+            "  checksum at offset {} over [{:#x}, {:#x})",
+            c.offsets().checksum,
+            hash_start,
+            hash_end
+        );
         outln!("  sha256 {:x} ({checksum_state})", sha256(&h.checksum));
         match &manifest {
             Err(e) => outln!("  manifest: {e}"),

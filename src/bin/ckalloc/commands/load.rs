@@ -23,9 +23,8 @@ pub struct LoadArgs {
 pub fn run(g: Global, a: LoadArgs) -> Result<(), CliError> {
     let path = &a.weights;
     let (file, manifest) = open(path)?;
-    file.validate_manifest(&manifest)
+    file.check_manifest(&manifest)
         .and_then(|()| manifest.check_runtime_offsets())
-        .and_then(|()| manifest.check_dtypes())
         .map_err(|e| err(format!("{}: {e}", path.display())))?;
     let checksum = verify_checksum(&file, g.json)?;
     if let Some(e) = checksum {
@@ -47,6 +46,7 @@ pub fn run(g: Global, a: LoadArgs) -> Result<(), CliError> {
     if g.json {
         emit_json(&json!({
             "path": path,
+            "container": {"layout": file.container().label(), "id": file.container().id()},
             "tensors": manifest.len(),
             "tensor_bytes": manifest.total_bytes(),
             "checksum": {"ok": true, "sha256": format!("{:x}", sha256(file.checksum()))},
@@ -60,8 +60,9 @@ pub fn run(g: Global, a: LoadArgs) -> Result<(), CliError> {
         }));
     } else {
         outln!(
-            "{}: {} tensors, {}; checksum verified (sha256 {:x})",
+            "{}: layout {}, {} tensors, {}; checksum verified (sha256 {:x})",
             path.display(),
+            file.container(),
             manifest.len(),
             BinaryBytes(manifest.total_bytes()),
             sha256(file.checksum())
