@@ -12,6 +12,7 @@ pub fn all() -> Vec<(&'static str, RowFn)> {
         ("cache_loop", crate::alloc::cache_loop as RowFn),
         ("weights", crate::weights::weights as RowFn),
         ("threads", crate::alloc::threads as RowFn),
+        ("trace", crate::trace::replay_rows as RowFn),
         ("sweep", crate::plot::sweep as RowFn),
     ]
 }
