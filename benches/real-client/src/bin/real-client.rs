@@ -23,7 +23,7 @@ const CONTENDERS: &[(&str, &str)] = &[
     ("system", "minilm-system"),
     ("mimalloc", "minilm-mimalloc"),
     ("ckhuge", "minilm-ckhuge"),
-    ("ckhuge-1m", "minilm-ckhuge-1m"),
+    ("ckhuge-16m", "minilm-ckhuge-16m"),
 ];
 const PEERS: &[&str] = &["system", "mimalloc"];
 
@@ -362,7 +362,7 @@ fn label(name: &str) -> &str {
         "system" => "`System` (glibc)",
         "mimalloc" => "`mimalloc::MiMalloc`",
         "ckhuge" => "`CkHuge::new()`",
-        "ckhuge-1m" => "`CkHuge::with_threshold(1 MiB)`",
+        "ckhuge-16m" => "`CkHuge::with_threshold(16 MiB)`",
         other => other,
     }
 }
