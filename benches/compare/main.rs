@@ -7,7 +7,7 @@
 //! the first-touch sweep and writes it as an SVG (both used by
 //! `scripts/perf-report`). Arguments without `--` select rows by substring
 //! (`bump`, `first_touch`, `random_reads`, `cache_loop`, `weights`,
-//! `threads`, `pool_lock`; `sweep` runs only the plot data).
+//! `threads`, `pool_lock`, `trace`; `sweep` runs only the plot data).
 //!
 //! Each row measures ckalloc and its peer alternately in the same process,
 //! several repetitions, and reports the median of the per-repetition ratios.
@@ -19,6 +19,7 @@ mod alloc;
 mod pages;
 mod plot;
 mod rows;
+mod trace;
 mod weights;
 
 /// One result row.

@@ -13,6 +13,7 @@ pub fn all() -> Vec<(&'static str, RowFn)> {
         ("weights", crate::weights::weights as RowFn),
         ("threads", crate::alloc::threads as RowFn),
         ("pool_lock", crate::alloc::pool_lock as RowFn),
+        ("trace", crate::trace::replay_rows as RowFn),
         ("sweep", crate::plot::sweep as RowFn),
     ]
 }
