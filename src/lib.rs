@@ -85,3 +85,8 @@ pub mod fault {
     pub use crate::sys::fault::*;
     pub use crate::sys::Op;
 }
+
+/// The examples of README.md, compiled and run as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;
