@@ -49,6 +49,7 @@ fn review_arena_fifo_weights_file_fails_fast() {
 
 // Finding 1 (weights reader): WeightsFile::open on a FIFO hung the same way.
 #[test]
+#[cfg(feature = "weights")]
 #[cfg_attr(miri, ignore)]
 fn review_weights_file_open_fifo_fails_fast() {
     let dir = tempfile::tempdir().unwrap();
@@ -67,6 +68,7 @@ fn review_weights_file_open_fifo_fails_fast() {
 // Finding 2: Manifest::load_sidecars read a sidecar that is a FIFO (hang) or a
 // symlink to /dev/zero (reads until memory runs out) instead of rejecting it.
 #[test]
+#[cfg(feature = "weights")]
 #[cfg_attr(miri, ignore)]
 fn review_sidecar_fifo_fails_fast() {
     let dir = tempfile::tempdir().unwrap();
@@ -84,6 +86,7 @@ fn review_sidecar_fifo_fails_fast() {
 }
 
 #[test]
+#[cfg(feature = "weights")]
 #[cfg_attr(miri, ignore)]
 fn review_sidecar_dev_zero_fails_fast() {
     let dir = tempfile::tempdir().unwrap();
