@@ -46,7 +46,7 @@ pub enum ModePolicy {
     /// Anonymous first, mixed mode when that fails and a weights file is
     /// given; `CK_BUMP_FORCE_MIXED` skips anonymous mode and
     /// `CK_BUMP_DISABLE_MIXED` skips the fallback (each set unless empty,
-    /// `0`, `false` or `no`, case-insensitive, as in the seed). The default.
+    /// `0`, `false` or `no`, case-insensitive, as in C-Kernel-Engine). The default.
     #[default]
     Auto,
     /// Anonymous mode only; the environment is ignored.
@@ -369,7 +369,7 @@ fn open_weights(path: &Path, plan: &Plan) -> Result<WeightsSource, ArenaError> {
         });
     }
     if plan.activations_base > plan.weights_base {
-        // The seed's V3 rule: the file rounded up to a page must reach
+        // C-Kernel-Engine's rule: the file rounded up to a page must reach
         // activations_base. A mapped page that the file covers only in part
         // reads zeros past the end; a page wholly past the end would SIGBUS,
         // which this check rules out.
@@ -431,7 +431,7 @@ fn open_weights(path: &Path, plan: &Plan) -> Result<WeightsSource, ArenaError> {
 ///   never written.
 /// * [`ModePolicy::Auto`] tries anonymous first and falls back to mixed mode
 ///   when a weights file is given, honouring `CK_BUMP_FORCE_MIXED` and
-///   `CK_BUMP_DISABLE_MIXED` exactly as the seed's `ck_bump_alloc_init`.
+///   `CK_BUMP_DISABLE_MIXED` exactly as C-Kernel-Engine's `ck_bump_alloc_init`.
 ///
 /// # Builder options
 ///
@@ -565,7 +565,7 @@ impl BumpArena {
         }
     }
 
-    /// The seed's `ck_bump_alloc_init`: an arena of `total_size` bytes with
+    /// C-Kernel-Engine's `ck_bump_alloc_init`: an arena of `total_size` bytes with
     /// the weights region `[weights_base, activations_base)`, under
     /// [`ModePolicy::Auto`] (so `CK_BUMP_*` apply), with the weights file for
     /// materialization and the mixed-mode fallback when given.
@@ -650,7 +650,7 @@ impl BumpArena {
     /// [`materialize_weights`](Self::materialize_weights): true in anon mode
     /// with a non-empty weights region until that succeeds; false in mixed
     /// mode and without a weights region. (The C ABI's function of the same
-    /// name is a property of the mode instead, as in the seed.)
+    /// name is a property of the mode instead, as in C-Kernel-Engine.)
     pub fn needs_weight_materialization(&self) -> bool {
         !self.materialized
     }

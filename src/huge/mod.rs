@@ -908,7 +908,7 @@ pub(crate) fn unmap(ptr: NonNull<u8>, mapped_len: usize) {
     }
 }
 
-/// Allocate `bytes` of zeroed huge-page memory (the seed's `ck_huge_alloc`).
+/// Allocate `bytes` of zeroed huge-page memory (C-Kernel-Engine's `ck_huge_alloc`).
 ///
 /// The size is rounded up to 2 MiB; the block is 2 MiB aligned. Tiers:
 /// hugetlb, then THP, then plain pages (see the [module docs](self)). Returns
