@@ -11,18 +11,9 @@
 //!    ([`Backing`]); [`huge_page_coverage`] measures what the kernel actually
 //!    gave, [`probe`] what the system offers, [`huge_stats`] the counters.
 //! 2. **Bump arena** — [`BumpArena`]: one contiguous range holding a model's
-//!    weights and its runtime buffers:
-//!
-//! ```text
-//!  offset 0        weights_base              activations_base          total_size
-//!  | header/prefix  | weights region            | runtime region           |
-//!  |                | == weights.bump bytes     | bump-allocated (Vec,     |
-//!  |                |    at the same offsets    | Box, KV cache, scratch)  |
-//!  +----------------+---------------------------+--------------------------+
-//!  anon mode:  one huge-page mapping; weights copied in ("materialized")
-//!  mixed mode: weights pages map the file read-only; runtime region anonymous
-//! ```
-//!
+//!    weights (at the same offsets as in the weights file) and its runtime
+//!    buffers; its documentation draws the layout and lists the modes and
+//!    builder options.
 //!    `Vec::new_in(&arena)` allocates in the runtime region with a lock-free
 //!    bump pointer; [`LocalArena`] bumps without atomics for one thread. The
 //!    `weights.bump` container of C-Kernel-Engine is read and written by
@@ -96,3 +87,8 @@ pub use stats::{huge_stats, human_bytes, HugeStats, TierStats};
 pub mod fault {
     pub use crate::sys::fault::{calls, fail_from, fail_nth, pending, reset, Op};
 }
+
+/// The examples of README.md, compiled and run as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;

@@ -36,6 +36,66 @@
 //! # drop(v2);
 //! ```
 //!
+//! # Spec fields
+//!
+//! A spec is `heap_key[=max_allocation_size;max_allocation_capacity;max_free_allocation_count]`
+//! pairs joined by `,`, at most 16 pools, in priority order; the empty spec is
+//! one unbounded pool. [`CachingSpec`] gives the grammar; the fields:
+//!
+//! | field | unit / form | default | rejected (unlike IREE) |
+//! | --- | --- | --- | --- |
+//! | `max_allocation_size` | bytes: decimal and an optional `b kb kib mb mib gb gib tb tib` (lowercase) | the heap's maximum | `1GiB`, `8x`, `123fb`, `1.5gib`, `-1`, `010`, overflow of `u64`/`usize` |
+//! | `max_allocation_capacity` | bytes, as above: live + cached bytes of the pool | unlimited | as above |
+//! | `max_free_allocation_count` | a decimal `u32`: blocks kept on the pool's free list | 64 | suffixes, signs, leading zeros, more than `u32::MAX` |
+//! | memory type (left of `;` in the key) | `*` or names joined by `\|`: `host_local device_local host_visible host_coherent host_cached device_visible optimal` | `*` | unknown or empty names, `*` mixed with names |
+//! | buffer usage (right of `;`) | `*` or names joined by `\|`: `transfer[_source/_target] dispatch dispatch_storage[_read/_write] dispatch_image[_read/_write] dispatch_indirect_params dispatch_uniform_read sharing_{export,replicate,concurrent,immutable} mapping mapping_{scoped,persistent,optional,access_random,access_sequential_write}` | `*` | as above |
+//!
+//! Fields are trimmed; an empty field or `*` keeps the default, and missing
+//! trailing fields keep theirs. Every [`SpecError`] has a stable
+//! [`kind()`](SpecError::kind) and names the pair, the field and the
+//! offending text. [`CachingSpec`]'s `Display` is canonical and parses back
+//! to an equal value. [`CachingAllocator::from_env`] reads a spec from the
+//! environment variable the caller names (unset or empty: one unbounded
+//! pool).
+//!
+//! **Heaps.** The inner allocator's heap defaults to [`Heap::host`]: host
+//! memory that CPU code uses directly, so it satisfies host *and* device
+//! memory types (`host_local|device_local|host_cached`, every usage), as
+//! IREE's CPU devices report. An allocator with a narrower heap declares it
+//! with [`DeclareHeap`] (then [`CachingBuilder::declared_heap`]) or
+//! [`CachingBuilder::heap`]; a key the heap cannot satisfy is
+//! [`SpecErrorKind::NoMatchingHeap`].
+//!
+//! # Behaviour
+//!
+//! * A request goes to the first pool (spec order) whose
+//!   `max_allocation_size` is at least its size; with no such pool it goes to
+//!   the inner allocator, counted as a bypass. Within a pool the size is
+//!   rounded ([`RoundUp::None`] by default, or
+//!   [`RoundUp::PowerOfTwoDivisions`] as PyTorch's
+//!   `roundup_power2_divisions`).
+//! * Reuse: the most recently freed block of that exact (rounded) size whose
+//!   address satisfies the requested alignment. The whole block is returned
+//!   (`len()` may exceed the request); it keeps its previous contents unless
+//!   it is requested zeroed. A block goes back to the inner allocator with
+//!   the layout it was allocated with.
+//! * Capacity: a pool's live + cached bytes never exceed
+//!   `max_allocation_capacity`; a new block that would exceed it evicts cached
+//!   blocks oldest first (only if that can make room), else the request is
+//!   served unpooled (a bypass). A freed block is kept if the pool's free list
+//!   holds fewer than `max_free_allocation_count` blocks, else it goes back to
+//!   the inner allocator.
+//! * [`trim`](CachingAllocator::trim) returns every cached block, oldest
+//!   first across pools; [`trim_to`](CachingAllocator::trim_to) stops once
+//!   at most the given bytes stay cached. An inner allocation failure
+//!   triggers `trim()` and one retry, then `AllocError`. `Drop` returns every
+//!   cached block. Zero-size requests never reach the inner allocator.
+//! * `grow`/`shrink` stay in place when the new size maps to the same pool and
+//!   block size; otherwise they allocate through the cache, copy, and release
+//!   the old block to the cache.
+//! * [`stats`](CachingAllocator::stats) sums every counter exactly; its
+//!   `Display` is a summary in the spirit of PyTorch's `memory_summary`.
+//!
 //! # Spec grammar
 //!
 //! A spec lists pools in priority order as IREE's

@@ -31,8 +31,52 @@
 //! reached from explicit constructors, never from [`CkHuge`] or
 //! [`huge_alloc`], whose options are fixed.
 //!
-//! The environment variables that steer the ladder (`CKALLOC_HUGETLB`,
-//! `CKALLOC_THP`, `CKALLOC_HUGETLB_BACKOFF_MS`) are listed in [`env`](crate::env).
+//! # Options
+//!
+//! | option | default | effect |
+//! | --- | --- | --- |
+//! | [`HugeOptions::require`] | `Backing::Normal` | fail with [`HugeError::TierUnavailable`] instead of falling below this tier |
+//! | [`HugeOptions::hugetlb`] | `true` | try the hugetlb tier at all |
+//! | [`HugeOptions::allow_1gib`] | `false` | try 1 GiB hugetlb pages first (the size is rounded up to 1 GiB) |
+//! | [`HugeOptions::populate`] | `false` | prefault with `MADV_POPULATE_WRITE` (Linux 5.14+), which reports failure, unlike `MAP_POPULATE` |
+//! | [`HugeOptions::populate_threads`] | 1 | prefault on up to `n` threads, each on its own 8 MiB chunks of whole huge pages; 0 = `available_parallelism()` |
+//! | [`HugeOptions::mlock`] | `false` | `mlock` the mapping (counts against `RLIMIT_MEMLOCK`) |
+//! | [`HugeOptions::numa_node`] | `None` | `mbind(MPOL_BIND)` to one node, before prefaulting |
+//! | [`HugeOptions::dont_dump`] | `false` | `MADV_DONTDUMP`: leave the mapping out of core dumps |
+//! | [`CkHuge::with_threshold`] | 2 MiB | requests of at least this many bytes get a mapping of their own |
+//!
+//! The environment switches of this layer (`CKALLOC_HUGETLB`, `CKALLOC_THP`,
+//! `CKALLOC_HUGETLB_BACKOFF_MS`) are read once, without allocating, on first
+//! use; [`env`](crate::env) lists them with every other variable.
+//!
+//! # Reserving hugetlb pages
+//!
+//! ```text
+//! cat /proc/sys/vm/nr_hugepages                 # 0 on most machines
+//! echo 512 | sudo tee /proc/sys/vm/nr_hugepages # 512 x 2 MiB = 1 GiB
+//! echo 1 | sudo tee /sys/kernel/mm/hugepages/hugepages-1048576kB/nr_hugepages   # one 1 GiB page
+//! echo madvise | sudo tee /sys/kernel/mm/transparent_hugepage/enabled           # THP on request
+//! ```
+//!
+//! Hugetlb pages are taken from RAM when reserved and never swapped; write 0
+//! to give them back. [`probe`](crate::probe) reports the system's state
+//! (THP modes, hugetlb pools, `RLIMIT_MEMLOCK`) and
+//! [`huge_stats`](crate::huge_stats) the per-tier counters (mappings, bytes,
+//! fallbacks).
+//!
+//! # What the kernel gave
+//!
+//! [`huge_page_coverage`](crate::huge_page_coverage) measures a range page
+//! by page with the `PAGEMAP_SCAN` ioctl (Linux 6.7+), or per VMA from
+//! `/proc/self/smaps` on older kernels
+//! ([`HugeCoverage::exact`](crate::HugeCoverage::exact) says which).
+//!
+//! # Growing
+//!
+//! [`CkHuge`] grows a mapped block with `mremap`: in place when the address
+//! space after it is free, else moved with `MREMAP_FIXED` into an aligned
+//! reservation so the alignment is kept. Hugetlb blocks cannot grow that way
+//! and are copied.
 
 mod alloc;
 mod error;

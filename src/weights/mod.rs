@@ -159,6 +159,54 @@
 //!
 //! [`WeightsFile`] and [`Manifest`] are immutable and `Send + Sync`.
 //! [`WeightsWriter`] is a plain builder (`Send` when its borrowed data is).
+//!
+//! # Sidecar formats
+//!
+//! | file | format |
+//! | --- | --- |
+//! | `weights_manifest.map` | first line `# ck-bumpwgt5-manifest-map v1` (`bumpwgt4` for v4), a comment naming the columns, then `name\|dtype\|0xFILE_OFFSET\|0xSIZE\|0xRUNTIME_OFFSET` per tensor, numbers as `0x%016X` |
+//! | `weights_manifest.json` | `{"format": "ck-bumpwgt5-manifest-v1", "version", "weights_path", "bump_layout", "alignment", "weights_base", "data_end", "config", "entries": [{"name", "dtype", "file_offset", "size", "shape"?}]}` |
+//!
+//! Readers accept what C-Kernel-Engine's tools write: comment and blank lines,
+//! CRLF, decimal or `0x` numbers, the JSON alias `offset`, numbers as strings,
+//! extra keys, and an optional `runtime_offset` (default: `file_offset`).
+//!
+//! # Writer options
+//!
+//! | option | default | meaning |
+//! | --- | --- | --- |
+//! | [`Version`] | none | `V4` or `V5` (v5 appends the metadata and the footer) |
+//! | [`WeightsWriter::alignment`] | 64 bytes | a power of two, 1 B to 1 GiB; every tensor offset and `data_end` are multiples of it |
+//! | [`WeightsWriter::dims`] | zeros, `model_type` 1 | the header's model fields (offsets 12 to 88) |
+//! | [`WeightsWriter::metadata_entry`] | none | extra v5 metadata keys; the writer's own keys win |
+//! | [`WeightsWriter::write_dir_with_progress`] | none | `(done_bytes, total_bytes)` of `weights.bump`, at the start, every 4 MiB and at the end |
+//!
+//! Tensor names are 1 to 1024 bytes with no `|`, line break or NUL and do not
+//! start with `#` (so a `.map` line fits C-Kernel-Engine's 4096-byte line
+//! buffer). Files are written under temporary names, synced and renamed into
+//! place; on error the temporary files are removed.
+//!
+//! # Differences from C-Kernel-Engine
+//!
+//! * **Checksum coverage**: `[152, data_end)`, that is the dtype-table length,
+//!   the table, the tensor data and ckalloc's zero padding; not the header or
+//!   the v5 metadata.
+//! * **Padding**: C-Kernel-Engine packs tensors back to back; ckalloc aligns
+//!   them (64 bytes by default) and pads `data_end`. Both are valid, since the
+//!   manifest gives the offsets.
+//! * **Dtype table**: ckalloc writes one code per tensor in file order.
+//!   C-Kernel-Engine's GGUF converter lists bias slots and omits vocabulary
+//!   tensors, so [`WeightsFile::check_dtype_table`] is meaningful for ckalloc
+//!   files only.
+//! * **Metadata**: ckalloc omits `created_at`, so identical input gives
+//!   identical files; floats in user metadata may print differently from
+//!   Python (`1e-5` vs `1e-05`).
+//! * **`.map` parsing** is stricter than the C loader: exactly five fields,
+//!   and a decimal number with a leading zero is rejected (C's
+//!   `strtoull(s, NULL, 0)` reads it as octal).
+//! * **Mapped files**: [`WeightsFile::open`] maps the file; another process
+//!   truncating it raises `SIGBUS` on access. [`WeightsFile::from_vec`] reads
+//!   it into memory instead.
 
 mod container;
 mod dtype;
