@@ -3,6 +3,13 @@
 //! no overlapping live blocks, contents preserved, limits never exceeded,
 //! the exact block the model predicts is reused, and the statistics equal
 //! the model's after every step.
+//!
+//! The inner allocator has a byte budget ([`INNER_BUDGET`]): a request that
+//! would take it past the budget fails, as a real heap runs out. Without it,
+//! a run of `Grow` ops under power-of-two rounding doubles one block again
+//! and again while the pool keeps every old block, and the process goes past
+//! libFuzzer's memory limit. With it, such a run exercises the caching
+//! allocator's trim-and-retry on an inner failure, which the model predicts.
 #![no_main]
 
 use std::alloc::Layout;
@@ -17,11 +24,18 @@ use libfuzzer_sys::fuzz_target;
 
 // ---------------------------------------------------------------- inner ----
 
-/// Global with injectable failures; checks every block comes back with the
-/// layout it was allocated with.
+/// Bytes the inner allocator hands out at most at one time (64 MiB): far
+/// below libFuzzer's default 2 GiB RSS limit even with AddressSanitizer's
+/// overhead, and far above what one op asks for (an `Alloc` at most 300 KiB,
+/// a `Grow` at most 64 KiB more than the block it grows).
+const INNER_BUDGET: u64 = 64 << 20;
+
+/// Global with injectable failures and a byte budget; checks every block
+/// comes back with the layout it was allocated with.
 #[derive(Default)]
 struct Inner {
     fail: Cell<u32>,
+    bytes: Cell<u64>,
     live: RefCell<HashMap<usize, Layout>>,
 }
 
@@ -31,7 +45,12 @@ unsafe impl Allocator for Inner {
             self.fail.set(self.fail.get() - 1);
             return Err(AllocError);
         }
+        let size = layout.size() as u64;
+        if self.bytes.get() + size > INNER_BUDGET {
+            return Err(AllocError);
+        }
         let p = Global.allocate(layout)?;
+        self.bytes.set(self.bytes.get() + size);
         self.live
             .borrow_mut()
             .insert(p.cast::<u8>().as_ptr() as usize, layout);
@@ -40,6 +59,7 @@ unsafe impl Allocator for Inner {
     unsafe fn deallocate(&self, ptr: NonNull<u8>, layout: Layout) {
         let was = self.live.borrow_mut().remove(&(ptr.as_ptr() as usize));
         assert_eq!(was, Some(layout), "block returned with a different layout");
+        self.bytes.set(self.bytes.get() - layout.size() as u64);
         unsafe { Global.deallocate(ptr, layout) }
     }
 }
@@ -176,13 +196,18 @@ impl Model {
             self.drop_cached(pi, c);
         }
     }
-    /// Mirrors one inner allocation with retry; returns whether it succeeds.
-    fn inner_call(&mut self, pool: Option<usize>) -> bool {
+    /// Mirrors one inner allocation of `bytes` with retry; returns whether it
+    /// succeeds. An injected failure comes first; then the budget decides,
+    /// counted over `held` (every byte taken from the inner allocator).
+    fn inner_call(&mut self, pool: Option<usize>, bytes: u64) -> bool {
         for attempt in 0..2 {
-            if self.fail == 0 {
+            if self.fail > 0 {
+                self.fail -= 1;
+            } else if self.held + bytes > INNER_BUDGET {
+                // Over the budget: the inner allocator refuses.
+            } else {
                 return true;
             }
-            self.fail -= 1;
             match pool {
                 Some(pi) => self.pools[pi].failures += 1,
                 None => self.no_pool_failures += 1,
@@ -238,7 +263,7 @@ impl Model {
             p.evictions += 1;
             self.drop_cached(pi, c);
         }
-        if !self.inner_call(Some(pi)) {
+        if !self.inner_call(Some(pi), b as u64) {
             self.pools[pi].committed -= b as u64;
             return Err(());
         }
@@ -260,7 +285,7 @@ impl Model {
         ))
     }
     fn unpooled(&mut self, user: Layout, pool: Option<usize>) -> Result<(Option<usize>, Live), ()> {
-        if !self.inner_call(pool) {
+        if !self.inner_call(pool, user.size() as u64) {
             return Err(());
         }
         match pool {
@@ -487,6 +512,7 @@ fuzz_target!(|input: Input| {
     check_stats(&c, &m);
     drop(c);
     assert!(inner.live.borrow().is_empty(), "blocks lost after drop");
+    assert_eq!(inner.bytes.get(), 0, "inner byte count after drop");
 });
 
 #[allow(clippy::too_many_arguments)]
