@@ -19,7 +19,7 @@ use ckalloc::weights::{Dtype, Manifest, Version, WeightsFile};
 use ckalloc::{BumpArena, CkHuge};
 use indicatif::BinaryBytes;
 use serde_json::{json, Value};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use tempfile::TempDir;
 
 #[derive(clap::Args, Debug)]
@@ -40,15 +40,9 @@ pub struct DemoArgs {
 
 /// The model cache folder: `CKALLOC_MODEL_CACHE`, else `.cache/models` in
 /// the source tree (where scripts/fetch-model puts the model).
-fn model_cache_dir() -> PathBuf {
-    std::env::var_os("CKALLOC_MODEL_CACHE")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join(".cache/models"))
-}
-
 /// The real model, when scripts/fetch-model has cached it.
 fn cached_model() -> Option<PathBuf> {
-    let p = model_cache_dir().join("all-minilm-l6-v2/model.safetensors");
+    let p = ckalloc::env::model_cache_dir().join("all-minilm-l6-v2/model.safetensors");
     p.is_file().then_some(p)
 }
 

@@ -139,18 +139,10 @@ fn try_plain(page: usize) -> Trial {
     }
 }
 
-/// `CKALLOC_THP` set to a false value turns THP off for ckalloc; the rule is
-/// the library's knob rule: empty, `0`, `false`, `no`, `off`
-/// (case-insensitive), no trimming.
+/// `CKALLOC_THP` set to a false value turns THP off for ckalloc (the rule is
+/// the library's, see `ckalloc::env`).
 fn thp_env_off() -> bool {
-    std::env::var_os("CKALLOC_THP").is_some_and(|v| {
-        let v = v.to_string_lossy();
-        v.is_empty()
-            || v == "0"
-            || ["false", "no", "off"]
-                .iter()
-                .any(|f| v.eq_ignore_ascii_case(f))
-    })
+    !ckalloc::env::thp_allowed()
 }
 
 /// One line per thing that is missing, saying how to enable it.
