@@ -128,7 +128,7 @@ fn new_token() -> u64 {
 /// | [`weights_file`](ArenaBuilder::weights_file) | none | the file whose bytes `[weights_base, activations_base)` fill the weights region; opened once, checked through the descriptor |
 /// | [`weights_base`](ArenaBuilder::weights_base), [`activations_base`](ArenaBuilder::activations_base) | 0, 0 | the layout in bytes; `weights_base <= activations_base <= total_size` |
 /// | [`policy`](ArenaBuilder::policy) | [`ModePolicy::Auto`] | which modes may be used |
-/// | [`huge`](ArenaBuilder::huge) | [`HugeOptions::new`] | tiers, prefault, `mlock`, NUMA node of the anonymous mapping (mixed mode: of the runtime region) |
+/// | [`huge`](ArenaBuilder::huge) | [`HugeOptions::new`](crate::HugeOptions::new) | tiers, prefault, `mlock`, NUMA node of the anonymous mapping (mixed mode: of the runtime region) |
 /// | [`release_on_reset`](ArenaBuilder::release_on_reset) | `false` | `MADV_DONTNEED` the runtime pages on reset and rewind; they read zero afterwards |
 /// | [`dont_dump`](ArenaBuilder::dont_dump) | `false` | `MADV_DONTDUMP` over the weights pages |
 /// | [`thread_chunks`](ArenaBuilder::thread_chunks) | `true` | each thread bumps in a chunk of its own (16 KiB doubling to 256 KiB) instead of one compare-and-swap per allocation |
