@@ -4,7 +4,7 @@
 //! the exact block the model predicts is reused, and the statistics equal
 //! the model's after every step.
 //!
-//! The inner allocator has a byte budget ([`INNER_BUDGET`]): a request that
+//! The inner allocator has a byte budget ([`INNER_BUDGET`], 8 MiB): a request that
 //! would take it past the budget fails, as a real heap runs out. Without it,
 //! a run of `Grow` ops under power-of-two rounding doubles one block again
 //! and again while the pool keeps every old block, and the process goes past
@@ -24,11 +24,12 @@ use libfuzzer_sys::fuzz_target;
 
 // ---------------------------------------------------------------- inner ----
 
-/// Bytes the inner allocator hands out at most at one time (64 MiB): far
+/// Bytes the inner allocator hands out at most at one time (8 MiB): far
 /// below libFuzzer's default 2 GiB RSS limit even with AddressSanitizer's
 /// overhead, and far above what one op asks for (an `Alloc` at most 300 KiB,
-/// a `Grow` at most 64 KiB more than the block it grows).
-const INNER_BUDGET: u64 = 64 << 20;
+/// a `Grow` at most 64 KiB more than the block it grows). Small enough that
+/// filling and checking every live block after each op stays fast.
+const INNER_BUDGET: u64 = 8 << 20;
 
 /// Global with injectable failures and a byte budget; checks every block
 /// comes back with the layout it was allocated with.
