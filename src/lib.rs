@@ -63,6 +63,7 @@ pub mod caching;
 pub mod capi;
 pub mod env;
 pub mod huge;
+mod lock;
 mod par;
 mod probe;
 mod stats;

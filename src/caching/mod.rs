@@ -162,7 +162,6 @@
 mod error;
 mod flags;
 mod heap;
-mod lock;
 mod pool;
 mod spec;
 mod stats;
@@ -186,7 +185,7 @@ pub use stats::{CacheStats, PoolStats};
 /// The pool lock, for `benches/compare` (which measures it against other
 /// locks); not part of the supported API.
 #[doc(hidden)]
-pub use lock::PoolLock;
+pub use crate::lock::PoolLock;
 
 /// IREE's default `max_free_allocation_count`.
 pub const DEFAULT_MAX_FREE_ALLOCATION_COUNT: u32 = 64;

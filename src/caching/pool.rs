@@ -38,8 +38,8 @@ use std::hash::{BuildHasherDefault, Hasher};
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::Relaxed};
 
-use super::lock::PoolLock;
 use super::{PoolParams, RoundUp};
+use crate::lock::PoolLock;
 
 /// Free-list shards per pool (threads are spread over them round-robin).
 pub(crate) const SHARDS: usize = 4;

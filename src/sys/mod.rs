@@ -27,7 +27,8 @@ pub(crate) use mappings::{
     madvise, map_anon_aligned, mlock, munmap, munmap_best_effort, reserve_aligned, Advice,
     HugetlbSize,
 };
-pub(crate) use process::{getenv, memlock_limit, monotonic_ns, read_small_file};
+#[allow(unused_imports)]
+pub(crate) use process::{getenv, memlock_limit, monotonic_ns, read_small_file, register_atfork};
 
 #[cfg(target_os = "linux")]
 use mappings::advice_raw;

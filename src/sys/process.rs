@@ -163,3 +163,31 @@ pub(crate) fn pagemap_scan(start: u64, end: u64, mut f: impl FnMut(PageRun)) -> 
     }
     Ok(())
 }
+
+/// Registers fork handlers with `pthread_atfork(3)`: `prepare` runs in the
+/// forking thread just before `fork()`, `parent` in the parent and `child` in
+/// the child just after it. POSIX runs the prepare handlers in the reverse
+/// order of registration and the other two in the order of registration, so a
+/// module that registers after another takes its locks first and releases
+/// them last. Handlers stay registered for the life of the process; callers
+/// register once (behind a `std::sync::Once`). `fork()` runs the handlers;
+/// `vfork()` and `clone()` without `SIGCHLD` semantics do not.
+///
+/// `pthread_atfork` itself may allocate through the C library's `malloc`
+/// (never through Rust's global allocator). It returns `ENOMEM` when it
+/// cannot.
+#[allow(dead_code)]
+pub(crate) fn register_atfork(
+    prepare: unsafe extern "C" fn(),
+    parent: unsafe extern "C" fn(),
+    child: unsafe extern "C" fn(),
+) -> io::Result<()> {
+    // SAFETY: the three handlers are `extern "C"` functions with the
+    // signature pthread_atfork expects, valid for the life of the process.
+    let rc = unsafe { libc::pthread_atfork(Some(prepare), Some(parent), Some(child)) };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::from_raw_os_error(rc))
+    }
+}

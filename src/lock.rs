@@ -1,7 +1,6 @@
-//! [`PoolLock`]: the lock of a free-list shard and of a block-table shard.
-//!
-//! Every pool and table lock is this one type, so replacing the lock
-//! implementation is a change to this file only.
+//! [`PoolLock`]: the spin lock of every short critical section in the crate
+//! (the caching allocator's free-list and block-table shards, the C ABI's
+//! registries), kept below every module that takes a lock so each can use it.
 
 use std::cell::UnsafeCell;
 use std::ops::{Deref, DerefMut};
