@@ -2,7 +2,7 @@
 
 use crate::util::{err, ms, progress, CliError};
 use ckalloc::weights::{Manifest, WeightsFile};
-use ckalloc::{ArenaMode, BumpArena, HugeCoverage, ModePolicy};
+use ckalloc::{ArenaMode, BumpArena, FallbackReason, HugeCoverage, ModePolicy};
 use indicatif::BinaryBytes;
 use serde_json::{json, Value};
 use std::path::Path;
@@ -53,6 +53,27 @@ impl Loaded {
     /// Time from start to an arena whose weights can be read.
     pub fn ready(&self) -> Duration {
         self.build + self.materialize.unwrap_or_default()
+    }
+
+    /// How the weights became readable, after the map time in the "ready in"
+    /// line: the copy (with its rate when `rate` is set), file pages faulting
+    /// in (mixed mode), or nothing to copy (anon mode, empty weights region).
+    pub fn weights_detail(&self, rate: bool) -> String {
+        let a = &self.arena;
+        match (self.materialize, a.mode()) {
+            (Some(d), _) if rate => format!(
+                ", materialize {:.1} ms at {:.2} GiB/s",
+                ms(d),
+                (a.activations_base() - a.weights_base()) as f64
+                    / (1u64 << 30) as f64
+                    / d.as_secs_f64().max(1e-9)
+            ),
+            (Some(d), _) => format!(", materialize {:.1} ms", ms(d)),
+            (None, ArenaMode::Anon) => ", empty weights region: nothing to materialize".into(),
+            (None, ArenaMode::MixedFileBacked) => {
+                ", weights fault in from the file on first read".into()
+            }
+        }
     }
 
     pub fn mode_name(&self) -> &'static str {
@@ -127,6 +148,9 @@ pub fn load(
     let build = t.elapsed();
     let why = match (mode, arena.mode(), arena.fallback_reason()) {
         (ModeArg::Anon | ModeArg::Mixed, _, _) => format!("requested with --mode {}", mode.name()),
+        (ModeArg::Auto, _, Some(FallbackReason::ForcedByEnv)) => {
+            "auto skipped anonymous mode: CK_BUMP_FORCE_MIXED is set".to_string()
+        }
         (ModeArg::Auto, _, Some(reason)) => format!("auto fell back to mixed: {reason}"),
         (ModeArg::Auto, ArenaMode::Anon, None) => {
             "auto tries anonymous first and it worked".to_string()

@@ -19,6 +19,7 @@ mod commands;
 mod compute;
 mod model;
 mod util;
+mod weights_file;
 
 use clap::{Args, Parser, Subcommand};
 use commands::{demo, inspect, load, pack, probe, synth};

@@ -161,6 +161,22 @@ pub fn sha256(checksum: &[u8; 32]) -> sha2::digest::Output<sha2::Sha256> {
     (*checksum).into()
 }
 
+/// Parse a `--version` argument: the container versions ckalloc writes, 4
+/// (`BUMPWGT4`) or 5 (`BUMPWGT5`). Version 3 is read but never written, so
+/// it is refused here, as a usage error, before any work starts.
+///
+/// # Errors
+/// Anything but `4` or `5`, naming the input.
+pub fn parse_write_version(s: &str) -> Result<ckalloc::weights::Version, String> {
+    use ckalloc::weights::Version;
+    match s.trim() {
+        "4" => Ok(Version::V4),
+        "5" => Ok(Version::V5),
+        "3" => Err("3 is not written (BUMPWGT3 is read only); expected 4 or 5".into()),
+        _ => Err(format!("'{s}': expected 4 or 5")),
+    }
+}
+
 /// Parse a size in bytes: a decimal integer with an optional suffix, ASCII
 /// case-insensitive: `k`/`kib` (1024), `m`/`mib`, `g`/`gib`, `kb`/`mb`/`gb`
 /// (powers of 1000), `b`. `64MiB`, `512m`, `1000000`.

@@ -7,15 +7,17 @@
 //! `CachingAllocator<CkHuge>`.
 
 use crate::arena_load::{self, coverage_json, ModeArg};
-use crate::commands::inspect::verify_checksum;
 use crate::commands::pack;
 use crate::compute::{self, Checksum};
 use crate::model::{self, Model};
-use crate::util::{emit_json, err, err_reported, ms, parse_size, sha256, CliError};
+use crate::util::{
+    emit_json, err, err_reported, ms, parse_size, parse_write_version, sha256, CliError,
+};
+use crate::weights_file::{open_file, verify_checksum};
 use crate::{outln, Global};
 use allocator_api2::vec::Vec as AVec;
 use ckalloc::caching::{CacheStats, CachingAllocator};
-use ckalloc::weights::{Dtype, Manifest, Version, WeightsFile};
+use ckalloc::weights::{Dtype, Manifest, Version};
 use ckalloc::{BumpArena, CkHuge};
 use indicatif::BinaryBytes;
 use serde_json::{json, Value};
@@ -31,8 +33,8 @@ pub struct DemoArgs {
     #[arg(short, long, value_name = "DIR")]
     pub output: Option<PathBuf>,
     /// Container version to pack.
-    #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u32).range(4..=5))]
-    pub version: u32,
+    #[arg(long, default_value = "5", value_parser = parse_write_version, value_name = "4|5")]
+    pub version: Version,
     /// Runtime region per arena beyond what the outputs need (bytes; k, m, g, KiB, MiB, GiB).
     #[arg(long, default_value = "8MiB", value_parser = parse_size, value_name = "SIZE")]
     pub activations: u64,
@@ -188,8 +190,7 @@ pub fn run(g: Global, a: DemoArgs) -> Result<(), CliError> {
             tmp.path().to_path_buf()
         }
     };
-    let version = Version::from_number(a.version)
-        .ok_or_else(|| err(format!("--version {}: expected 4 or 5", a.version)))?;
+    let version = a.version;
     let packed = pack::pack(
         &model,
         &out_dir,
@@ -205,7 +206,7 @@ pub fn run(g: Global, a: DemoArgs) -> Result<(), CliError> {
         version.number(),
         sha256(&packed.report.checksum)
     ));
-    let file = WeightsFile::open(&wpath).map_err(|e| err(format!("{}: {e}", wpath.display())))?;
+    let file = open_file(&wpath)?;
     let manifest = packed.report.manifest.clone();
     if let Some(e) = verify_checksum(&file, json_mode)? {
         return Err(err(format!("{}: {e}", wpath.display())));
@@ -246,9 +247,7 @@ pub fn run(g: Global, a: DemoArgs) -> Result<(), CliError> {
             "  ready in {:.1} ms (map {:.1} ms{})",
             ms(l.ready()),
             ms(l.build),
-            l.materialize
-                .map(|d| format!(", materialize {:.1} ms", ms(d)))
-                .unwrap_or_else(|| ", weights fault in from the file on first read".into())
+            l.weights_detail(false)
         ));
         text(format!("  {}", v.line()));
         if let Some(c) = &cov {

@@ -1,11 +1,12 @@
 //! `ckalloc inspect`: header, checksum, tensor table, gaps and overlaps.
 
-use crate::util::{emit_json, err, err_reported, progress, sha256, CliError};
+use crate::util::{emit_json, err_reported, sha256, CliError};
+use crate::weights_file::{open_file, sidecar_dir, verify_checksum};
 use crate::{outln, Global};
-use ckalloc::weights::{Manifest, SlotDtype, WeightsError, WeightsFile};
+use ckalloc::weights::{Manifest, SlotDtype, WeightsFile};
 use indicatif::BinaryBytes;
 use serde_json::{json, Value};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 #[derive(clap::Args, Debug)]
 pub struct InspectArgs {
@@ -14,24 +15,6 @@ pub struct InspectArgs {
     /// Do not hash the file (skip the checksum check).
     #[arg(long)]
     pub no_verify: bool,
-}
-
-/// The directory holding a weights file's sidecars.
-pub fn sidecar_dir(weights: &Path) -> PathBuf {
-    match weights.parent() {
-        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
-        _ => PathBuf::from("."),
-    }
-}
-
-/// Open `weights.bump` and its sidecars; errors name the file. A file without
-/// a manifest is refused with the library's `ManifestRequired` error.
-pub fn open(path: &Path) -> Result<(WeightsFile, Manifest), CliError> {
-    let file = WeightsFile::open(path).map_err(|e| err(format!("{}: {e}", path.display())))?;
-    let manifest = file
-        .load_manifest(sidecar_dir(path))
-        .map_err(|e| err(e.to_string()))?;
-    Ok((file, manifest))
 }
 
 /// The dtype table as "N slots (fp32 x19, q8_0 x13)", codes read for the
@@ -49,25 +32,25 @@ fn slot_summary(file: &WeightsFile, manifest: Option<&Manifest>) -> String {
     format!("{} slots ({})", slots.len(), parts.join(", "))
 }
 
-/// Hash the file with a progress bar; `Ok(None)` when verified, `Ok(Some(msg))`
-/// when the checksum does not match.
-pub fn verify_checksum(file: &WeightsFile, json: bool) -> Result<Option<String>, CliError> {
-    let bar = progress(0, "sha256", json);
-    let r = file.verify_checksum_with(|done, total| {
-        bar.set_length(total);
-        bar.set_position(done);
-    });
-    bar.finish_and_clear();
-    match r {
-        Ok(()) => Ok(None),
-        Err(e @ WeightsError::BadChecksum { .. }) => Ok(Some(e.to_string())),
-        Err(e) => Err(err(e.to_string())),
-    }
+/// Whether ckalloc's [`WeightsWriter`](ckalloc::weights::WeightsWriter)
+/// wrote the file (the v5 metadata's `created_by` or the JSON manifest's
+/// `generator` starts with `ckalloc`). Its dtype table then holds exactly one
+/// code per manifest entry in file order, so
+/// [`WeightsFile::check_dtype_table`] applies and a difference is corruption;
+/// C-Kernel-Engine's converters fill the table from their own weight lists,
+/// where a difference is only the informational `dtype_table_note`.
+fn written_by_ckalloc(file: &WeightsFile, manifest: &Manifest) -> bool {
+    let ours = |s: &str| s.starts_with("ckalloc");
+    let created_by = file
+        .metadata_json()
+        .and_then(Result::ok)
+        .and_then(|v| v.get("created_by")?.as_str().map(ours));
+    created_by.unwrap_or(false) || manifest.generator().is_some_and(ours)
 }
 
 pub fn run(g: Global, a: InspectArgs) -> Result<(), CliError> {
     let path = &a.weights;
-    let file = WeightsFile::open(path).map_err(|e| err(format!("{}: {e}", path.display())))?;
+    let file = open_file(path)?;
     let h = file.header();
     let d = file.dims();
     let c = file.container();
@@ -84,14 +67,25 @@ pub fn run(g: Global, a: InspectArgs) -> Result<(), CliError> {
         Some(None) => "verified".to_string(),
         Some(Some(e)) => format!("MISMATCH: {e}"),
     };
+    let table_checked = manifest
+        .as_ref()
+        .is_ok_and(|m| written_by_ckalloc(&file, m));
     let (manifest_ok, layout, table_note) = match &manifest {
         Ok(m) => {
             let valid = file
                 .check_manifest(m)
                 .and_then(|()| m.check_runtime_offsets())
+                .and_then(|()| {
+                    if table_checked {
+                        file.check_dtype_table(m)
+                    } else {
+                        Ok(())
+                    }
+                })
                 .err()
                 .map(|e| e.to_string());
-            let table = file.dtype_table_note(m);
+            // A checked table's difference is the problem above, not a note.
+            let table = (!table_checked).then(|| file.dtype_table_note(m)).flatten();
             (valid, Some(file.layout_report(m)), table)
         }
         Err(_) => (None, None, None),
@@ -147,6 +141,7 @@ pub fn run(g: Global, a: InspectArgs) -> Result<(), CliError> {
                 "valid": manifest.is_ok() && manifest_ok.is_none(),
                 "problem": manifest_ok,
                 "dtype_table_note": table_note,
+                "dtype_table_checked": table_checked,
                 "tensors": tensors,
                 "total_bytes": manifest.as_ref().ok().map(|m| m.total_bytes()),
             },

@@ -1,8 +1,8 @@
 //! `ckalloc load`: build the arena on a `weights.bump` and verify it.
 
 use crate::arena_load::{self, coverage_json, ModeArg};
-use crate::commands::inspect::{open, verify_checksum};
 use crate::util::{emit_json, err, err_reported, ms, parse_size, sha256, CliError};
+use crate::weights_file::{open, verify_checksum};
 use crate::{outln, Global};
 use indicatif::BinaryBytes;
 use serde_json::json;
@@ -84,15 +84,7 @@ pub fn run(g: Global, a: LoadArgs) -> Result<(), CliError> {
             "ready in {:.1} ms (map {:.1} ms{})",
             ms(l.ready()),
             ms(l.build),
-            l.materialize
-                .map(|d| format!(
-                    ", materialize {:.1} ms at {:.2} GiB/s",
-                    ms(d),
-                    (arena.activations_base() - arena.weights_base()) as f64
-                        / (1u64 << 30) as f64
-                        / d.as_secs_f64().max(1e-9)
-                ))
-                .unwrap_or_else(|| ", weights fault in from the file on first read".into())
+            l.weights_detail(true)
         );
         outln!("{}", v.line());
         match cov {

@@ -1,7 +1,7 @@
 //! `ckalloc pack`: `model.safetensors` -> `weights.bump` + both manifests.
 
 use crate::model::{Model, Tensor};
-use crate::util::{emit_json, err, progress, sha256, CliError};
+use crate::util::{emit_json, err, parse_write_version, progress, sha256, CliError};
 use crate::{outln, Global};
 use ckalloc::weights::{Dtype, ModelDims, Version, WeightsWriter, WriteReport};
 use indicatif::BinaryBytes;
@@ -16,8 +16,8 @@ pub struct PackArgs {
     #[arg(short, long, value_name = "DIR")]
     pub output: PathBuf,
     /// Container version: 4 (BUMPWGT4) or 5 (BUMPWGT5, with JSON metadata and footer).
-    #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u32).range(4..=5))]
-    pub version: u32,
+    #[arg(long, default_value = "5", value_parser = parse_write_version, value_name = "4|5")]
+    pub version: Version,
     /// Alignment of every tensor's file offset, bytes (a power of two up to 1 GiB).
     #[arg(long, default_value_t = ckalloc::weights::DEFAULT_ALIGNMENT, value_name = "BYTES")]
     pub align: u64,
@@ -154,8 +154,7 @@ pub fn packed_json(p: &Packed, version: Version, align: u64) -> Value {
 }
 
 pub fn run(g: Global, a: PackArgs) -> Result<(), CliError> {
-    let version = Version::from_number(a.version)
-        .ok_or_else(|| err(format!("--version {}: expected 4 or 5", a.version)))?;
+    let version = a.version;
     let model = Model::open(&a.model)?;
     let p = pack(&model, &a.output, version, a.align, g.json)?;
     if g.json {
