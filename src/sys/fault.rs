@@ -22,6 +22,10 @@ pub enum Op {
     Fstat,
     Pread,
     Fadvise,
+    /// `open(O_TMPFILE)` ([`open_unnamed_in`](super::files::open_unnamed_in)).
+    OpenUnnamed,
+    /// `linkat` of an unnamed file.
+    LinkUnnamed,
 }
 
 /// Returns `Err` when an injected fault is due for `op` (never without
@@ -44,7 +48,7 @@ mod armed {
     use super::Op;
     use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, Ordering};
 
-    const OP_COUNT: usize = Op::Fadvise as usize + 1;
+    const OP_COUNT: usize = Op::LinkUnnamed as usize + 1;
 
     #[allow(clippy::declare_interior_mutable_const)]
     const ZERO: AtomicU64 = AtomicU64::new(0);

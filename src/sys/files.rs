@@ -127,3 +127,87 @@ pub(crate) fn fadvise_sequential(fd: &Fd, offset: u64, len: u64) -> io::Result<(
         Err(io::Error::from_raw_os_error(r))
     }
 }
+
+/// Open an unnamed regular file in `dir` for writing (`open(2)` with
+/// `O_TMPFILE | O_WRONLY | O_CLOEXEC`, mode `0o666` less the umask, as
+/// `File::create`). The file has no name, so a process killed while writing
+/// it leaves nothing behind; [`link_unnamed`] gives it a name once complete.
+///
+/// # Errors
+/// The `open` error. `EOPNOTSUPP` (the filesystem has no `O_TMPFILE`),
+/// `EISDIR` (a kernel before 3.11 that reads the flag as `O_DIRECTORY`) and
+/// `EINVAL` mean "not supported here": see [`unnamed_unsupported`]. Outside
+/// Linux: `ENOTSUP` always.
+#[cfg(feature = "weights")]
+pub(crate) fn open_unnamed_in(dir: &std::path::Path) -> io::Result<std::fs::File> {
+    inject(Op::OpenUnnamed)?;
+    #[cfg(target_os = "linux")]
+    {
+        use std::os::fd::FromRawFd;
+        use std::os::unix::ffi::OsStrExt;
+        let c = std::ffi::CString::new(dir.as_os_str().as_bytes())
+            .map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
+        loop {
+            // SAFETY: `c` is a valid NUL-terminated string; O_TMPFILE takes
+            // the mode argument.
+            let fd = unsafe {
+                libc::open(
+                    c.as_ptr(),
+                    libc::O_TMPFILE | libc::O_WRONLY | libc::O_CLOEXEC,
+                    0o666 as libc::c_uint,
+                )
+            };
+            if fd >= 0 {
+                // SAFETY: `fd` is a fresh descriptor nobody else owns.
+                return Ok(unsafe { std::fs::File::from_raw_fd(fd) });
+            }
+            let e = io::Error::last_os_error();
+            if e.raw_os_error() != Some(libc::EINTR) {
+                return Err(e);
+            }
+        }
+    }
+    #[cfg(not(target_os = "linux"))]
+    {
+        let _ = dir;
+        Err(io::Error::from_raw_os_error(libc::ENOTSUP))
+    }
+}
+
+/// Whether an [`open_unnamed_in`] error means the directory's filesystem (or
+/// the kernel) cannot create unnamed files, so a named temporary file is the
+/// way to go.
+#[cfg(feature = "weights")]
+pub(crate) fn unnamed_unsupported(e: &io::Error) -> bool {
+    let n = e.raw_os_error();
+    // ENOTSUP equals EOPNOTSUPP on Linux, not everywhere.
+    n == Some(libc::ENOTSUP) || matches!(n, Some(libc::EOPNOTSUPP | libc::EISDIR | libc::EINVAL))
+}
+
+/// Give the unnamed file `file` (from [`open_unnamed_in`]) the name `dest`:
+/// `linkat(AT_FDCWD, "/proc/self/fd/N", AT_FDCWD, dest, AT_SYMLINK_FOLLOW)`,
+/// as `open(2)` describes for `O_TMPFILE`. Like `link(2)` it never replaces:
+/// an existing `dest` is `EEXIST`.
+///
+/// # Errors
+/// The `linkat` error (`EEXIST`, `ENOENT` when `/proc` is not mounted, ...).
+#[cfg(feature = "weights")]
+pub(crate) fn link_unnamed(file: &std::fs::File, dest: &std::path::Path) -> io::Result<()> {
+    use std::os::fd::AsRawFd;
+    use std::os::unix::ffi::OsStrExt;
+    inject(Op::LinkUnnamed)?;
+    let proc_path = std::ffi::CString::new(format!("/proc/self/fd/{}", file.as_raw_fd()))
+        .map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
+    let c = std::ffi::CString::new(dest.as_os_str().as_bytes())
+        .map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
+    // SAFETY: both paths are valid NUL-terminated strings for the call.
+    cvt(unsafe {
+        libc::linkat(
+            libc::AT_FDCWD,
+            proc_path.as_ptr(),
+            libc::AT_FDCWD,
+            c.as_ptr(),
+            libc::AT_SYMLINK_FOLLOW,
+        )
+    })
+}

@@ -10,7 +10,7 @@
 //!
 //! The submodules follow memmap2's seams: [`mappings`] (`mmap`, `munmap`,
 //! `madvise`, `mremap`, `mbind`, `mlock`), [`files`] (`open`, `fstat`,
-//! `pread`, `posix_fadvise`), [`process`] (environment, sysfs/procfs reads,
+//! `pread`, `posix_fadvise`, `O_TMPFILE` + `linkat`), [`process`] (environment, sysfs/procfs reads,
 //! limits, clock, page map), [`fault`] (test-only fault injection, armed with
 //! `--cfg ckalloc_fault_injection`), and `unsupported`, the non-Linux
 //! fallbacks of the Linux-only calls.
@@ -23,10 +23,14 @@ mod process;
 mod unsupported;
 
 pub(crate) use files::{fstat, open_readonly, pread_exact, Fd};
+#[cfg(feature = "weights")]
+pub(crate) use files::{link_unnamed, open_unnamed_in, unnamed_unsupported};
 pub(crate) use mappings::{
     madvise, map_anon_aligned, mlock, munmap, munmap_best_effort, reserve_aligned, Advice,
     HugetlbSize,
 };
+#[cfg(feature = "weights")]
+pub(crate) use process::block_termination_signals;
 #[allow(unused_imports)]
 pub(crate) use process::{getenv, memlock_limit, monotonic_ns, read_small_file, register_atfork};
 

@@ -191,3 +191,45 @@ pub(crate) fn register_atfork(
         Err(io::Error::from_raw_os_error(rc))
     }
 }
+
+/// `SIGINT`, `SIGTERM`, `SIGHUP` and `SIGQUIT` blocked in the calling thread
+/// (`pthread_sigmask(SIG_BLOCK)`) until the guard drops, which restores the
+/// previous mask; a signal that arrived meanwhile is delivered then. Used
+/// around short steps that must not be cut in half by Ctrl-C or `kill`
+/// (a rename sequence). `SIGKILL` cannot be blocked.
+#[cfg(feature = "weights")]
+pub(crate) struct TerminationSignalsBlocked(libc::sigset_t);
+
+/// Block the termination signals in this thread; see [`TerminationSignalsBlocked`].
+///
+/// # Errors
+/// The `pthread_sigmask` error (only `EINVAL`, not expected).
+#[cfg(feature = "weights")]
+pub(crate) fn block_termination_signals() -> io::Result<TerminationSignalsBlocked> {
+    // SAFETY: sigset_t is plain data that sigemptyset initialises.
+    let mut set: libc::sigset_t = unsafe { std::mem::zeroed() };
+    // SAFETY: as above.
+    let mut old: libc::sigset_t = unsafe { std::mem::zeroed() };
+    // SAFETY: `set` is a valid sigset_t; the signal numbers are valid.
+    unsafe {
+        libc::sigemptyset(&mut set);
+        for s in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP, libc::SIGQUIT] {
+            libc::sigaddset(&mut set, s);
+        }
+    }
+    // SAFETY: valid pointers to initialised sets; pthread_sigmask returns the
+    // error number instead of setting errno.
+    let r = unsafe { libc::pthread_sigmask(libc::SIG_BLOCK, &set, &mut old) };
+    if r != 0 {
+        return Err(io::Error::from_raw_os_error(r));
+    }
+    Ok(TerminationSignalsBlocked(old))
+}
+
+#[cfg(feature = "weights")]
+impl Drop for TerminationSignalsBlocked {
+    fn drop(&mut self) {
+        // SAFETY: restores the mask saved by `block_termination_signals`.
+        unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &self.0, std::ptr::null_mut()) };
+    }
+}

@@ -183,8 +183,9 @@
 //!
 //! Tensor names are 1 to 1024 bytes with no `|`, line break or NUL and do not
 //! start with `#` (so a `.map` line fits C-Kernel-Engine's 4096-byte line
-//! buffer). Files are written under temporary names, synced and renamed into
-//! place; on error the temporary files are removed.
+//! buffer). Files are written unnamed (`O_TMPFILE`; named temporary files on
+//! filesystems without it), synced and then linked or renamed into place (see
+//! [`WeightsWriter::write_dir_with_progress`]); on error nothing is left behind.
 //!
 //! # Differences from C-Kernel-Engine
 //!

@@ -335,11 +335,24 @@ impl<'a> WeightsWriter<'a> {
     /// Write the three files into `dir`, calling `progress(done_bytes, total_bytes)`
     /// (bytes of `weights.bump`) at the start, every 4 MiB and at the end.
     ///
-    /// Each file is written under a temporary name and renamed into place once all
-    /// three are complete and synced; on error the temporary files are removed, and
-    /// existing files in `dir` are left as they were (renames happen last; a failure
-    /// between renames can leave a new `weights.bump` with old sidecars, reported as
-    /// the error). Not safe to run twice concurrently on the same `dir`.
+    /// Each file is written as an unnamed file (`O_TMPFILE`, Linux 3.11+ on ext4,
+    /// XFS, Btrfs, tmpfs and most local filesystems) and linked into place once all
+    /// three are complete and synced, so a process interrupted or killed while
+    /// writing (even by `SIGKILL`) leaves no file behind. An existing file is
+    /// replaced atomically (`rename(2)` from a fresh name): readers see the old
+    /// file or the complete new one. `SIGINT`, `SIGTERM`, `SIGHUP` and `SIGQUIT`
+    /// are blocked in the calling thread while the three names are placed, so an
+    /// interruption never leaves a half-placed set (it takes effect right after).
+    ///
+    /// On a filesystem without `O_TMPFILE` (NFS, FUSE, older kernels) each file
+    /// is written under a temporary name `.NAME.tmp-PID` in `dir` and renamed
+    /// into place; those names are removed on error, but a process killed while
+    /// writing leaves them.
+    ///
+    /// On error existing files in `dir` are left as they were (names are placed
+    /// last; a failure between two renames can leave a new `weights.bump` with old
+    /// sidecars, reported as the error). Not safe to run twice concurrently on the
+    /// same `dir`.
     ///
     /// # Errors
     /// [`WeightsError::Io`] naming the file, [`WeightsError::SizeOverflow`],
@@ -369,48 +382,40 @@ impl<'a> WeightsWriter<'a> {
             .checked_add(meta_len)
             .ok_or_else(|| WeightsError::overflow("file length"))?;
 
-        let pid = std::process::id();
-        let tmp = |name: &str| dir.join(format!(".{name}.tmp-{pid}"));
         let final_paths = [
             dir.join(WEIGHTS_FILE),
             dir.join(MANIFEST_JSON),
             dir.join(MANIFEST_MAP),
         ];
-        let tmp_paths = [tmp(WEIGHTS_FILE), tmp(MANIFEST_JSON), tmp(MANIFEST_MAP)];
-
-        let result = (|| -> Result<[u8; 32], WeightsError> {
-            let checksum = self.write_bump(
-                &tmp_paths[0],
-                &plan,
-                metadata.as_deref(),
-                file_len,
-                &mut progress,
-            )?;
-            let mut json =
-                serde_json::to_vec_pretty(&manifest_json).map_err(|source| WeightsError::Json {
-                    what: "manifest",
-                    source,
-                })?;
-            json.push(b'\n');
-            write_small(&tmp_paths[1], &json)?;
-            write_small(
-                &tmp_paths[2],
-                plan.manifest.to_map_string(self.version).as_bytes(),
-            )?;
-            for (t, f) in tmp_paths.iter().zip(&final_paths) {
-                std::fs::rename(t, f).map_err(|e| WeightsError::io(f, "rename", e))?;
+        let mut bump = PendingFile::create(dir, WEIGHTS_FILE)?;
+        let checksum = self.write_bump(
+            &mut bump.file,
+            &final_paths[0],
+            &plan,
+            metadata.as_deref(),
+            file_len,
+            &mut progress,
+        )?;
+        let mut json =
+            serde_json::to_vec_pretty(&manifest_json).map_err(|source| WeightsError::Json {
+                what: "manifest",
+                source,
+            })?;
+        json.push(b'\n');
+        let json_file = write_small(dir, MANIFEST_JSON, &json)?;
+        let map_file = write_small(
+            dir,
+            MANIFEST_MAP,
+            plan.manifest.to_map_string(self.version).as_bytes(),
+        )?;
+        {
+            // The three names appear together: Ctrl-C or `kill` arriving
+            // meanwhile takes effect after the last one (SIGKILL cannot wait).
+            let _signals = crate::sys::block_termination_signals();
+            for (f, dest) in [bump, json_file, map_file].into_iter().zip(&final_paths) {
+                f.commit(dest)?;
             }
-            Ok(checksum)
-        })();
-        let checksum = match result {
-            Ok(c) => c,
-            Err(e) => {
-                for t in &tmp_paths {
-                    let _ = std::fs::remove_file(t);
-                }
-                return Err(e);
-            }
-        };
+        }
         let [weights_path, manifest_json_path, manifest_map_path] = final_paths;
         Ok(WriteReport {
             weights_path,
@@ -426,6 +431,7 @@ impl<'a> WeightsWriter<'a> {
 
     fn write_bump(
         &self,
+        file: &mut File,
         path: &Path,
         plan: &Plan,
         metadata: Option<&[u8]>,
@@ -433,7 +439,6 @@ impl<'a> WeightsWriter<'a> {
         progress: &mut impl FnMut(u64, u64),
     ) -> Result<[u8; 32], WeightsError> {
         let io = |op| move |e| WeightsError::io(path, op, e);
-        let file = File::create(path).map_err(io("create"))?;
         let mut out = HashingWriter {
             inner: BufWriter::with_capacity(1 << 20, file),
             hasher: Sha256::new(),
@@ -466,7 +471,7 @@ impl<'a> WeightsWriter<'a> {
             out.write_plain(&meta_hash).map_err(io("write"))?;
         }
         debug_assert_eq!(out.pos, file_len);
-        let mut file = out
+        let file = out
             .inner
             .into_inner()
             .map_err(|e| WeightsError::io(path, "write", e.into_error()))?;
@@ -479,21 +484,97 @@ impl<'a> WeightsWriter<'a> {
     }
 }
 
-fn write_small(path: &Path, bytes: &[u8]) -> Result<(), WeightsError> {
-    let mut f = File::create(path).map_err(|e| WeightsError::io(path, "create", e))?;
-    f.write_all(bytes)
-        .map_err(|e| WeightsError::io(path, "write", e))?;
-    f.sync_all().map_err(|e| WeightsError::io(path, "fsync", e))
+/// Write `bytes` as the pending file `name` in `dir`, synced.
+fn write_small(dir: &Path, name: &'static str, bytes: &[u8]) -> Result<PendingFile, WeightsError> {
+    let path = dir.join(name);
+    let mut f = PendingFile::create(dir, name)?;
+    f.file
+        .write_all(bytes)
+        .map_err(|e| WeightsError::io(&path, "write", e))?;
+    f.file
+        .sync_all()
+        .map_err(|e| WeightsError::io(&path, "fsync", e))?;
+    Ok(f)
 }
 
-struct HashingWriter {
-    inner: BufWriter<File>,
+/// An output file being written. Where the filesystem supports it the file
+/// is unnamed (`O_TMPFILE`, see `open(2)`) until [`commit`](Self::commit)
+/// links it in: a process killed or interrupted while writing leaves no file
+/// behind. Elsewhere it is a named temporary file `.NAME.tmp-PID` in the same
+/// directory, removed on drop unless committed.
+struct PendingFile {
+    file: File,
+    dir: PathBuf,
+    name: &'static str,
+    /// The temporary name of a named (fallback) file.
+    temp: Option<PathBuf>,
+}
+
+impl PendingFile {
+    fn create(dir: &Path, name: &'static str) -> Result<PendingFile, WeightsError> {
+        let temp_name = |kind: &str| dir.join(format!(".{name}.{kind}-{}", std::process::id()));
+        let (file, temp) = match crate::sys::open_unnamed_in(dir) {
+            Ok(f) => (f, None),
+            Err(e) if crate::sys::unnamed_unsupported(&e) => {
+                let p = temp_name("tmp");
+                let f = File::create(&p).map_err(|e| WeightsError::io(&p, "create", e))?;
+                (f, Some(p))
+            }
+            Err(e) => return Err(WeightsError::io(dir, "create an unnamed file in", e)),
+        };
+        Ok(PendingFile {
+            file,
+            dir: dir.to_path_buf(),
+            name,
+            temp,
+        })
+    }
+
+    /// Give the complete file the name `dest`, replacing an existing `dest`
+    /// atomically (`rename(2)`): a reader sees the old file or the new one.
+    fn commit(mut self, dest: &Path) -> Result<(), WeightsError> {
+        let rename = |from: &Path| {
+            std::fs::rename(from, dest).map_err(|e| {
+                let _ = std::fs::remove_file(from);
+                WeightsError::io(dest, "rename", e)
+            })
+        };
+        if let Some(temp) = self.temp.take() {
+            return rename(&temp);
+        }
+        // `linkat` never replaces: link straight to `dest` when it is free,
+        // else to a fresh name that `rename` then moves over `dest`.
+        match crate::sys::link_unnamed(&self.file, dest) {
+            Ok(()) => return Ok(()),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+            Err(e) => return Err(WeightsError::io(dest, "link", e)),
+        }
+        let link = self
+            .dir
+            .join(format!(".{}.new-{}", self.name, std::process::id()));
+        let _ = std::fs::remove_file(&link);
+        crate::sys::link_unnamed(&self.file, &link)
+            .map_err(|e| WeightsError::io(&link, "link", e))?;
+        rename(&link)
+    }
+}
+
+impl Drop for PendingFile {
+    fn drop(&mut self) {
+        if let Some(p) = &self.temp {
+            let _ = std::fs::remove_file(p);
+        }
+    }
+}
+
+struct HashingWriter<'f> {
+    inner: BufWriter<&'f mut File>,
     hasher: Sha256,
     pos: u64,
     total: u64,
 }
 
-impl HashingWriter {
+impl HashingWriter<'_> {
     fn write_plain(&mut self, b: &[u8]) -> std::io::Result<()> {
         self.inner.write_all(b)?;
         self.pos += b.len() as u64;
