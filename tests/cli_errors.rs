@@ -39,6 +39,18 @@ fn usage_errors_exit_2_on_one_line() {
     fails(&["load"], 2, "<WEIGHTS>");
     fails(&["load", "x", "--mode", "bogus"], 2, "bogus");
     fails(&["pack", "x", "-o", "y", "--version", "6"], 2, "6");
+    // Version 3 is read but never written: a usage error, before any work
+    // (the model "x" does not exist and is never opened).
+    for cmd in ["pack", "demo"] {
+        let mut args = vec![cmd, "x"];
+        if cmd == "pack" {
+            args.extend(["-o", "y"]);
+        }
+        args.extend(["--version", "3"]);
+        let e = fails(&args, 2, "--version");
+        assert!(e.contains("BUMPWGT3 is read only"), "{e}");
+        assert!(!e.contains("no such file"), "{e}");
+    }
     fails(&["load", "x", "--activations", "1.5g"], 2, "1.5g");
     fails(
         &["load", "x", "--activations", "99999999999t"],
@@ -271,4 +283,40 @@ fn output_that_is_a_file_says_not_a_directory() {
     let args = ["pack", &model, "-o", file.to_str().unwrap(), "--json"];
     let o = ckalloc(&args);
     assert_one_line_error(&o, &args, "not a directory");
+}
+
+/// ckalloc writes one dtype-table code per manifest entry, in file order, so
+/// in a file it wrote a code that disagrees with the manifest is corruption:
+/// `inspect` reports the library's dtype-table error and exits 1 (the
+/// checksum, which also covers the table, is skipped to isolate the check).
+#[test]
+fn inspect_refuses_a_ckalloc_dtype_table_that_disagrees_with_the_manifest() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_, weights) = packed(dir.path(), "5");
+    let i = json(&["inspect", s(&weights), "--no-verify"]);
+    assert_eq!(i["manifest"]["dtype_table_checked"], true, "{i}");
+    assert_eq!(i["manifest"]["valid"], true, "{i}");
+    let mut bytes = std::fs::read(&weights).unwrap();
+    // The first code of the table (u32 count at 152, codes from 156).
+    bytes[156] ^= 0x01;
+    std::fs::write(&weights, &bytes).unwrap();
+    fails(
+        &["inspect", s(&weights), "--no-verify"],
+        1,
+        "dtype table disagrees with manifest",
+    );
+    let args = ["inspect", s(&weights), "--no-verify", "--json"];
+    let o = ckalloc(&args);
+    assert_eq!(o.code, Some(1), "{}", o.stderr);
+    assert_eq!(o.stderr.lines().count(), 1, "{}", o.stderr);
+    assert!(o.stderr.contains("dtype table"), "{}", o.stderr);
+    let j: Value = serde_json::from_str(&o.stdout).unwrap();
+    assert_eq!(j["manifest"]["valid"], false, "{j}");
+    assert!(
+        j["manifest"]["problem"]
+            .as_str()
+            .unwrap()
+            .contains("entry 0"),
+        "{j}"
+    );
 }
