@@ -191,29 +191,34 @@ fn config_json_that_is_not_a_regular_file_is_refused() {
     let dir = tempfile::tempdir().unwrap();
     let model = synth(dir.path());
     let cfg = dir.path().join("config.json");
-    std::fs::remove_file(&cfg).unwrap();
-    let c = std::ffi::CString::new(cfg.to_str().unwrap()).unwrap();
-    // SAFETY: a valid NUL-terminated path; mkfifo has no other preconditions.
-    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
     let out = dir.path().join("out");
-    for args in [
-        vec!["pack", &model, "-o", out.to_str().unwrap(), "--json"],
-        vec!["demo", &model],
-    ] {
+    let out = out.to_str().unwrap();
+    let fifo = |p: &std::path::Path| {
+        let c = std::ffi::CString::new(p.to_str().unwrap()).unwrap();
+        // SAFETY: a valid NUL-terminated path; mkfifo has no other preconditions.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+    };
+    let dev_zero = |p: &std::path::Path| std::os::unix::fs::symlink("/dev/zero", p).unwrap();
+    let cases: [(&str, &dyn Fn(&std::path::Path), Vec<&str>); 3] = [
+        (
+            "hangs on a FIFO",
+            &fifo,
+            vec!["pack", &model, "-o", out, "--json"],
+        ),
+        ("hangs on a FIFO", &fifo, vec!["demo", &model]),
+        (
+            "reads /dev/zero forever",
+            &dev_zero,
+            vec!["pack", &model, "-o", out],
+        ),
+    ];
+    for (hang, make, args) in cases {
+        std::fs::remove_file(&cfg).unwrap();
+        make(&cfg);
         let o = run_with(&args, &[], None, Duration::from_secs(30));
-        assert!(
-            o.code.is_some(),
-            "ckalloc {args:?} hangs on a FIFO config.json"
-        );
+        assert!(o.code.is_some(), "ckalloc {args:?} {hang} config.json");
         assert_one_line_error(&o, &args, "config.json");
     }
-    // A character device that never ends: refused, not read.
-    std::fs::remove_file(&cfg).unwrap();
-    std::os::unix::fs::symlink("/dev/zero", &cfg).unwrap();
-    let args = ["pack", &model, "-o", out.to_str().unwrap()];
-    let o = run_with(&args, &[], None, Duration::from_secs(30));
-    assert!(o.code.is_some(), "ckalloc {args:?} reads /dev/zero forever");
-    assert_one_line_error(&o, &args, "config.json");
 }
 
 /// A failed write to stdout other than a closed pipe (disk full) fails the

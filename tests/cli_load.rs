@@ -19,7 +19,14 @@ fn anon_mode_with_an_empty_weights_region_says_nothing_to_materialize() {
     let out = dir.path().join("packed");
     ok(&["pack", s(&model), "-o", s(&out)]);
     let weights = out.join("weights.bump");
-    let args = ["load", s(&weights), "--mode", "anon", "--activations", "1MiB"];
+    let args = [
+        "load",
+        s(&weights),
+        "--mode",
+        "anon",
+        "--activations",
+        "1MiB",
+    ];
     let text = ok(&args);
     assert!(text.contains("mode: anonymous"), "{text}");
     assert!(
@@ -28,7 +35,14 @@ fn anon_mode_with_an_empty_weights_region_says_nothing_to_materialize() {
     );
     assert!(!text.contains("fault in from the file"), "{text}");
     // Mixed mode keeps its own wording.
-    let text = ok(&["load", s(&weights), "--mode", "mixed", "--activations", "1MiB"]);
+    let text = ok(&[
+        "load",
+        s(&weights),
+        "--mode",
+        "mixed",
+        "--activations",
+        "1MiB",
+    ]);
     assert!(text.contains("weights fault in from the file"), "{text}");
 }
 
@@ -42,7 +56,10 @@ fn forced_mixed_reason_is_not_called_a_fallback() {
     let o = ckalloc_env(&["load", s(&weights)], &env);
     assert_eq!(o.code, Some(0), "{}", o.stderr);
     let mode_line = o.stdout.lines().find(|l| l.starts_with("mode:")).unwrap();
-    assert!(mode_line.contains("CK_BUMP_FORCE_MIXED is set"), "{mode_line}");
+    assert!(
+        mode_line.contains("CK_BUMP_FORCE_MIXED is set"),
+        "{mode_line}"
+    );
     assert!(!mode_line.contains("fell back"), "{mode_line}");
     let o = ckalloc_env(&["load", s(&weights), "--json"], &env);
     let l: Value = serde_json::from_str(&o.stdout).unwrap();
@@ -58,7 +75,11 @@ fn forced_mixed_reason_is_not_called_a_fallback() {
 fn load_of_a_device_names_the_path_once() {
     let e = fails(&["load", "/dev/null"], 1, "/dev/null: not a regular file");
     assert_eq!(e.matches("/dev/null").count(), 1, "{e}");
-    let e = fails(&["inspect", "/dev/null"], 1, "/dev/null: not a regular file");
+    let e = fails(
+        &["inspect", "/dev/null"],
+        1,
+        "/dev/null: not a regular file",
+    );
     assert_eq!(e.matches("/dev/null").count(), 1, "{e}");
     // A format error (no path in the library's message) still names it.
     let dir = tempfile::tempdir().unwrap();

@@ -272,6 +272,20 @@ fn weights_reader_rejects_fifo_fast() {
     assert!(msg.contains("not a regular file"), "{msg}");
 }
 
+/// Run `Manifest::load_sidecars` on `dir` (holding one special sidecar) and
+/// require a prompt "not a regular file" error; `hang` says what a hang means.
+#[cfg(feature = "weights")]
+fn assert_sidecars_refused_fast(dir: &Path, hang: &str) {
+    let d = dir.to_path_buf();
+    let r = within_5s(move || {
+        ckalloc::weights::Manifest::load_sidecars(&d)
+            .err()
+            .map(|e| e.to_string())
+    });
+    let msg = r.unwrap_or_else(|| panic!("{hang}")).expect("must fail");
+    assert!(msg.contains("not a regular file"), "{msg}");
+}
+
 /// `Manifest::load_sidecars` rejects a sidecar that is a FIFO (which would
 /// block) ...
 #[cfg(feature = "weights")]
@@ -280,16 +294,7 @@ fn weights_reader_rejects_fifo_fast() {
 fn sidecar_fifo_fails_fast() {
     let dir = tempfile::tempdir().unwrap();
     fifo_in(dir.path(), "weights_manifest.map");
-    let d = dir.path().to_path_buf();
-    let r = within_5s(move || {
-        ckalloc::weights::Manifest::load_sidecars(&d)
-            .err()
-            .map(|e| e.to_string())
-    });
-    let msg = r
-        .expect("load_sidecars hung on a FIFO sidecar")
-        .expect("must fail");
-    assert!(msg.contains("not a regular file"), "{msg}");
+    assert_sidecars_refused_fast(dir.path(), "load_sidecars hung on a FIFO sidecar");
 }
 
 /// ... or a symlink to `/dev/zero` (which would be read until memory runs
@@ -300,14 +305,5 @@ fn sidecar_fifo_fails_fast() {
 fn sidecar_dev_zero_fails_fast() {
     let dir = tempfile::tempdir().unwrap();
     std::os::unix::fs::symlink("/dev/zero", dir.path().join("weights_manifest.json")).unwrap();
-    let d = dir.path().to_path_buf();
-    let r = within_5s(move || {
-        ckalloc::weights::Manifest::load_sidecars(&d)
-            .err()
-            .map(|e| e.to_string())
-    });
-    let msg = r
-        .expect("load_sidecars kept reading /dev/zero")
-        .expect("must fail");
-    assert!(msg.contains("not a regular file"), "{msg}");
+    assert_sidecars_refused_fast(dir.path(), "load_sidecars kept reading /dev/zero");
 }

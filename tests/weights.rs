@@ -1,6 +1,9 @@
 //! Tests for `ckalloc::weights`: round trips, byte layout, every error path.
 #![cfg(feature = "weights")]
 
+mod common;
+use common::u32_at;
+
 use ckalloc::weights::*;
 use sha2::{Digest, Sha256};
 use std::path::Path;
@@ -59,9 +62,6 @@ fn write_sample(dir: &Path, version: Version, align: u64) -> WriteReport {
     w.write_dir(dir).unwrap()
 }
 
-fn u32_at(b: &[u8], o: usize) -> u32 {
-    u32::from_le_bytes(b[o..o + 4].try_into().unwrap())
-}
 fn u64_at(b: &[u8], o: usize) -> u64 {
     u64::from_le_bytes(b[o..o + 8].try_into().unwrap())
 }
@@ -968,15 +968,7 @@ fn extension_codes_collide_with_nothing() {
 #[test]
 #[cfg_attr(miri, ignore)] // file-backed mmap / file system
 fn seeds() {
-    fn seed(file: &[u8], map: &str, json: &str) -> Vec<u8> {
-        let mut s = Vec::new();
-        s.extend_from_slice(&(file.len() as u32).to_le_bytes());
-        s.extend_from_slice(file);
-        s.extend_from_slice(&(map.len() as u32).to_le_bytes());
-        s.extend_from_slice(map.as_bytes());
-        s.extend_from_slice(json.as_bytes());
-        s
-    }
+    use common::weights_reader_seed as seed;
     let mut seeds = Vec::new();
     for (v, name) in [(Version::V4, "v4"), (Version::V5, "v5")] {
         let dir = tempfile::tempdir().unwrap();
@@ -1020,12 +1012,5 @@ fn seeds() {
             "",
         ),
     ));
-    assert!(seeds.iter().all(|(_, s)| s.len() < 4096));
-    if std::env::var_os("CKALLOC_WRITE_FUZZ_SEEDS").is_some() {
-        let out = Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz/seeds/weights_reader");
-        std::fs::create_dir_all(&out).unwrap();
-        for (name, bytes) in &seeds {
-            std::fs::write(out.join(name), bytes).unwrap();
-        }
-    }
+    common::write_weights_reader_seeds(&seeds);
 }

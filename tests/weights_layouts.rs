@@ -3,6 +3,9 @@
 //! them, the reader's file-validity rules, and hand-built files of each layout.
 #![cfg(feature = "weights")]
 
+mod common;
+use common::u32_at;
+
 use ckalloc::weights::*;
 use ckalloc::{BumpArena, ModePolicy};
 use sha2::{Digest, Sha256};
@@ -70,10 +73,6 @@ fn bytes(name: &str) -> Vec<u8> {
 
 fn open(name: &str) -> WeightsFile {
     WeightsFile::open(dir(name).join("weights.bump")).unwrap()
-}
-
-fn u32_at(b: &[u8], o: usize) -> u32 {
-    u32::from_le_bytes(b[o..o + 4].try_into().unwrap())
 }
 
 /// `head`'s first 128 bytes followed by `body` from byte 128.
@@ -879,15 +878,7 @@ fn every_truncation_of_every_hand_built_layout_fails_cleanly() {
 /// file bytes, u32 LE map length, map text, then the JSON text to the end.
 #[test]
 fn fuzz_seeds_cover_every_layout() {
-    fn seed(file: &[u8], map: &str, json: &str) -> Vec<u8> {
-        let mut s = Vec::new();
-        s.extend_from_slice(&(file.len() as u32).to_le_bytes());
-        s.extend_from_slice(file);
-        s.extend_from_slice(&(map.len() as u32).to_le_bytes());
-        s.extend_from_slice(map.as_bytes());
-        s.extend_from_slice(json.as_bytes());
-        s
-    }
+    use common::weights_reader_seed as seed;
     let mut seeds = Vec::new();
     for (c, ver, b) in hand_built_layouts() {
         let start = c.offsets().dtype_table() + 2;
@@ -913,12 +904,5 @@ fn fuzz_seeds_cover_every_layout() {
             seed(&b[..512], "", &json),
         ));
     }
-    assert!(seeds.iter().all(|(_, s)| s.len() < 4096));
-    if std::env::var_os("CKALLOC_WRITE_FUZZ_SEEDS").is_some() {
-        let out = Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz/seeds/weights_reader");
-        std::fs::create_dir_all(&out).unwrap();
-        for (name, b) in &seeds {
-            std::fs::write(out.join(name), b).unwrap();
-        }
-    }
+    common::write_weights_reader_seeds(&seeds);
 }

@@ -99,3 +99,35 @@ pub fn serial() -> std::sync::MutexGuard<'static, ()> {
     static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
     SERIAL.lock().unwrap_or_else(|e| e.into_inner())
 }
+
+/// One `weights_reader` fuzz seed (format of fuzz/fuzz_targets/weights_reader.rs):
+/// u32 LE file length, the file bytes, u32 LE map length, the map text, then
+/// the JSON text to the end.
+pub fn weights_reader_seed(file: &[u8], map: &str, json: &str) -> Vec<u8> {
+    let mut s = Vec::new();
+    s.extend_from_slice(&(file.len() as u32).to_le_bytes());
+    s.extend_from_slice(file);
+    s.extend_from_slice(&(map.len() as u32).to_le_bytes());
+    s.extend_from_slice(map.as_bytes());
+    s.extend_from_slice(json.as_bytes());
+    s
+}
+
+/// Check that every seed stays under 4 KiB, and write them into
+/// fuzz/seeds/weights_reader when `CKALLOC_WRITE_FUZZ_SEEDS` is set.
+pub fn write_weights_reader_seeds(seeds: &[(String, Vec<u8>)]) {
+    assert!(seeds.iter().all(|(_, s)| s.len() < 4096));
+    if std::env::var_os("CKALLOC_WRITE_FUZZ_SEEDS").is_some() {
+        let out =
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz/seeds/weights_reader");
+        std::fs::create_dir_all(&out).unwrap();
+        for (name, bytes) in seeds {
+            std::fs::write(out.join(name), bytes).unwrap();
+        }
+    }
+}
+
+/// The little-endian u32 at byte `o` of `b`.
+pub fn u32_at(b: &[u8], o: usize) -> u32 {
+    u32::from_le_bytes(b[o..o + 4].try_into().unwrap())
+}
