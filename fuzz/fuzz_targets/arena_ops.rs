@@ -97,11 +97,17 @@ impl Model {
         }
         for b in &self.blocks {
             assert_eq!(b.addr % b.align, 0, "misaligned {b:?}");
-            assert!(b.addr >= self.runtime_start && b.addr + b.size <= self.end, "{b:?}");
+            assert!(
+                b.addr >= self.runtime_start && b.addr + b.size <= self.end,
+                "{b:?}"
+            );
             // Zero-size blocks own no memory (a fresh LocalArena returns
             // its empty chunk's end for them).
             if b.size > 0 {
-                assert!(b.addr + b.size <= self.runtime_start + used, "{b:?} above used");
+                assert!(
+                    b.addr + b.size <= self.runtime_start + used,
+                    "{b:?} above used"
+                );
             }
             check_contents(b, b.size);
         }
@@ -197,9 +203,12 @@ fuzz_target!(|input: Input| {
     let mut checkpoints: Vec<Checkpoint> = Vec::new();
     for op in input.ops.iter().take(300) {
         match op {
-            Op::Alloc { size, align_pow } => {
-                m.alloc(&arena, &arena, layout(*size as usize, *align_pow), Owner::Shared)
-            }
+            Op::Alloc { size, align_pow } => m.alloc(
+                &arena,
+                &arena,
+                layout(*size as usize, *align_pow),
+                Owner::Shared,
+            ),
             Op::Dealloc { idx } => {
                 if let Some(i) = m.pick(*idx, Owner::Shared) {
                     m.dealloc(&arena, i);
