@@ -400,7 +400,12 @@ fuzz_target!(|input: Input| {
             spec.push(',');
         }
         let f = |v: Option<u8>, unit: &str| v.map_or("*".to_string(), |v| format!("{v}{unit}"));
-        spec += &format!("*={};{};{}", f(p.max_size, "kib"), f(p.cap, "kib"), f(p.count, ""));
+        spec += &format!(
+            "*={};{};{}",
+            f(p.max_size, "kib"),
+            f(p.cap, "kib"),
+            f(p.count, "")
+        );
     }
     let round = match input.round % 4 {
         0 | 1 => None,
@@ -430,13 +435,20 @@ fuzz_target!(|input: Input| {
         if live.is_empty() {
             return None;
         }
-        live.iter().nth(idx as usize % live.len()).map(|(a, l)| (*a, *l))
+        live.iter()
+            .nth(idx as usize % live.len())
+            .map(|(a, l)| (*a, *l))
     };
 
     for op in input.ops.iter().take(200) {
         tag = tag.wrapping_add(1);
         match *op {
-            Op::Alloc { class, raw, align, zeroed } => {
+            Op::Alloc {
+                class,
+                raw,
+                align,
+                zeroed,
+            } => {
                 let size = match class % 4 {
                     0 => 64,
                     1 => 4096,
@@ -445,7 +457,11 @@ fuzz_target!(|input: Input| {
                 };
                 let user = Layout::from_size_align(size, 1 << (align % 13)).unwrap();
                 let want = m.alloc(user);
-                let got = if zeroed { c.allocate_zeroed(user) } else { c.allocate(user) };
+                let got = if zeroed {
+                    c.allocate_zeroed(user)
+                } else {
+                    c.allocate(user)
+                };
                 match (want, got) {
                     (Err(()), Err(_)) => {}
                     (Ok((hit, mut l)), Ok(p)) => {
@@ -477,7 +493,8 @@ fuzz_target!(|input: Input| {
             }
             Op::Grow { idx, extra, zeroed } => {
                 if let Some((addr, l)) = pick(&live, idx) {
-                    let new = Layout::from_size_align(l.len + extra as usize, l.user.align()).unwrap();
+                    let new =
+                        Layout::from_size_align(l.len + extra as usize, l.user.align()).unwrap();
                     resize(&c, &mut m, &mut live, addr, l, new, zeroed, tag);
                 }
             }
