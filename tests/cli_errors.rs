@@ -193,28 +193,30 @@ fn config_json_that_is_not_a_regular_file_is_refused() {
     let cfg = dir.path().join("config.json");
     let out = dir.path().join("out");
     let out = out.to_str().unwrap();
-    let fifo = |p: &std::path::Path| {
-        let c = std::ffi::CString::new(p.to_str().unwrap()).unwrap();
-        // SAFETY: a valid NUL-terminated path; mkfifo has no other preconditions.
-        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
-    };
-    let dev_zero = |p: &std::path::Path| std::os::unix::fs::symlink("/dev/zero", p).unwrap();
-    let cases: [(&str, &dyn Fn(&std::path::Path), Vec<&str>); 3] = [
+    // (a FIFO?, what a hang would mean, the command)
+    let cases = [
         (
+            true,
             "hangs on a FIFO",
-            &fifo,
             vec!["pack", &model, "-o", out, "--json"],
         ),
-        ("hangs on a FIFO", &fifo, vec!["demo", &model]),
+        (true, "hangs on a FIFO", vec!["demo", &model]),
         (
+            false,
             "reads /dev/zero forever",
-            &dev_zero,
             vec!["pack", &model, "-o", out],
         ),
     ];
-    for (hang, make, args) in cases {
+    for (fifo, hang, args) in cases {
         std::fs::remove_file(&cfg).unwrap();
-        make(&cfg);
+        if fifo {
+            let c = std::ffi::CString::new(cfg.to_str().unwrap()).unwrap();
+            // SAFETY: a valid NUL-terminated path; mkfifo has no other preconditions.
+            assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+        } else {
+            // A character device that never ends.
+            std::os::unix::fs::symlink("/dev/zero", &cfg).unwrap();
+        }
         let o = run_with(&args, &[], None, Duration::from_secs(30));
         assert!(o.code.is_some(), "ckalloc {args:?} {hang} config.json");
         assert_one_line_error(&o, &args, "config.json");

@@ -22,9 +22,11 @@ pub enum Op {
     Fstat,
     Pread,
     Fadvise,
-    /// `open(O_TMPFILE)` ([`open_unnamed_in`](super::files::open_unnamed_in)).
+    /// `open(O_TMPFILE)` (the weights writer's output files).
+    #[cfg_attr(not(feature = "weights"), allow(dead_code))]
     OpenUnnamed,
     /// `linkat` of an unnamed file.
+    #[cfg_attr(not(feature = "weights"), allow(dead_code))]
     LinkUnnamed,
 }
 
