@@ -1,7 +1,7 @@
 //! [`LocalArena`]: a single-thread handle that bumps inside chunks taken
 //! from the shared bump pointer, without atomics.
 
-use super::chunk::{block, zero_tail, Chunk, ChunkSizes};
+use super::chunk::{block, empty_block, zero_tail, Chunk, ChunkSizes};
 use super::BumpArena;
 use allocator_api2::alloc::{AllocError, Allocator, Layout};
 use std::ptr::NonNull;
@@ -80,6 +80,9 @@ impl<'a> LocalArena<'a> {
     #[cold]
     #[inline(never)]
     fn alloc_slow(&self, layout: Layout) -> Result<NonNull<[u8]>, AllocError> {
+        if layout.size() == 0 {
+            return Ok(empty_block(layout.align()));
+        }
         self.chunk.refill(self.arena, layout, LOCAL_SIZES)
     }
 }

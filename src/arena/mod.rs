@@ -129,7 +129,7 @@ fn new_token() -> u64 {
 /// | [`weights_base`](ArenaBuilder::weights_base), [`activations_base`](ArenaBuilder::activations_base) | 0, 0 | the layout in bytes; `weights_base <= activations_base <= total_size` |
 /// | [`policy`](ArenaBuilder::policy) | [`ModePolicy::Auto`] | which modes may be used |
 /// | [`huge`](ArenaBuilder::huge) | [`HugeOptions::new`](crate::HugeOptions::new) | tiers, prefault, `mlock`, NUMA node of the anonymous mapping (mixed mode: of the runtime region) |
-/// | [`release_on_reset`](ArenaBuilder::release_on_reset) | `false` | `MADV_DONTNEED` the runtime pages on reset and rewind; they read zero afterwards |
+/// | [`release_on_reset`](ArenaBuilder::release_on_reset) | `false` | on reset and rewind the freed runtime bytes read zero: `MADV_DONTNEED` over whole pages, memset of the rest |
 /// | [`dont_dump`](ArenaBuilder::dont_dump) | `false` | `MADV_DONTDUMP` over the weights pages |
 /// | [`thread_chunks`](ArenaBuilder::thread_chunks) | `true` | each thread bumps in a chunk of its own (16 KiB doubling to 256 KiB) instead of one compare-and-swap per allocation |
 /// | `manifest` (feature `weights`) | none | enables `tensor(name)`; entries must lie in the weights region |
@@ -525,8 +525,12 @@ impl BumpArena {
     }
 
     /// Free everything allocated after `checkpoint` (the `&mut` borrow
-    /// proves none of it is alive). With `release_on_reset` the whole pages
-    /// above the new bump pointer go back to the kernel.
+    /// proves none of it is alive). With `release_on_reset` every runtime
+    /// byte above the new bump pointer reads zero afterwards: the whole pages
+    /// go back to the kernel (`MADV_DONTNEED`) and the rest (the partial page
+    /// at the bump pointer, or everything up to the high-water mark when the
+    /// kernel refuses the purge) is cleared with a memset. See [the zeroing
+    /// guarantee](crate#memory-that-reads-zero).
     ///
     /// A checkpoint taken on another thread is valid too. It counts the
     /// chunk tails that thread saw held by others (see
@@ -556,8 +560,10 @@ impl BumpArena {
     }
 
     /// Free every runtime allocation (the `&mut` borrow proves none is
-    /// alive). The weights region is untouched. With `release_on_reset` the
-    /// runtime pages go back to the kernel and read as zero afterwards.
+    /// alive). The weights region is untouched, including the bytes of a
+    /// page it shares with the runtime region. With `release_on_reset` the
+    /// whole runtime region reads zero afterwards, as for
+    /// [`rewind_to`](Self::rewind_to).
     pub fn reset(&mut self) {
         self.set_cursor(self.runtime_start());
     }
@@ -579,30 +585,45 @@ impl BumpArena {
         }
     }
 
-    /// `MADV_DONTNEED` the whole pages (of the runtime region's page size)
-    /// between `from` and the high-water mark (pages released before are
-    /// cheap to release again: they are not present).
+    /// Make the runtime bytes from `from` up to the high-water mark read
+    /// zero (see "Memory that reads zero" in `docs/reliability.md`):
+    /// `MADV_DONTNEED` over the whole pages (of the runtime region's page
+    /// size: 4 KiB, or 2 MiB / 1 GiB for hugetlb) and a memset of the rest,
+    /// which is the partial page at `from` (it may hold weights, which must
+    /// stay) and, when the kernel refuses the purge, the whole range.
+    /// Nothing above the high-water mark was ever written, so nothing there
+    /// needs clearing.
     fn release_above(&mut self, from: usize) {
+        let top = (*self.hwm.get_mut())
+            .max(*self.hwm_shared.get_mut())
+            .min(self.end);
+        if top <= from {
+            return;
+        }
         let pg = self.storage.page_size;
         let map_end = self.storage.map_ptr.as_ptr() as usize + self.storage.map_len;
-        let (Some(start), Some(stop)) = (
-            sys::round_up(from, pg),
-            sys::round_up(*self.hwm_shared.get_mut(), pg),
-        ) else {
-            return;
-        };
-        let stop = stop.min(map_end);
-        if stop > start {
-            let p = self
-                .storage
-                .base
-                .as_ptr()
-                .wrapping_add(start - self.as_ptr() as usize);
-            // Advice only: if the kernel refuses, the pages stay resident and
-            // keep their (stale) contents, which allocations do not promise
-            // to be zero anyway.
-            let _ = sys::madvise(p, stop - start, sys::Advice::DontNeed);
+        // Bytes `from..memset_to` are cleared by hand.
+        let mut memset_to = top;
+        if let (Some(start), Some(stop)) = (sys::round_up(from, pg), sys::round_up(top, pg)) {
+            let stop = stop.min(map_end);
+            if start < top && stop > start {
+                let p = self.addr_ptr(start);
+                if sys::madvise(p, stop - start, sys::Advice::DontNeed).is_ok() {
+                    memset_to = start;
+                }
+            }
         }
+        // SAFETY: `from..memset_to` lies in the runtime region (at or above
+        // `activations_base`, below `end`), which is read-write anonymous
+        // memory in both modes; `&mut self` proves no allocation into it is
+        // alive.
+        unsafe { self.addr_ptr(from).write_bytes(0, memset_to - from) };
+    }
+
+    /// The pointer to address `addr` inside the mapping, with the
+    /// provenance of the base pointer.
+    fn addr_ptr(&self, addr: usize) -> *mut u8 {
+        self.storage.base.as_ptr().with_addr(addr)
     }
 
     #[cfg(test)]

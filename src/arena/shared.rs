@@ -11,7 +11,7 @@
 //! needs no cleanup. Arenas built with `thread_chunks(false)` skip the table
 //! and move the shared pointer with one compare-and-swap per allocation.
 
-use super::chunk::{block, zero_tail, Chunk, ChunkSizes};
+use super::chunk::{block, empty_block, zero_tail, Chunk, ChunkSizes};
 use super::BumpArena;
 use allocator_api2::alloc::{AllocError, Allocator, Layout};
 use std::cell::Cell;
@@ -150,6 +150,9 @@ impl BumpArena {
     #[cold]
     #[inline(never)]
     fn alloc_slow(&self, layout: Layout) -> Result<NonNull<[u8]>, AllocError> {
+        if layout.size() == 0 {
+            return Ok(empty_block(layout.align()));
+        }
         self.with_slot(|s| {
             if s.token.get() == self.token {
                 s.chunk.refill(self, layout, THREAD_SIZES)
