@@ -37,8 +37,8 @@ fn beyond_pool() -> usize {
 }
 
 fn thp_on() -> bool {
-    let mode = std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/enabled")
-        .unwrap_or_default();
+    let mode =
+        std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/enabled").unwrap_or_default();
     let env_off = std::env::var("CKALLOC_THP")
         .map(|v| matches!(v.trim(), "" | "0" | "false" | "no" | "off"))
         .unwrap_or(false);
@@ -172,7 +172,9 @@ fn require_thp_in_anon_mode_gives_thp_or_fails_typed() {
         }
         Err(e) => {
             assert!(!thp_on(), "{e}");
-            assert!(huge_source(&e).is_some_and(|h| is_tier_unavailable(h, Backing::TransparentHuge)));
+            assert!(
+                huge_source(&e).is_some_and(|h| is_tier_unavailable(h, Backing::TransparentHuge))
+            );
         }
     }
 }
@@ -206,7 +208,9 @@ fn runtime_resident(a: &BumpArena) -> u64 {
 fn populate_in_anon_mode_prefaults_the_mapping() {
     let f = weights_file();
     let opts = HugeOptions::new().populate(true);
-    let a = arena(8 * MIB, ModePolicy::AnonOnly, opts, &f).build().unwrap();
+    let a = arena(8 * MIB, ModePolicy::AnonOnly, opts, &f)
+        .build()
+        .unwrap();
     assert!(runtime_resident(&a) >= (8 * MIB - 4 * 4096) as u64);
 }
 
@@ -214,7 +218,9 @@ fn populate_in_anon_mode_prefaults_the_mapping() {
 fn populate_in_mixed_mode_prefaults_the_runtime_region() {
     let f = weights_file();
     let opts = HugeOptions::new().populate(true);
-    let a = arena(8 * MIB, ModePolicy::MixedOnly, opts, &f).build().unwrap();
+    let a = arena(8 * MIB, ModePolicy::MixedOnly, opts, &f)
+        .build()
+        .unwrap();
     assert_eq!(a.mode(), ArenaMode::MixedFileBacked);
     assert!(runtime_resident(&a) >= (8 * MIB - 4 * 4096) as u64);
     let unpopulated = arena(8 * MIB, ModePolicy::MixedOnly, HugeOptions::new(), &f)
@@ -255,9 +261,14 @@ fn mlock_in_mixed_mode_locks_the_runtime_region_or_fails_typed() {
 fn check_numa(policy: ModePolicy) {
     let f = weights_file();
     // No machine has node 1000: the binding is refused, with a typed error.
-    let e = arena(8 * MIB, policy, HugeOptions::new().numa_node(Some(1000)), &f)
-        .build()
-        .unwrap_err();
+    let e = arena(
+        8 * MIB,
+        policy,
+        HugeOptions::new().numa_node(Some(1000)),
+        &f,
+    )
+    .build()
+    .unwrap_err();
     assert!(
         matches!(huge_source(&e), Some(HugeError::Mbind { node: 1000, .. })),
         "{e:?}"
@@ -302,9 +313,14 @@ fn hugetlb_preference_in_anon_mode_falls_back_and_reports_the_tier() {
 #[test]
 fn hugetlb_preference_in_mixed_mode_falls_back_to_thp_or_plain_pages() {
     let f = weights_file();
-    let a = arena(8 * MIB, ModePolicy::MixedOnly, HugeOptions::new().hugetlb(true), &f)
-        .build()
-        .unwrap();
+    let a = arena(
+        8 * MIB,
+        ModePolicy::MixedOnly,
+        HugeOptions::new().hugetlb(true),
+        &f,
+    )
+    .build()
+    .unwrap();
     let expect = if thp_on() {
         Backing::TransparentHuge
     } else {
@@ -330,6 +346,8 @@ fn allow_1gib_preference_in_anon_mode_falls_back_and_reports_the_tier() {
 fn allow_1gib_preference_in_mixed_mode_falls_back_to_thp_or_plain_pages() {
     let f = weights_file();
     let opts = HugeOptions::new().allow_1gib(true);
-    let a = arena(8 * MIB, ModePolicy::MixedOnly, opts, &f).build().unwrap();
+    let a = arena(8 * MIB, ModePolicy::MixedOnly, opts, &f)
+        .build()
+        .unwrap();
     assert_ne!(a.backing(), Backing::Hugetlb);
 }

@@ -120,8 +120,8 @@ fn reset_after_several_threads_allocated_reads_zero() {
             s.spawn(move || {
                 for _ in 0..64 {
                     let n = 40_000;
-                    let b = Allocator::allocate(&a, Layout::from_size_align(n, 1).unwrap())
-                        .unwrap();
+                    let b =
+                        Allocator::allocate(&a, Layout::from_size_align(n, 1).unwrap()).unwrap();
                     // SAFETY: a fresh block of `n` bytes.
                     unsafe { b.cast::<u8>().as_ptr().write_bytes(0xA0 + t, n) };
                 }
@@ -224,7 +224,10 @@ fn reset_reads_zero_on_1gib_hugetlb() {
             drop(a);
             // With 1 GiB pages the partial page at the runtime start is
             // everything up to the high-water mark: all of it is memset.
-            assert_eq!(reset_reads_zero(anon().huge(opts)).unwrap(), Backing::Hugetlb);
+            assert_eq!(
+                reset_reads_zero(anon().huge(opts)).unwrap(),
+                Backing::Hugetlb
+            );
         }
         Ok(_) => println!("skipped: no free 1 GiB hugetlb pages (got 2 MiB pages)"),
         Err(e) => println!("skipped: no free 1 GiB hugetlb pages ({e})"),

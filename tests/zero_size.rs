@@ -17,11 +17,19 @@ fn serves_zero_size(a: impl Allocator, what: &str) {
             .allocate(l)
             .unwrap_or_else(|_| panic!("{what}: align {align}"));
         assert_eq!(b.len(), 0, "{what}");
-        assert_eq!(b.cast::<u8>().as_ptr() as usize % align, 0, "{what}: align {align}");
+        assert_eq!(
+            b.cast::<u8>().as_ptr() as usize % align,
+            0,
+            "{what}: align {align}"
+        );
         let z = a
             .allocate_zeroed(l)
             .unwrap_or_else(|_| panic!("{what}: zeroed, align {align}"));
-        assert_eq!(z.cast::<u8>().as_ptr() as usize % align, 0, "{what}: align {align}");
+        assert_eq!(
+            z.cast::<u8>().as_ptr() as usize % align,
+            0,
+            "{what}: align {align}"
+        );
         // SAFETY: blocks of this allocator with layout `l`.
         unsafe {
             a.deallocate(z.cast(), l);

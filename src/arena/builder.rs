@@ -231,26 +231,28 @@ impl ArenaBuilder {
             )?,
         };
 
-        let arena = BumpArena::from_parts(Parts {
-            storage,
-            total_size: total,
-            weights_base: wb,
-            activations_base: ab,
-            mode,
-            fallback,
-            weights_file_size: source.as_ref().map(|s| s.size),
-            // In mixed mode the descriptor is not needed after mapping.
-            source: if mode == ArenaMode::Anon {
-                source
-            } else {
-                None
+        let arena = BumpArena::from_parts(
+            Parts {
+                storage,
+                total_size: total,
+                weights_base: wb,
+                activations_base: ab,
+                mode,
+                fallback,
+                weights_file_size: source.as_ref().map(|s| s.size),
+                // In mixed mode the descriptor is not needed after mapping.
+                source: if mode == ArenaMode::Anon {
+                    source
+                } else {
+                    None
+                },
+                materialized: mode == ArenaMode::MixedFileBacked || ab == wb,
+                release_on_reset: self.release_on_reset,
+                #[cfg(feature = "weights")]
+                manifest: self.manifest,
             },
-            materialized: mode == ArenaMode::MixedFileBacked || ab == wb,
-            release_on_reset: self.release_on_reset,
-            thread_chunks: self.thread_chunks,
-            #[cfg(feature = "weights")]
-            manifest: self.manifest,
-        });
+            self.thread_chunks,
+        );
         if self.dont_dump && ab > wb {
             let page = sys::page_size();
             let start = wb & !(page - 1);

@@ -37,9 +37,8 @@ fn at(base: NonNull<u8>, addr: usize) -> NonNull<u8> {
     unsafe { NonNull::new_unchecked(base.as_ptr().with_addr(addr)) }
 }
 
-/// The block of a zero-size request: a dangling pointer aligned to `align`,
-/// so that a full arena still serves it (`Allocator` never fails a
-/// zero-size request).
+/// The block of a zero-size request that the arena has no room for: a
+/// dangling pointer aligned to `align` (a zero-size request never fails).
 #[cold]
 pub(super) fn empty_block(align: usize) -> NonNull<[u8]> {
     // `align` is a non-zero power of two, so the pointer is non-null; it is
@@ -153,7 +152,7 @@ impl Chunk {
                     self.cur.set(end);
                     self.limit.set(chunk_end);
                     self.next.set((pref * 2).min(sizes.max));
-                    return Ok(block(arena.storage.base, start, layout.size()));
+                    return Ok(block(arena.parts.storage.base, start, layout.size()));
                 }
                 Err(now) => shared = now,
             }

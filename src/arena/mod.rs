@@ -196,18 +196,9 @@ pub struct BumpArena {
     slot: usize,
     /// Whether no other live arena uses `slot` (released on drop).
     holds_slot: bool,
-    storage: Storage,
-    total_size: usize,
-    weights_base: usize,
-    activations_base: usize,
-    mode: ArenaMode,
-    fallback: Option<FallbackReason>,
-    weights_file_size: Option<u64>,
-    source: Option<WeightsSource>,
-    materialized: bool,
-    release_on_reset: bool,
-    #[cfg(feature = "weights")]
-    manifest: Option<crate::weights::Manifest>,
+    /// The mapping, the layout and the mode: everything but the bump
+    /// pointer state.
+    parts: Parts,
 }
 
 // SAFETY: the arena owns its mapping; shared access hands out disjoint
@@ -232,7 +223,6 @@ struct Parts {
     source: Option<WeightsSource>,
     materialized: bool,
     release_on_reset: bool,
-    thread_chunks: bool,
     #[cfg(feature = "weights")]
     manifest: Option<crate::weights::Manifest>,
 }
@@ -241,9 +231,9 @@ impl BumpArena {
     /// The one constructor: a fresh id, a thread-chunk slot and token (when
     /// per-thread chunks are on), and every bump pointer at the start of the
     /// runtime region.
-    fn from_parts(p: Parts) -> BumpArena {
+    fn from_parts(p: Parts, thread_chunks: bool) -> BumpArena {
         let id = NEXT_ARENA_ID.fetch_add(1, Ordering::Relaxed);
-        let (slot, holds_slot, token) = if p.thread_chunks {
+        let (slot, holds_slot, token) = if thread_chunks {
             let (slot, holds) = shared::claim_slot(id);
             (slot, holds, new_token())
         } else {
@@ -260,18 +250,7 @@ impl BumpArena {
             token,
             slot,
             holds_slot,
-            storage: p.storage,
-            total_size: p.total_size,
-            weights_base: p.weights_base,
-            activations_base: p.activations_base,
-            mode: p.mode,
-            fallback: p.fallback,
-            weights_file_size: p.weights_file_size,
-            source: p.source,
-            materialized: p.materialized,
-            release_on_reset: p.release_on_reset,
-            #[cfg(feature = "weights")]
-            manifest: p.manifest,
+            parts: p,
         }
     }
 }
@@ -279,12 +258,12 @@ impl BumpArena {
 impl fmt::Debug for BumpArena {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("BumpArena")
-            .field("base", &self.storage.base)
-            .field("total_size", &self.total_size)
-            .field("weights_base", &self.weights_base)
-            .field("activations_base", &self.activations_base)
-            .field("mode", &self.mode)
-            .field("backing", &self.storage.backing)
+            .field("base", &self.parts.storage.base)
+            .field("total_size", &self.parts.total_size)
+            .field("weights_base", &self.parts.weights_base)
+            .field("activations_base", &self.parts.activations_base)
+            .field("mode", &self.parts.mode)
+            .field("backing", &self.parts.storage.backing)
             .field("used", &self.used())
             .finish()
     }
@@ -316,60 +295,63 @@ impl BumpArena {
     /// The base address (offset 0). Page aligned; `base +
     /// page_floor(activations_base)` is 2 MiB aligned.
     pub fn as_ptr(&self) -> *const u8 {
-        self.storage.base.as_ptr()
+        self.parts.storage.base.as_ptr()
     }
 
     /// Total size in bytes, as requested.
     pub fn total_size(&self) -> usize {
-        self.total_size
+        self.parts.total_size
     }
 
     /// Offset of the weights region in bytes.
     pub fn weights_base(&self) -> usize {
-        self.weights_base
+        self.parts.weights_base
     }
 
     /// Offset of the runtime region in bytes.
     pub fn activations_base(&self) -> usize {
-        self.activations_base
+        self.parts.activations_base
     }
 
     /// Bytes mapped from [`as_ptr`](Self::as_ptr) on (at least
     /// `total_size`, rounded up to the huge page size of the mapping). The
     /// C ABI reports this as `mapped_len`.
     pub fn mapped_len(&self) -> usize {
-        self.storage.mapped_len_from_base()
+        self.parts.storage.mapped_len_from_base()
     }
 
     /// The exact address range this arena mapped (start, length in bytes). It
     /// starts up to 2 MiB before [`as_ptr`](Self::as_ptr) (see the layout
     /// diagram); after drop nothing is mapped there.
     pub fn mapping(&self) -> (*const u8, usize) {
-        (self.storage.map_ptr.as_ptr(), self.storage.map_len)
+        (
+            self.parts.storage.map_ptr.as_ptr(),
+            self.parts.storage.map_len,
+        )
     }
 
     /// The weights file's size in bytes as checked at build time (or by
     /// [`materialize_weights_from`](Self::materialize_weights_from)), `None`
     /// without a file.
     pub fn weights_file_size(&self) -> Option<u64> {
-        self.weights_file_size
+        self.parts.weights_file_size
     }
 
     /// The mode the arena was built in.
     pub fn mode(&self) -> ArenaMode {
-        self.mode
+        self.parts.mode
     }
 
     /// Why a [`ModePolicy::Auto`] arena is in mixed mode (`None` otherwise).
     pub fn fallback_reason(&self) -> Option<&FallbackReason> {
-        self.fallback.as_ref()
+        self.parts.fallback.as_ref()
     }
 
     /// The pages backing the runtime region: the tier of the huge-page
     /// mapping in anon mode; in mixed mode `TransparentHuge` when
     /// `MADV_HUGEPAGE` was accepted, else `Normal`.
     pub fn backing(&self) -> Backing {
-        self.storage.backing
+        self.parts.storage.backing
     }
 
     /// Whether the weights region still has to be filled by
@@ -378,7 +360,7 @@ impl BumpArena {
     /// mode and without a weights region. (The C ABI's function of the same
     /// name is a property of the mode instead, as in C-Kernel-Engine.)
     pub fn needs_weight_materialization(&self) -> bool {
-        !self.materialized
+        !self.parts.materialized
     }
 
     /// The weights region `[weights_base, activations_base)`. In anon mode it
@@ -389,8 +371,8 @@ impl BumpArena {
         // never hand it out.
         unsafe {
             std::slice::from_raw_parts(
-                self.ptr_at_unchecked(self.weights_base),
-                self.activations_base - self.weights_base,
+                self.ptr_at_unchecked(self.parts.weights_base),
+                self.parts.activations_base - self.parts.weights_base,
             )
         }
     }
@@ -398,15 +380,15 @@ impl BumpArena {
     /// The weights region for writing; `None` in mixed mode, where it is
     /// mapped read-only from the file.
     pub fn weights_mut(&mut self) -> Option<&mut [u8]> {
-        if self.mode != ArenaMode::Anon {
+        if self.parts.mode != ArenaMode::Anon {
             return None;
         }
         // SAFETY: anonymous read-write memory owned by the arena; `&mut self`
         // excludes every other reference into it.
         Some(unsafe {
             std::slice::from_raw_parts_mut(
-                self.ptr_at_unchecked(self.weights_base),
-                self.activations_base - self.weights_base,
+                self.ptr_at_unchecked(self.parts.weights_base),
+                self.parts.activations_base - self.parts.weights_base,
             )
         })
     }
@@ -418,14 +400,14 @@ impl BumpArena {
     /// (the region would read zero).
     #[cfg(feature = "weights")]
     pub fn tensor(&self, name: &str) -> Option<&[u8]> {
-        if !self.materialized {
+        if !self.parts.materialized {
             return None;
         }
-        let e = self.manifest.as_ref()?.get(name)?;
+        let e = self.parts.manifest.as_ref()?.get(name)?;
         // Checked at build: wb <= file_offset, file_offset + size <= ab.
         let start = usize::try_from(e.file_offset)
             .ok()?
-            .checked_sub(self.weights_base)?;
+            .checked_sub(self.parts.weights_base)?;
         let len = usize::try_from(e.size).ok()?;
         self.weights().get(start..start.checked_add(len)?)
     }
@@ -433,14 +415,14 @@ impl BumpArena {
     /// The manifest given to [`ArenaBuilder::manifest`].
     #[cfg(feature = "weights")]
     pub fn manifest(&self) -> Option<&crate::weights::Manifest> {
-        self.manifest.as_ref()
+        self.parts.manifest.as_ref()
     }
 
     /// The arena offset of `ptr` in bytes, or `None` when `ptr` is outside
     /// `[base, base + total_size)`.
     pub fn offset_of(&self, ptr: *const u8) -> Option<usize> {
         let off = (ptr as usize).checked_sub(self.as_ptr() as usize)?;
-        (off < self.total_size).then_some(off)
+        (off < self.parts.total_size).then_some(off)
     }
 
     /// The address of `offset` (0 ..= `total_size`; `total_size` gives the
@@ -448,19 +430,19 @@ impl BumpArena {
     /// the caller's responsibility (the weights are read-only in mixed mode,
     /// and the bump allocator owns the runtime region's allocated part).
     pub fn ptr_at(&self, offset: usize) -> Option<NonNull<u8>> {
-        (offset <= self.total_size).then(|| {
+        (offset <= self.parts.total_size).then(|| {
             // SAFETY: in bounds (or one past the end) of the mapping.
             unsafe { NonNull::new_unchecked(self.ptr_at_unchecked(offset)) }
         })
     }
 
     fn ptr_at_unchecked(&self, offset: usize) -> *mut u8 {
-        debug_assert!(offset <= self.total_size);
-        self.storage.base.as_ptr().wrapping_add(offset)
+        debug_assert!(offset <= self.parts.total_size);
+        self.parts.storage.base.as_ptr().wrapping_add(offset)
     }
 
     fn runtime_start(&self) -> usize {
-        self.as_ptr() as usize + self.activations_base
+        self.as_ptr() as usize + self.parts.activations_base
     }
 
     /// Runtime bytes handed out, including alignment padding, chunks held by
@@ -501,11 +483,11 @@ impl BumpArena {
     /// # Errors
     /// The I/O error of reading `/proc/self/pagemap` or `smaps`.
     pub fn coverage(&self) -> io::Result<ArenaCoverage> {
-        let w = self.ptr_at_unchecked(self.weights_base);
-        let r = self.ptr_at_unchecked(self.activations_base);
+        let w = self.ptr_at_unchecked(self.parts.weights_base);
+        let r = self.ptr_at_unchecked(self.parts.activations_base);
         Ok(ArenaCoverage {
-            weights: huge_page_coverage(w, self.activations_base - self.weights_base)?,
-            runtime: huge_page_coverage(r, self.total_size - self.activations_base)?,
+            weights: huge_page_coverage(w, self.parts.activations_base - self.parts.weights_base)?,
+            runtime: huge_page_coverage(r, self.parts.total_size - self.parts.activations_base)?,
         })
     }
 
@@ -580,7 +562,7 @@ impl BumpArena {
         if self.token != shared::NO_THREAD_CHUNKS {
             self.token = new_token();
         }
-        if self.release_on_reset {
+        if self.parts.release_on_reset {
             self.release_above(new);
         }
     }
@@ -600,8 +582,8 @@ impl BumpArena {
         if top <= from {
             return;
         }
-        let pg = self.storage.page_size;
-        let map_end = self.storage.map_ptr.as_ptr() as usize + self.storage.map_len;
+        let pg = self.parts.storage.page_size;
+        let map_end = self.parts.storage.map_ptr.as_ptr() as usize + self.parts.storage.map_len;
         // Bytes `from..memset_to` are cleared by hand.
         let mut memset_to = top;
         if let (Some(start), Some(stop)) = (sys::round_up(from, pg), sys::round_up(top, pg)) {
@@ -623,7 +605,7 @@ impl BumpArena {
     /// The pointer to address `addr` inside the mapping, with the
     /// provenance of the base pointer.
     fn addr_ptr(&self, addr: usize) -> *mut u8 {
-        self.storage.base.as_ptr().with_addr(addr)
+        self.parts.storage.base.as_ptr().with_addr(addr)
     }
 
     #[cfg(test)]
@@ -635,21 +617,23 @@ impl BumpArena {
     pub(crate) fn heap_for_tests(total: usize, activations_base: usize) -> BumpArena {
         let plan = Plan::new(total, 0, activations_base).unwrap();
         let storage = map::heap(&plan);
-        BumpArena::from_parts(Parts {
-            storage,
-            total_size: total,
-            weights_base: 0,
-            activations_base,
-            mode: ArenaMode::Anon,
-            fallback: None,
-            weights_file_size: None,
-            source: None,
-            materialized: true,
-            release_on_reset: false,
-            thread_chunks: true,
-            #[cfg(feature = "weights")]
-            manifest: None,
-        })
+        BumpArena::from_parts(
+            Parts {
+                storage,
+                total_size: total,
+                weights_base: 0,
+                activations_base,
+                mode: ArenaMode::Anon,
+                fallback: None,
+                weights_file_size: None,
+                source: None,
+                materialized: true,
+                release_on_reset: false,
+                #[cfg(feature = "weights")]
+                manifest: None,
+            },
+            true,
+        )
     }
 }
 
