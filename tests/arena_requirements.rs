@@ -336,7 +336,7 @@ fn allow_1gib_preference_in_anon_mode_falls_back_and_reports_the_tier() {
     let a = arena(beyond_pool(), ModePolicy::AnonOnly, opts, &f)
         .build()
         .unwrap();
-    let gib = a.mapping().1 % (1 << 30) == 0;
+    let gib = a.mapping().1.is_multiple_of(1 << 30);
     // Either 1 GiB pages served it, or it fell below hugetlb (2 MiB pages
     // cannot: the request is beyond their pool).
     assert_eq!(a.backing() == Backing::Hugetlb, gib, "{:?}", a.backing());

@@ -220,7 +220,7 @@ fn reset_reads_zero_on_1gib_hugetlb() {
     // Probe first: a 1 GiB mapping shows in the mapping's length.
     let probe = anon().huge(opts).build();
     match probe {
-        Ok(a) if a.mapping().1 % (1 << 30) == 0 => {
+        Ok(a) if a.mapping().1.is_multiple_of(1 << 30) => {
             drop(a);
             // With 1 GiB pages the partial page at the runtime start is
             // everything up to the high-water mark: all of it is memset.

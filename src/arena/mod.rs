@@ -115,8 +115,9 @@ fn new_token() -> u64 {
 ///   `PROT_NONE`; the whole file pages of the weights are mapped read-only
 ///   `MAP_PRIVATE | MAP_FIXED` from the file (no copy, shared with the page
 ///   cache); the partial last weights page is anonymous and filled with
-///   `pread`; the runtime region is anonymous with `MADV_HUGEPAGE`. The file is
-///   never written.
+///   `pread`; the runtime region is anonymous with `MADV_HUGEPAGE` (2 MiB
+///   hugetlb pages when [`HugeOptions::require`](crate::HugeOptions::require)
+///   asks for [`Backing::Hugetlb`]). The file is never written.
 /// * [`ModePolicy::Auto`] tries anonymous first and falls back to mixed mode
 ///   when a weights file is given, honouring `CK_BUMP_FORCE_MIXED` and
 ///   `CK_BUMP_DISABLE_MIXED` exactly as C-Kernel-Engine's `ck_bump_alloc_init`.
@@ -128,7 +129,7 @@ fn new_token() -> u64 {
 /// | [`weights_file`](ArenaBuilder::weights_file) | none | the file whose bytes `[weights_base, activations_base)` fill the weights region; opened once, checked through the descriptor |
 /// | [`weights_base`](ArenaBuilder::weights_base), [`activations_base`](ArenaBuilder::activations_base) | 0, 0 | the layout in bytes; `weights_base <= activations_base <= total_size` |
 /// | [`policy`](ArenaBuilder::policy) | [`ModePolicy::Auto`] | which modes may be used |
-/// | [`huge`](ArenaBuilder::huge) | [`HugeOptions::new`](crate::HugeOptions::new) | tiers, prefault, `mlock`, NUMA node of the anonymous mapping (mixed mode: of the runtime region) |
+/// | [`huge`](ArenaBuilder::huge) | [`HugeOptions::new`](crate::HugeOptions::new) | tiers, prefault, `mlock`, NUMA node of the anonymous mapping (mixed mode: of the runtime region); requirements hold in every mode or the build fails |
 /// | [`release_on_reset`](ArenaBuilder::release_on_reset) | `false` | on reset and rewind the freed runtime bytes read zero: `MADV_DONTNEED` over whole pages, memset of the rest |
 /// | [`dont_dump`](ArenaBuilder::dont_dump) | `false` | `MADV_DONTDUMP` over the weights pages |
 /// | [`thread_chunks`](ArenaBuilder::thread_chunks) | `true` | each thread bumps in a chunk of its own (16 KiB doubling to 256 KiB) instead of one compare-and-swap per allocation |
@@ -348,8 +349,9 @@ impl BumpArena {
     }
 
     /// The pages backing the runtime region: the tier of the huge-page
-    /// mapping in anon mode; in mixed mode `TransparentHuge` when
-    /// `MADV_HUGEPAGE` was accepted, else `Normal`.
+    /// mapping in anon mode; in mixed mode `Hugetlb` when the options
+    /// require it, else `TransparentHuge` when `MADV_HUGEPAGE` was accepted,
+    /// else `Normal`.
     pub fn backing(&self) -> Backing {
         self.parts.storage.backing
     }
