@@ -233,3 +233,25 @@ fn reset_reads_zero_on_1gib_hugetlb() {
         Err(e) => println!("skipped: no free 1 GiB hugetlb pages ({e})"),
     }
 }
+
+#[test]
+fn later_resets_clear_what_was_written_since_and_the_peak_stays() {
+    let mut arena = anon().release_on_reset(true).build().unwrap();
+    fill_runtime(&arena, 0xAB);
+    let peak = arena.high_water_mark();
+    arena.reset();
+    // A smaller second use: a kept block, a checkpoint, more above it.
+    let kept = Allocator::allocate(&&arena, Layout::from_size_align(5000, 1).unwrap()).unwrap();
+    // SAFETY: a fresh block of 5000 bytes.
+    unsafe { kept.cast::<u8>().as_ptr().write_bytes(0x22, 5000) };
+    let cp = arena.checkpoint();
+    let more = Allocator::allocate(&&arena, Layout::from_size_align(3 * MIB, 1).unwrap()).unwrap();
+    // SAFETY: a fresh block of 3 MiB.
+    unsafe { more.cast::<u8>().as_ptr().write_bytes(0x33, 3 * MIB) };
+    arena.rewind_to(cp).unwrap();
+    assert_eq!(nonzero_from(&arena, AB + cp.used()), 0, "after the rewind");
+    assert_eq!(nonzero_from(&arena, AB), 5000, "the kept block stays");
+    arena.reset();
+    assert_eq!(nonzero_from(&arena, AB), 0, "after the reset");
+    assert_eq!(arena.high_water_mark(), peak, "the peak never falls");
+}

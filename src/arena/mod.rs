@@ -184,11 +184,19 @@ pub struct BumpArena {
     cursor: AtomicUsize,
     /// `base + total_size`: no allocation ends past it.
     end: usize,
-    /// Highest address the cursor reached since the last release.
+    /// Highest address the cursor reached since the last release: no byte
+    /// above it was written since.
     hwm: AtomicUsize,
-    /// Highest address the shared pointer reached (at chunk granularity);
-    /// the high-water mark of threads that hold no chunk of this arena.
+    /// Highest address the shared pointer reached (at chunk granularity)
+    /// since the last release; the high-water mark of threads that hold no
+    /// chunk of this arena.
     hwm_shared: AtomicUsize,
+    /// `hwm` and `hwm_shared` before the last release (which lowers them to
+    /// the bump pointer, so that the next release clears only what was
+    /// written since): [`high_water_mark`](Self::high_water_mark) never
+    /// decreases.
+    peak: usize,
+    peak_shared: usize,
     id: u64,
     /// Tag of this arena epoch's per-thread chunks, renewed by every `&mut`
     /// cursor move; `shared::NO_THREAD_CHUNKS` when they are disabled.
@@ -247,6 +255,8 @@ impl BumpArena {
             end: base + p.total_size,
             hwm: AtomicUsize::new(runtime_start),
             hwm_shared: AtomicUsize::new(runtime_start),
+            peak: runtime_start,
+            peak_shared: runtime_start,
             id,
             token,
             slot,
@@ -470,11 +480,15 @@ impl BumpArena {
     /// chunks. Each view never decreases.
     pub fn high_water_mark(&self) -> usize {
         let top = if self.allocates_here() {
-            self.hwm.load(Ordering::Relaxed).max(self.exact_cursor())
+            self.hwm
+                .load(Ordering::Relaxed)
+                .max(self.exact_cursor())
+                .max(self.peak)
         } else {
             self.hwm_shared
                 .load(Ordering::Relaxed)
                 .max(self.cursor.load(Ordering::Relaxed))
+                .max(self.peak_shared)
         };
         top - self.runtime_start()
     }
@@ -602,6 +616,13 @@ impl BumpArena {
         // memory in both modes; `&mut self` proves no allocation into it is
         // alive.
         unsafe { self.addr_ptr(from).write_bytes(0, memset_to - from) };
+        // Everything above `from` reads zero now: the next release needs to
+        // clear only what is written from here on.
+        let (hwm, hwm_shared) = (self.hwm.get_mut(), self.hwm_shared.get_mut());
+        self.peak = self.peak.max(*hwm);
+        self.peak_shared = self.peak_shared.max(*hwm_shared);
+        *hwm = from;
+        *hwm_shared = from;
     }
 
     /// The pointer to address `addr` inside the mapping, with the
