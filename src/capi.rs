@@ -285,6 +285,15 @@ pub unsafe extern "C" fn ck_bump_alloc_materialize_weights(
             (ArenaMode::Anon, Some(p)) => arena.materialize_weights_from(p),
             (ArenaMode::Anon, None) => arena.materialize_weights(),
         };
+        if result.is_ok() {
+            // The size of the file the weights were copied from.
+            let size = arena
+                .weights_file_size()
+                .map_or(0, |s| usize::try_from(s).unwrap_or(usize::MAX));
+            // SAFETY: writable by the caller's contract; no other thread uses
+            // the arena meanwhile.
+            unsafe { (*alloc).weights_file_size = size };
+        }
         lock(&ARENAS).insert(base, arena);
         match result {
             Ok(()) => 0,

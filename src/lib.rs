@@ -51,6 +51,18 @@
 //!
 //! Thread-safety: every type is `Send + Sync` except [`LocalArena`] (`!Sync`).
 //! Units are bytes throughout.
+//!
+//! # Memory that reads zero
+//!
+//! What reads zero is stated once, in `docs/reliability.md` ("Memory that
+//! reads zero"): fresh mappings, `allocate_zeroed` / `grow_zeroed` through
+//! every allocator of the crate (including the caching allocator's cache
+//! hits), and the runtime region of an arena built with
+//! [`release_on_reset(true)`](ArenaBuilder::release_on_reset) after
+//! [`BumpArena::reset`] or [`BumpArena::rewind_to`], up to the high-water
+//! mark, whatever the page size or the kernel's answer to `MADV_DONTNEED`.
+//! A zero-size request of any alignment gets a dangling, aligned pointer from
+//! every allocator, never an error.
 
 #![deny(unsafe_op_in_unsafe_fn)]
 #![warn(missing_docs)]

@@ -99,7 +99,19 @@ impl ArenaBuilder {
     }
 
     /// Huge-page options of the anonymous mapping (anon mode) or of the
-    /// runtime region (mixed mode: prefault, `mlock`, NUMA binding, dump).
+    /// runtime region (mixed mode; the file pages are never huge).
+    /// Requirements ([`require`](HugeOptions::require),
+    /// [`populate`](HugeOptions::populate), [`mlock`](HugeOptions::mlock),
+    /// [`numa_node`](HugeOptions::numa_node)) are honoured in every mode or
+    /// the mode fails with a typed error (in mixed mode
+    /// [`ArenaError::MixedOptions`], carrying
+    /// [`HugeError::TierUnavailable`](crate::HugeError::TierUnavailable) for
+    /// a tier); [`ModePolicy::Auto`] then reports both modes' failures.
+    /// Preferences ([`hugetlb`](HugeOptions::hugetlb),
+    /// [`allow_1gib`](HugeOptions::allow_1gib)) may fall back; the tier got
+    /// is [`BumpArena::backing`]. In mixed mode the runtime region gets
+    /// hugetlb (2 MiB) pages only when required, else THP or plain pages.
+    /// The table of every option in each mode is in `docs/arena.md`.
     /// Default [`HugeOptions::new`].
     pub fn huge(mut self, opts: HugeOptions) -> Self {
         self.huge = opts;
@@ -108,7 +120,12 @@ impl ArenaBuilder {
 
     /// Give the runtime region's pages back to the kernel
     /// (`MADV_DONTNEED`) on [`BumpArena::reset`] and
-    /// [`BumpArena::rewind_to`]; they read back as zero. Default `false`.
+    /// [`BumpArena::rewind_to`], and clear with a memset the bytes the
+    /// kernel does not purge (the partial page at the bump pointer, up to
+    /// 1 GiB with 1 GiB hugetlb pages; everything up to the high-water mark
+    /// when `madvise` fails): every freed runtime byte reads zero
+    /// afterwards. See [the zeroing guarantee](crate#memory-that-reads-zero).
+    /// Default `false`.
     pub fn release_on_reset(mut self, yes: bool) -> Self {
         self.release_on_reset = yes;
         self
@@ -214,26 +231,28 @@ impl ArenaBuilder {
             )?,
         };
 
-        let arena = BumpArena::from_parts(Parts {
-            storage,
-            total_size: total,
-            weights_base: wb,
-            activations_base: ab,
-            mode,
-            fallback,
-            weights_file_size: source.as_ref().map(|s| s.size),
-            // In mixed mode the descriptor is not needed after mapping.
-            source: if mode == ArenaMode::Anon {
-                source
-            } else {
-                None
+        let arena = BumpArena::from_parts(
+            Parts {
+                storage,
+                total_size: total,
+                weights_base: wb,
+                activations_base: ab,
+                mode,
+                fallback,
+                weights_file_size: source.as_ref().map(|s| s.size),
+                // In mixed mode the descriptor is not needed after mapping.
+                source: if mode == ArenaMode::Anon {
+                    source
+                } else {
+                    None
+                },
+                materialized: mode == ArenaMode::MixedFileBacked || ab == wb,
+                release_on_reset: self.release_on_reset,
+                #[cfg(feature = "weights")]
+                manifest: self.manifest,
             },
-            materialized: mode == ArenaMode::MixedFileBacked || ab == wb,
-            release_on_reset: self.release_on_reset,
-            thread_chunks: self.thread_chunks,
-            #[cfg(feature = "weights")]
-            manifest: self.manifest,
-        });
+            self.thread_chunks,
+        );
         if self.dont_dump && ab > wb {
             let page = sys::page_size();
             let start = wb & !(page - 1);

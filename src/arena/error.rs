@@ -88,8 +88,9 @@ pub enum ArenaError {
         /// The OS error.
         source: io::Error,
     },
-    /// Mixed mode: the post-mapping options (NUMA binding, prefault, `mlock`)
-    /// failed on the runtime region.
+    /// Mixed mode: the options of the runtime region failed: a required
+    /// tier it could not get ([`HugeError::TierUnavailable`]), NUMA binding,
+    /// prefault or `mlock`.
     MixedOptions {
         /// The error of the huge-page layer.
         source: HugeError,

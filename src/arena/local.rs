@@ -1,7 +1,7 @@
 //! [`LocalArena`]: a single-thread handle that bumps inside chunks taken
 //! from the shared bump pointer, without atomics.
 
-use super::chunk::{block, zero_tail, Chunk, ChunkSizes};
+use super::chunk::{block, empty_block, zero_tail, Chunk, ChunkSizes};
 use super::BumpArena;
 use allocator_api2::alloc::{AllocError, Allocator, Layout};
 use std::ptr::NonNull;
@@ -51,7 +51,7 @@ impl<'a> LocalArena<'a> {
         // takes the refill path.
         LocalArena {
             chunk: Chunk::empty(arena.end, LOCAL_SIZES.first),
-            base: arena.storage.base,
+            base: arena.parts.storage.base,
             arena,
         }
     }
@@ -80,7 +80,12 @@ impl<'a> LocalArena<'a> {
     #[cold]
     #[inline(never)]
     fn alloc_slow(&self, layout: Layout) -> Result<NonNull<[u8]>, AllocError> {
-        self.chunk.refill(self.arena, layout, LOCAL_SIZES)
+        // A zero-size request that does not fit (a full arena, an alignment
+        // past the end) is served all the same.
+        match self.chunk.refill(self.arena, layout, LOCAL_SIZES) {
+            Err(_) if layout.size() == 0 => Ok(empty_block(layout.align())),
+            r => r,
+        }
     }
 }
 

@@ -3,7 +3,7 @@
 //! mapped read-only inside it). All OS calls go through `crate::sys`.
 
 use super::ArenaError;
-use crate::huge::{self, Backing, HugeOptions};
+use crate::huge::{self, Backing, HugeError, HugeOptions};
 use crate::sys::{self, HUGE_PAGE_2M};
 use crate::tier;
 use std::ptr::NonNull;
@@ -213,7 +213,20 @@ pub(super) fn mixed(
     }
     let runtime_len = plan.map_len - plan.shift - file_end;
     let runtime = offset_ptr(base, file_end);
-    if runtime_len > 0 {
+    // `base + file_end` is 2 MiB aligned and `runtime_len` a multiple of
+    // 2 MiB (see `Plan`), so the runtime region can hold 2 MiB hugetlb pages.
+    let hugetlb = opts.required_tier() == Backing::Hugetlb;
+    if runtime_len > 0 && hugetlb {
+        sys::map_hugetlb_fixed(runtime, runtime_len).map_err(|e| ArenaError::MixedOptions {
+            source: HugeError::TierUnavailable {
+                requested: runtime_len,
+                required: Backing::Hugetlb,
+                source: Some(e),
+            },
+        })?;
+        storage.backing = Backing::Hugetlb;
+        storage.page_size = HUGE_PAGE_2M;
+    } else if runtime_len > 0 {
         sys::map_anon_fixed(runtime, runtime_len).map_err(map_err(
             "runtime",
             file_end,
@@ -236,15 +249,35 @@ pub(super) fn mixed(
             })?;
         }
     }
-    if runtime_len > 0 {
-        storage.backing = if tier::thp_enabled()
-            && sys::madvise(runtime.as_ptr(), runtime_len, sys::Advice::HugePage).is_ok()
-        {
-            Backing::TransparentHuge
-        } else {
-            // A refused hint is a lower tier, not a failure.
+    let mut thp_err = None;
+    if runtime_len > 0 && !hugetlb {
+        storage.backing = if !tier::thp_enabled() {
             Backing::Normal
+        } else {
+            match sys::madvise(runtime.as_ptr(), runtime_len, sys::Advice::HugePage) {
+                Ok(()) => Backing::TransparentHuge,
+                // A refused hint is a lower tier, not a failure (unless the
+                // options require THP, below).
+                Err(e) => {
+                    thp_err = Some(e);
+                    Backing::Normal
+                }
+            }
         };
+    }
+    // The runtime region is where the options apply: the file pages are
+    // never huge. A required tier it did not get is an error, as in anon
+    // mode.
+    if storage.backing < opts.required_tier() {
+        return Err(ArenaError::MixedOptions {
+            source: HugeError::TierUnavailable {
+                requested: runtime_len,
+                required: opts.required_tier(),
+                source: thp_err,
+            },
+        });
+    }
+    if runtime_len > 0 {
         huge::apply_options(runtime, runtime_len, opts)
             .map_err(|source| ArenaError::MixedOptions { source })?;
     }

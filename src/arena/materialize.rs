@@ -48,10 +48,16 @@ impl BumpArena {
         &mut self,
         progress: impl FnMut(u64, u64),
     ) -> Result<(), ArenaError> {
-        if self.mode != ArenaMode::Anon || self.activations_base == self.weights_base {
+        if self.parts.mode != ArenaMode::Anon
+            || self.parts.activations_base == self.parts.weights_base
+        {
             return Ok(());
         }
-        let src = self.source.as_ref().ok_or(ArenaError::NoWeightsFile)?;
+        let src = self
+            .parts
+            .source
+            .as_ref()
+            .ok_or(ArenaError::NoWeightsFile)?;
         let expected = src.size;
         let check_size = || -> Result<(), ArenaError> {
             let found = sys::fstat(&src.fd)
@@ -66,7 +72,7 @@ impl BumpArena {
             Ok(())
         };
         check_size()?;
-        let (wb, ab) = (self.weights_base, self.activations_base);
+        let (wb, ab) = (self.parts.weights_base, self.parts.activations_base);
         let file_end = (ab as u64).min(expected) as usize;
         let read_len = file_end.saturating_sub(wb);
         // Advice only: the copy works without it.
@@ -82,7 +88,7 @@ impl BumpArena {
             // `&mut self` excludes every other reference.
             unsafe { dst.at(read_len).write_bytes(0, ab - wb - read_len) };
         }
-        self.materialized = true;
+        self.parts.materialized = true;
         Ok(())
     }
 
@@ -96,13 +102,19 @@ impl BumpArena {
     /// The file errors of [`ArenaBuilder::build`](super::ArenaBuilder::build)
     /// and those of [`materialize_weights`](Self::materialize_weights).
     pub fn materialize_weights_from(&mut self, path: &Path) -> Result<(), ArenaError> {
-        if self.mode != ArenaMode::Anon || self.activations_base == self.weights_base {
+        if self.parts.mode != ArenaMode::Anon
+            || self.parts.activations_base == self.parts.weights_base
+        {
             return Ok(());
         }
-        let plan = Plan::new(self.total_size, self.weights_base, self.activations_base)?;
+        let plan = Plan::new(
+            self.parts.total_size,
+            self.parts.weights_base,
+            self.parts.activations_base,
+        )?;
         let src = open_weights(path, &plan)?;
-        self.weights_file_size = Some(src.size);
-        self.source = Some(src);
+        self.parts.weights_file_size = Some(src.size);
+        self.parts.source = Some(src);
         self.materialize_weights()
     }
 }

@@ -115,8 +115,9 @@ fn new_token() -> u64 {
 ///   `PROT_NONE`; the whole file pages of the weights are mapped read-only
 ///   `MAP_PRIVATE | MAP_FIXED` from the file (no copy, shared with the page
 ///   cache); the partial last weights page is anonymous and filled with
-///   `pread`; the runtime region is anonymous with `MADV_HUGEPAGE`. The file is
-///   never written.
+///   `pread`; the runtime region is anonymous with `MADV_HUGEPAGE` (2 MiB
+///   hugetlb pages when [`HugeOptions::require`](crate::HugeOptions::require)
+///   asks for [`Backing::Hugetlb`]). The file is never written.
 /// * [`ModePolicy::Auto`] tries anonymous first and falls back to mixed mode
 ///   when a weights file is given, honouring `CK_BUMP_FORCE_MIXED` and
 ///   `CK_BUMP_DISABLE_MIXED` exactly as C-Kernel-Engine's `ck_bump_alloc_init`.
@@ -128,8 +129,8 @@ fn new_token() -> u64 {
 /// | [`weights_file`](ArenaBuilder::weights_file) | none | the file whose bytes `[weights_base, activations_base)` fill the weights region; opened once, checked through the descriptor |
 /// | [`weights_base`](ArenaBuilder::weights_base), [`activations_base`](ArenaBuilder::activations_base) | 0, 0 | the layout in bytes; `weights_base <= activations_base <= total_size` |
 /// | [`policy`](ArenaBuilder::policy) | [`ModePolicy::Auto`] | which modes may be used |
-/// | [`huge`](ArenaBuilder::huge) | [`HugeOptions::new`](crate::HugeOptions::new) | tiers, prefault, `mlock`, NUMA node of the anonymous mapping (mixed mode: of the runtime region) |
-/// | [`release_on_reset`](ArenaBuilder::release_on_reset) | `false` | `MADV_DONTNEED` the runtime pages on reset and rewind; they read zero afterwards |
+/// | [`huge`](ArenaBuilder::huge) | [`HugeOptions::new`](crate::HugeOptions::new) | tiers, prefault, `mlock`, NUMA node of the anonymous mapping (mixed mode: of the runtime region); requirements hold in every mode or the build fails |
+/// | [`release_on_reset`](ArenaBuilder::release_on_reset) | `false` | on reset and rewind the freed runtime bytes read zero: `MADV_DONTNEED` over whole pages, memset of the rest |
 /// | [`dont_dump`](ArenaBuilder::dont_dump) | `false` | `MADV_DONTDUMP` over the weights pages |
 /// | [`thread_chunks`](ArenaBuilder::thread_chunks) | `true` | each thread bumps in a chunk of its own (16 KiB doubling to 256 KiB) instead of one compare-and-swap per allocation |
 /// | `manifest` (feature `weights`) | none | enables `tensor(name)`; entries must lie in the weights region |
@@ -183,11 +184,19 @@ pub struct BumpArena {
     cursor: AtomicUsize,
     /// `base + total_size`: no allocation ends past it.
     end: usize,
-    /// Highest address the cursor reached since the last release.
+    /// Highest address the cursor reached since the last release: no byte
+    /// above it was written since.
     hwm: AtomicUsize,
-    /// Highest address the shared pointer reached (at chunk granularity);
-    /// the high-water mark of threads that hold no chunk of this arena.
+    /// Highest address the shared pointer reached (at chunk granularity)
+    /// since the last release; the high-water mark of threads that hold no
+    /// chunk of this arena.
     hwm_shared: AtomicUsize,
+    /// `hwm` and `hwm_shared` before the last release (which lowers them to
+    /// the bump pointer, so that the next release clears only what was
+    /// written since): [`high_water_mark`](Self::high_water_mark) never
+    /// decreases.
+    peak: usize,
+    peak_shared: usize,
     id: u64,
     /// Tag of this arena epoch's per-thread chunks, renewed by every `&mut`
     /// cursor move; `shared::NO_THREAD_CHUNKS` when they are disabled.
@@ -196,18 +205,9 @@ pub struct BumpArena {
     slot: usize,
     /// Whether no other live arena uses `slot` (released on drop).
     holds_slot: bool,
-    storage: Storage,
-    total_size: usize,
-    weights_base: usize,
-    activations_base: usize,
-    mode: ArenaMode,
-    fallback: Option<FallbackReason>,
-    weights_file_size: Option<u64>,
-    source: Option<WeightsSource>,
-    materialized: bool,
-    release_on_reset: bool,
-    #[cfg(feature = "weights")]
-    manifest: Option<crate::weights::Manifest>,
+    /// The mapping, the layout and the mode: everything but the bump
+    /// pointer state.
+    parts: Parts,
 }
 
 // SAFETY: the arena owns its mapping; shared access hands out disjoint
@@ -232,7 +232,6 @@ struct Parts {
     source: Option<WeightsSource>,
     materialized: bool,
     release_on_reset: bool,
-    thread_chunks: bool,
     #[cfg(feature = "weights")]
     manifest: Option<crate::weights::Manifest>,
 }
@@ -241,9 +240,9 @@ impl BumpArena {
     /// The one constructor: a fresh id, a thread-chunk slot and token (when
     /// per-thread chunks are on), and every bump pointer at the start of the
     /// runtime region.
-    fn from_parts(p: Parts) -> BumpArena {
+    fn from_parts(p: Parts, thread_chunks: bool) -> BumpArena {
         let id = NEXT_ARENA_ID.fetch_add(1, Ordering::Relaxed);
-        let (slot, holds_slot, token) = if p.thread_chunks {
+        let (slot, holds_slot, token) = if thread_chunks {
             let (slot, holds) = shared::claim_slot(id);
             (slot, holds, new_token())
         } else {
@@ -256,22 +255,13 @@ impl BumpArena {
             end: base + p.total_size,
             hwm: AtomicUsize::new(runtime_start),
             hwm_shared: AtomicUsize::new(runtime_start),
+            peak: runtime_start,
+            peak_shared: runtime_start,
             id,
             token,
             slot,
             holds_slot,
-            storage: p.storage,
-            total_size: p.total_size,
-            weights_base: p.weights_base,
-            activations_base: p.activations_base,
-            mode: p.mode,
-            fallback: p.fallback,
-            weights_file_size: p.weights_file_size,
-            source: p.source,
-            materialized: p.materialized,
-            release_on_reset: p.release_on_reset,
-            #[cfg(feature = "weights")]
-            manifest: p.manifest,
+            parts: p,
         }
     }
 }
@@ -279,12 +269,12 @@ impl BumpArena {
 impl fmt::Debug for BumpArena {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("BumpArena")
-            .field("base", &self.storage.base)
-            .field("total_size", &self.total_size)
-            .field("weights_base", &self.weights_base)
-            .field("activations_base", &self.activations_base)
-            .field("mode", &self.mode)
-            .field("backing", &self.storage.backing)
+            .field("base", &self.parts.storage.base)
+            .field("total_size", &self.parts.total_size)
+            .field("weights_base", &self.parts.weights_base)
+            .field("activations_base", &self.parts.activations_base)
+            .field("mode", &self.parts.mode)
+            .field("backing", &self.parts.storage.backing)
             .field("used", &self.used())
             .finish()
     }
@@ -316,60 +306,64 @@ impl BumpArena {
     /// The base address (offset 0). Page aligned; `base +
     /// page_floor(activations_base)` is 2 MiB aligned.
     pub fn as_ptr(&self) -> *const u8 {
-        self.storage.base.as_ptr()
+        self.parts.storage.base.as_ptr()
     }
 
     /// Total size in bytes, as requested.
     pub fn total_size(&self) -> usize {
-        self.total_size
+        self.parts.total_size
     }
 
     /// Offset of the weights region in bytes.
     pub fn weights_base(&self) -> usize {
-        self.weights_base
+        self.parts.weights_base
     }
 
     /// Offset of the runtime region in bytes.
     pub fn activations_base(&self) -> usize {
-        self.activations_base
+        self.parts.activations_base
     }
 
     /// Bytes mapped from [`as_ptr`](Self::as_ptr) on (at least
     /// `total_size`, rounded up to the huge page size of the mapping). The
     /// C ABI reports this as `mapped_len`.
     pub fn mapped_len(&self) -> usize {
-        self.storage.mapped_len_from_base()
+        self.parts.storage.mapped_len_from_base()
     }
 
     /// The exact address range this arena mapped (start, length in bytes). It
     /// starts up to 2 MiB before [`as_ptr`](Self::as_ptr) (see the layout
     /// diagram); after drop nothing is mapped there.
     pub fn mapping(&self) -> (*const u8, usize) {
-        (self.storage.map_ptr.as_ptr(), self.storage.map_len)
+        (
+            self.parts.storage.map_ptr.as_ptr(),
+            self.parts.storage.map_len,
+        )
     }
 
     /// The weights file's size in bytes as checked at build time (or by
     /// [`materialize_weights_from`](Self::materialize_weights_from)), `None`
     /// without a file.
     pub fn weights_file_size(&self) -> Option<u64> {
-        self.weights_file_size
+        self.parts.weights_file_size
     }
 
     /// The mode the arena was built in.
     pub fn mode(&self) -> ArenaMode {
-        self.mode
+        self.parts.mode
     }
 
     /// Why a [`ModePolicy::Auto`] arena is in mixed mode (`None` otherwise).
     pub fn fallback_reason(&self) -> Option<&FallbackReason> {
-        self.fallback.as_ref()
+        self.parts.fallback.as_ref()
     }
 
     /// The pages backing the runtime region: the tier of the huge-page
-    /// mapping in anon mode; in mixed mode `TransparentHuge` when
-    /// `MADV_HUGEPAGE` was accepted, else `Normal`.
+    /// mapping in anon mode; in mixed mode `Hugetlb` when the options
+    /// require it, else `TransparentHuge` when `MADV_HUGEPAGE` was accepted,
+    /// else `Normal`.
     pub fn backing(&self) -> Backing {
-        self.storage.backing
+        self.parts.storage.backing
     }
 
     /// Whether the weights region still has to be filled by
@@ -378,7 +372,7 @@ impl BumpArena {
     /// mode and without a weights region. (The C ABI's function of the same
     /// name is a property of the mode instead, as in C-Kernel-Engine.)
     pub fn needs_weight_materialization(&self) -> bool {
-        !self.materialized
+        !self.parts.materialized
     }
 
     /// The weights region `[weights_base, activations_base)`. In anon mode it
@@ -389,8 +383,8 @@ impl BumpArena {
         // never hand it out.
         unsafe {
             std::slice::from_raw_parts(
-                self.ptr_at_unchecked(self.weights_base),
-                self.activations_base - self.weights_base,
+                self.ptr_at_unchecked(self.parts.weights_base),
+                self.parts.activations_base - self.parts.weights_base,
             )
         }
     }
@@ -398,15 +392,15 @@ impl BumpArena {
     /// The weights region for writing; `None` in mixed mode, where it is
     /// mapped read-only from the file.
     pub fn weights_mut(&mut self) -> Option<&mut [u8]> {
-        if self.mode != ArenaMode::Anon {
+        if self.parts.mode != ArenaMode::Anon {
             return None;
         }
         // SAFETY: anonymous read-write memory owned by the arena; `&mut self`
         // excludes every other reference into it.
         Some(unsafe {
             std::slice::from_raw_parts_mut(
-                self.ptr_at_unchecked(self.weights_base),
-                self.activations_base - self.weights_base,
+                self.ptr_at_unchecked(self.parts.weights_base),
+                self.parts.activations_base - self.parts.weights_base,
             )
         })
     }
@@ -418,14 +412,14 @@ impl BumpArena {
     /// (the region would read zero).
     #[cfg(feature = "weights")]
     pub fn tensor(&self, name: &str) -> Option<&[u8]> {
-        if !self.materialized {
+        if !self.parts.materialized {
             return None;
         }
-        let e = self.manifest.as_ref()?.get(name)?;
+        let e = self.parts.manifest.as_ref()?.get(name)?;
         // Checked at build: wb <= file_offset, file_offset + size <= ab.
         let start = usize::try_from(e.file_offset)
             .ok()?
-            .checked_sub(self.weights_base)?;
+            .checked_sub(self.parts.weights_base)?;
         let len = usize::try_from(e.size).ok()?;
         self.weights().get(start..start.checked_add(len)?)
     }
@@ -433,14 +427,14 @@ impl BumpArena {
     /// The manifest given to [`ArenaBuilder::manifest`].
     #[cfg(feature = "weights")]
     pub fn manifest(&self) -> Option<&crate::weights::Manifest> {
-        self.manifest.as_ref()
+        self.parts.manifest.as_ref()
     }
 
     /// The arena offset of `ptr` in bytes, or `None` when `ptr` is outside
     /// `[base, base + total_size)`.
     pub fn offset_of(&self, ptr: *const u8) -> Option<usize> {
         let off = (ptr as usize).checked_sub(self.as_ptr() as usize)?;
-        (off < self.total_size).then_some(off)
+        (off < self.parts.total_size).then_some(off)
     }
 
     /// The address of `offset` (0 ..= `total_size`; `total_size` gives the
@@ -448,19 +442,19 @@ impl BumpArena {
     /// the caller's responsibility (the weights are read-only in mixed mode,
     /// and the bump allocator owns the runtime region's allocated part).
     pub fn ptr_at(&self, offset: usize) -> Option<NonNull<u8>> {
-        (offset <= self.total_size).then(|| {
+        (offset <= self.parts.total_size).then(|| {
             // SAFETY: in bounds (or one past the end) of the mapping.
             unsafe { NonNull::new_unchecked(self.ptr_at_unchecked(offset)) }
         })
     }
 
     fn ptr_at_unchecked(&self, offset: usize) -> *mut u8 {
-        debug_assert!(offset <= self.total_size);
-        self.storage.base.as_ptr().wrapping_add(offset)
+        debug_assert!(offset <= self.parts.total_size);
+        self.parts.storage.base.as_ptr().wrapping_add(offset)
     }
 
     fn runtime_start(&self) -> usize {
-        self.as_ptr() as usize + self.activations_base
+        self.as_ptr() as usize + self.parts.activations_base
     }
 
     /// Runtime bytes handed out, including alignment padding, chunks held by
@@ -486,11 +480,15 @@ impl BumpArena {
     /// chunks. Each view never decreases.
     pub fn high_water_mark(&self) -> usize {
         let top = if self.allocates_here() {
-            self.hwm.load(Ordering::Relaxed).max(self.exact_cursor())
+            self.hwm
+                .load(Ordering::Relaxed)
+                .max(self.exact_cursor())
+                .max(self.peak)
         } else {
             self.hwm_shared
                 .load(Ordering::Relaxed)
                 .max(self.cursor.load(Ordering::Relaxed))
+                .max(self.peak_shared)
         };
         top - self.runtime_start()
     }
@@ -501,11 +499,11 @@ impl BumpArena {
     /// # Errors
     /// The I/O error of reading `/proc/self/pagemap` or `smaps`.
     pub fn coverage(&self) -> io::Result<ArenaCoverage> {
-        let w = self.ptr_at_unchecked(self.weights_base);
-        let r = self.ptr_at_unchecked(self.activations_base);
+        let w = self.ptr_at_unchecked(self.parts.weights_base);
+        let r = self.ptr_at_unchecked(self.parts.activations_base);
         Ok(ArenaCoverage {
-            weights: huge_page_coverage(w, self.activations_base - self.weights_base)?,
-            runtime: huge_page_coverage(r, self.total_size - self.activations_base)?,
+            weights: huge_page_coverage(w, self.parts.activations_base - self.parts.weights_base)?,
+            runtime: huge_page_coverage(r, self.parts.total_size - self.parts.activations_base)?,
         })
     }
 
@@ -525,8 +523,12 @@ impl BumpArena {
     }
 
     /// Free everything allocated after `checkpoint` (the `&mut` borrow
-    /// proves none of it is alive). With `release_on_reset` the whole pages
-    /// above the new bump pointer go back to the kernel.
+    /// proves none of it is alive). With `release_on_reset` every runtime
+    /// byte above the new bump pointer reads zero afterwards: the whole pages
+    /// go back to the kernel (`MADV_DONTNEED`) and the rest (the partial page
+    /// at the bump pointer, or everything up to the high-water mark when the
+    /// kernel refuses the purge) is cleared with a memset. See [the zeroing
+    /// guarantee](crate#memory-that-reads-zero).
     ///
     /// A checkpoint taken on another thread is valid too. It counts the
     /// chunk tails that thread saw held by others (see
@@ -556,8 +558,10 @@ impl BumpArena {
     }
 
     /// Free every runtime allocation (the `&mut` borrow proves none is
-    /// alive). The weights region is untouched. With `release_on_reset` the
-    /// runtime pages go back to the kernel and read as zero afterwards.
+    /// alive). The weights region is untouched, including the bytes of a
+    /// page it shares with the runtime region. With `release_on_reset` the
+    /// whole runtime region reads zero afterwards, as for
+    /// [`rewind_to`](Self::rewind_to).
     pub fn reset(&mut self) {
         self.set_cursor(self.runtime_start());
     }
@@ -574,35 +578,57 @@ impl BumpArena {
         if self.token != shared::NO_THREAD_CHUNKS {
             self.token = new_token();
         }
-        if self.release_on_reset {
+        if self.parts.release_on_reset {
             self.release_above(new);
         }
     }
 
-    /// `MADV_DONTNEED` the whole pages (of the runtime region's page size)
-    /// between `from` and the high-water mark (pages released before are
-    /// cheap to release again: they are not present).
+    /// Make the runtime bytes from `from` up to the high-water mark read
+    /// zero (see "Memory that reads zero" in `docs/reliability.md`):
+    /// `MADV_DONTNEED` over the whole pages (of the runtime region's page
+    /// size: 4 KiB, or 2 MiB / 1 GiB for hugetlb) and a memset of the rest,
+    /// which is the partial page at `from` (it may hold weights, which must
+    /// stay) and, when the kernel refuses the purge, the whole range.
+    /// Nothing above the high-water mark was ever written, so nothing there
+    /// needs clearing.
     fn release_above(&mut self, from: usize) {
-        let pg = self.storage.page_size;
-        let map_end = self.storage.map_ptr.as_ptr() as usize + self.storage.map_len;
-        let (Some(start), Some(stop)) = (
-            sys::round_up(from, pg),
-            sys::round_up(*self.hwm_shared.get_mut(), pg),
-        ) else {
+        let top = (*self.hwm.get_mut())
+            .max(*self.hwm_shared.get_mut())
+            .min(self.end);
+        if top <= from {
             return;
-        };
-        let stop = stop.min(map_end);
-        if stop > start {
-            let p = self
-                .storage
-                .base
-                .as_ptr()
-                .wrapping_add(start - self.as_ptr() as usize);
-            // Advice only: if the kernel refuses, the pages stay resident and
-            // keep their (stale) contents, which allocations do not promise
-            // to be zero anyway.
-            let _ = sys::madvise(p, stop - start, sys::Advice::DontNeed);
         }
+        let pg = self.parts.storage.page_size;
+        let map_end = self.parts.storage.map_ptr.as_ptr() as usize + self.parts.storage.map_len;
+        // Bytes `from..memset_to` are cleared by hand.
+        let mut memset_to = top;
+        if let (Some(start), Some(stop)) = (sys::round_up(from, pg), sys::round_up(top, pg)) {
+            let stop = stop.min(map_end);
+            if start < top && stop > start {
+                let p = self.addr_ptr(start);
+                if sys::madvise(p, stop - start, sys::Advice::DontNeed).is_ok() {
+                    memset_to = start;
+                }
+            }
+        }
+        // SAFETY: `from..memset_to` lies in the runtime region (at or above
+        // `activations_base`, below `end`), which is read-write anonymous
+        // memory in both modes; `&mut self` proves no allocation into it is
+        // alive.
+        unsafe { self.addr_ptr(from).write_bytes(0, memset_to - from) };
+        // Everything above `from` reads zero now: the next release needs to
+        // clear only what is written from here on.
+        let (hwm, hwm_shared) = (self.hwm.get_mut(), self.hwm_shared.get_mut());
+        self.peak = self.peak.max(*hwm);
+        self.peak_shared = self.peak_shared.max(*hwm_shared);
+        *hwm = from;
+        *hwm_shared = from;
+    }
+
+    /// The pointer to address `addr` inside the mapping, with the
+    /// provenance of the base pointer.
+    fn addr_ptr(&self, addr: usize) -> *mut u8 {
+        self.parts.storage.base.as_ptr().with_addr(addr)
     }
 
     #[cfg(test)]
@@ -614,21 +640,23 @@ impl BumpArena {
     pub(crate) fn heap_for_tests(total: usize, activations_base: usize) -> BumpArena {
         let plan = Plan::new(total, 0, activations_base).unwrap();
         let storage = map::heap(&plan);
-        BumpArena::from_parts(Parts {
-            storage,
-            total_size: total,
-            weights_base: 0,
-            activations_base,
-            mode: ArenaMode::Anon,
-            fallback: None,
-            weights_file_size: None,
-            source: None,
-            materialized: true,
-            release_on_reset: false,
-            thread_chunks: true,
-            #[cfg(feature = "weights")]
-            manifest: None,
-        })
+        BumpArena::from_parts(
+            Parts {
+                storage,
+                total_size: total,
+                weights_base: 0,
+                activations_base,
+                mode: ArenaMode::Anon,
+                fallback: None,
+                weights_file_size: None,
+                source: None,
+                materialized: true,
+                release_on_reset: false,
+                #[cfg(feature = "weights")]
+                manifest: None,
+            },
+            true,
+        )
     }
 }
 

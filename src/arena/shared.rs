@@ -11,7 +11,7 @@
 //! needs no cleanup. Arenas built with `thread_chunks(false)` skip the table
 //! and move the shared pointer with one compare-and-swap per allocation.
 
-use super::chunk::{block, zero_tail, Chunk, ChunkSizes};
+use super::chunk::{block, empty_block, zero_tail, Chunk, ChunkSizes};
 use super::BumpArena;
 use allocator_api2::alloc::{AllocError, Allocator, Layout};
 use std::cell::Cell;
@@ -150,13 +150,19 @@ impl BumpArena {
     #[cold]
     #[inline(never)]
     fn alloc_slow(&self, layout: Layout) -> Result<NonNull<[u8]>, AllocError> {
-        self.with_slot(|s| {
+        let r = self.with_slot(|s| {
             if s.token.get() == self.token {
                 s.chunk.refill(self, layout, THREAD_SIZES)
             } else {
                 self.alloc_unowned(s, layout)
             }
-        })
+        });
+        // A zero-size request that does not fit (a full arena, an alignment
+        // past the end) is served all the same.
+        match r {
+            Err(_) if layout.size() == 0 => Ok(empty_block(layout.align())),
+            r => r,
+        }
     }
 
     fn alloc_unowned(&self, s: &Slot, layout: Layout) -> Result<NonNull<[u8]>, AllocError> {
@@ -236,7 +242,7 @@ impl BumpArena {
                 .cursor
                 .compare_exchange_weak(cur, end, Acquire, Relaxed)
             {
-                Ok(_) => return Ok(block(self.storage.base, start, layout.size())),
+                Ok(_) => return Ok(block(self.parts.storage.base, start, layout.size())),
                 Err(now) => cur = now,
             }
         }
@@ -316,7 +322,7 @@ unsafe impl Allocator for &BumpArena {
         let arena: &BumpArena = self;
         let fast = arena.with_slot(|s| {
             if s.token.get() == arena.token {
-                s.chunk.try_bump(arena.storage.base, layout)
+                s.chunk.try_bump(arena.parts.storage.base, layout)
             } else {
                 None
             }
@@ -359,7 +365,7 @@ unsafe impl Allocator for &BumpArena {
             });
             let new_end = a + new.size();
             if in_chunk || (new_end <= self.end && self.cas_cursor(a + old.size(), new_end)) {
-                return Ok(block(self.storage.base, a, new.size()));
+                return Ok(block(self.parts.storage.base, a, new.size()));
             }
         }
         // SAFETY: the caller guarantees `ptr` holds `old.size()` bytes.
@@ -399,7 +405,7 @@ unsafe impl Allocator for &BumpArena {
             if !in_chunk {
                 self.cas_cursor(a + old.size(), a + new.size());
             }
-            return Ok(block(self.storage.base, a, new.size()));
+            return Ok(block(self.parts.storage.base, a, new.size()));
         }
         // SAFETY: the caller guarantees `ptr` holds `old.size() >= new.size()` bytes.
         unsafe { self.move_block(ptr, new.size(), new, |l| self.allocate(l)) }

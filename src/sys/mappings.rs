@@ -159,6 +159,27 @@ pub(crate) fn map_anon_fixed(addr: NonNull<u8>, len: usize) -> io::Result<()> {
     .map(|_| ())
 }
 
+/// Replace `addr..addr+len` (inside a reservation the caller owns, both
+/// 2 MiB aligned) with anonymous private 2 MiB hugetlb memory (the arena's
+/// mixed-mode runtime region when hugetlb is required). Fails with `ENOMEM`
+/// when not enough pages are free; the reservation then stays as it was.
+#[cfg(target_os = "linux")]
+pub(crate) fn map_hugetlb_fixed(addr: NonNull<u8>, len: usize) -> io::Result<()> {
+    mmap_raw(
+        addr.as_ptr(),
+        len,
+        Prot::ReadWrite,
+        libc::MAP_PRIVATE
+            | libc::MAP_ANONYMOUS
+            | libc::MAP_HUGETLB
+            | libc::MAP_HUGE_2MB
+            | libc::MAP_FIXED,
+        -1,
+        0,
+    )
+    .map(|_| ())
+}
+
 /// Replace `addr..addr+len` (inside a reservation the caller owns) with a
 /// private read-only view of `fd` starting at `offset` (page aligned). Pages
 /// of the view past the end of the file raise SIGBUS when touched: callers map

@@ -43,7 +43,9 @@ pub(crate) use unsupported::{fadvise_sequential, map_hugetlb, mbind, mremap, pag
 #[cfg(target_os = "linux")]
 pub(crate) use {
     files::fadvise_sequential,
-    mappings::{map_anon_fixed, map_file_fixed_readonly, map_hugetlb, mbind, mremap},
+    mappings::{
+        map_anon_fixed, map_file_fixed_readonly, map_hugetlb, map_hugetlb_fixed, mbind, mremap,
+    },
     process::pagemap_scan,
 };
 
