@@ -29,7 +29,9 @@
 //!   carries the descriptor, so a hit needs no table access.
 //!
 //! No lock is held while the inner allocator runs; no two shard locks are
-//! held at once (so there is no lock order to get wrong).
+//! held at once (so there is no lock order to get wrong), except by the
+//! `fork()` prepare handler, which takes them all in a fixed order
+//! (`crate::fork`).
 
 use std::alloc::Layout;
 use std::cell::Cell;
@@ -568,9 +570,10 @@ impl Hasher for AddrHasher {
 
 type Map = HashMap<usize, DescPtr, BuildHasherDefault<AddrHasher>>;
 
+/// One shard of the block table, padded to its own cache lines.
 #[repr(align(128))]
 #[derive(Default)]
-struct TableShard(PoolLock<Map>);
+pub(crate) struct TableShard(pub(crate) PoolLock<Map>);
 
 /// Every block held from the inner allocator (live or cached), by address,
 /// sharded by address. Owns the descriptors.
@@ -583,6 +586,10 @@ impl BlockTable {
         BlockTable {
             shards: (0..TABLE_SHARDS).map(|_| TableShard::default()).collect(),
         }
+    }
+    /// The shards (heap data: it stays put when the table moves).
+    pub fn shards(&self) -> &[TableShard] {
+        &self.shards
     }
     #[inline]
     fn shard(&self, addr: usize) -> &PoolLock<Map> {
