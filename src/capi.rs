@@ -20,13 +20,13 @@
 //! safety".
 
 use crate::huge::{map_huge, unmap, HugeOptions};
+use crate::lock::{HeldLock, PoolLock, PoolLockGuard};
 use crate::sys::HUGE_PAGE_2M;
 use std::cell::RefCell;
 use std::collections::BTreeMap;
 use std::ffi::{c_char, c_int, c_void, CString};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::ptr::NonNull;
-use crate::lock::{HeldLock, PoolLock, PoolLockGuard};
 
 thread_local! {
     static LAST_ERROR: RefCell<CString> = RefCell::new(CString::default());

@@ -241,7 +241,7 @@ fn every_child_of_a_fork_storm_completes() {
                 let p = cache.allocate(layout).expect("allocate in the parent");
                 // SAFETY: live block with this layout.
                 unsafe { cache.deallocate(p.cast(), layout) };
-                if n % 64 == 0 {
+                if n.is_multiple_of(64) {
                     drop(CachingAllocator::unbounded(Global));
                 }
                 n += 1;

@@ -191,16 +191,16 @@ pub use heap::{DeclareHeap, Heap, HeapKey};
 use pool::{
     add, home_shard, sub, BlockPtr, BlockTable, DescPtr, FreeBlock, Pool, SHARDS, UNPOOLED,
 };
-pub(crate) use registry::{hold_registry, lock_instances_for_fork, unlock_instances_after_fork};
 use registry::Registration;
+pub(crate) use registry::{hold_registry, lock_instances_for_fork, unlock_instances_after_fork};
 pub use spec::{CachingSpec, PoolSpec, MAX_POOLS};
 pub use stats::{CacheStats, PoolStats};
 
+use crate::lock::HeldLock;
 /// The pool lock, for `benches/compare` (which measures it against other
 /// locks); not part of the supported API.
 #[doc(hidden)]
 pub use crate::lock::PoolLock;
-use crate::lock::HeldLock;
 
 /// IREE's default `max_free_allocation_count`.
 pub const DEFAULT_MAX_FREE_ALLOCATION_COUNT: u32 = 64;
