@@ -57,7 +57,8 @@ fn register() {
     {
         return;
     }
-    let done = crate::sys::register_atfork(prepare, parent, child).is_ok();
+    // Miri implements neither `pthread_atfork` nor `fork`.
+    let done = cfg!(miri) || crate::sys::register_atfork(prepare, parent, child).is_ok();
     STATE.store(
         if done { REGISTERED } else { UNREGISTERED },
         Ordering::Release,

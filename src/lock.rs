@@ -192,3 +192,42 @@ impl<T> Drop for PoolLockGuard<'_, T> {
         self.0.locked.store(false, Release);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::PoolLock;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::time::Duration;
+
+    #[test]
+    fn a_held_lock_blocks_others_until_released() {
+        let lock = PoolLock::new(0u32);
+        let taken = AtomicBool::new(false);
+        std::thread::scope(|s| {
+            let held = lock.hold();
+            let waiter = s.spawn(|| {
+                *lock.lock() += 1;
+                taken.store(true, Ordering::SeqCst);
+            });
+            std::thread::sleep(Duration::from_millis(50));
+            assert!(!taken.load(Ordering::SeqCst), "taken while held");
+            drop(held);
+            waiter.join().unwrap();
+        });
+        assert!(taken.load(Ordering::SeqCst));
+        assert_eq!(*lock.lock(), 1);
+    }
+
+    #[test]
+    fn raw_lock_is_released_by_force_unlock() {
+        let lock = PoolLock::new(5u32);
+        lock.raw_lock();
+        // SAFETY: this thread holds the lock; the value is not shared.
+        unsafe {
+            *lock.as_ptr() += 1;
+            lock.force_unlock();
+        }
+        assert_eq!(*lock.lock(), 6);
+        drop(lock.lock()); // taken again: the release left it free
+    }
+}

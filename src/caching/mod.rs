@@ -191,8 +191,8 @@ pub use heap::{DeclareHeap, Heap, HeapKey};
 use pool::{
     add, home_shard, sub, BlockPtr, BlockTable, DescPtr, FreeBlock, Pool, SHARDS, UNPOOLED,
 };
-use registry::Registration;
 pub(crate) use registry::{hold_registry, lock_instances_for_fork, unlock_instances_after_fork};
+use registry::{HeapSlice, Registration};
 pub use spec::{CachingSpec, PoolSpec, MAX_POOLS};
 pub use stats::{CacheStats, PoolStats};
 
@@ -375,7 +375,7 @@ impl<A: Allocator> CachingBuilder<A> {
             .zip(rounds)
             .map(|(p, r)| Pool::new(p, r))
             .collect();
-        let pools: Box<[Pool]> = pools;
+        let pools = HeapSlice::new(pools);
         let table = BlockTable::new();
         Ok(CachingAllocator {
             _registration: Registration::new(&pools, table.shards()),
@@ -491,7 +491,7 @@ pub struct CachingAllocator<A: Allocator> {
     _registration: Registration,
     inner: A,
     heap: Heap,
-    pools: Box<[Pool]>,
+    pools: HeapSlice<Pool>,
     table: BlockTable,
     no_pool_bypasses: AtomicU64,
     no_pool_failures: AtomicU64,

@@ -40,6 +40,7 @@ use std::hash::{BuildHasherDefault, Hasher};
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::Relaxed};
 
+use super::registry::HeapSlice;
 use super::{PoolParams, RoundUp};
 use crate::lock::PoolLock;
 
@@ -578,17 +579,17 @@ pub(crate) struct TableShard(pub(crate) PoolLock<Map>);
 /// Every block held from the inner allocator (live or cached), by address,
 /// sharded by address. Owns the descriptors.
 pub(crate) struct BlockTable {
-    shards: Box<[TableShard]>,
+    shards: HeapSlice<TableShard>,
 }
 
 impl BlockTable {
     pub fn new() -> BlockTable {
         BlockTable {
-            shards: (0..TABLE_SHARDS).map(|_| TableShard::default()).collect(),
+            shards: HeapSlice::new((0..TABLE_SHARDS).map(|_| TableShard::default()).collect()),
         }
     }
     /// The shards (heap data: it stays put when the table moves).
-    pub fn shards(&self) -> &[TableShard] {
+    pub fn shards(&self) -> &HeapSlice<TableShard> {
         &self.shards
     }
     #[inline]
