@@ -11,7 +11,7 @@
 //!
 //! # Fork safety
 //!
-//! The registries of live blocks and arenas are [`PoolLock`]s that the
+//! The registries of live blocks and arenas are spin locks that the
 //! crate's `pthread_atfork` handlers (installed on first use) take before
 //! `fork()` and release after it in parent and child, so a child forked
 //! while another thread is inside `ck_huge_alloc` or `ck_bump_alloc_init`

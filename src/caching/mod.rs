@@ -185,6 +185,8 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
 use allocator_api2::alloc::{AllocError, Allocator};
 
+use crate::lock::HeldLock;
+
 pub use error::{SpecError, SpecErrorKind, SpecField};
 pub use flags::{BufferUsage, MemoryType};
 pub use heap::{DeclareHeap, Heap, HeapKey};
@@ -196,7 +198,6 @@ use registry::{HeapSlice, Registration};
 pub use spec::{CachingSpec, PoolSpec, MAX_POOLS};
 pub use stats::{CacheStats, PoolStats};
 
-use crate::lock::HeldLock;
 /// The pool lock, for `benches/compare` (which measures it against other
 /// locks); not part of the supported API.
 #[doc(hidden)]
