@@ -8,6 +8,9 @@
  *
  * All functions are thread-safe. None prints; failures are reported by the
  * return value, and ck_last_error() gives the reason on the calling thread.
+ * A child of fork() may call every function, whatever the parent's other
+ * threads were doing (pthread_atfork handlers; see docs/reliability.md,
+ * "Fork safety").
  */
 #ifndef CKERNEL_ALLOC_H
 #define CKERNEL_ALLOC_H

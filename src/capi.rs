@@ -8,15 +8,25 @@
 //! pointers it did not hand out; failures set a thread-local
 //! [`ck_last_error`] string instead of printing; no Rust panic crosses the
 //! boundary (each entry point catches it and reports failure).
+//!
+//! # Fork safety
+//!
+//! The registries of live blocks and arenas are spin locks that the
+//! crate's `pthread_atfork` handlers (installed on first use) take before
+//! `fork()` and release after it in parent and child, so a child forked
+//! while another thread is inside `ck_huge_alloc` or `ck_bump_alloc_init`
+//! can call every function of the C ABI. The guarantee, the lock order and
+//! its limits (`vfork`, `clone`) are in `docs/reliability.md`, section "Fork
+//! safety".
 
 use crate::huge::{map_huge, unmap, HugeOptions};
+use crate::lock::{HeldLock, PoolLock, PoolLockGuard};
 use crate::sys::HUGE_PAGE_2M;
 use std::cell::RefCell;
 use std::collections::BTreeMap;
 use std::ffi::{c_char, c_int, c_void, CString};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::ptr::NonNull;
-use std::sync::{Mutex, MutexGuard};
 
 thread_local! {
     static LAST_ERROR: RefCell<CString> = RefCell::new(CString::default());
@@ -40,12 +50,16 @@ pub(crate) fn guard<T>(on_panic: T, f: impl FnOnce() -> T) -> T {
     }
 }
 
-pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+/// Takes a registry lock, installing the fork handlers first (once per
+/// process). Nothing under these locks panics: a `BTreeMap` insert or remove
+/// (an allocation failure aborts, it does not unwind).
+pub(crate) fn lock<T>(m: &PoolLock<T>) -> PoolLockGuard<'_, T> {
+    crate::fork::ensure_handlers();
+    m.lock()
 }
 
 /// Live `ck_huge_alloc` blocks: address -> mapped length.
-static BLOCKS: Mutex<BTreeMap<usize, usize>> = Mutex::new(BTreeMap::new());
+static BLOCKS: PoolLock<BTreeMap<usize, usize>> = PoolLock::new(BTreeMap::new());
 
 /// The reason for the last failure on the calling thread, `""` if none. The
 /// pointer stays valid until the next failure on the same thread.
@@ -141,7 +155,37 @@ mod layout_checks {
 
 /// Live arenas, by base address. The C struct has no room for a handle, so
 /// the base pointer is the key (it is unique while the arena lives).
-static ARENAS: Mutex<BTreeMap<usize, BumpArena>> = Mutex::new(BTreeMap::new());
+static ARENAS: PoolLock<BTreeMap<usize, BumpArena>> = PoolLock::new(BTreeMap::new());
+
+/// The fork prepare handler's part: the arena registry, then the block
+/// registry (`crate::fork` gives the whole order).
+pub(crate) fn lock_registries_for_fork() {
+    ARENAS.raw_lock();
+    BLOCKS.raw_lock();
+}
+
+/// The fork parent and child handlers' part: releases what
+/// [`lock_registries_for_fork`] took.
+///
+/// # Safety
+/// The calling thread took both locks with [`lock_registries_for_fork`].
+pub(crate) unsafe fn unlock_registries_after_fork() {
+    // SAFETY: the caller holds both locks through `raw_lock`.
+    unsafe {
+        BLOCKS.force_unlock();
+        ARENAS.force_unlock();
+    }
+}
+
+pub(crate) fn hold_block_registry() -> HeldLock<'static> {
+    crate::fork::ensure_handlers();
+    BLOCKS.hold()
+}
+
+pub(crate) fn hold_arena_registry() -> HeldLock<'static> {
+    crate::fork::ensure_handlers();
+    ARENAS.hold()
+}
 
 const ZEROED: CkBumpAlloc = CkBumpAlloc {
     base: std::ptr::null_mut(),

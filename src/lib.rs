@@ -74,6 +74,7 @@ pub mod caching;
 #[cfg(feature = "capi")]
 pub mod capi;
 pub mod env;
+mod fork;
 pub mod huge;
 mod lock;
 mod par;
@@ -100,6 +101,11 @@ pub use stats::{huge_stats, human_bytes, HugeStats, TierStats};
 pub mod fault {
     pub use crate::sys::fault::{calls, fail_from, fail_nth, pending, reset, Op};
 }
+
+/// Test hooks that hold the locks the fork handlers take (not part of the
+/// supported API).
+#[doc(hidden)]
+pub use fork::hooks as fork_hooks;
 
 /// The examples of README.md, compiled and run as doctests.
 #[cfg(doctest)]

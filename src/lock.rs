@@ -107,9 +107,65 @@ impl<T> PoolLock<T> {
         }
     }
 
+    /// Takes the lock without a guard, as [`lock`](Self::lock) does; the
+    /// caller gives it back with [`force_unlock`](Self::force_unlock). For
+    /// the `pthread_atfork` prepare handler, which takes every lock of the
+    /// crate in one function and releases them in two others (see
+    /// `docs/reliability.md`, "Fork safety").
+    #[inline]
+    pub(crate) fn raw_lock(&self) {
+        std::mem::forget(self.lock());
+    }
+
+    /// A pointer to the value, for a caller that holds the lock without a
+    /// guard ([`raw_lock`](Self::raw_lock)); dereferencing it without holding
+    /// the lock is a data race.
+    #[inline]
+    pub(crate) fn as_ptr(&self) -> *mut T {
+        self.value.get()
+    }
+
+    /// Releases the lock (a release store of `false`) whoever holds it.
+    ///
+    /// # Safety
+    /// No guard of this lock is used afterwards: the caller took it with
+    /// [`raw_lock`](Self::raw_lock), or (in a `fork()` child, which has one
+    /// thread) the thread holding it does not exist.
+    #[inline]
+    pub(crate) unsafe fn force_unlock(&self) {
+        self.locked.store(false, Release);
+    }
+
+    /// Takes the lock and returns a guard that gives no access to the value,
+    /// for tests that hold a lock on one thread while another thread forks.
+    /// Not part of the supported API.
+    #[doc(hidden)]
+    pub fn hold(&self) -> HeldLock<'_> {
+        std::mem::forget(self.lock());
+        HeldLock(&self.locked)
+    }
+
     /// The value, through exclusive access to the lock (no locking needed).
     pub fn get_mut(&mut self) -> &mut T {
         self.value.get_mut()
+    }
+}
+
+/// A held [`PoolLock`] without access to its value (from
+/// [`PoolLock::hold`]); dropping it releases the lock. Test-only.
+#[doc(hidden)]
+#[must_use = "dropping it releases the lock"]
+pub struct HeldLock<'a>(&'a AtomicBool);
+
+impl Drop for HeldLock<'_> {
+    fn drop(&mut self) {
+        self.0.store(false, Release);
+    }
+}
+
+impl std::fmt::Debug for HeldLock<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("HeldLock")
     }
 }
 
@@ -134,5 +190,44 @@ impl<T> Drop for PoolLockGuard<'_, T> {
     #[inline]
     fn drop(&mut self) {
         self.0.locked.store(false, Release);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::PoolLock;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::time::Duration;
+
+    #[test]
+    fn a_held_lock_blocks_others_until_released() {
+        let lock = PoolLock::new(0u32);
+        let taken = AtomicBool::new(false);
+        std::thread::scope(|s| {
+            let held = lock.hold();
+            let waiter = s.spawn(|| {
+                *lock.lock() += 1;
+                taken.store(true, Ordering::SeqCst);
+            });
+            std::thread::sleep(Duration::from_millis(50));
+            assert!(!taken.load(Ordering::SeqCst), "taken while held");
+            drop(held);
+            waiter.join().unwrap();
+        });
+        assert!(taken.load(Ordering::SeqCst));
+        assert_eq!(*lock.lock(), 1);
+    }
+
+    #[test]
+    fn raw_lock_is_released_by_force_unlock() {
+        let lock = PoolLock::new(5u32);
+        lock.raw_lock();
+        // SAFETY: this thread holds the lock; the value is not shared.
+        unsafe {
+            *lock.as_ptr() += 1;
+            lock.force_unlock();
+        }
+        assert_eq!(*lock.lock(), 6);
+        drop(lock.lock()); // taken again: the release left it free
     }
 }

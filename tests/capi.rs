@@ -1,8 +1,8 @@
 //! The C ABI, from C: builds `libckalloc.{a,so}` with `scripts/build-capi`,
 //! compiles the programs in `tests/c/` with the system `cc` against
 //! `include/ckernel_alloc.h`, links each against the static and the shared
-//! library, runs them, and runs them under `valgrind --error-exitcode=1`
-//! when valgrind is installed.
+//! library, runs them, and runs them (all but the fork storm) under
+//! `valgrind --error-exitcode=1` when valgrind is installed.
 #![cfg(all(feature = "capi", feature = "weights"))]
 
 use ckalloc::weights::{Dtype, Version, WeightsWriter};
@@ -115,5 +115,23 @@ fn c_programs_pass_against_static_and_shared_library() {
                 run(&exe, args, true);
             }
         }
+    }
+}
+
+/// A C program with two threads looping `ck_huge_alloc(4 MiB)` /
+/// `ck_huge_free` while the main thread forks 500 times; each child calls
+/// `ck_huge_alloc` + `ck_huge_free` under a 5 s alarm and must exit cleanly
+/// (docs/reliability.md, "Fork safety"). Not run under valgrind (500 forks
+/// of an instrumented process take minutes).
+#[test]
+fn c_program_forking_while_threads_allocate_completes_every_child() {
+    let lib_dir = build_libs();
+    let dir = tempfile::tempdir().unwrap();
+    for shared in [false, true] {
+        let exe = dir
+            .path()
+            .join(format!("test_fork.{}", if shared { "so" } else { "a" }));
+        compile("test_fork.c", &lib_dir, &exe, shared);
+        run(&exe, &["500".to_owned()], false);
     }
 }

@@ -158,11 +158,23 @@
 //! lock; its release on the same thread takes the same lock and no table
 //! lookup (see `pool.rs`). The locks are spin-then-yield locks whose state is
 //! one atomic flag.
+//!
+//! # Fork safety
+//!
+//! Every live `CachingAllocator` is in a process-wide registry (entered on
+//! construction, left in `Drop`; the cache hit and release paths never touch
+//! it), and the crate's `pthread_atfork` handlers take every instance's
+//! shard and block-table locks before `fork()` and release them after it, in
+//! parent and child. A child forked while other threads are inside an
+//! allocator shared with it can go on using that allocator: its cached and
+//! live blocks are the parent's, copied on write. The guarantee, the lock
+//! order and its limits are in `docs/reliability.md`, section "Fork safety".
 
 mod error;
 mod flags;
 mod heap;
 mod pool;
+mod registry;
 mod spec;
 mod stats;
 
@@ -173,12 +185,16 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
 use allocator_api2::alloc::{AllocError, Allocator};
 
+use crate::lock::HeldLock;
+
 pub use error::{SpecError, SpecErrorKind, SpecField};
 pub use flags::{BufferUsage, MemoryType};
 pub use heap::{DeclareHeap, Heap, HeapKey};
 use pool::{
     add, home_shard, sub, BlockPtr, BlockTable, DescPtr, FreeBlock, Pool, SHARDS, UNPOOLED,
 };
+pub(crate) use registry::{hold_registry, lock_instances_for_fork, unlock_instances_after_fork};
+use registry::{HeapSlice, Registration};
 pub use spec::{CachingSpec, PoolSpec, MAX_POOLS};
 pub use stats::{CacheStats, PoolStats};
 
@@ -360,11 +376,14 @@ impl<A: Allocator> CachingBuilder<A> {
             .zip(rounds)
             .map(|(p, r)| Pool::new(p, r))
             .collect();
+        let pools = HeapSlice::new(pools);
+        let table = BlockTable::new();
         Ok(CachingAllocator {
+            _registration: Registration::new(&pools, table.shards()),
             inner: self.inner,
             heap,
             pools,
-            table: BlockTable::new(),
+            table,
             no_pool_bypasses: AtomicU64::new(0),
             no_pool_failures: AtomicU64::new(0),
             unpooled_live: AtomicU64::new(0),
@@ -468,9 +487,12 @@ fn resolve_spec(spec: &CachingSpec, heap: &Heap) -> Result<Vec<PoolParams>, Spec
 /// live at that point are not returned (they cannot be in safe code: every
 /// borrowing collection must be dropped first).
 pub struct CachingAllocator<A: Allocator> {
+    /// The entry of the process-wide registry the fork handlers walk. Declared
+    /// first so it is dropped (unregistered) before `pools` and `table`.
+    _registration: Registration,
     inner: A,
     heap: Heap,
-    pools: Box<[Pool]>,
+    pools: HeapSlice<Pool>,
     table: BlockTable,
     no_pool_bypasses: AtomicU64,
     no_pool_failures: AtomicU64,
@@ -569,6 +591,28 @@ impl<A: Allocator> CachingAllocator<A> {
     /// The pools' parameters, in priority order.
     pub fn pool_params(&self) -> Vec<PoolParams> {
         self.pools.iter().map(|p| p.params).collect()
+    }
+
+    /// Holds the lock of free-list shard `shard` of pool `pool` on the
+    /// calling thread until the returned value is dropped; `None` if there is
+    /// no such pool or shard. A test hook, not part of the supported API.
+    #[doc(hidden)]
+    pub fn hold_pool_shard_lock(&self, pool: usize, shard: usize) -> Option<HeldLock<'_>> {
+        Some(self.pools.get(pool)?.shards.get(shard)?.state.hold())
+    }
+
+    /// The number of free-list shards of each pool (test hook).
+    #[doc(hidden)]
+    pub fn pool_shard_count(&self) -> usize {
+        SHARDS
+    }
+
+    /// Holds every shard lock of the block table on the calling thread until
+    /// the returned values are dropped. A test hook, not part of the
+    /// supported API.
+    #[doc(hidden)]
+    pub fn hold_block_table_locks(&self) -> Vec<HeldLock<'_>> {
+        self.table.shards().iter().map(|t| t.0.hold()).collect()
     }
 
     /// A snapshot of the statistics (exact when no other thread is allocating).

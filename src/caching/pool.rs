@@ -29,7 +29,9 @@
 //!   carries the descriptor, so a hit needs no table access.
 //!
 //! No lock is held while the inner allocator runs; no two shard locks are
-//! held at once (so there is no lock order to get wrong).
+//! held at once (so there is no lock order to get wrong), except by the
+//! `fork()` prepare handler, which takes them all in a fixed order
+//! (`crate::fork`).
 
 use std::alloc::Layout;
 use std::cell::Cell;
@@ -38,6 +40,7 @@ use std::hash::{BuildHasherDefault, Hasher};
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::Relaxed};
 
+use super::registry::HeapSlice;
 use super::{PoolParams, RoundUp};
 use crate::lock::PoolLock;
 
@@ -568,21 +571,26 @@ impl Hasher for AddrHasher {
 
 type Map = HashMap<usize, DescPtr, BuildHasherDefault<AddrHasher>>;
 
+/// One shard of the block table, padded to its own cache lines.
 #[repr(align(128))]
 #[derive(Default)]
-struct TableShard(PoolLock<Map>);
+pub(crate) struct TableShard(pub(crate) PoolLock<Map>);
 
 /// Every block held from the inner allocator (live or cached), by address,
 /// sharded by address. Owns the descriptors.
 pub(crate) struct BlockTable {
-    shards: Box<[TableShard]>,
+    shards: HeapSlice<TableShard>,
 }
 
 impl BlockTable {
     pub fn new() -> BlockTable {
         BlockTable {
-            shards: (0..TABLE_SHARDS).map(|_| TableShard::default()).collect(),
+            shards: HeapSlice::new((0..TABLE_SHARDS).map(|_| TableShard::default()).collect()),
         }
+    }
+    /// The shards (heap data: it stays put when the table moves).
+    pub fn shards(&self) -> &HeapSlice<TableShard> {
+        &self.shards
     }
     #[inline]
     fn shard(&self, addr: usize) -> &PoolLock<Map> {

@@ -1,0 +1,253 @@
+//! The process-wide registry of live caching allocators, so the crate's
+//! `pthread_atfork` handlers (`crate::fork`) reach every instance's locks.
+//!
+//! An entry points at the instance's heap data (its boxed pools and the
+//! boxed shards of its block table), which stays put when the
+//! `CachingAllocator` value moves. The registry is an intrusive doubly linked
+//! list of boxed nodes behind one [`PoolLock`]: a node is allocated before
+//! the lock is taken and freed after it is released, so nothing under the
+//! registry lock allocates or calls out of the crate. Registration happens
+//! once per instance (construction) and is undone in `Drop`; the cache hit
+//! and release paths never touch the registry.
+
+use std::ops::{Deref, DerefMut};
+use std::ptr::{self, NonNull};
+
+use super::pool::{Pool, TableShard};
+use crate::lock::{HeldLock, PoolLock};
+
+/// A boxed slice owned through a raw pointer: the registry keeps pointers to
+/// an instance's pools and table shards while the instance moves, and a
+/// moved `Box` would assert unique access to its contents (invalidating
+/// those pointers under Rust's aliasing rules); a raw pointer asserts
+/// nothing. Derefs to the slice like the `Box` it was made from, and frees
+/// it on drop.
+pub(crate) struct HeapSlice<T>(NonNull<[T]>);
+
+// SAFETY: owns its elements, as `Box<[T]>` does.
+unsafe impl<T: Send> Send for HeapSlice<T> {}
+// SAFETY: `&HeapSlice<T>` gives only `&[T]`, as `&Box<[T]>` does.
+unsafe impl<T: Sync> Sync for HeapSlice<T> {}
+
+impl<T> HeapSlice<T> {
+    pub(crate) fn new(b: Box<[T]>) -> HeapSlice<T> {
+        HeapSlice(NonNull::from(Box::leak(b)))
+    }
+}
+
+impl<T> Deref for HeapSlice<T> {
+    type Target = [T];
+    #[inline]
+    fn deref(&self) -> &[T] {
+        // SAFETY: the slice lives until `drop`; shared access only (plus the
+        // registry's, which only uses the elements' locks).
+        unsafe { self.0.as_ref() }
+    }
+}
+
+impl<T> DerefMut for HeapSlice<T> {
+    #[inline]
+    fn deref_mut(&mut self) -> &mut [T] {
+        // SAFETY: `&mut self` is exclusive; the owner unregisters before it
+        // uses this (`BlockTable`'s drop runs after the registration's).
+        unsafe { self.0.as_mut() }
+    }
+}
+
+impl<T> Drop for HeapSlice<T> {
+    fn drop(&mut self) {
+        // SAFETY: made by `Box::leak` in `new`; no other pointer is used
+        // afterwards (the owner unregistered first).
+        drop(unsafe { Box::from_raw(self.0.as_ptr()) });
+    }
+}
+
+struct Node {
+    pools: NonNull<[Pool]>,
+    table: NonNull<[TableShard]>,
+    prev: *mut Node,
+    next: *mut Node,
+}
+
+struct List {
+    head: *mut Node,
+}
+
+// SAFETY: the list's nodes are only reached under the registry lock; the
+// data they point to is `Sync` (locks and atomics) and outlives the node.
+unsafe impl Send for List {}
+
+static INSTANCES: PoolLock<List> = PoolLock::new(List {
+    head: ptr::null_mut(),
+});
+
+/// An instance's entry in the registry; dropping it removes the entry.
+pub(crate) struct Registration(NonNull<Node>);
+
+// SAFETY: the node is only read or written under the registry lock (and by
+// the owner in `drop`, after unlinking it under that lock).
+unsafe impl Send for Registration {}
+// SAFETY: as above; `&Registration` gives no access to the node.
+unsafe impl Sync for Registration {}
+
+impl Registration {
+    /// Registers the locks of an instance whose pools and table shards are
+    /// `pools` and `table`; they must stay allocated until the returned value
+    /// is dropped.
+    pub(crate) fn new(pools: &HeapSlice<Pool>, table: &HeapSlice<TableShard>) -> Registration {
+        crate::fork::ensure_handlers();
+        let node = NonNull::from(Box::leak(Box::new(Node {
+            pools: pools.0,
+            table: table.0,
+            prev: ptr::null_mut(),
+            next: ptr::null_mut(),
+        })));
+        let mut list = INSTANCES.lock();
+        let n = node.as_ptr();
+        // SAFETY: `n` is the fresh node; `head`, when non-null, is a live
+        // node of the list; both are only accessed under the registry lock.
+        unsafe {
+            (*n).next = list.head;
+            if !list.head.is_null() {
+                (*list.head).prev = n;
+            }
+        }
+        list.head = n;
+        drop(list);
+        Registration(node)
+    }
+}
+
+impl Drop for Registration {
+    fn drop(&mut self) {
+        let n = self.0.as_ptr();
+        let mut list = INSTANCES.lock();
+        // SAFETY: `n` and its neighbours are live nodes of the list, only
+        // accessed under the registry lock.
+        unsafe {
+            let (prev, next) = ((*n).prev, (*n).next);
+            if prev.is_null() {
+                list.head = next;
+            } else {
+                (*prev).next = next;
+            }
+            if !next.is_null() {
+                (*next).prev = prev;
+            }
+        }
+        drop(list);
+        // SAFETY: created by `Box::leak` in `new` and now unreachable from
+        // the list.
+        drop(unsafe { Box::from_raw(n) });
+    }
+}
+
+/// The fork prepare handler's part: the registry lock, then every
+/// instance's pool shard locks (pool order, shard order) and block-table
+/// shard locks (shard order), instances in list order.
+pub(crate) fn lock_instances_for_fork() {
+    INSTANCES.raw_lock();
+    // SAFETY: the registry lock is held (by this thread, until
+    // `unlock_instances_after_fork`), so every node and the data it points
+    // to stay alive: an instance unregisters under this lock before its
+    // pools and table are freed.
+    unsafe {
+        let mut n = (*INSTANCES.as_ptr()).head;
+        while !n.is_null() {
+            for pool in (*n).pools.as_ref() {
+                for shard in pool.shards.iter() {
+                    shard.state.raw_lock();
+                }
+            }
+            for t in (*n).table.as_ref() {
+                t.0.raw_lock();
+            }
+            n = (*n).next;
+        }
+    }
+}
+
+/// The fork parent and child handlers' part: releases what
+/// [`lock_instances_for_fork`] took, in the reverse order.
+///
+/// # Safety
+/// The calling thread ran [`lock_instances_for_fork`] and holds its locks.
+pub(crate) unsafe fn unlock_instances_after_fork() {
+    // SAFETY: the caller holds the registry lock, so the list is as
+    // `lock_instances_for_fork` walked it, and holds every instance lock it
+    // took through `raw_lock`.
+    unsafe {
+        let mut n = (*INSTANCES.as_ptr()).head;
+        while !n.is_null() {
+            for t in (*n).table.as_ref().iter().rev() {
+                t.0.force_unlock();
+            }
+            for pool in (*n).pools.as_ref().iter().rev() {
+                for shard in pool.shards.iter().rev() {
+                    shard.state.force_unlock();
+                }
+            }
+            n = (*n).next;
+        }
+        INSTANCES.force_unlock();
+    }
+}
+
+/// Holds the registry lock (test hook).
+pub(crate) fn hold_registry() -> HeldLock<'static> {
+    crate::fork::ensure_handlers();
+    INSTANCES.hold()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::INSTANCES;
+    use crate::caching::CachingAllocator;
+    use allocator_api2::alloc::Global;
+
+    /// Whether the registry holds an entry for pools starting at `pools`.
+    fn registered(pools: *const u8) -> bool {
+        let list = INSTANCES.lock();
+        let mut n = list.head;
+        while !n.is_null() {
+            // SAFETY: nodes of the list stay alive under the registry lock.
+            unsafe {
+                if (*n).pools.as_ptr().cast::<u8>().cast_const() == pools {
+                    return true;
+                }
+                n = (*n).next;
+            }
+        }
+        false
+    }
+
+    #[test]
+    fn instances_stay_registered_when_moved_and_leave_on_drop() {
+        let a = CachingAllocator::unbounded(Global);
+        let b = CachingAllocator::unbounded(Global);
+        let (pa, pb) = (a.pools.as_ptr().cast::<u8>(), b.pools.as_ptr().cast::<u8>());
+        let moved = vec![a, b];
+        assert!(registered(pa) && registered(pb));
+        let mut moved = moved;
+        let b = moved.pop().unwrap();
+        drop(moved);
+        assert!(!registered(pa), "dropped instance still registered");
+        assert!(registered(pb));
+        drop(b);
+        assert!(!registered(pb));
+    }
+
+    #[test]
+    fn fork_handlers_lock_and_release_every_registered_lock() {
+        let a = CachingAllocator::unbounded(Global);
+        super::lock_instances_for_fork();
+        // SAFETY: this thread took the locks just above.
+        unsafe { super::unlock_instances_after_fork() };
+        // Every lock is free again: the allocator works.
+        let layout = std::alloc::Layout::from_size_align(4096, 8).unwrap();
+        let p = allocator_api2::alloc::Allocator::allocate(&a, layout).unwrap();
+        // SAFETY: allocated above with `layout`.
+        unsafe { allocator_api2::alloc::Allocator::deallocate(&a, p.cast(), layout) };
+        assert_eq!(a.stats().misses, 1);
+    }
+}
