@@ -31,7 +31,6 @@ pub(crate) use mappings::{
 };
 #[cfg(feature = "weights")]
 pub(crate) use process::block_termination_signals;
-#[allow(unused_imports)]
 pub(crate) use process::{getenv, memlock_limit, monotonic_ns, read_small_file, register_atfork};
 
 #[cfg(target_os = "linux")]

@@ -176,7 +176,6 @@ pub(crate) fn pagemap_scan(start: u64, end: u64, mut f: impl FnMut(PageRun)) -> 
 /// `pthread_atfork` itself may allocate through the C library's `malloc`
 /// (never through Rust's global allocator). It returns `ENOMEM` when it
 /// cannot.
-#[allow(dead_code)]
 pub(crate) fn register_atfork(
     prepare: unsafe extern "C" fn(),
     parent: unsafe extern "C" fn(),
