@@ -76,7 +76,7 @@ pub use arena::{
     LocalArena, ModePolicy,
 };
 pub use huge::{
-    huge_alloc, huge_free, reset_hugetlb_backoff, Backing, CkHuge, HugeError, HugeOptions,
+    huge_alloc, huge_free, release_retained, reset_hugetlb_backoff, Backing, CkHuge, HugeError, HugeOptions,
     HugeRegion,
 };
 pub use probe::{huge_page_coverage, probe, HugeCoverage, HugetlbPool, SystemHugePages};

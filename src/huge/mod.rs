@@ -85,6 +85,7 @@ mod ladder;
 mod options;
 mod prefault;
 mod region;
+mod retain;
 
 pub use crate::tier::Backing;
 pub use alloc::{huge_alloc, huge_free};
@@ -93,5 +94,9 @@ pub use global::CkHuge;
 pub use ladder::reset_hugetlb_backoff;
 pub use options::HugeOptions;
 pub use region::HugeRegion;
+#[doc(hidden)]
+pub use retain::hold_retention_slots;
+pub use retain::release_retained;
 
 pub(crate) use ladder::{apply_options, map_huge, unmap, Mapping};
+pub(crate) use retain::retained_bytes;
