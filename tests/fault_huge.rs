@@ -122,7 +122,8 @@ fn ckhuge_grow_failure_keeps_the_block() {
 fn global_alloc_returns_null_when_mmap_is_refused() {
     use std::alloc::GlobalAlloc;
     let _g = serial();
-    let a = CkHuge::new();
+    // Uncached: every request maps, so a refused mmap is a null.
+    let a = CkHuge::uncached();
     let l = std::alloc::Layout::from_size_align(8 * MIB, 4096).unwrap();
     let start = huge_stats().live_bytes();
     reset_hugetlb_backoff();

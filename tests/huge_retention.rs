@@ -38,7 +38,13 @@ fn free(a: &CkHuge, p: *mut u8, l: Layout) {
 fn run_child(name: &str, envs: &[(&str, &str)]) {
     let exe = std::env::current_exe().unwrap();
     let mut cmd = Command::new(exe);
-    cmd.args([name, "--exact", "--ignored", "--nocapture", "--test-threads=1"]);
+    cmd.args([
+        name,
+        "--exact",
+        "--ignored",
+        "--nocapture",
+        "--test-threads=1",
+    ]);
     for (k, v) in envs {
         cmd.env(k, v);
     }
@@ -198,11 +204,18 @@ fn release_retained_unmaps_everything_and_stats_add_up() {
     let start = huge_stats();
     let l = layout(6 * MIB, 8);
     let p = alloc(&a, l);
-    assert_eq!(huge_stats().live_bytes(), start.live_bytes() + 6 * MIB as u64);
+    assert_eq!(
+        huge_stats().live_bytes(),
+        start.live_bytes() + 6 * MIB as u64
+    );
     free(&a, p, l);
     let kept = huge_stats();
     assert_eq!(kept.retained_bytes, 6 * MIB as u64);
-    assert_eq!(kept.live_bytes(), start.live_bytes(), "retained is not live");
+    assert_eq!(
+        kept.live_bytes(),
+        start.live_bytes(),
+        "retained is not live"
+    );
     assert!(kept.to_string().contains("retained: 6.00 MiB"), "{kept}");
     assert_eq!(release_retained(), 6 * MIB);
     let end = huge_stats();
