@@ -257,6 +257,7 @@ fn release_all() {
         libc::malloc_trim(0);
         libmimalloc_sys::mi_collect(true);
     }
+    ckalloc::release_retained();
 }
 
 pub fn replay_rows(full: bool) -> Vec<Row> {
@@ -289,7 +290,12 @@ pub fn replay_rows(full: bool) -> Vec<Row> {
             match (r + k) % 3 {
                 0 => sy.push(replay(&System, &t, &mut blocks)),
                 1 => mm.push(replay(&mi, &t, &mut blocks)),
-                _ => ch.push(replay(&ck, &t, &mut blocks)),
+                _ => {
+                    ch.push(replay(&ck, &t, &mut blocks));
+                    if std::env::var_os("TRACE_RETENTION_DEBUG").is_some() {
+                        eprintln!("{:?}", ckalloc::huge_stats());
+                    }
+                }
             }
             release_all();
         }

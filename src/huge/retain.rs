@@ -170,8 +170,59 @@ pub(crate) fn take(len: usize, align: usize) -> Option<NonNull<u8>> {
             }
         }
     }
-    COUNTERS.retain_misses.fetch_add(1, Relaxed);
-    None
+    take_longer(len, align, home)
+}
+
+/// The miss path of [`take`]: the shortest retained block longer than
+/// `len` that meets `align`, trimmed to `len` bytes by unmapping its tail
+/// (one `munmap`, instead of mapping `len` fresh bytes the kernel must
+/// clear). `None` (a miss) when there is none or the trim fails.
+#[cold]
+fn take_longer(len: usize, align: usize, home: usize) -> Option<NonNull<u8>> {
+    let mask = align - 1;
+    loop {
+        let mut best: Option<(&Slot, usize, usize)> = None;
+        for i in 0..SHARDS {
+            for slot in &CACHE[(home + i) % SHARDS].slots {
+                let w = slot.word.load(Relaxed);
+                let l = slot.len.load(Relaxed);
+                if w > BUSY && w & mask == 0 && l > len && best.is_none_or(|(_, _, b)| l < b) {
+                    best = Some((slot, w, l));
+                }
+            }
+        }
+        let Some((slot, w, _)) = best else {
+            COUNTERS.retain_misses.fetch_add(1, Relaxed);
+            return None;
+        };
+        if slot
+            .word
+            .compare_exchange(w, BUSY, Acquire, Relaxed)
+            .is_err()
+        {
+            continue;
+        }
+        let l = slot.len.load(Relaxed);
+        if l <= len {
+            slot.word.store(w, Release);
+            continue;
+        }
+        slot.word.store(EMPTY, Release);
+        RETAINED.fetch_sub(l, Relaxed);
+        // SAFETY: `len < l`, inside the block.
+        let tail = unsafe { (w as *mut u8).add(len) };
+        if sys::munmap(tail, l - len).is_ok() {
+            COUNTERS.record_unmap(l - len);
+            COUNTERS.retain_hits.fetch_add(1, Relaxed);
+            return NonNull::new(w as *mut u8);
+        }
+        // The block keeps its old length: give it back whole.
+        if let Some(p) = NonNull::new(w as *mut u8) {
+            unmap(p, l);
+        }
+        COUNTERS.retain_misses.fetch_add(1, Relaxed);
+        return None;
+    }
 }
 
 /// Keep the block `ptr` of `len` bytes (a whole ladder mapping, 2 MiB
