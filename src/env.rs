@@ -5,7 +5,7 @@
 //! | `CKALLOC_HUGETLB` | on / off switch | on | the tier ladder ([`HugeRegion`](crate::HugeRegion), [`CkHuge`](crate::CkHuge), [`huge_alloc`](crate::huge_alloc), the arena): off skips the hugetlb tier unless a caller requires it | `CKALLOC_*` switch, read once per process ([`hugetlb_allowed`]) |
 //! | `CKALLOC_THP` | on / off switch | on | the tier ladder and `mremap` growth: off skips `MADV_HUGEPAGE` | `CKALLOC_*` switch, read once per process ([`thp_allowed`]) |
 //! | `CKALLOC_HUGETLB_BACKOFF_MS` | decimal milliseconds | 1000 | the tier ladder: how long hugetlb is skipped after a failed hugetlb `mmap` | trimmed decimal `u64`; anything else gives the default; read once per process ([`hugetlb_backoff_ms`]) |
-//! | `CKALLOC_RETAIN_BYTES` | decimal bytes | 67108864 (64 MiB) | [`CkHuge`](crate::CkHuge)'s retention cache: the most bytes of freed huge-page blocks kept mapped for reuse, process-wide; 0 turns retention off | trimmed decimal `u64`; anything else gives the default; read once per process ([`retain_bytes`]) |
+//! | `CKALLOC_RETAIN_BYTES` | decimal bytes | 134217728 (128 MiB) | [`CkHuge`](crate::CkHuge)'s retention cache: the most bytes of freed huge-page blocks kept mapped for reuse, process-wide; 0 turns retention off | trimmed decimal `u64`; anything else gives the default; read once per process ([`retain_bytes`]) |
 //! | `CKALLOC_RETAIN_DECAY_MS` | decimal milliseconds | 1000 | the same cache: how long a retained block stays unused before a later allocator call gives it back to the kernel | trimmed decimal `u64`; anything else gives the default; read once per process ([`retain_decay_ms`]) |
 //! | `CK_BUMP_FORCE_MIXED` | flag | unset | [`ArenaBuilder::build`](crate::ArenaBuilder::build) under [`ModePolicy::Auto`](crate::ModePolicy::Auto): skip anonymous mode | C-Kernel-Engine's `env_flag_enabled`, read at every build ([`force_mixed`]) |
 //! | `CK_BUMP_DISABLE_MIXED` | flag | unset | the same: no fallback to mixed mode | C-Kernel-Engine's `env_flag_enabled`, read at every build ([`disable_mixed`]) |
@@ -125,8 +125,8 @@ pub fn hugetlb_backoff_ms() -> u64 {
     cached_u64(&CACHE, c"CKALLOC_HUGETLB_BACKOFF_MS", 1000)
 }
 
-/// The default of [`retain_bytes`]: 64 MiB.
-pub const DEFAULT_RETAIN_BYTES: usize = 64 << 20;
+/// The default of [`retain_bytes`]: 128 MiB.
+pub const DEFAULT_RETAIN_BYTES: usize = 128 << 20;
 /// The default of [`retain_decay_ms`]: 1000 ms.
 pub const DEFAULT_RETAIN_DECAY_MS: u64 = 1000;
 

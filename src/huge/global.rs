@@ -32,10 +32,15 @@ use std::sync::atomic::Ordering;
 /// value, and a later request whose 2 MiB-rounded length is the block's
 /// exact length (and whose alignment the block's address meets) gets it back
 /// without a system call, as glibc's `malloc` and mimalloc reuse freed
-/// memory. The cache is bounded:
+/// memory. When no block has the exact length, the shortest longer one that
+/// meets the alignment is trimmed to the request with one `munmap` of its
+/// tail (cheaper than mapping fresh pages the kernel must clear); only when
+/// there is none is a new block mapped. Retained blocks always have the
+/// exact length `dealloc` and `realloc` rebuild from the layout. The cache
+/// is bounded:
 ///
 /// - **cap**: at most [`env::retain_bytes`](crate::env::retain_bytes) bytes
-///   (`CKALLOC_RETAIN_BYTES`, default 64 MiB) and 64 blocks are retained,
+///   (`CKALLOC_RETAIN_BYTES`, default 128 MiB) and 64 blocks are retained,
 ///   process-wide; a block that does not fit is unmapped. Per value,
 ///   [`retain_max_bytes`](Self::retain_max_bytes) bounds the length of the
 ///   blocks it puts into (and takes from) the cache;
