@@ -41,7 +41,8 @@ use std::sync::atomic::Ordering;
 ///
 /// - **cap**: at most [`env::retain_bytes`](crate::env::retain_bytes) bytes
 ///   (`CKALLOC_RETAIN_BYTES`, default 128 MiB) and 64 blocks are retained,
-///   process-wide; a block that does not fit is unmapped. Per value,
+///   process-wide; a block that does not fit, or is longer than a quarter
+///   of the cap (one freed buffer must not hold most of it), is unmapped. Per value,
 ///   [`retain_max_bytes`](Self::retain_max_bytes) bounds the length of the
 ///   blocks it puts into (and takes from) the cache;
 ///   [`uncached`](CkHuge::uncached) retains nothing and maps every block

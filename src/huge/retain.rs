@@ -51,6 +51,9 @@ pub(crate) const SHARDS: usize = 4;
 pub(crate) const SLOTS: usize = 16;
 /// Allocator calls of one thread between two decay steps.
 pub(crate) const TICK_EVERY: u32 = 256;
+/// A block longer than the cap divided by this is not retained: one freed
+/// buffer (a file read whole, say) must not hold most of the cap.
+pub(crate) const MAX_BLOCK_SHARE: usize = 4;
 /// Blocks one decay step gives back at most.
 pub(crate) const DECAY_PER_STEP: usize = 4;
 
@@ -232,7 +235,7 @@ fn take_longer(len: usize, align: usize, home: usize) -> Option<NonNull<u8>> {
 #[inline]
 pub(crate) fn put(ptr: NonNull<u8>, len: usize) -> bool {
     let cap = env::retain_bytes();
-    if len > cap {
+    if len > cap / MAX_BLOCK_SHARE {
         return false;
     }
     if RETAINED.fetch_add(len, Relaxed) + len > cap {
