@@ -113,7 +113,7 @@ fn a_hit_meets_the_requested_alignment() {
     let mut kept = Vec::new();
     let p = loop {
         let p = alloc(&a, l);
-        if p as usize % (64 * MIB) != 0 {
+        if !(p as usize).is_multiple_of(64 * MIB) {
             break p;
         }
         kept.push(p);
@@ -121,7 +121,7 @@ fn a_hit_meets_the_requested_alignment() {
     free(&a, p, l);
     let big = layout(4 * MIB, 64 * MIB);
     let q = alloc(&a, big);
-    assert_eq!(q as usize % (64 * MIB), 0, "alignment of a hit");
+    assert!((q as usize).is_multiple_of(64 * MIB), "alignment of a hit");
     assert_ne!(q, p);
     free(&a, q, big);
     for k in kept {

@@ -250,7 +250,7 @@ fn replay<G: GlobalAlloc>(g: &G, t: &Trace, blocks: &mut Vec<Block>) -> f64 {
     ns
 }
 
-/// Give back what glibc and mimalloc retain.
+/// Give back what glibc, mimalloc and `CkHuge` retain.
 fn release_all() {
     // SAFETY: plain libc and mimalloc calls without pointer arguments.
     unsafe {
@@ -290,12 +290,7 @@ pub fn replay_rows(full: bool) -> Vec<Row> {
             match (r + k) % 3 {
                 0 => sy.push(replay(&System, &t, &mut blocks)),
                 1 => mm.push(replay(&mi, &t, &mut blocks)),
-                _ => {
-                    ch.push(replay(&ck, &t, &mut blocks));
-                    if std::env::var_os("TRACE_RETENTION_DEBUG").is_some() {
-                        eprintln!("{:?}", ckalloc::huge_stats());
-                    }
-                }
+                _ => ch.push(replay(&ck, &t, &mut blocks)),
             }
             release_all();
         }
