@@ -179,7 +179,8 @@ pub(crate) fn take(len: usize, align: usize) -> Option<NonNull<u8>> {
 /// The miss path of [`take`]: the shortest retained block longer than
 /// `len` that meets `align`, trimmed to `len` bytes by unmapping its tail
 /// (one `munmap`, instead of mapping `len` fresh bytes the kernel must
-/// clear). `None` (a miss) when there is none or the trim fails.
+/// clear). `None` (a miss) when there is none or the trim fails (the
+/// block then stays retained, whole).
 #[cold]
 fn take_longer(len: usize, align: usize, home: usize) -> Option<NonNull<u8>> {
     let mask = align - 1;
@@ -210,21 +211,19 @@ fn take_longer(len: usize, align: usize, home: usize) -> Option<NonNull<u8>> {
             slot.word.store(w, Release);
             continue;
         }
-        slot.word.store(EMPTY, Release);
-        RETAINED.fetch_sub(l, Relaxed);
         // SAFETY: `len < l`, inside the block.
         let tail = unsafe { (w as *mut u8).add(len) };
-        if sys::munmap(tail, l - len).is_ok() {
-            COUNTERS.record_unmap(l - len);
-            COUNTERS.retain_hits.fetch_add(1, Relaxed);
-            return NonNull::new(w as *mut u8);
+        if sys::munmap(tail, l - len).is_err() {
+            // The block keeps its length and stays retained.
+            slot.word.store(w, Release);
+            COUNTERS.retain_misses.fetch_add(1, Relaxed);
+            return None;
         }
-        // The block keeps its old length: give it back whole.
-        if let Some(p) = NonNull::new(w as *mut u8) {
-            unmap(p, l);
-        }
-        COUNTERS.retain_misses.fetch_add(1, Relaxed);
-        return None;
+        slot.word.store(EMPTY, Release);
+        RETAINED.fetch_sub(l, Relaxed);
+        COUNTERS.record_unmap(l - len);
+        COUNTERS.retain_hits.fetch_add(1, Relaxed);
+        return NonNull::new(w as *mut u8);
     }
 }
 
