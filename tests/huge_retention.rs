@@ -383,3 +383,55 @@ fn fork_child_allocates_while_another_thread_holds_retention_slots() {
     );
     release_retained();
 }
+
+/// A small allocator that counts its calls and forwards them to `System`.
+struct Counting(std::sync::atomic::AtomicUsize);
+
+// SAFETY: forwards to `System`, which upholds the contract.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, l: Layout) -> *mut u8 {
+        self.0.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        // SAFETY: the caller's contract.
+        unsafe { std::alloc::System.alloc(l) }
+    }
+    unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
+        self.0.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        // SAFETY: the caller's contract.
+        unsafe { std::alloc::System.dealloc(p, l) }
+    }
+}
+
+static WITH_SMALL: CkHuge<Counting> =
+    CkHuge::with_small_allocator(Counting(std::sync::atomic::AtomicUsize::new(0)))
+        .threshold_bytes(4 * MIB)
+        .retain_max_bytes(8 * MIB);
+
+#[test]
+fn small_requests_go_to_the_small_allocator() {
+    let _s = serial();
+    let a = &WITH_SMALL;
+    assert_eq!((a.threshold(), a.retain_max()), (4 * MIB, 8 * MIB));
+    let calls = || {
+        a.small_allocator()
+            .0
+            .load(std::sync::atomic::Ordering::Relaxed)
+    };
+    let before = calls();
+    let small = layout(3 * MIB, 8);
+    // SAFETY: non-zero size; freed with its layout.
+    unsafe { a.dealloc(a.alloc(small), small) };
+    assert_eq!(
+        calls(),
+        before + 2,
+        "below the threshold: the small allocator"
+    );
+    release_retained();
+    let maps = mappings(&huge_stats());
+    let big = layout(4 * MIB, 8);
+    // SAFETY: as above.
+    unsafe { a.dealloc(a.alloc(big), big) };
+    assert_eq!(calls(), before + 2, "at the threshold: a mapping");
+    assert_eq!(mappings(&huge_stats()), maps + 1);
+    assert_eq!(huge_stats().retained_bytes, 4 * MIB as u64);
+    release_retained();
+}
