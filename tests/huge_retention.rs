@@ -435,3 +435,24 @@ fn small_requests_go_to_the_small_allocator() {
     assert_eq!(huge_stats().retained_bytes, 4 * MIB as u64);
     release_retained();
 }
+
+#[test]
+fn blocks_freed_by_an_exited_thread_serve_other_threads() {
+    let _s = serial();
+    release_retained();
+    let l = layout(6 * MIB, 8);
+    let addr = std::thread::spawn(move || {
+        let a = CkHuge::new();
+        let p = alloc(&a, l);
+        free(&a, p, l);
+        p as usize
+    })
+    .join()
+    .unwrap();
+    assert_eq!(huge_stats().retained_bytes, 6 * MIB as u64);
+    let a = CkHuge::new();
+    let q = alloc(&a, l);
+    assert_eq!(q as usize, addr, "the exited thread's block is shared");
+    free(&a, q, l);
+    release_retained();
+}
