@@ -264,6 +264,29 @@ fn cache_hit_4mib() -> u64 {
 }
 
 #[inline(never)]
+fn op_ckhuge_retained(a: &CkHuge, l: Layout) {
+    // SAFETY: non-zero size.
+    let p = unsafe { GlobalAlloc::alloc(a, l) };
+    assert!(!p.is_null());
+    // SAFETY: just allocated from `a` with `l`.
+    unsafe { GlobalAlloc::dealloc(a, p, l) };
+}
+
+#[library_benchmark(config = only("op_ckhuge_retained"))]
+fn ckhuge_retained_4mib() -> u64 {
+    let a = CkHuge::new();
+    // Put one 4 MiB block in the retention cache and warm the thread's state.
+    for _ in 0..2 {
+        // SAFETY: non-zero size; freed with its layout.
+        unsafe { GlobalAlloc::dealloc(&a, GlobalAlloc::alloc(&a, MIB4), MIB4) };
+    }
+    op_ckhuge_retained(black_box(&a), black_box(MIB4));
+    let s = ckalloc::huge_stats();
+    assert_eq!((s.retention_hits, s.retention_misses), (2, 1));
+    s.retention_hits
+}
+
+#[inline(never)]
 fn op_ckhuge_small(a: &CkHuge, l: Layout) {
     let p = a.allocate(l).unwrap();
     // SAFETY: `p` was just allocated from `a` with `l`.
@@ -298,7 +321,12 @@ fn system_small_64() {
 
 library_benchmark_group!(
     name = caching,
-    benchmarks = [cache_hit_4mib, ckhuge_small_64, system_small_64]
+    benchmarks = [
+        cache_hit_4mib,
+        ckhuge_retained_4mib,
+        ckhuge_small_64,
+        system_small_64
+    ]
 );
 
 // ---- pool lock variants --------------------------------------------------

@@ -5,6 +5,8 @@
 //! | `CKALLOC_HUGETLB` | on / off switch | on | the tier ladder ([`HugeRegion`](crate::HugeRegion), [`CkHuge`](crate::CkHuge), [`huge_alloc`](crate::huge_alloc), the arena): off skips the hugetlb tier unless a caller requires it | `CKALLOC_*` switch, read once per process ([`hugetlb_allowed`]) |
 //! | `CKALLOC_THP` | on / off switch | on | the tier ladder and `mremap` growth: off skips `MADV_HUGEPAGE` | `CKALLOC_*` switch, read once per process ([`thp_allowed`]) |
 //! | `CKALLOC_HUGETLB_BACKOFF_MS` | decimal milliseconds | 1000 | the tier ladder: how long hugetlb is skipped after a failed hugetlb `mmap` | trimmed decimal `u64`; anything else gives the default; read once per process ([`hugetlb_backoff_ms`]) |
+//! | `CKALLOC_RETAIN_BYTES` | decimal bytes | 134217728 (128 MiB) | [`CkHuge`](crate::CkHuge)'s retention cache: the most bytes of freed huge-page blocks kept mapped for reuse, process-wide (a block longer than a quarter of it is not kept); 0 turns retention off | trimmed decimal `u64`; anything else gives the default; read once per process ([`retain_bytes`]) |
+//! | `CKALLOC_RETAIN_DECAY_MS` | decimal milliseconds | 1000 | the same cache: how long a retained block stays unused before a later allocator call gives it back to the kernel | trimmed decimal `u64`; anything else gives the default; read once per process ([`retain_decay_ms`]) |
 //! | `CK_BUMP_FORCE_MIXED` | flag | unset | [`ArenaBuilder::build`](crate::ArenaBuilder::build) under [`ModePolicy::Auto`](crate::ModePolicy::Auto): skip anonymous mode | C-Kernel-Engine's `env_flag_enabled`, read at every build ([`force_mixed`]) |
 //! | `CK_BUMP_DISABLE_MIXED` | flag | unset | the same: no fallback to mixed mode | C-Kernel-Engine's `env_flag_enabled`, read at every build ([`disable_mixed`]) |
 //! | `CKALLOC_MODEL_CACHE` | directory | `.cache/models` in the crate's source directory | the `ckalloc` CLI's demo and `scripts/fetch-model`: where the downloaded model is cached | path, not parsed ([`model_cache_dir`]) |
@@ -120,16 +122,50 @@ pub fn thp_allowed() -> bool {
 /// never allocates.
 pub fn hugetlb_backoff_ms() -> u64 {
     static CACHE: AtomicU64 = AtomicU64::new(u64::MAX);
-    let cached = CACHE.load(Ordering::Relaxed);
+    cached_u64(&CACHE, c"CKALLOC_HUGETLB_BACKOFF_MS", 1000)
+}
+
+/// The default of [`retain_bytes`]: 128 MiB.
+pub const DEFAULT_RETAIN_BYTES: usize = 128 << 20;
+/// The default of [`retain_decay_ms`]: 1000 ms.
+pub const DEFAULT_RETAIN_DECAY_MS: u64 = 1000;
+
+/// A trimmed decimal `u64` from `name`, else `default`, read once and cached
+/// in `cache` (`u64::MAX`: unread). Never allocates.
+#[inline]
+fn cached_u64(cache: &AtomicU64, name: &CStr, default: u64) -> u64 {
+    let cached = cache.load(Ordering::Relaxed);
     if cached != u64::MAX {
         return cached;
     }
-    let ms = sys::getenv(c"CKALLOC_HUGETLB_BACKOFF_MS")
+    let v = sys::getenv(name)
         .and_then(parse_u64)
-        .unwrap_or(1000)
+        .unwrap_or(default)
         .min(u64::MAX - 1);
-    CACHE.store(ms, Ordering::Relaxed);
-    ms
+    cache.store(v, Ordering::Relaxed);
+    v
+}
+
+/// The most bytes of freed huge-page blocks [`CkHuge`](crate::CkHuge) keeps
+/// mapped for reuse, process-wide: `CKALLOC_RETAIN_BYTES` as a decimal
+/// number of bytes (ASCII white space trimmed), else
+/// [`DEFAULT_RETAIN_BYTES`]; `0` turns retention off. Read once per process,
+/// then cached; never allocates.
+#[inline]
+pub fn retain_bytes() -> usize {
+    static CACHE: AtomicU64 = AtomicU64::new(u64::MAX);
+    let v = cached_u64(&CACHE, c"CKALLOC_RETAIN_BYTES", DEFAULT_RETAIN_BYTES as u64);
+    usize::try_from(v).unwrap_or(usize::MAX)
+}
+
+/// How long, in milliseconds, a retained huge-page block of
+/// [`CkHuge`](crate::CkHuge) stays unused before a later allocator call gives
+/// it back to the kernel: `CKALLOC_RETAIN_DECAY_MS` as a decimal number
+/// (ASCII white space trimmed), else [`DEFAULT_RETAIN_DECAY_MS`]. Read once
+/// per process, then cached; never allocates.
+pub fn retain_decay_ms() -> u64 {
+    static CACHE: AtomicU64 = AtomicU64::new(u64::MAX);
+    cached_u64(&CACHE, c"CKALLOC_RETAIN_DECAY_MS", DEFAULT_RETAIN_DECAY_MS)
 }
 
 /// Whether `CK_BUMP_FORCE_MIXED` is set by C-Kernel-Engine's

@@ -17,6 +17,9 @@ pub(crate) struct Counters {
     pub(crate) remaps: AtomicU64,
     unmaps: AtomicU64,
     unmapped_bytes: AtomicU64,
+    pub(crate) retain_hits: AtomicU64,
+    pub(crate) retain_misses: AtomicU64,
+    pub(crate) decayed_bytes: AtomicU64,
 }
 
 #[allow(clippy::declare_interior_mutable_const)]
@@ -31,6 +34,9 @@ pub(crate) static COUNTERS: Counters = Counters {
     remaps: Z,
     unmaps: Z,
     unmapped_bytes: Z,
+    retain_hits: Z,
+    retain_misses: Z,
+    decayed_bytes: Z,
 };
 
 fn tier(b: Backing) -> usize {
@@ -92,14 +98,27 @@ pub struct HugeStats {
     pub unmaps: u64,
     /// Bytes released by those calls.
     pub unmapped_bytes: u64,
+    /// Bytes of freed blocks [`CkHuge`](crate::CkHuge) keeps mapped for
+    /// reuse right now (its retention cache); still mapped, but not live.
+    pub retained_bytes: u64,
+    /// `CkHuge` mapped-path allocations served from the retention cache
+    /// (no system call).
+    pub retention_hits: u64,
+    /// `CkHuge` mapped-path allocations of a retaining value that found no
+    /// block of their length and alignment in the cache and mapped afresh.
+    pub retention_misses: u64,
+    /// Bytes of retained blocks given back to the kernel by decay (also
+    /// counted in `unmapped_bytes`).
+    pub decayed_bytes: u64,
 }
 
 impl HugeStats {
-    /// Bytes mapped on all tiers minus bytes unmapped: what this crate's
-    /// huge-page paths hold right now.
+    /// Bytes mapped on all tiers minus bytes unmapped and bytes retained:
+    /// what this crate's huge-page paths hand out right now.
     pub fn live_bytes(&self) -> u64 {
         (self.hugetlb.bytes + self.thp.bytes + self.normal.bytes)
             .saturating_sub(self.unmapped_bytes)
+            .saturating_sub(self.retained_bytes)
     }
 }
 
@@ -120,6 +139,10 @@ pub fn huge_stats() -> HugeStats {
         remaps: c.remaps.load(Relaxed),
         unmaps: c.unmaps.load(Relaxed),
         unmapped_bytes: c.unmapped_bytes.load(Relaxed),
+        retained_bytes: crate::huge::retained_bytes() as u64,
+        retention_hits: c.retain_hits.load(Relaxed),
+        retention_misses: c.retain_misses.load(Relaxed),
+        decayed_bytes: c.decayed_bytes.load(Relaxed),
     }
 }
 
@@ -178,6 +201,14 @@ impl fmt::Display for HugeStats {
             human_bytes(self.unmapped_bytes),
             self.remaps,
             human_bytes(self.live_bytes())
+        )?;
+        write!(
+            f,
+            "\nretained: {} (hits {}, misses {}, given back by decay {})",
+            human_bytes(self.retained_bytes),
+            self.retention_hits,
+            self.retention_misses,
+            human_bytes(self.decayed_bytes)
         )
     }
 }

@@ -122,7 +122,8 @@ fn ckhuge_grow_failure_keeps_the_block() {
 fn global_alloc_returns_null_when_mmap_is_refused() {
     use std::alloc::GlobalAlloc;
     let _g = serial();
-    let a = CkHuge::new();
+    // Uncached: every request maps, so a refused mmap is a null.
+    let a = CkHuge::uncached();
     let l = std::alloc::Layout::from_size_align(8 * MIB, 4096).unwrap();
     let start = huge_stats().live_bytes();
     reset_hugetlb_backoff();
@@ -141,4 +142,74 @@ fn global_alloc_returns_null_when_mmap_is_refused() {
         .map(|p| unsafe { huge_free(p, 4 * MIB) })
         .is_some());
     assert_eq!(huge_stats().live_bytes(), start);
+}
+
+#[test]
+fn retention_hits_make_no_system_call_and_survive_failures() {
+    use std::alloc::GlobalAlloc;
+    let _g = serial();
+    let a = CkHuge::new();
+    release_retained();
+    let l = std::alloc::Layout::from_size_align(4 * MIB, 8).unwrap();
+    let start = huge_stats().live_bytes();
+    // SAFETY: non-zero layout; freed with it.
+    let p = unsafe { a.alloc(l) };
+    assert!(!p.is_null());
+    // SAFETY: blocks of `a` with their layouts; reads within the block.
+    unsafe { a.dealloc(p, l) };
+    let calls: Vec<u64> = OPS.iter().map(|&op| fault::calls(op)).collect();
+    for op in OPS {
+        fault::fail_from(op, 1, libc::ENOMEM);
+    }
+    // A hit and a free back into the cache, with every call armed to fail.
+    // SAFETY: blocks of `a` with their layouts; reads within the block.
+    let q = unsafe { a.alloc(l) };
+    // SAFETY: blocks of `a` with their layouts; reads within the block.
+    unsafe { a.dealloc(q, l) };
+    fault::reset();
+    assert_eq!(q, p, "served from the cache");
+    let after: Vec<u64> = OPS.iter().map(|&op| fault::calls(op)).collect();
+    assert_eq!(after, calls, "no system call on a hit or a retained free");
+
+    // A zeroed hit above the memset cutoff whose MADV_DONTNEED fails is
+    // cleared by memset instead.
+    let big = std::alloc::Layout::from_size_align(32 * MIB, 8).unwrap();
+    // SAFETY: blocks of `a` with their layouts; reads within the block.
+    let b = unsafe { a.alloc(big) };
+    assert!(!b.is_null());
+    // SAFETY: blocks of `a` with their layouts; reads within the block.
+    unsafe { b.write_bytes(0xAB, 32 * MIB) };
+    // SAFETY: blocks of `a` with their layouts; reads within the block.
+    unsafe { a.dealloc(b, big) };
+    fault::fail_from(Op::Madvise, 1, libc::EINVAL);
+    // SAFETY: blocks of `a` with their layouts; reads within the block.
+    let z = unsafe { a.alloc_zeroed(big) };
+    fault::reset();
+    assert_eq!(z, b);
+    // SAFETY: blocks of `a` with their layouts; reads within the block.
+    let s = unsafe { std::slice::from_raw_parts(z, 32 * MIB) };
+    assert!(s.iter().all(|&x| x == 0), "not zeroed");
+    // SAFETY: blocks of `a` with their layouts; reads within the block.
+    unsafe { a.dealloc(z, big) };
+
+    // A miss that would trim a longer block keeps it whole when the trim
+    // fails, and maps afresh.
+    release_retained();
+    let l8 = std::alloc::Layout::from_size_align(8 * MIB, 8).unwrap();
+    // SAFETY: blocks of `a` with their layouts; reads within the block.
+    let c = unsafe { a.alloc(l8) };
+    // SAFETY: blocks of `a` with their layouts; reads within the block.
+    unsafe { a.dealloc(c, l8) };
+    fault::fail_nth(Op::Munmap, 1, libc::ENOMEM);
+    // SAFETY: blocks of `a` with their layouts; reads within the block.
+    let d = unsafe { a.alloc(l) };
+    fault::reset();
+    assert!(!d.is_null());
+    assert_ne!(d, c, "the trim failed, so the request was mapped afresh");
+    assert_eq!(huge_stats().retained_bytes, 8 * MIB as u64);
+    // SAFETY: blocks of `a` with their layouts; reads within the block.
+    unsafe { a.dealloc(d, l) };
+    release_retained();
+    assert_eq!(huge_stats().live_bytes(), start);
+    assert_eq!(huge_stats().retained_bytes, 0);
 }

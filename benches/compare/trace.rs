@@ -250,13 +250,14 @@ fn replay<G: GlobalAlloc>(g: &G, t: &Trace, blocks: &mut Vec<Block>) -> f64 {
     ns
 }
 
-/// Give back what glibc and mimalloc retain.
+/// Give back what glibc, mimalloc and `CkHuge` retain.
 fn release_all() {
     // SAFETY: plain libc and mimalloc calls without pointer arguments.
     unsafe {
         libc::malloc_trim(0);
         libmimalloc_sys::mi_collect(true);
     }
+    ckalloc::release_retained();
 }
 
 pub fn replay_rows(full: bool) -> Vec<Row> {

@@ -1,7 +1,10 @@
 //! [`CkHuge`]: a global allocator and `allocator_api2` allocator that serves
-//! large requests from huge-page mappings and small ones from `System`.
+//! large requests from huge-page mappings (kept for reuse by a process-wide
+//! retention cache) and small ones from `System` or another allocator.
 
+use super::retain;
 use super::{map_huge, unmap, HugeOptions};
+use crate::env;
 use crate::stats::COUNTERS;
 use crate::sys::{self, Advice, HUGE_PAGE_2M};
 use crate::tier::{self, Backing};
@@ -14,11 +17,75 @@ use std::sync::atomic::Ordering;
 /// `allocator_api2` [`Allocator`].
 ///
 /// Requests of at least [`threshold`](Self::threshold) bytes (default 2 MiB)
-/// get their own mapping from the tier ladder (hugetlb, THP, plain pages),
+/// get a block of their own from the tier ladder (hugetlb, THP, plain pages),
 /// rounded up to 2 MiB and aligned to at least 2 MiB (larger alignments are
-/// honoured by over-reserving). Smaller requests go to
-/// [`std::alloc::System`]. The path a block takes depends only on its size,
-/// so a block is always freed by the path that served it.
+/// honoured by over-reserving). Smaller requests go to the small allocator
+/// `S`, [`std::alloc::System`] by default
+/// ([`with_small_allocator`](Self::with_small_allocator) picks another). The
+/// path a block takes depends only on its size, so a block is always freed
+/// by the path that served it.
+///
+/// # Retention
+///
+/// Through [`GlobalAlloc`], a freed huge-page block is not unmapped at once:
+/// it goes to one process-wide retention cache shared by every `CkHuge`
+/// value, and a later request whose 2 MiB-rounded length is the block's
+/// exact length (and whose alignment the block's address meets) gets it back
+/// without a system call, as glibc's `malloc` and mimalloc reuse freed
+/// memory. When no block has the exact length, the shortest longer one that
+/// meets the alignment is trimmed to the request with one `munmap` of its
+/// tail (cheaper than mapping fresh pages the kernel must clear); only when
+/// there is none is a new block mapped. Retained blocks always have the
+/// exact length `dealloc` and `realloc` rebuild from the layout. The cache
+/// is bounded:
+///
+/// - **cap**: at most [`env::retain_bytes`](crate::env::retain_bytes) bytes
+///   (`CKALLOC_RETAIN_BYTES`, default 128 MiB) and 64 blocks are retained,
+///   process-wide; a block that does not fit, or is longer than a quarter
+///   of the cap (one freed buffer must not hold most of it), is unmapped. Per value,
+///   [`retain_max_bytes`](Self::retain_max_bytes) bounds the length of the
+///   blocks it puts into (and takes from) the cache;
+///   [`uncached`](CkHuge::uncached) retains nothing and maps every block
+///   afresh (C-Kernel-Engine's `ck_huge_alloc` behaviour).
+/// - **decay**: a block unused for
+///   [`env::retain_decay_ms`](crate::env::retain_decay_ms)
+///   (`CKALLOC_RETAIN_DECAY_MS`, default 1000 ms; after mimalloc's
+///   `purge_delay` and jemalloc's `dirty_decay_ms`) is unmapped by a later
+///   allocator call: every 256 calls of a thread (mapped-path calls, and
+///   small-path allocations while a block is retained) read the monotonic
+///   clock and give back at most 4 expired blocks. A global allocator has no
+///   thread of its own, so a process that frees large blocks and then makes
+///   no allocator calls (sleeps, waits on I/O) keeps up to the cap mapped
+///   and resident until its next calls; [`release_retained`](crate::release_retained) gives
+///   everything back at once.
+/// - **zeroing**: an `alloc_zeroed` hit of at most 16 MiB is cleared with a
+///   memset (its pages are resident, and clearing them costs less than
+///   faulting them back in for the kernel to clear); a larger hit is given
+///   back with `madvise(MADV_DONTNEED)`, after which its anonymous pages
+///   read as zero and fault in on first touch (memset if `madvise` fails).
+/// - **hugetlb** blocks are retained like the others and count against the
+///   cap: they come from the reserved pool, and retaining one keeps it out
+///   of that pool until it decays or is released.
+/// - **threads**: the cache is 4 shards of 16 slots; a thread claims a slot
+///   with one compare-and-swap and releases it with a store, starting at its
+///   own shard, so no thread ever waits for another (no lock, no convoy).
+///   The thread-local state (shard number, call counter) is `const`
+///   initialised, has no destructor and is reached with `try_with`; the
+///   blocks an exiting thread freed stay in the shared slots for other
+///   threads.
+/// - **fork**: nothing blocks, so the child of `fork()` can allocate whatever
+///   the other threads of the parent were doing; a `pthread_atfork` child
+///   handler (registered on the first retained block) empties slots that
+///   were mid-operation at the fork.
+/// - [`huge_stats`](crate::huge_stats) reports the retained bytes, hits,
+///   misses and the bytes decay gave back;
+///   [`live_bytes`](crate::HugeStats::live_bytes) excludes retained blocks.
+///
+/// Through the `allocator_api2` [`Allocator`] interface nothing is retained:
+/// every block is mapped and unmapped, so `CachingAllocator<CkHuge>`
+/// (IREE's caching allocator on top) is the only cache and its `trim` gives
+/// memory back to the kernel. [`huge_alloc`](crate::huge_alloc) and the C
+/// ABI's `ck_huge_alloc` map per block as well.
 ///
 /// `realloc` of a mapped block grows in place with `mremap` when the address
 /// space after it is free, else moves it with `mremap(MREMAP_FIXED)` into an
@@ -28,14 +95,29 @@ use std::sync::atomic::Ordering;
 /// The mapping path never allocates, takes no lock, never panics and never
 /// prints; configuration is read with `getenv`. Thread-safe.
 ///
+/// `CkHuge<S>` is `Copy` and `Debug` when `S` is: `CkHuge` (with `System`)
+/// is both, `CkHuge<mimalloc::MiMalloc>` is neither (`MiMalloc` derives
+/// nothing). Equality compares the threshold and the per-value retention
+/// cap, not the small allocator.
+///
 /// ```no_run
 /// #[global_allocator]
 /// static A: ckalloc::CkHuge = ckalloc::CkHuge::new();
 /// ```
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct CkHuge {
+#[derive(Clone, Copy, Debug)]
+pub struct CkHuge<S = System> {
     threshold: usize,
+    retain_max: usize,
+    small: S,
 }
+
+impl<S> PartialEq for CkHuge<S> {
+    fn eq(&self, other: &Self) -> bool {
+        self.threshold == other.threshold && self.retain_max == other.retain_max
+    }
+}
+
+impl<S> Eq for CkHuge<S> {}
 
 impl Default for CkHuge {
     fn default() -> Self {
@@ -45,18 +127,58 @@ impl Default for CkHuge {
 
 const OPTS: HugeOptions = HugeOptions::new();
 
+/// `alloc_zeroed` hits up to this length are cleared with a memset; longer
+/// ones with `MADV_DONTNEED`.
+const ZERO_BY_MEMSET_MAX: usize = 16 << 20;
+
 impl CkHuge {
-    /// A `CkHuge` with the default threshold of 2 MiB.
+    /// A `CkHuge` with the default threshold of 2 MiB, retaining freed
+    /// blocks (see [Retention](CkHuge#retention)); small requests go to
+    /// `System`.
     pub const fn new() -> CkHuge {
         CkHuge {
             threshold: HUGE_PAGE_2M,
+            retain_max: usize::MAX,
+            small: System,
         }
     }
 
     /// A `CkHuge` that maps requests of at least `bytes` bytes (`0` and `1`
     /// map every non-empty request).
     pub const fn with_threshold(bytes: usize) -> CkHuge {
-        CkHuge { threshold: bytes }
+        CkHuge::new().threshold_bytes(bytes)
+    }
+
+    /// A `CkHuge` that never retains: every huge-page block is mapped on
+    /// allocation and unmapped on free (C-Kernel-Engine's `ck_huge_alloc`).
+    pub const fn uncached() -> CkHuge {
+        CkHuge::new().retain_max_bytes(0)
+    }
+}
+
+impl<S> CkHuge<S> {
+    /// A `CkHuge` with the defaults of [`CkHuge::new`] whose requests below
+    /// the threshold go to `small`.
+    pub const fn with_small_allocator(small: S) -> Self {
+        CkHuge {
+            threshold: HUGE_PAGE_2M,
+            retain_max: usize::MAX,
+            small,
+        }
+    }
+
+    /// This allocator with requests of at least `bytes` bytes mapped.
+    pub const fn threshold_bytes(mut self, bytes: usize) -> Self {
+        self.threshold = bytes;
+        self
+    }
+
+    /// This allocator retaining only blocks of at most `bytes` bytes (after
+    /// rounding to 2 MiB) in the process-wide cache; `0` retains nothing,
+    /// like [`CkHuge::uncached`]. The process-wide cap still applies.
+    pub const fn retain_max_bytes(mut self, bytes: usize) -> Self {
+        self.retain_max = bytes;
+        self
     }
 
     /// Requests of at least this many bytes get a huge-page mapping.
@@ -64,6 +186,18 @@ impl CkHuge {
         self.threshold
     }
 
+    /// The longest block (bytes) this value puts into the retention cache.
+    pub const fn retain_max(&self) -> usize {
+        self.retain_max
+    }
+
+    /// The allocator of requests below the threshold.
+    pub const fn small_allocator(&self) -> &S {
+        &self.small
+    }
+}
+
+impl<S: GlobalAlloc> CkHuge<S> {
     #[inline]
     fn is_mapped(&self, size: usize) -> bool {
         size >= self.threshold
@@ -84,11 +218,61 @@ impl CkHuge {
         }
     }
 
-    #[cold]
-    unsafe fn unmap_block(ptr: *mut u8, size: usize) {
-        if let (Some(p), Some(len)) = (NonNull::new(ptr), Self::mapped_len(size)) {
-            unmap(p, len);
+    /// Whether this value uses the retention cache for a block of `len`
+    /// bytes (`retain`: the call comes through `GlobalAlloc`).
+    #[inline]
+    fn retains(&self, len: usize, retain: bool) -> bool {
+        retain && len <= self.retain_max && env::retain_bytes() != 0
+    }
+
+    /// A block for `size` bytes aligned to `align`: a retained one when
+    /// `retain` allows (cleared when `zero`), else a fresh mapping (which
+    /// the kernel zero-fills).
+    #[inline]
+    fn map_block(&self, size: usize, align: usize, zero: bool, retain: bool) -> *mut u8 {
+        let Some(len) = Self::mapped_len(size) else {
+            return ptr::null_mut();
+        };
+        if self.retains(len, retain) {
+            retain::tick();
+            if let Some(p) = retain::take(len, align.max(HUGE_PAGE_2M)) {
+                if zero {
+                    Self::zero_hit(p.as_ptr(), size, len);
+                }
+                return p.as_ptr();
+            }
         }
+        Self::map(size, align)
+    }
+
+    /// Clear the first `size` bytes of a retained block of `len` bytes
+    /// (see [Retention](CkHuge#retention) for the cutoff).
+    #[cold]
+    fn zero_hit(p: *mut u8, size: usize, len: usize) {
+        if len > ZERO_BY_MEMSET_MAX && sys::madvise(p, len, Advice::DontNeed).is_ok() {
+            return;
+        }
+        // SAFETY: the block is `len >= size` bytes, ours and unreferenced.
+        unsafe { ptr::write_bytes(p, 0, size) };
+    }
+
+    /// Free a mapped block of `size` bytes: into the retention cache when
+    /// `retain` allows and it has room, else unmapped.
+    ///
+    /// # Safety
+    /// `ptr` is a mapped block of `mapped_len(size)` bytes, no longer used.
+    #[inline]
+    unsafe fn release_block(&self, ptr: *mut u8, size: usize, retain: bool) {
+        let (Some(p), Some(len)) = (NonNull::new(ptr), Self::mapped_len(size)) else {
+            return;
+        };
+        if self.retains(len, retain) {
+            retain::tick();
+            if retain::put(p, len) {
+                return;
+            }
+        }
+        unmap(p, len);
     }
 
     /// Resize a block to `new_size` keeping `align`; `zero` asks for the
@@ -105,6 +289,7 @@ impl CkHuge {
         align: usize,
         new_size: usize,
         zero: bool,
+        retain: bool,
     ) -> *mut u8 {
         let copy = old_size.min(new_size);
         let zero_tail = |p: *mut u8, from: usize, to: usize| {
@@ -115,42 +300,47 @@ impl CkHuge {
         };
         match (self.is_mapped(old_size), self.is_mapped(new_size)) {
             (false, false) => {
-                // SAFETY: the caller's contract is System's for small blocks.
+                // SAFETY: the caller's contract is `S`'s for small blocks.
                 let layout = unsafe { Layout::from_size_align_unchecked(old_size, align) };
-                // SAFETY: as above; System handles any alignment it gave.
-                let p = unsafe { System.realloc(ptr, layout, new_size) };
+                // SAFETY: as above; `S` handles any alignment it gave.
+                let p = unsafe { self.small.realloc(ptr, layout, new_size) };
                 if !p.is_null() {
                     zero_tail(p, old_size, new_size);
                 }
                 p
             }
             (false, true) => {
-                let p = Self::map(new_size, align);
+                let p = self.map_block(new_size, align, zero, retain);
                 if !p.is_null() {
                     // SAFETY: both blocks hold at least `copy` bytes and do
-                    // not overlap (fresh mapping). The tail is fresh zeroes.
+                    // not overlap (another mapping). The tail reads as zero
+                    // when `zero` asked for it (fresh or cleared block).
                     unsafe {
                         ptr::copy_nonoverlapping(ptr, p, copy);
-                        System.dealloc(ptr, Layout::from_size_align_unchecked(old_size, align));
+                        self.small
+                            .dealloc(ptr, Layout::from_size_align_unchecked(old_size, align));
                     }
                 }
                 p
             }
             (true, false) => {
                 // SAFETY: new_size is non-zero and valid for `align`.
-                let p = unsafe { System.alloc(Layout::from_size_align_unchecked(new_size, align)) };
+                let p = unsafe {
+                    self.small
+                        .alloc(Layout::from_size_align_unchecked(new_size, align))
+                };
                 if !p.is_null() {
                     // SAFETY: disjoint blocks, `copy` bytes in both; this
                     // branch only shrinks, so there is no tail to zero.
                     unsafe {
                         ptr::copy_nonoverlapping(ptr, p, copy);
-                        Self::unmap_block(ptr, old_size);
+                        self.release_block(ptr, old_size, retain);
                     }
                 }
                 p
             }
             // SAFETY: forwarded contract.
-            (true, true) => unsafe { self.remap(ptr, old_size, align, new_size, zero) },
+            (true, true) => unsafe { self.remap(ptr, old_size, align, new_size, zero, retain) },
         }
     }
 
@@ -166,6 +356,7 @@ impl CkHuge {
         align: usize,
         new_size: usize,
         zero: bool,
+        retain: bool,
     ) -> *mut u8 {
         let (Some(old_len), Some(new_len), Some(base)) = (
             Self::mapped_len(old_size),
@@ -221,57 +412,61 @@ impl CkHuge {
             zero_dirty(p.as_ptr());
             return p.as_ptr();
         }
-        let p = Self::map(new_size, align);
+        let p = self.map_block(new_size, align, zero, retain);
         if !p.is_null() {
             // SAFETY: disjoint mappings; `old_size` bytes are readable in the
-            // old block and writable in the new one (new_size > old_size).
+            // old block and writable in the new one (new_size > old_size);
+            // the old block is no longer used.
             unsafe {
                 ptr::copy_nonoverlapping(ptr, p, old_size);
+                self.release_block(ptr, old_size, retain);
             }
-            unmap(base, old_len);
         }
         p
     }
 }
 
 // SAFETY: `alloc` returns blocks of at least `layout.size()` bytes aligned to
-// `layout.align()` (System's, or a mapping aligned to max(align, 2 MiB)), or
-// null; `dealloc` routes by size exactly as `alloc` did; `realloc` keeps the
-// contents up to the smaller size and leaves the block intact on failure.
-unsafe impl GlobalAlloc for CkHuge {
+// `layout.align()` (`S`'s, a mapping aligned to max(align, 2 MiB), or a
+// retained mapping of the same length whose address meets the alignment), or
+// null; `alloc_zeroed` clears retained blocks; `dealloc` routes by size
+// exactly as `alloc` did; `realloc` keeps the contents up to the smaller size
+// and leaves the block intact on failure.
+unsafe impl<S: GlobalAlloc> GlobalAlloc for CkHuge<S> {
     #[inline]
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
         if !self.is_mapped(layout.size()) {
-            // SAFETY: the caller's contract (non-zero size) is System's.
-            return unsafe { System.alloc(layout) };
+            retain::tick_small();
+            // SAFETY: the caller's contract (non-zero size) is `S`'s.
+            return unsafe { self.small.alloc(layout) };
         }
-        Self::map(layout.size(), layout.align())
+        self.map_block(layout.size(), layout.align(), false, true)
     }
 
     #[inline]
     unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
         if !self.is_mapped(layout.size()) {
+            retain::tick_small();
             // SAFETY: as in `alloc`.
-            return unsafe { System.alloc_zeroed(layout) };
+            return unsafe { self.small.alloc_zeroed(layout) };
         }
-        // Fresh anonymous mappings are zero-filled by the kernel.
-        Self::map(layout.size(), layout.align())
+        self.map_block(layout.size(), layout.align(), true, true)
     }
 
     #[inline]
     unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
         if !self.is_mapped(layout.size()) {
-            // SAFETY: small blocks came from System with this layout.
-            return unsafe { System.dealloc(ptr, layout) };
+            // SAFETY: small blocks came from `S` with this layout.
+            return unsafe { self.small.dealloc(ptr, layout) };
         }
         // SAFETY: mapped blocks are `mapped_len(size)` long at `ptr`.
-        unsafe { Self::unmap_block(ptr, layout.size()) }
+        unsafe { self.release_block(ptr, layout.size(), true) }
     }
 
     #[inline]
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
         // SAFETY: GlobalAlloc's realloc contract is `resize`'s.
-        unsafe { self.resize(ptr, layout.size(), layout.align(), new_size, false) }
+        unsafe { self.resize(ptr, layout.size(), layout.align(), new_size, false, true) }
     }
 }
 
@@ -283,7 +478,7 @@ fn dangling(layout: Layout) -> NonNull<[u8]> {
     NonNull::slice_from_raw_parts(unsafe { NonNull::new_unchecked(p) }, 0)
 }
 
-impl CkHuge {
+impl<S: GlobalAlloc> CkHuge<S> {
     /// The slice a block of `size` bytes may use: the whole mapping for
     /// mapped blocks (any size in between is valid when freeing, since it
     /// rounds to the same mapping and stays on the mapping path).
@@ -323,7 +518,16 @@ impl CkHuge {
         }
         if old.align() == new.align() {
             // SAFETY: forwarded contract; sizes are valid for the alignment.
-            let p = unsafe { self.resize(ptr.as_ptr(), old.size(), old.align(), new.size(), zero) };
+            let p = unsafe {
+                self.resize(
+                    ptr.as_ptr(),
+                    old.size(),
+                    old.align(),
+                    new.size(),
+                    zero,
+                    false,
+                )
+            };
             return self.usable(p, new.size());
         }
         let fresh = if zero {
@@ -345,16 +549,22 @@ impl CkHuge {
 }
 
 // SAFETY: blocks stay valid until deallocated, since `CkHuge` holds no state
-// (copies of it are interchangeable); zero-size requests get a dangling,
-// aligned pointer and are never passed on.
-unsafe impl Allocator for CkHuge {
+// of its own besides `S` (copies share `S`'s contract); zero-size requests get
+// a dangling, aligned pointer and are never passed on. Mapped blocks are
+// fresh mappings (zero-filled by the kernel) and are unmapped on free: this
+// interface never uses the retention cache.
+unsafe impl<S: GlobalAlloc> Allocator for CkHuge<S> {
     #[inline]
     fn allocate(&self, layout: Layout) -> Result<NonNull<[u8]>, AllocError> {
         if layout.size() == 0 {
             return Ok(dangling(layout));
         }
-        // SAFETY: non-zero size.
-        let p = unsafe { GlobalAlloc::alloc(self, layout) };
+        let p = if self.is_mapped(layout.size()) {
+            self.map_block(layout.size(), layout.align(), false, false)
+        } else {
+            // SAFETY: non-zero size.
+            unsafe { self.small.alloc(layout) }
+        };
         self.usable(p, layout.size())
     }
 
@@ -363,16 +573,26 @@ unsafe impl Allocator for CkHuge {
         if layout.size() == 0 {
             return Ok(dangling(layout));
         }
-        // SAFETY: non-zero size.
-        let p = unsafe { GlobalAlloc::alloc_zeroed(self, layout) };
+        let p = if self.is_mapped(layout.size()) {
+            self.map_block(layout.size(), layout.align(), true, false)
+        } else {
+            // SAFETY: non-zero size.
+            unsafe { self.small.alloc_zeroed(layout) }
+        };
         self.usable(p, layout.size())
     }
 
     #[inline]
     unsafe fn deallocate(&self, ptr: NonNull<u8>, layout: Layout) {
-        if layout.size() != 0 {
-            // SAFETY: allocated by self with a size that routes the same way.
-            unsafe { GlobalAlloc::dealloc(self, ptr.as_ptr(), layout) }
+        if layout.size() == 0 {
+            return;
+        }
+        if self.is_mapped(layout.size()) {
+            // SAFETY: a mapped block of `mapped_len(size)` bytes.
+            unsafe { self.release_block(ptr.as_ptr(), layout.size(), false) }
+        } else {
+            // SAFETY: small blocks came from `S` with this layout.
+            unsafe { self.small.dealloc(ptr.as_ptr(), layout) }
         }
     }
 

@@ -26,7 +26,8 @@
 //! 1 GiB hugetlb pages); a rounding that overflows is an error, never a wrap.
 //!
 //! Nothing on these paths allocates, locks, panics or prints: they are used by
-//! the global allocator. The one exception, prefaulting on several threads
+//! the global allocator. [`CkHuge`]'s retention cache takes no lock either
+//! (slots are claimed with one compare-and-swap and never waited for). The one exception, prefaulting on several threads
 //! ([`HugeOptions::populate_threads`]), spawns scoped threads and is only
 //! reached from explicit constructors, never from [`CkHuge`] or
 //! [`huge_alloc`], whose options are fixed.
@@ -44,9 +45,11 @@
 //! | [`HugeOptions::numa_node`] | `None` | `mbind(MPOL_BIND)` to one node, before prefaulting |
 //! | [`HugeOptions::dont_dump`] | `false` | `MADV_DONTDUMP`: leave the mapping out of core dumps |
 //! | [`CkHuge::with_threshold`] | 2 MiB | requests of at least this many bytes get a mapping of their own |
+//! | [`CkHuge::uncached`], [`CkHuge::retain_max_bytes`] | retain blocks up to the process-wide cap | never retain / retain only blocks up to this length (see [`CkHuge`]'s retention section) |
 //!
 //! The environment switches of this layer (`CKALLOC_HUGETLB`, `CKALLOC_THP`,
-//! `CKALLOC_HUGETLB_BACKOFF_MS`) are read once, without allocating, on first
+//! `CKALLOC_HUGETLB_BACKOFF_MS`, and `CkHuge`'s `CKALLOC_RETAIN_BYTES` and
+//! `CKALLOC_RETAIN_DECAY_MS`) are read once, without allocating, on first
 //! use; [`env`](crate::env) lists them with every other variable.
 //!
 //! # Reserving hugetlb pages
@@ -85,6 +88,7 @@ mod ladder;
 mod options;
 mod prefault;
 mod region;
+mod retain;
 
 pub use crate::tier::Backing;
 pub use alloc::{huge_alloc, huge_free};
@@ -93,5 +97,9 @@ pub use global::CkHuge;
 pub use ladder::reset_hugetlb_backoff;
 pub use options::HugeOptions;
 pub use region::HugeRegion;
+#[doc(hidden)]
+pub use retain::hold_retention_slots;
+pub use retain::release_retained;
 
 pub(crate) use ladder::{apply_options, map_huge, unmap, Mapping};
+pub(crate) use retain::retained_bytes;

@@ -1,0 +1,373 @@
+//! The process-wide retention cache of [`CkHuge`](super::CkHuge): freed
+//! huge-page blocks kept mapped and handed out again, bounded by a byte cap
+//! and given back to the kernel after a decay delay.
+//!
+//! # Layout
+//!
+//! [`SHARDS`] shards of [`SLOTS`] slots, each slot one block: an atomic word
+//! (`EMPTY`, `BUSY`, or the block's address, which is 2 MiB aligned and so
+//! never 0 or 1), the block's exact length and a decay stamp. A thread
+//! claims a slot with one compare-and-swap of its word and releases it with a
+//! store: there is no lock to wait for, only slots to skip. Each thread
+//! starts its search at its home shard (assigned round-robin the first time
+//! it frees or allocates a block) and then looks at the others, so two
+//! threads rarely touch the same cache lines and a block freed by one thread
+//! serves another. A block an exiting thread freed stays in the shared
+//! slots; the thread-local state (a shard number and a call counter) is two
+//! `Cell`s without destructors.
+//!
+//! # Keys and alignment
+//!
+//! A block serves only a request whose 2 MiB-rounded length equals the
+//! block's length, because `dealloc` and `realloc` rebuild a block's length
+//! from its layout. Its address must also meet the request's alignment.
+//!
+//! # Decay
+//!
+//! Every [`TICK_EVERY`] allocator calls of a thread (mapped-path calls, and
+//! small-path calls while some block is retained) run one decay step: it
+//! reads the monotonic clock, stamps blocks that have no stamp yet with it,
+//! and gives back to the kernel at most [`DECAY_PER_STEP`] blocks whose stamp
+//! is at least the decay delay old. A block is therefore kept at least the
+//! delay and at most the delay plus the time to the next step after it was
+//! freed, in the thread that makes the step. With no allocator calls there is
+//! no step: a process that frees blocks and then sleeps keeps them (up to the
+//! cap) until its next allocator calls or [`release_retained`].
+
+use super::unmap;
+use crate::env;
+use crate::stats::COUNTERS;
+use crate::sys;
+use std::cell::Cell;
+use std::ptr::NonNull;
+use std::sync::atomic::{
+    AtomicBool, AtomicU64, AtomicUsize,
+    Ordering::{Acquire, Relaxed, Release},
+};
+
+/// Shards of the cache.
+pub(crate) const SHARDS: usize = 4;
+/// Slots (blocks) per shard.
+pub(crate) const SLOTS: usize = 16;
+/// Allocator calls of one thread between two decay steps.
+pub(crate) const TICK_EVERY: u32 = 256;
+/// A block longer than the cap divided by this is not retained: one freed
+/// buffer (a file read whole, say) must not hold most of the cap.
+pub(crate) const MAX_BLOCK_SHARE: usize = 4;
+/// Blocks one decay step gives back at most.
+pub(crate) const DECAY_PER_STEP: usize = 4;
+
+const EMPTY: usize = 0;
+const BUSY: usize = 1;
+
+struct Slot {
+    word: AtomicUsize,
+    len: AtomicUsize,
+    /// Monotonic ns of the first decay step that saw the block; 0: none yet.
+    stamp: AtomicU64,
+}
+
+impl Slot {
+    const fn new() -> Slot {
+        Slot {
+            word: AtomicUsize::new(EMPTY),
+            len: AtomicUsize::new(0),
+            stamp: AtomicU64::new(0),
+        }
+    }
+}
+
+#[repr(align(128))]
+struct Shard {
+    slots: [Slot; SLOTS],
+}
+
+static CACHE: [Shard; SHARDS] = [const {
+    Shard {
+        slots: [const { Slot::new() }; SLOTS],
+    }
+}; SHARDS];
+
+/// Bytes in retained blocks (counted before a block becomes visible in a
+/// slot and after it leaves one).
+static RETAINED: AtomicUsize = AtomicUsize::new(0);
+static NEXT_SHARD: AtomicUsize = AtomicUsize::new(0);
+static ATFORK: AtomicBool = AtomicBool::new(false);
+
+thread_local! {
+    static HOME: Cell<u8> = const { Cell::new(u8::MAX) };
+    static CALLS: Cell<u32> = const { Cell::new(0) };
+}
+
+/// Bytes held in retained blocks right now.
+#[inline]
+pub(crate) fn retained_bytes() -> usize {
+    RETAINED.load(Relaxed)
+}
+
+/// This thread's home shard; shard 0 while its thread-locals are gone.
+#[inline]
+fn home() -> usize {
+    HOME.try_with(|h| {
+        let v = h.get() as usize;
+        if v < SHARDS {
+            v
+        } else {
+            let n = NEXT_SHARD.fetch_add(1, Relaxed) % SHARDS;
+            h.set(n as u8);
+            n
+        }
+    })
+    .unwrap_or(0)
+}
+
+/// Counts one allocator call; every [`TICK_EVERY`] calls runs a decay step.
+#[inline]
+pub(crate) fn tick() {
+    let due = CALLS
+        .try_with(|c| {
+            let n = c.get().wrapping_add(1);
+            c.set(n);
+            n % TICK_EVERY == 0
+        })
+        .unwrap_or(false);
+    if due {
+        decay_step();
+    }
+}
+
+/// Counts a small-path call when some block is retained (one load otherwise).
+#[inline]
+pub(crate) fn tick_small() {
+    if RETAINED.load(Relaxed) != 0 {
+        tick();
+    }
+}
+
+/// A retained block of exactly `len` bytes aligned to `align`, removed from
+/// the cache; `None` when there is none. Never makes a system call.
+#[inline]
+pub(crate) fn take(len: usize, align: usize) -> Option<NonNull<u8>> {
+    let home = home();
+    let mask = align - 1;
+    for i in 0..SHARDS {
+        for slot in &CACHE[(home + i) % SHARDS].slots {
+            let w = slot.word.load(Relaxed);
+            if w > BUSY
+                && w & mask == 0
+                && slot.len.load(Relaxed) == len
+                && slot
+                    .word
+                    .compare_exchange(w, BUSY, Acquire, Relaxed)
+                    .is_ok()
+            {
+                // The slot is ours: its length may have changed since the
+                // first look (the block was taken, resized and put back).
+                if slot.len.load(Relaxed) == len {
+                    slot.word.store(EMPTY, Release);
+                    RETAINED.fetch_sub(len, Relaxed);
+                    COUNTERS.retain_hits.fetch_add(1, Relaxed);
+                    return NonNull::new(w as *mut u8);
+                }
+                slot.word.store(w, Release);
+            }
+        }
+    }
+    take_longer(len, align, home)
+}
+
+/// The miss path of [`take`]: the shortest retained block longer than
+/// `len` that meets `align`, trimmed to `len` bytes by unmapping its tail
+/// (one `munmap`, instead of mapping `len` fresh bytes the kernel must
+/// clear). `None` (a miss) when there is none or the trim fails (the
+/// block then stays retained, whole).
+#[cold]
+fn take_longer(len: usize, align: usize, home: usize) -> Option<NonNull<u8>> {
+    let mask = align - 1;
+    loop {
+        let mut best: Option<(&Slot, usize, usize)> = None;
+        for i in 0..SHARDS {
+            for slot in &CACHE[(home + i) % SHARDS].slots {
+                let w = slot.word.load(Relaxed);
+                let l = slot.len.load(Relaxed);
+                if w > BUSY && w & mask == 0 && l > len && best.is_none_or(|(_, _, b)| l < b) {
+                    best = Some((slot, w, l));
+                }
+            }
+        }
+        let Some((slot, w, _)) = best else {
+            COUNTERS.retain_misses.fetch_add(1, Relaxed);
+            return None;
+        };
+        if slot
+            .word
+            .compare_exchange(w, BUSY, Acquire, Relaxed)
+            .is_err()
+        {
+            continue;
+        }
+        let l = slot.len.load(Relaxed);
+        if l <= len {
+            slot.word.store(w, Release);
+            continue;
+        }
+        // SAFETY: `len < l`, inside the block.
+        let tail = unsafe { (w as *mut u8).add(len) };
+        if sys::munmap(tail, l - len).is_err() {
+            // The block keeps its length and stays retained.
+            slot.word.store(w, Release);
+            COUNTERS.retain_misses.fetch_add(1, Relaxed);
+            return None;
+        }
+        slot.word.store(EMPTY, Release);
+        RETAINED.fetch_sub(l, Relaxed);
+        COUNTERS.record_unmap(l - len);
+        COUNTERS.retain_hits.fetch_add(1, Relaxed);
+        return NonNull::new(w as *mut u8);
+    }
+}
+
+/// Keep the block `ptr` of `len` bytes (a whole ladder mapping, 2 MiB
+/// aligned) for reuse; `false` when the cap or a full cache refuses it (the
+/// caller then unmaps it). Never makes a system call, except registering
+/// the fork handlers on the first call of the process.
+#[inline]
+pub(crate) fn put(ptr: NonNull<u8>, len: usize) -> bool {
+    let cap = env::retain_bytes();
+    if len > cap / MAX_BLOCK_SHARE {
+        return false;
+    }
+    if RETAINED.fetch_add(len, Relaxed) + len > cap {
+        RETAINED.fetch_sub(len, Relaxed);
+        return false;
+    }
+    if !ATFORK.load(Relaxed) {
+        register_fork_handlers();
+    }
+    let home = home();
+    for i in 0..SHARDS {
+        for slot in &CACHE[(home + i) % SHARDS].slots {
+            if slot.word.load(Relaxed) == EMPTY
+                && slot
+                    .word
+                    .compare_exchange(EMPTY, BUSY, Acquire, Relaxed)
+                    .is_ok()
+            {
+                slot.len.store(len, Relaxed);
+                slot.stamp.store(0, Relaxed);
+                slot.word.store(ptr.as_ptr() as usize, Release);
+                return true;
+            }
+        }
+    }
+    RETAINED.fetch_sub(len, Relaxed);
+    false
+}
+
+/// Take the block in `slot` if it holds one that `keep` rejects; returns its
+/// address and length. The slot is left empty.
+fn evict(slot: &Slot, keep: impl Fn(&Slot) -> bool) -> Option<(NonNull<u8>, usize)> {
+    let w = slot.word.load(Relaxed);
+    if w <= BUSY || keep(slot) {
+        return None;
+    }
+    if slot
+        .word
+        .compare_exchange(w, BUSY, Acquire, Relaxed)
+        .is_err()
+    {
+        return None;
+    }
+    if keep(slot) {
+        slot.word.store(w, Release);
+        return None;
+    }
+    let len = slot.len.load(Relaxed);
+    slot.word.store(EMPTY, Release);
+    RETAINED.fetch_sub(len, Relaxed);
+    Some((NonNull::new(w as *mut u8)?, len))
+}
+
+/// One decay step (see the [module docs](self)).
+#[cold]
+fn decay_step() {
+    let now = sys::monotonic_ns().max(1);
+    let delay = env::retain_decay_ms().saturating_mul(1_000_000);
+    let mut given = 0;
+    for shard in &CACHE {
+        for slot in &shard.slots {
+            if given == DECAY_PER_STEP {
+                return;
+            }
+            let young = |s: &Slot| {
+                let stamp = s.stamp.load(Relaxed);
+                if stamp == 0 {
+                    // Racing stampers store nearly the same time.
+                    s.stamp.store(now, Relaxed);
+                    delay > 0
+                } else {
+                    now.saturating_sub(stamp) < delay
+                }
+            };
+            if let Some((p, len)) = evict(slot, young) {
+                unmap(p, len);
+                COUNTERS.decayed_bytes.fetch_add(len as u64, Relaxed);
+                given += 1;
+            }
+        }
+    }
+}
+
+/// Gives every retained huge-page block back to the kernel (`munmap`) and
+/// returns how many bytes that released. Blocks other threads free
+/// meanwhile may be retained again. Never allocates; thread-safe.
+pub fn release_retained() -> usize {
+    let mut released = 0;
+    for shard in &CACHE {
+        for slot in &shard.slots {
+            if let Some((p, len)) = evict(slot, |_| false) {
+                unmap(p, len);
+                released += len;
+            }
+        }
+    }
+    released
+}
+
+/// `pthread_atfork` child handler: slots a thread of the parent held mid
+/// operation are left `BUSY` in the child, where that thread does not exist;
+/// they become empty again (a block being freed at that moment stays mapped
+/// in the child and is not reused).
+unsafe extern "C" fn fork_child() {
+    for shard in &CACHE {
+        for slot in &shard.slots {
+            if slot.word.load(Relaxed) == BUSY {
+                slot.word.store(EMPTY, Relaxed);
+            }
+        }
+    }
+}
+
+unsafe extern "C" fn fork_nothing() {}
+
+#[cold]
+fn register_fork_handlers() {
+    if !ATFORK.swap(true, Relaxed) {
+        // Without the handlers a child can still allocate; it may only lose
+        // the slots busy at the fork.
+        let _ = sys::register_atfork(fork_nothing, fork_nothing, fork_child);
+    }
+}
+
+/// Test hook: marks every empty slot busy (`true`) as a thread caught mid
+/// operation would, or frees the slots so marked (`false`).
+#[doc(hidden)]
+pub fn hold_retention_slots(hold: bool) {
+    register_fork_handlers();
+    for shard in &CACHE {
+        for slot in &shard.slots {
+            let (from, to) = if hold { (EMPTY, BUSY) } else { (BUSY, EMPTY) };
+            let _ = slot.word.compare_exchange(from, to, Relaxed, Relaxed);
+        }
+    }
+}
