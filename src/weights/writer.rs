@@ -350,8 +350,9 @@ impl<'a> WeightsWriter<'a> {
     /// writing leaves them.
     ///
     /// On error existing files in `dir` are left as they were (names are placed
-    /// last; a failure between two renames can leave a new `weights.bump` with old
-    /// sidecars, reported as the error). Not safe to run twice concurrently on the
+    /// last, after checking that none of them is a directory; a failure between
+    /// two renames, such as a name turned into a directory meanwhile, can leave a
+    /// new `weights.bump` with old sidecars, reported as the error). Not safe to run twice concurrently on the
     /// same `dir`.
     ///
     /// # Errors
@@ -408,6 +409,18 @@ impl<'a> WeightsWriter<'a> {
             MANIFEST_MAP,
             plan.manifest.to_map_string(self.version).as_bytes(),
         )?;
+        // A directory at one of the names would fail its `rename(2)` with
+        // `EISDIR` after the names before it were placed: refuse before
+        // placing any.
+        for dest in &final_paths {
+            if std::fs::symlink_metadata(dest).is_ok_and(|m| m.is_dir()) {
+                return Err(WeightsError::io(
+                    dest,
+                    "rename",
+                    std::io::ErrorKind::IsADirectory.into(),
+                ));
+            }
+        }
         {
             // The three names appear together: Ctrl-C or `kill` arriving
             // meanwhile takes effect after the last one (SIGKILL cannot wait).
