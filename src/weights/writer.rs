@@ -342,7 +342,11 @@ impl<'a> WeightsWriter<'a> {
     /// replaced atomically (`rename(2)` from a fresh name): readers see the old
     /// file or the complete new one. `SIGINT`, `SIGTERM`, `SIGHUP` and `SIGQUIT`
     /// are blocked in the calling thread while the three names are placed, so an
-    /// interruption never leaves a half-placed set (it takes effect right after).
+    /// interruption never leaves a half-placed set (it takes effect right after)
+    /// when no other thread can receive them: the kernel delivers a signal sent
+    /// to the process to any thread that does not block it (`signal(7)`), so a
+    /// program with other threads blocks these signals in them too, or handles
+    /// them.
     ///
     /// On a filesystem without `O_TMPFILE` (NFS, FUSE, older kernels) each file
     /// is written under a temporary name `.NAME.tmp-PID` in `dir` and renamed
