@@ -841,6 +841,42 @@ fn failed_write_leaves_nothing() {
     );
 }
 
+/// A sidecar name held by a directory fails the write before any name is
+/// placed: the previous `weights.bump` and map stay as they were.
+#[test]
+#[cfg_attr(miri, ignore)] // file system
+fn a_directory_at_a_sidecar_name_fails_before_any_file_is_replaced() {
+    let dir = tempfile::tempdir().unwrap();
+    write_sample(dir.path(), Version::V5, 64);
+    let read = |name: &str| std::fs::read(dir.path().join(name)).unwrap();
+    let (bump, map) = (read(WEIGHTS_FILE), read(MANIFEST_MAP));
+    for name in [MANIFEST_JSON, MANIFEST_MAP] {
+        let p = dir.path().join(name);
+        let saved = std::fs::read(&p).unwrap();
+        std::fs::remove_file(&p).unwrap();
+        std::fs::create_dir(&p).unwrap();
+        let mut w = WeightsWriter::new(Version::V4);
+        w.add_tensor("other", Dtype::U8, vec![9u8; 100]).unwrap();
+        let e = w.write_dir(dir.path()).unwrap_err();
+        assert!(
+            matches!(&e, WeightsError::Io { path, op: "rename", .. } if *path == p),
+            "{e}"
+        );
+        assert_eq!(read(WEIGHTS_FILE), bump, "{name}: weights.bump replaced");
+        if name != MANIFEST_MAP {
+            assert_eq!(read(MANIFEST_MAP), map, "{name}: map replaced");
+        }
+        let mut names: Vec<_> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|d| d.unwrap().file_name().into_string().unwrap())
+            .collect();
+        names.sort();
+        assert_eq!(names, [WEIGHTS_FILE, MANIFEST_JSON, MANIFEST_MAP], "{name}");
+        std::fs::remove_dir(&p).unwrap();
+        std::fs::write(&p, saved).unwrap();
+    }
+}
+
 #[test]
 #[cfg_attr(miri, ignore)] // file-backed mmap / file system
 fn progress_is_monotonic_and_complete() {

@@ -342,7 +342,11 @@ impl<'a> WeightsWriter<'a> {
     /// replaced atomically (`rename(2)` from a fresh name): readers see the old
     /// file or the complete new one. `SIGINT`, `SIGTERM`, `SIGHUP` and `SIGQUIT`
     /// are blocked in the calling thread while the three names are placed, so an
-    /// interruption never leaves a half-placed set (it takes effect right after).
+    /// interruption never leaves a half-placed set (it takes effect right after)
+    /// when no other thread can receive them: the kernel delivers a signal sent
+    /// to the process to any thread that does not block it (`signal(7)`), so a
+    /// program with other threads blocks these signals in them too, or handles
+    /// them.
     ///
     /// On a filesystem without `O_TMPFILE` (NFS, FUSE, older kernels) each file
     /// is written under a temporary name `.NAME.tmp-PID` in `dir` and renamed
@@ -350,8 +354,9 @@ impl<'a> WeightsWriter<'a> {
     /// writing leaves them.
     ///
     /// On error existing files in `dir` are left as they were (names are placed
-    /// last; a failure between two renames can leave a new `weights.bump` with old
-    /// sidecars, reported as the error). Not safe to run twice concurrently on the
+    /// last, after checking that none of them is a directory; a failure between
+    /// two renames, such as a name turned into a directory meanwhile, can leave a
+    /// new `weights.bump` with old sidecars, reported as the error). Not safe to run twice concurrently on the
     /// same `dir`.
     ///
     /// # Errors
@@ -408,6 +413,18 @@ impl<'a> WeightsWriter<'a> {
             MANIFEST_MAP,
             plan.manifest.to_map_string(self.version).as_bytes(),
         )?;
+        // A directory at one of the names would fail its `rename(2)` with
+        // `EISDIR` after the names before it were placed: refuse before
+        // placing any.
+        for dest in &final_paths {
+            if std::fs::symlink_metadata(dest).is_ok_and(|m| m.is_dir()) {
+                return Err(WeightsError::io(
+                    dest,
+                    "rename",
+                    std::io::ErrorKind::IsADirectory.into(),
+                ));
+            }
+        }
         {
             // The three names appear together: Ctrl-C or `kill` arriving
             // meanwhile takes effect after the last one (SIGKILL cannot wait).
