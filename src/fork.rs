@@ -19,11 +19,13 @@
 //! one, so any thread holding one releases it and the fixed order cannot
 //! deadlock.
 //!
-//! `CkHuge`'s retention cache registers handlers of its own. A global
-//! allocator that takes locks of its own must register its handlers before
-//! these (POSIX runs prepare handlers in the reverse order of registration,
-//! so its prepare handler then runs after this one): a thread holding one of
-//! the locks above may be inside the global allocator.
+//! A thread holding one of these locks may be inside the global allocator.
+//! `CkHuge` never waits there (its retention cache claims slots with a
+//! compare-and-swap and skips busy ones) and registers only a child handler
+//! of its own (`huge::retain`). A global allocator that takes locks of its
+//! own must register its handlers before these (POSIX runs prepare handlers
+//! in the reverse order of registration, so its prepare handler then runs
+//! after this one).
 
 use std::sync::atomic::{AtomicU8, Ordering};
 
