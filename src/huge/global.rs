@@ -76,7 +76,7 @@ use std::sync::atomic::Ordering;
 /// - **fork**: nothing blocks, so the child of `fork()` can allocate whatever
 ///   the other threads of the parent were doing; a `pthread_atfork` child
 ///   handler (registered on the first retained block) empties slots that
-///   were mid-operation at the fork.
+///   were mid-operation at the fork and recounts the retained bytes.
 /// - [`huge_stats`](crate::huge_stats) reports the retained bytes, hits,
 ///   misses and the bytes decay gave back;
 ///   [`live_bytes`](crate::HugeStats::live_bytes) excludes retained blocks.
