@@ -185,13 +185,7 @@ fn a_free_with_another_size_of_the_same_rounded_length_is_retained_whole() {
 fn alloc_zeroed_after_a_dirty_free_reads_zero_around_16_mib() {
     let _s = serial();
     release_retained();
-    for size in [
-        16 * MIB - 1,
-        16 * MIB,
-        16 * MIB + 1,
-        18 * MIB,
-        2 * MIB + 1,
-    ] {
+    for size in [16 * MIB - 1, 16 * MIB, 16 * MIB + 1, 18 * MIB, 2 * MIB + 1] {
         let l = layout(size, 8);
         let p = alloc(l);
         let len = size.next_multiple_of(2 * MIB);
@@ -447,10 +441,7 @@ fn retain_bytes_from_the_environment_follow_the_parsing_rule() {
 #[test]
 #[ignore = "run by retain_bytes_from_the_environment_follow_the_parsing_rule"]
 fn child_cap() {
-    let want: usize = std::env::var("WANT_RETAIN_BYTES")
-        .unwrap()
-        .parse()
-        .unwrap();
+    let want: usize = std::env::var("WANT_RETAIN_BYTES").unwrap().parse().unwrap();
     assert_eq!(env::retain_bytes(), want);
     let before = huge_stats();
     for size in [2 * MIB, 4 * MIB, 40 * MIB] {
@@ -514,4 +505,115 @@ fn child_decay_huge() {
     assert_eq!(s.decayed_bytes, 0);
     assert_eq!(release_retained(), 4 * MIB);
     assert_eq!(huge_stats().retained_bytes, 0);
+}
+
+/// hugetlb pages free in the system's default pool.
+fn hugetlb_pages_free() -> u64 {
+    std::fs::read_to_string("/proc/meminfo")
+        .unwrap()
+        .lines()
+        .find_map(|l| l.strip_prefix("HugePages_Free:"))
+        .map_or(0, |v| v.trim().parse().unwrap_or(0))
+}
+
+#[test]
+fn hugetlb_blocks_are_retained_trimmed_zeroed_and_grown() {
+    let _s = serial();
+    release_retained();
+    let before = huge_stats();
+    let l = layout(20 * MIB, 8);
+    let p = alloc(l);
+    if huge_stats().hugetlb.mappings == before.hugetlb.mappings {
+        // No reserved hugetlb pages (the usual case): nothing to check here.
+        // As root: `echo 32 > /proc/sys/vm/nr_hugepages` before the run.
+        free(p, l);
+        release_retained();
+        eprintln!("no hugetlb pages ({} free): skipped", hugetlb_pages_free());
+        return;
+    }
+    fill(p, 20 * MIB, 11);
+    free(p, l);
+    assert_eq!(huge_stats().retained_bytes, 20 * MIB as u64);
+    // Above the memset cutoff: the hugetlb pages go back with
+    // MADV_DONTNEED and must fault in again, zeroed.
+    // SAFETY: non-zero size.
+    let z = unsafe { A.alloc_zeroed(l) };
+    assert_eq!(z, p);
+    // SAFETY: 20 MiB are ours.
+    let s = unsafe { std::slice::from_raw_parts(z, 20 * MIB) };
+    assert!(s.iter().all(|&b| b == 0), "hugetlb hit not zeroed");
+    fill(z, 20 * MIB, 12);
+    free(z, l);
+    // A shorter request trims the retained hugetlb block.
+    let l6 = layout(6 * MIB, 8);
+    let q = alloc(l6);
+    assert_eq!(q, p, "the longer hugetlb block is trimmed");
+    assert!(holds(q, 6 * MIB, 12));
+    // hugetlb blocks cannot grow with mremap: map, copy, free.
+    // SAFETY: `q` came from `A` with `l6`.
+    let r = unsafe { A.realloc(q, l6, 10 * MIB) };
+    assert!(!r.is_null());
+    assert!(
+        holds(r, 6 * MIB, 12),
+        "contents after growing a hugetlb block"
+    );
+    fill(r, 10 * MIB, 13);
+    free(r, layout(10 * MIB, 8));
+    release_retained();
+    let after = huge_stats();
+    assert_eq!(after.retained_bytes, 0);
+    assert_eq!(after.live_bytes(), before.live_bytes());
+}
+
+#[test]
+fn a_failed_huge_realloc_or_alloc_leaves_the_cache_and_block_intact() {
+    let _s = serial();
+    release_retained();
+    let l = layout(4 * MIB, 8);
+    let spare = alloc(l);
+    free(spare, l);
+    let p = alloc(l);
+    assert_eq!(p, spare);
+    fill(p, 4 * MIB, 21);
+    let before = huge_stats();
+    let too_big = isize::MAX as usize - 4095;
+    // SAFETY: `p` came from `A` with `l`; `too_big` is a valid size for
+    // alignment 8.
+    let q = unsafe { A.realloc(p, l, too_big) };
+    assert!(q.is_null(), "no address space for {too_big} bytes");
+    assert!(holds(p, 4 * MIB, 21), "the old block is intact");
+    // SAFETY: non-zero size, valid layout.
+    let r = unsafe { A.alloc(layout((isize::MAX as usize + 1) - (1 << 30), 1 << 30)) };
+    assert!(r.is_null());
+    let after = huge_stats();
+    assert_eq!(after.retained_bytes, before.retained_bytes);
+    assert_eq!(after.live_bytes(), before.live_bytes());
+    free(p, l);
+    release_retained();
+}
+
+#[test]
+fn caching_allocator_over_ckhuge_trim_removes_the_mapping() {
+    use allocator_api2::alloc::Allocator;
+    let _s = serial();
+    release_retained();
+    let c = ckalloc::caching::CachingAllocator::unbounded(CkHuge::new());
+    let l = Layout::from_size_align(6 * MIB, 8).unwrap();
+    let b = c.allocate(l).unwrap();
+    let addr = b.cast::<u8>().as_ptr() as usize;
+    // SAFETY: allocated above with `l`.
+    unsafe { c.deallocate(b.cast(), l) };
+    assert!(
+        !common::mappings_overlapping(addr, 6 * MIB).is_empty(),
+        "the pool keeps the block mapped"
+    );
+    c.trim();
+    if !common::under_asan() {
+        assert!(
+            common::mappings_overlapping(addr, 6 * MIB).is_empty(),
+            "trim unmaps: {:?}",
+            common::mappings_overlapping(addr, 6 * MIB)
+        );
+    }
+    assert_eq!(huge_stats().retained_bytes, 0, "not cached twice");
 }
