@@ -270,6 +270,61 @@ fn eight_threads_churning_the_same_sizes_never_share_a_block() {
     assert_eq!(huge_stats().retained_bytes, 0);
 }
 
+/// Eight threads allocate, stamp every 4 KiB page, check and free blocks
+/// of mixed lengths (so longer blocks are trimmed) for `rounds` rounds.
+fn churn_mixed_lengths(rounds: usize) {
+    let threads: Vec<_> = (1..=8u8)
+        .map(|t| {
+            std::thread::spawn(move || {
+                for i in 0..rounds {
+                    let size =
+                        [8 * MIB, 2 * MIB, 6 * MIB - 1, 4 * MIB + 1, MIB][(i + t as usize) % 5];
+                    let l = layout(size, 8);
+                    let p = alloc(l);
+                    for off in (0..size).step_by(4096) {
+                        // SAFETY: within the block.
+                        unsafe { *p.add(off) = t };
+                    }
+                    std::thread::yield_now();
+                    for off in (0..size).step_by(4096) {
+                        // SAFETY: within the block.
+                        assert_eq!(unsafe { *p.add(off) }, t, "block shared");
+                    }
+                    free(p, l);
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+}
+
+#[test]
+fn churn_with_immediate_decay_and_a_small_cap_never_shares_or_loses_a_block() {
+    run_child(
+        "child_churn_decay",
+        &[
+            ("CKALLOC_RETAIN_DECAY_MS", "0"),
+            ("CKALLOC_RETAIN_BYTES", "33554432"),
+        ],
+    );
+}
+
+#[test]
+#[ignore = "run by churn_with_immediate_decay_and_a_small_cap_never_shares_or_loses_a_block"]
+fn child_churn_decay() {
+    let before = huge_stats();
+    churn_mixed_lengths(400);
+    let s = huge_stats();
+    assert!(s.retained_bytes <= 32 * MIB as u64, "{s:?}");
+    assert!(s.decayed_bytes > 0, "decay ran: {s:?}");
+    release_retained();
+    let after = huge_stats();
+    assert_eq!(after.retained_bytes, 0);
+    assert_eq!(after.live_bytes(), before.live_bytes(), "{after:?}");
+}
+
 #[test]
 fn a_thread_exiting_while_its_blocks_are_retained_loses_none() {
     let _s = serial();
