@@ -672,3 +672,52 @@ fn caching_allocator_over_ckhuge_trim_removes_the_mapping() {
     }
     assert_eq!(huge_stats().retained_bytes, 0, "not cached twice");
 }
+
+/// The block the fork prepare handler of `child_free_in_prepare` frees.
+static STASHED: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// A `pthread_atfork` prepare handler that frees a huge-page block through
+/// the global allocator, as a library's handler dropping a buffer would.
+unsafe extern "C" fn free_stashed_block() {
+    let p = STASHED.swap(0, Ordering::Relaxed) as *mut u8;
+    if !p.is_null() {
+        free(p, layout(4 * MIB, 8));
+    }
+}
+
+#[test]
+fn freeing_the_first_retained_block_inside_a_fork_handler_does_not_hang() {
+    run_child("child_free_in_prepare", &[]);
+}
+
+#[test]
+#[ignore = "run by freeing_the_first_retained_block_inside_a_fork_handler_does_not_hang"]
+fn child_free_in_prepare() {
+    // Nothing retained yet in this process: the free below is the first.
+    assert_eq!(huge_stats().retained_bytes, 0);
+    STASHED.store(alloc(layout(4 * MIB, 8)) as usize, Ordering::Relaxed);
+    // SAFETY: registers a handler valid for the life of the process.
+    let rc = unsafe { libc::pthread_atfork(Some(free_stashed_block), None, None) };
+    assert_eq!(rc, 0);
+    // A second thread: glibc's `fork` takes its handler lock (and runs the
+    // prepare handlers under it) only in multi-threaded processes.
+    let (tx, rx) = std::sync::mpsc::channel::<()>();
+    let other = std::thread::spawn(move || rx.recv());
+    // SAFETY: `alarm` ends this process if the fork hangs.
+    unsafe { libc::alarm(5) };
+    // SAFETY: the child only `_exit`s.
+    let pid = unsafe { libc::fork() };
+    if pid == 0 {
+        // SAFETY: ends the child at once.
+        unsafe { libc::_exit(0) };
+    }
+    assert!(pid > 0);
+    let mut status = 0;
+    // SAFETY: waits for our child.
+    assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
+    // SAFETY: cancels the alarm.
+    unsafe { libc::alarm(0) };
+    tx.send(()).unwrap();
+    other.join().unwrap().unwrap();
+    assert_eq!(huge_stats().retained_bytes, 4 * MIB as u64);
+}
