@@ -76,7 +76,7 @@ use std::sync::atomic::Ordering;
 /// - **fork**: nothing blocks, so the child of `fork()` can allocate whatever
 ///   the other threads of the parent were doing; a `pthread_atfork` child
 ///   handler (registered on the first retained block) empties slots that
-///   were mid-operation at the fork.
+///   were mid-operation at the fork and recounts the retained bytes.
 /// - [`huge_stats`](crate::huge_stats) reports the retained bytes, hits,
 ///   misses and the bytes decay gave back;
 ///   [`live_bytes`](crate::HugeStats::live_bytes) excludes retained blocks.
@@ -92,8 +92,11 @@ use std::sync::atomic::Ordering;
 /// aligned reservation (a plain `MREMAP_MAYMOVE` could lose the alignment);
 /// hugetlb blocks cannot grow with `mremap`, so they are copied.
 ///
-/// The mapping path never allocates, takes no lock, never panics and never
-/// prints; configuration is read with `getenv`. Thread-safe.
+/// The mapping path never allocates, takes no lock of its own, never panics
+/// and never prints; configuration is read with `getenv`. The first block
+/// the process retains registers the fork child handler with
+/// `pthread_atfork(3)`, which takes the C library's handler lock once (also
+/// safe from inside another library's fork prepare handler). Thread-safe.
 ///
 /// `CkHuge<S>` is `Copy` and `Debug` when `S` is: `CkHuge` (with `System`)
 /// is both, `CkHuge<mimalloc::MiMalloc>` is neither (`MiMalloc` derives

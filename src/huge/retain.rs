@@ -336,16 +336,23 @@ pub fn release_retained() -> usize {
 
 /// `pthread_atfork` child handler: slots a thread of the parent held mid
 /// operation are left `BUSY` in the child, where that thread does not exist;
-/// they become empty again (a block being freed at that moment stays mapped
-/// in the child and is not reused).
+/// they become empty again (a block being freed or taken at that moment
+/// stays mapped in the child and is not reused). Such a thread may also have
+/// counted its block in [`RETAINED`] without a slot holding it, so the child
+/// recounts the bytes of the blocks its slots hold (the child has one
+/// thread: nothing changes the slots meanwhile).
 unsafe extern "C" fn fork_child() {
+    let mut held = 0usize;
     for shard in &CACHE {
         for slot in &shard.slots {
-            if slot.word.load(Relaxed) == BUSY {
-                slot.word.store(EMPTY, Relaxed);
+            match slot.word.load(Relaxed) {
+                BUSY => slot.word.store(EMPTY, Relaxed),
+                EMPTY => {}
+                _ => held = held.saturating_add(slot.len.load(Relaxed)),
             }
         }
     }
+    RETAINED.store(held, Relaxed);
 }
 
 unsafe extern "C" fn fork_nothing() {}

@@ -1,0 +1,723 @@
+//! `CkHuge` as the `#[global_allocator]` of this test binary, with its
+//! retention cache under load: `realloc` of retained blocks across 2 MiB
+//! boundaries, alignments above 2 MiB, frees with a different size of the
+//! same 2 MiB-rounded length, `alloc_zeroed` around the memset cutoff, the
+//! cap and decay read from the environment, statistics, threads, thread exit,
+//! `fork` while threads churn, and a small allocator that fails.
+
+mod common;
+
+use ckalloc::{env, huge_stats, release_retained, CkHuge};
+use common::serial;
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::process::Command;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+#[global_allocator]
+static A: CkHuge = CkHuge::new();
+
+const MIB: usize = 1 << 20;
+
+fn layout(size: usize, align: usize) -> Layout {
+    Layout::from_size_align(size, align).unwrap()
+}
+
+fn alloc(l: Layout) -> *mut u8 {
+    // SAFETY: non-zero size.
+    let p = unsafe { A.alloc(l) };
+    assert!(!p.is_null(), "{l:?}");
+    p
+}
+
+fn free(p: *mut u8, l: Layout) {
+    // SAFETY: `p` came from `A` with a layout of the same rounded length.
+    unsafe { A.dealloc(p, l) }
+}
+
+/// A byte pattern that differs at every offset of a 2 MiB page pair.
+fn pattern(i: usize, seed: u8) -> u8 {
+    (i / 4096) as u8 ^ (i as u8) ^ seed
+}
+
+/// Writes the pattern over `p[..n]`.
+fn fill(p: *mut u8, n: usize, seed: u8) {
+    // SAFETY: the caller owns `n` bytes at `p`.
+    let s = unsafe { std::slice::from_raw_parts_mut(p, n) };
+    for (i, b) in s.iter_mut().enumerate() {
+        *b = pattern(i, seed);
+    }
+}
+
+/// Whether `p[..n]` holds the pattern.
+fn holds(p: *const u8, n: usize, seed: u8) -> bool {
+    // SAFETY: the caller owns `n` bytes at `p`.
+    let s = unsafe { std::slice::from_raw_parts(p, n) };
+    s.iter().enumerate().all(|(i, &b)| b == pattern(i, seed))
+}
+
+/// Runs the ignored test `name` of this binary in a child process with `envs`.
+fn run_child(name: &str, envs: &[(&str, &str)]) {
+    let exe = std::env::current_exe().unwrap();
+    let out = Command::new(exe)
+        .args([
+            name,
+            "--exact",
+            "--ignored",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .envs(envs.iter().copied())
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && stdout.contains("1 passed"),
+        "{name}: {stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[test]
+fn realloc_of_retained_blocks_keeps_contents_across_2mib_boundaries() {
+    let _s = serial();
+    release_retained();
+    // Sizes on, just under and just over 2 MiB multiples, growing and
+    // shrinking, in place or moved (a neighbour blocks in-place growth).
+    let steps = [
+        4 * MIB,
+        4 * MIB - 1,
+        4 * MIB + 1,
+        8 * MIB,
+        6 * MIB - 7,
+        2 * MIB,
+        2 * MIB - 1,
+        MIB,
+        10 * MIB + 3,
+        4 * MIB,
+    ];
+    for round in 0..3u8 {
+        let neighbour = layout(2 * MIB, 8);
+        let mut held = Vec::new();
+        let mut size = steps[0];
+        let mut p = alloc(layout(size, 8));
+        fill(p, size, round);
+        for &next in &steps[1..] {
+            // A block right after `p` (often the next free range) makes
+            // some growths move.
+            held.push(alloc(neighbour));
+            // SAFETY: `p` came from `A` with `layout(size, 8)`; `next > 0`.
+            let q = unsafe { A.realloc(p, layout(size, 8), next) };
+            assert!(!q.is_null(), "{size} -> {next}");
+            let kept = size.min(next);
+            assert!(holds(q, kept, round), "{size} -> {next}: contents");
+            // The whole new size is writable.
+            fill(q, next, round);
+            p = q;
+            size = next;
+        }
+        free(p, layout(size, 8));
+        for h in held {
+            free(h, neighbour);
+        }
+    }
+    release_retained();
+    let s = huge_stats();
+    assert_eq!(s.retained_bytes, 0);
+}
+
+#[test]
+fn alignments_of_4mib_and_1gib_are_met_by_retained_blocks() {
+    let _s = serial();
+    release_retained();
+    let plain = layout(4 * MIB, 8);
+    // Fill the cache with 4 MiB blocks of all kinds of alignment.
+    let blocks: Vec<_> = (0..8).map(|_| alloc(plain)).collect();
+    for &b in &blocks {
+        free(b, plain);
+    }
+    for align in [4 * MIB, 64 * MIB, 1 << 30] {
+        let l = layout(4 * MIB, align);
+        let p = alloc(l);
+        assert!((p as usize).is_multiple_of(align), "{align}: {p:p}");
+        fill(p, 4 * MIB, 1);
+        free(p, l);
+        // The aligned block is retained and meets the alignment again.
+        let hits = huge_stats().retention_hits;
+        let q = alloc(l);
+        assert!((q as usize).is_multiple_of(align), "{align}: {q:p}");
+        assert_eq!(q, p, "{align}: the aligned block comes back");
+        assert_eq!(huge_stats().retention_hits, hits + 1);
+        // SAFETY: `q..q+4 MiB` is `l`'s block; realloc keeps the alignment.
+        let r = unsafe { A.realloc(q, l, 12 * MIB) };
+        assert!((r as usize).is_multiple_of(align), "{align}: grown {r:p}");
+        free(r, layout(12 * MIB, align));
+    }
+    release_retained();
+}
+
+#[test]
+fn a_free_with_another_size_of_the_same_rounded_length_is_retained_whole() {
+    let _s = serial();
+    release_retained();
+    let before = huge_stats();
+    let p = alloc(layout(3 * MIB + 1, 8));
+    fill(p, 4 * MIB, 3);
+    free(p, layout(4 * MIB, 8));
+    assert_eq!(huge_stats().retained_bytes, 4 * MIB as u64);
+    let q = alloc(layout(2 * MIB + 1, 8));
+    assert_eq!(q, p);
+    // The last byte of the 4 MiB mapping is still mapped.
+    // SAFETY: the mapping is 4 MiB long.
+    unsafe { *q.add(4 * MIB - 1) = 9 };
+    free(q, layout(4 * MIB - 1, 8));
+    release_retained();
+    let after = huge_stats();
+    assert_eq!(after.retained_bytes, 0);
+    assert_eq!(
+        after.live_bytes(),
+        before.live_bytes(),
+        "everything mapped here was unmapped"
+    );
+}
+
+#[test]
+fn alloc_zeroed_after_a_dirty_free_reads_zero_around_16_mib() {
+    let _s = serial();
+    release_retained();
+    for size in [16 * MIB - 1, 16 * MIB, 16 * MIB + 1, 18 * MIB, 2 * MIB + 1] {
+        let l = layout(size, 8);
+        let p = alloc(l);
+        let len = size.next_multiple_of(2 * MIB);
+        // Dirty the whole mapping, beyond the requested size as well.
+        // SAFETY: the mapping is `len` bytes.
+        unsafe { p.write_bytes(0xCD, len) };
+        free(p, l);
+        // SAFETY: non-zero size.
+        let z = unsafe { A.alloc_zeroed(l) };
+        assert!(!z.is_null());
+        // SAFETY: `size` bytes are ours.
+        let s = unsafe { std::slice::from_raw_parts(z, size) };
+        assert!(s.iter().all(|&b| b == 0), "{size}: not zeroed");
+        // A zeroed vector through the global allocator of the same length.
+        free(z, l);
+        let v = vec![0u8; size];
+        assert!(v.iter().all(|&b| b == 0), "{size}: vec! not zeroed");
+        drop(v);
+    }
+    release_retained();
+}
+
+#[test]
+fn stats_stay_consistent_and_release_empties_the_cache() {
+    let _s = serial();
+    release_retained();
+    let before = huge_stats();
+    let sizes = [2 * MIB, 3 * MIB, 4 * MIB, 8 * MIB, 30 * MIB, 64 * MIB];
+    for round in 0..4 {
+        let ps: Vec<_> = sizes.iter().map(|&s| (alloc(layout(s, 8)), s)).collect();
+        for (p, s) in ps {
+            free(p, layout(s, 8));
+        }
+        let s = huge_stats();
+        assert!(
+            s.retained_bytes <= env::retain_bytes() as u64,
+            "{round}: {s:?}"
+        );
+        assert!(s.retained_bytes < 1 << 40, "{round}: wrapped {s:?}");
+        assert!(s.live_bytes() < 1 << 40, "{round}: wrapped {s:?}");
+    }
+    let released = release_retained();
+    let after = huge_stats();
+    assert_eq!(after.retained_bytes, 0);
+    assert!(released > 0);
+    assert_eq!(after.live_bytes(), before.live_bytes());
+}
+
+#[test]
+fn eight_threads_churning_the_same_sizes_never_share_a_block() {
+    let _s = serial();
+    release_retained();
+    let threads: Vec<_> = (0..8u8)
+        .map(|t| {
+            std::thread::spawn(move || {
+                for i in 0..300usize {
+                    let size = [2 * MIB, 4 * MIB, 3 * MIB + 5][i % 3];
+                    let l = layout(size, 8);
+                    let p = alloc(l);
+                    // A stamp at each 4 KiB page of the first 2 MiB, checked
+                    // after a yield: a block handed out twice is caught.
+                    for off in (0..2 * MIB).step_by(4096) {
+                        // SAFETY: within the block.
+                        unsafe { *p.add(off) = t };
+                    }
+                    std::thread::yield_now();
+                    for off in (0..2 * MIB).step_by(4096) {
+                        // SAFETY: within the block.
+                        assert_eq!(unsafe { *p.add(off) }, t, "block shared");
+                    }
+                    free(p, l);
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    let s = huge_stats();
+    assert!(s.retained_bytes <= env::retain_bytes() as u64, "{s:?}");
+    release_retained();
+    assert_eq!(huge_stats().retained_bytes, 0);
+}
+
+/// Eight threads allocate, stamp every 4 KiB page, check and free blocks
+/// of mixed lengths (so longer blocks are trimmed) for `rounds` rounds.
+fn churn_mixed_lengths(rounds: usize) {
+    let threads: Vec<_> = (1..=8u8)
+        .map(|t| {
+            std::thread::spawn(move || {
+                for i in 0..rounds {
+                    let size =
+                        [8 * MIB, 2 * MIB, 6 * MIB - 1, 4 * MIB + 1, MIB][(i + t as usize) % 5];
+                    let l = layout(size, 8);
+                    let p = alloc(l);
+                    for off in (0..size).step_by(4096) {
+                        // SAFETY: within the block.
+                        unsafe { *p.add(off) = t };
+                    }
+                    std::thread::yield_now();
+                    for off in (0..size).step_by(4096) {
+                        // SAFETY: within the block.
+                        assert_eq!(unsafe { *p.add(off) }, t, "block shared");
+                    }
+                    free(p, l);
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+}
+
+#[test]
+fn churn_with_immediate_decay_and_a_small_cap_never_shares_or_loses_a_block() {
+    run_child(
+        "child_churn_decay",
+        &[
+            ("CKALLOC_RETAIN_DECAY_MS", "0"),
+            ("CKALLOC_RETAIN_BYTES", "33554432"),
+        ],
+    );
+}
+
+#[test]
+#[ignore = "run by churn_with_immediate_decay_and_a_small_cap_never_shares_or_loses_a_block"]
+fn child_churn_decay() {
+    let before = huge_stats();
+    churn_mixed_lengths(400);
+    let s = huge_stats();
+    assert!(s.retained_bytes <= 32 * MIB as u64, "{s:?}");
+    assert!(s.decayed_bytes > 0, "decay ran: {s:?}");
+    release_retained();
+    let after = huge_stats();
+    assert_eq!(after.retained_bytes, 0);
+    assert_eq!(after.live_bytes(), before.live_bytes(), "{after:?}");
+}
+
+#[test]
+fn a_thread_exiting_while_its_blocks_are_retained_loses_none() {
+    let _s = serial();
+    release_retained();
+    let before = huge_stats();
+    let addrs = std::thread::spawn(|| {
+        let l = layout(4 * MIB, 8);
+        let ps: Vec<_> = (0..4).map(|_| alloc(l)).collect();
+        let addrs: Vec<usize> = ps.iter().map(|&p| p as usize).collect();
+        for p in ps {
+            free(p, l);
+        }
+        addrs
+    })
+    .join()
+    .unwrap();
+    assert_eq!(huge_stats().retained_bytes, 16 * MIB as u64);
+    let l = layout(4 * MIB, 8);
+    let mut back: Vec<usize> = (0..4).map(|_| alloc(l) as usize).collect();
+    let mut want = addrs.clone();
+    back.sort_unstable();
+    want.sort_unstable();
+    assert_eq!(back, want, "the exited thread's blocks serve this one");
+    for p in back {
+        free(p as *mut u8, l);
+    }
+    release_retained();
+    assert_eq!(huge_stats().live_bytes(), before.live_bytes());
+}
+
+#[test]
+fn fork_while_threads_churn_gives_a_child_that_allocates_and_counts_right() {
+    let _s = serial();
+    release_retained();
+    let stop = Arc::new(AtomicBool::new(false));
+    let churn: Vec<_> = (0..4)
+        .map(|t| {
+            let stop = stop.clone();
+            std::thread::spawn(move || {
+                let l = layout([4 * MIB, 6 * MIB][t % 2], 8);
+                while !stop.load(Ordering::Relaxed) {
+                    let p = alloc(l);
+                    free(p, l);
+                }
+            })
+        })
+        .collect();
+    let mut failures = Vec::new();
+    for round in 0..200 {
+        // SAFETY: the child uses only the allocator, the statistics and
+        // async-signal-safe calls, then `_exit`s.
+        let pid = unsafe { libc::fork() };
+        if pid == 0 {
+            // SAFETY: `alarm` kills a child that hangs.
+            unsafe { libc::alarm(10) };
+            let l = layout(4 * MIB, 8);
+            let mut code = 0;
+            for _ in 0..4 {
+                let v = vec![7u8; 5 * MIB];
+                if v[5 * MIB - 1] != 7 {
+                    code = 2;
+                }
+                drop(v);
+                let p = alloc(l);
+                free(p, l);
+            }
+            release_retained();
+            if huge_stats().retained_bytes != 0 {
+                code = 3;
+            }
+            // SAFETY: ends the child without the parent's destructors.
+            unsafe { libc::_exit(code) };
+        }
+        assert!(pid > 0, "fork failed");
+        let mut status = 0;
+        // SAFETY: waits for our child.
+        assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
+        if !(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0) {
+            failures.push((round, status));
+        }
+    }
+    stop.store(true, Ordering::Relaxed);
+    for t in churn {
+        t.join().unwrap();
+    }
+    release_retained();
+    assert!(
+        failures.is_empty(),
+        "children that failed (round, wait status; exit 3: retained bytes \
+         left after release_retained): {failures:?}"
+    );
+}
+
+/// A small allocator whose every call fails.
+struct Failing;
+
+// SAFETY: returns null for every request, which the contract allows.
+unsafe impl GlobalAlloc for Failing {
+    unsafe fn alloc(&self, _: Layout) -> *mut u8 {
+        std::ptr::null_mut()
+    }
+    unsafe fn dealloc(&self, _: *mut u8, _: Layout) {}
+}
+
+#[test]
+fn a_failing_small_allocator_leaves_mapped_blocks_intact() {
+    let _s = serial();
+    release_retained();
+    let a = CkHuge::with_small_allocator(Failing);
+    let small = layout(64, 8);
+    // SAFETY: non-zero size.
+    assert!(unsafe { a.alloc(small) }.is_null());
+    // SAFETY: non-zero size.
+    assert!(unsafe { a.alloc_zeroed(small) }.is_null());
+    let l = layout(4 * MIB, 8);
+    // SAFETY: non-zero size.
+    let p = unsafe { a.alloc(l) };
+    assert!(!p.is_null());
+    fill(p, 4 * MIB, 5);
+    // Shrinking below the threshold needs the small allocator: it fails and
+    // the mapped block stays as it was.
+    // SAFETY: `p` came from `a` with `l`.
+    let q = unsafe { a.realloc(p, l, MIB) };
+    assert!(q.is_null());
+    assert!(holds(p, 4 * MIB, 5), "the old block is intact");
+    // Mapped-to-mapped resizes do not need it.
+    // SAFETY: as above.
+    let r = unsafe { a.realloc(p, l, 9 * MIB) };
+    assert!(!r.is_null());
+    assert!(holds(r, 4 * MIB, 5));
+    // SAFETY: `r` came from `a` with 9 MiB.
+    unsafe { a.dealloc(r, layout(9 * MIB, 8)) };
+    // Through `System` the same shrink works.
+    let b = CkHuge::with_small_allocator(System);
+    // SAFETY: non-zero size.
+    let p = unsafe { b.alloc(l) };
+    fill(p, 4 * MIB, 6);
+    // SAFETY: `p` came from `b` with `l`.
+    let q = unsafe { b.realloc(p, l, MIB) };
+    assert!(!q.is_null() && holds(q, MIB, 6));
+    // SAFETY: `q` came from `b` with 1 MiB.
+    unsafe { b.dealloc(q, layout(MIB, 8)) };
+    release_retained();
+}
+
+#[test]
+fn retain_bytes_from_the_environment_follow_the_parsing_rule() {
+    for (value, want) in [
+        ("0", 0),
+        ("1", 1),
+        (" 8388608\n", 8 * MIB),
+        ("garbage", env::DEFAULT_RETAIN_BYTES),
+        ("8 MiB", env::DEFAULT_RETAIN_BYTES),
+        ("-1", env::DEFAULT_RETAIN_BYTES),
+        ("99999999999999999999999", env::DEFAULT_RETAIN_BYTES),
+        ("18446744073709551615", usize::MAX - 1),
+        ("", env::DEFAULT_RETAIN_BYTES),
+    ] {
+        run_child(
+            "child_cap",
+            &[
+                ("CKALLOC_RETAIN_BYTES", value),
+                ("WANT_RETAIN_BYTES", &want.to_string()),
+            ],
+        );
+    }
+}
+
+#[test]
+#[ignore = "run by retain_bytes_from_the_environment_follow_the_parsing_rule"]
+fn child_cap() {
+    let want: usize = std::env::var("WANT_RETAIN_BYTES").unwrap().parse().unwrap();
+    assert_eq!(env::retain_bytes(), want);
+    let before = huge_stats();
+    for size in [2 * MIB, 4 * MIB, 40 * MIB] {
+        let l = layout(size, 8);
+        let p = alloc(l);
+        free(p, l);
+        let retained = huge_stats().retained_bytes as usize;
+        assert!(retained <= want, "{size}: {retained} > {want}");
+        let kept = want != 0 && size <= want / 4;
+        assert_eq!(retained == size, kept, "{size} under a cap of {want}");
+        release_retained();
+    }
+    assert_eq!(huge_stats().live_bytes(), before.live_bytes());
+}
+
+#[test]
+fn decay_of_zero_gives_blocks_back_at_the_next_step() {
+    run_child("child_decay_zero", &[("CKALLOC_RETAIN_DECAY_MS", "0")]);
+}
+
+#[test]
+#[ignore = "run by decay_of_zero_gives_blocks_back_at_the_next_step"]
+fn child_decay_zero() {
+    assert_eq!(env::retain_decay_ms(), 0);
+    let l = layout(4 * MIB, 8);
+    let ps: Vec<_> = (0..6).map(|_| alloc(l)).collect();
+    for p in ps {
+        free(p, l);
+    }
+    assert_eq!(huge_stats().retained_bytes, 24 * MIB as u64);
+    // Small allocations drive the steps: 4 blocks a step at most.
+    for _ in 0..2 * 256 + 8 {
+        drop(std::hint::black_box(vec![1u8; 32]));
+    }
+    let s = huge_stats();
+    assert_eq!(s.retained_bytes, 0, "{s:?}");
+    assert_eq!(s.decayed_bytes, 24 * MIB as u64);
+}
+
+#[test]
+fn a_huge_decay_delay_keeps_blocks_until_released() {
+    run_child(
+        "child_decay_huge",
+        &[("CKALLOC_RETAIN_DECAY_MS", "18446744073709551614")],
+    );
+}
+
+#[test]
+#[ignore = "run by a_huge_decay_delay_keeps_blocks_until_released"]
+fn child_decay_huge() {
+    assert_eq!(env::retain_decay_ms(), u64::MAX - 1);
+    let l = layout(4 * MIB, 8);
+    let p = alloc(l);
+    free(p, l);
+    std::thread::sleep(std::time::Duration::from_millis(50));
+    for _ in 0..4 * 256 {
+        drop(std::hint::black_box(vec![1u8; 32]));
+    }
+    let s = huge_stats();
+    assert_eq!(s.retained_bytes, 4 * MIB as u64, "{s:?}");
+    assert_eq!(s.decayed_bytes, 0);
+    assert_eq!(release_retained(), 4 * MIB);
+    assert_eq!(huge_stats().retained_bytes, 0);
+}
+
+/// hugetlb pages free in the system's default pool.
+fn hugetlb_pages_free() -> u64 {
+    std::fs::read_to_string("/proc/meminfo")
+        .unwrap()
+        .lines()
+        .find_map(|l| l.strip_prefix("HugePages_Free:"))
+        .map_or(0, |v| v.trim().parse().unwrap_or(0))
+}
+
+#[test]
+fn hugetlb_blocks_are_retained_trimmed_zeroed_and_grown() {
+    let _s = serial();
+    release_retained();
+    let before = huge_stats();
+    let l = layout(20 * MIB, 8);
+    let p = alloc(l);
+    if huge_stats().hugetlb.mappings == before.hugetlb.mappings {
+        // No reserved hugetlb pages (the usual case): nothing to check here.
+        // As root: `echo 32 > /proc/sys/vm/nr_hugepages` before the run.
+        free(p, l);
+        release_retained();
+        eprintln!("no hugetlb pages ({} free): skipped", hugetlb_pages_free());
+        return;
+    }
+    fill(p, 20 * MIB, 11);
+    free(p, l);
+    assert_eq!(huge_stats().retained_bytes, 20 * MIB as u64);
+    // Above the memset cutoff: the hugetlb pages go back with
+    // MADV_DONTNEED and must fault in again, zeroed.
+    // SAFETY: non-zero size.
+    let z = unsafe { A.alloc_zeroed(l) };
+    assert_eq!(z, p);
+    // SAFETY: 20 MiB are ours.
+    let s = unsafe { std::slice::from_raw_parts(z, 20 * MIB) };
+    assert!(s.iter().all(|&b| b == 0), "hugetlb hit not zeroed");
+    fill(z, 20 * MIB, 12);
+    free(z, l);
+    // A shorter request trims the retained hugetlb block.
+    let l6 = layout(6 * MIB, 8);
+    let q = alloc(l6);
+    assert_eq!(q, p, "the longer hugetlb block is trimmed");
+    assert!(holds(q, 6 * MIB, 12));
+    // hugetlb blocks cannot grow with mremap: map, copy, free.
+    // SAFETY: `q` came from `A` with `l6`.
+    let r = unsafe { A.realloc(q, l6, 10 * MIB) };
+    assert!(!r.is_null());
+    assert!(
+        holds(r, 6 * MIB, 12),
+        "contents after growing a hugetlb block"
+    );
+    fill(r, 10 * MIB, 13);
+    free(r, layout(10 * MIB, 8));
+    release_retained();
+    let after = huge_stats();
+    assert_eq!(after.retained_bytes, 0);
+    assert_eq!(after.live_bytes(), before.live_bytes());
+}
+
+#[test]
+fn a_failed_huge_realloc_or_alloc_leaves_the_cache_and_block_intact() {
+    let _s = serial();
+    release_retained();
+    let l = layout(4 * MIB, 8);
+    let spare = alloc(l);
+    free(spare, l);
+    let p = alloc(l);
+    assert_eq!(p, spare);
+    fill(p, 4 * MIB, 21);
+    let before = huge_stats();
+    let too_big = isize::MAX as usize - 4095;
+    // SAFETY: `p` came from `A` with `l`; `too_big` is a valid size for
+    // alignment 8.
+    let q = unsafe { A.realloc(p, l, too_big) };
+    assert!(q.is_null(), "no address space for {too_big} bytes");
+    assert!(holds(p, 4 * MIB, 21), "the old block is intact");
+    // SAFETY: non-zero size, valid layout.
+    let r = unsafe { A.alloc(layout((isize::MAX as usize + 1) - (1 << 30), 1 << 30)) };
+    assert!(r.is_null());
+    let after = huge_stats();
+    assert_eq!(after.retained_bytes, before.retained_bytes);
+    assert_eq!(after.live_bytes(), before.live_bytes());
+    free(p, l);
+    release_retained();
+}
+
+#[test]
+fn caching_allocator_over_ckhuge_trim_removes_the_mapping() {
+    use allocator_api2::alloc::Allocator;
+    let _s = serial();
+    release_retained();
+    let c = ckalloc::caching::CachingAllocator::unbounded(CkHuge::new());
+    let l = Layout::from_size_align(6 * MIB, 8).unwrap();
+    let b = c.allocate(l).unwrap();
+    let addr = b.cast::<u8>().as_ptr() as usize;
+    // SAFETY: allocated above with `l`.
+    unsafe { c.deallocate(b.cast(), l) };
+    assert!(
+        !common::mappings_overlapping(addr, 6 * MIB).is_empty(),
+        "the pool keeps the block mapped"
+    );
+    c.trim();
+    if !common::under_asan() {
+        assert!(
+            common::mappings_overlapping(addr, 6 * MIB).is_empty(),
+            "trim unmaps: {:?}",
+            common::mappings_overlapping(addr, 6 * MIB)
+        );
+    }
+    assert_eq!(huge_stats().retained_bytes, 0, "not cached twice");
+}
+
+/// The block the fork prepare handler of `child_free_in_prepare` frees.
+static STASHED: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// A `pthread_atfork` prepare handler that frees a huge-page block through
+/// the global allocator, as a library's handler dropping a buffer would.
+unsafe extern "C" fn free_stashed_block() {
+    let p = STASHED.swap(0, Ordering::Relaxed) as *mut u8;
+    if !p.is_null() {
+        free(p, layout(4 * MIB, 8));
+    }
+}
+
+#[test]
+fn freeing_the_first_retained_block_inside_a_fork_handler_does_not_hang() {
+    run_child("child_free_in_prepare", &[]);
+}
+
+#[test]
+#[ignore = "run by freeing_the_first_retained_block_inside_a_fork_handler_does_not_hang"]
+fn child_free_in_prepare() {
+    // Nothing retained yet in this process: the free below is the first.
+    assert_eq!(huge_stats().retained_bytes, 0);
+    STASHED.store(alloc(layout(4 * MIB, 8)) as usize, Ordering::Relaxed);
+    // SAFETY: registers a handler valid for the life of the process.
+    let rc = unsafe { libc::pthread_atfork(Some(free_stashed_block), None, None) };
+    assert_eq!(rc, 0);
+    // A second thread: glibc's `fork` takes its handler lock (and runs the
+    // prepare handlers under it) only in multi-threaded processes.
+    let (tx, rx) = std::sync::mpsc::channel::<()>();
+    let other = std::thread::spawn(move || rx.recv());
+    // SAFETY: `alarm` ends this process if the fork hangs.
+    unsafe { libc::alarm(5) };
+    // SAFETY: the child only `_exit`s.
+    let pid = unsafe { libc::fork() };
+    if pid == 0 {
+        // SAFETY: ends the child at once.
+        unsafe { libc::_exit(0) };
+    }
+    assert!(pid > 0);
+    let mut status = 0;
+    // SAFETY: waits for our child.
+    assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
+    // SAFETY: cancels the alarm.
+    unsafe { libc::alarm(0) };
+    tx.send(()).unwrap();
+    other.join().unwrap().unwrap();
+    assert_eq!(huge_stats().retained_bytes, 4 * MIB as u64);
+}
