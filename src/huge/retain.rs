@@ -148,6 +148,11 @@ pub(crate) fn tick_small() {
 /// the cache; `None` when there is none. Never makes a system call.
 #[inline]
 pub(crate) fn take(len: usize, align: usize) -> Option<NonNull<u8>> {
+    if len > env::retain_bytes() / MAX_BLOCK_SHARE {
+        // No retained block is this long (`put` refuses them), nor longer.
+        COUNTERS.retain_misses.fetch_add(1, Relaxed);
+        return None;
+    }
     let home = home();
     let mask = align - 1;
     for i in 0..SHARDS {
