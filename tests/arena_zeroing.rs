@@ -6,8 +6,11 @@
 //! page it shares with the runtime region, stay as they were.
 //! (Injected `madvise` failures: `tests/arena_zeroing_faults.rs`.)
 
+mod common;
+
 use allocator_api2::alloc::{Allocator, Layout};
 use ckalloc::*;
+use common::{fill_runtime, nonzero_from};
 use std::io::Write;
 use std::process::Command;
 
@@ -15,23 +18,6 @@ const MIB: usize = 1 << 20;
 const TOTAL: usize = 32 * MIB;
 /// Not page aligned: the runtime region starts 100 bytes into a page.
 const AB: usize = 16 * MIB + 100;
-
-/// Allocate every free runtime byte and fill it with `byte`.
-fn fill_runtime(arena: &BumpArena, byte: u8) {
-    let n = arena.remaining();
-    let b = Allocator::allocate(&arena, Layout::from_size_align(n, 1).unwrap()).unwrap();
-    // SAFETY: a fresh block of `n` bytes.
-    unsafe { b.cast::<u8>().as_ptr().write_bytes(byte, n) };
-}
-
-/// Non-zero bytes of arena offsets `from..total_size`.
-fn nonzero_from(arena: &BumpArena, from: usize) -> usize {
-    let p = arena.ptr_at(from).unwrap();
-    // SAFETY: the range lies inside the arena's mapping, readable in both
-    // modes; nothing is allocated from it meanwhile.
-    let s = unsafe { std::slice::from_raw_parts(p.as_ptr(), arena.total_size() - from) };
-    s.iter().filter(|&&b| b != 0).count()
-}
 
 /// Build, write the weights (anon mode), fill the runtime region with 0xAB,
 /// reset, and check that the runtime region reads zero and the weights

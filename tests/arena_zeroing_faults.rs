@@ -5,30 +5,20 @@
 //!
 //! Run with `scripts/test` (or `RUSTFLAGS="--cfg ckalloc_fault_injection" cargo test --test arena_zeroing_faults`).
 //! The fault state is process-global, so this file holds a single test.
+
 #![cfg(ckalloc_fault_injection)]
+
+mod common;
 
 use allocator_api2::alloc::{Allocator, Layout};
 use ckalloc::fault::{self, Op};
 use ckalloc::*;
+use common::{fill_runtime, nonzero_from};
 use std::io::Write;
 
 const MIB: usize = 1 << 20;
 const TOTAL: usize = 16 * MIB;
 const AB: usize = 4 * MIB + 100;
-
-fn fill_runtime(arena: &BumpArena, byte: u8) {
-    let n = arena.remaining();
-    let b = Allocator::allocate(&arena, Layout::from_size_align(n, 1).unwrap()).unwrap();
-    // SAFETY: a fresh block of `n` bytes.
-    unsafe { b.cast::<u8>().as_ptr().write_bytes(byte, n) };
-}
-
-fn nonzero_from(arena: &BumpArena, from: usize) -> usize {
-    let p = arena.ptr_at(from).unwrap();
-    // SAFETY: inside the arena's mapping, readable; nothing allocated meanwhile.
-    let s = unsafe { std::slice::from_raw_parts(p.as_ptr(), arena.total_size() - from) };
-    s.iter().filter(|&&b| b != 0).count()
-}
 
 /// Reset and rewind with the next `madvise` failing (`EINVAL`, as a kernel
 /// that cannot purge hugetlb pages answers; `EAGAIN`).

@@ -131,3 +131,21 @@ pub fn write_weights_reader_seeds(seeds: &[(String, Vec<u8>)]) {
 pub fn u32_at(b: &[u8], o: usize) -> u32 {
     u32::from_le_bytes(b[o..o + 4].try_into().unwrap())
 }
+
+/// Allocates every free runtime byte of `arena` and fills it with `byte`.
+pub fn fill_runtime(arena: &ckalloc::BumpArena, byte: u8) {
+    use allocator_api2::alloc::{Allocator, Layout};
+    let n = arena.remaining();
+    let b = Allocator::allocate(&arena, Layout::from_size_align(n, 1).unwrap()).unwrap();
+    // SAFETY: a fresh block of `n` bytes.
+    unsafe { b.cast::<u8>().as_ptr().write_bytes(byte, n) };
+}
+
+/// Non-zero bytes of `arena`'s offsets `from..total_size`.
+pub fn nonzero_from(arena: &ckalloc::BumpArena, from: usize) -> usize {
+    let p = arena.ptr_at(from).unwrap();
+    // SAFETY: the range lies inside the arena's mapping, readable in both
+    // modes; nothing is allocated from it meanwhile.
+    let s = unsafe { std::slice::from_raw_parts(p.as_ptr(), arena.total_size() - from) };
+    s.iter().filter(|&&b| b != 0).count()
+}
