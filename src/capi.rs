@@ -197,6 +197,14 @@ const ZEROED: CkBumpAlloc = CkBumpAlloc {
     mode: CK_BUMP_MODE_UNINITIALIZED,
 };
 
+impl Default for CkBumpAlloc {
+    /// The zeroed struct a C caller declares (`ck_bump_alloc_t a = {0};`):
+    /// null base, zero sizes, mode `CK_BUMP_MODE_UNINITIALIZED`.
+    fn default() -> Self {
+        ZEROED
+    }
+}
+
 /// A C path argument as a `Path` (NULL is `None`).
 ///
 /// # Safety

@@ -9,18 +9,6 @@ use std::os::unix::ffi::OsStrExt;
 
 const MIB: usize = 1 << 20;
 
-fn zeroed_struct() -> CkBumpAlloc {
-    CkBumpAlloc {
-        base: std::ptr::null_mut(),
-        total_size: 0,
-        weights_base: 0,
-        activations_base: 0,
-        mapped_len: 0,
-        weights_file_size: 0,
-        mode: 0,
-    }
-}
-
 #[test]
 fn materialize_from_path_records_the_file_size() {
     let dir = tempfile::tempdir().unwrap();
@@ -32,7 +20,7 @@ fn materialize_from_path_records_the_file_size() {
     std::fs::write(&path, &bytes).unwrap();
     let cpath = CString::new(path.as_os_str().as_bytes()).unwrap();
 
-    let mut a = zeroed_struct();
+    let mut a = CkBumpAlloc::default();
     let ab = 3 * 4096 + 100;
     // SAFETY: `a` is a valid struct; NULL path means no weights file.
     let rc = unsafe { ck_bump_alloc_init(&mut a, std::ptr::null(), 8 * MIB, 0, ab) };
