@@ -9,7 +9,7 @@ mod cli_support;
 
 use cli_support::{ok, s, synth};
 use std::collections::BTreeMap;
-use std::os::unix::process::ExitStatusExt;
+use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -67,13 +67,22 @@ fn interrupted_pack_leaves_old_output(signal: libc::c_int) {
     assert_eq!(before.len(), 3, "{:?}", before.keys());
     let big = big_model(dir.path());
 
-    let mut child = Command::new(env!("CARGO_BIN_EXE_ckalloc"))
-        .args(["pack", &big, "-o", s(&out), "--json"])
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_ckalloc"));
+    cmd.args(["pack", &big, "-o", s(&out), "--json"])
         .stdin(Stdio::null())
         .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
+        .stderr(Stdio::null());
+    // The signal's default action: a test run under `nohup` (SIGHUP
+    // ignored) or as a background job of a shell without job control
+    // (SIGINT ignored) passes the ignored disposition on through `exec`.
+    // SAFETY: `signal` is async-signal-safe, as `pre_exec` requires.
+    unsafe {
+        cmd.pre_exec(move || {
+            libc::signal(signal, libc::SIG_DFL);
+            Ok(())
+        });
+    }
+    let mut child = cmd.spawn().unwrap();
     let pid = child.id();
     let start = Instant::now();
     while !writing_in(pid, &out) {
