@@ -6,9 +6,10 @@
 #![cfg(all(feature = "cli", target_os = "linux"))]
 
 mod cli_support;
+mod common;
 
 use cli_support::{ok, s, synth};
-use std::collections::BTreeMap;
+use common::dir_contents;
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::Path;
 use std::process::{Command, Stdio};
@@ -31,20 +32,6 @@ fn big_model(dir: &Path) -> String {
     s(&p).to_string()
 }
 
-/// Every file in `dir` with its bytes.
-fn contents(dir: &Path) -> BTreeMap<String, Vec<u8>> {
-    std::fs::read_dir(dir)
-        .unwrap()
-        .map(|e| {
-            let e = e.unwrap();
-            (
-                e.file_name().to_string_lossy().into_owned(),
-                std::fs::read(e.path()).unwrap(),
-            )
-        })
-        .collect()
-}
-
 /// Whether process `pid` has a file open in `dir` (an unnamed `O_TMPFILE`
 /// file shows as `DIR/#INODE (deleted)` in `/proc/PID/fd`).
 fn writing_in(pid: u32, dir: &Path) -> bool {
@@ -63,7 +50,7 @@ fn interrupted_pack_leaves_old_output(signal: libc::c_int) {
     let out = dir.path().join("out");
     let small = synth(&dir.path().join("small"));
     ok(&["pack", &small, "-o", s(&out)]);
-    let before = contents(&out);
+    let before = dir_contents(&out);
     assert_eq!(before.len(), 3, "{:?}", before.keys());
     let big = big_model(dir.path());
 
@@ -104,7 +91,7 @@ fn interrupted_pack_leaves_old_output(signal: libc::c_int) {
         Some(signal),
         "pack was not ended by signal {signal}: {status:?}"
     );
-    let after = contents(&out);
+    let after = dir_contents(&out);
     assert_eq!(
         after.keys().collect::<Vec<_>>(),
         before.keys().collect::<Vec<_>>(),
@@ -141,9 +128,9 @@ fn pack_over_previous_output_replaces_it_without_extra_files() {
     let out = dir.path().join("out");
     let small = synth(&dir.path().join("small"));
     ok(&["pack", &small, "-o", s(&out), "--version", "5"]);
-    let before = contents(&out);
+    let before = dir_contents(&out);
     ok(&["pack", &small, "-o", s(&out), "--version", "4"]);
-    let after = contents(&out);
+    let after = dir_contents(&out);
     assert_eq!(
         after.keys().collect::<Vec<_>>(),
         before.keys().collect::<Vec<_>>()

@@ -8,23 +8,11 @@
 //! this file holds a single test.
 #![cfg(all(ckalloc_fault_injection, feature = "weights"))]
 
+mod common;
+
 use ckalloc::fault::{self, Op};
 use ckalloc::weights::*;
-use std::collections::BTreeMap;
-use std::path::Path;
-
-fn contents(dir: &Path) -> BTreeMap<String, Vec<u8>> {
-    std::fs::read_dir(dir)
-        .unwrap()
-        .map(|e| {
-            let e = e.unwrap();
-            (
-                e.file_name().to_string_lossy().into_owned(),
-                std::fs::read(e.path()).unwrap(),
-            )
-        })
-        .collect()
-}
+use common::dir_contents;
 
 fn writer(fill: u8) -> WeightsWriter<'static> {
     let mut w = WeightsWriter::new(Version::V5);
@@ -41,7 +29,7 @@ fn file_placement_faults() {
     fault::fail_from(Op::OpenUnnamed, 1, libc::EOPNOTSUPP);
     let report = writer(1).write_dir(dir.path()).unwrap();
     fault::reset();
-    let first = contents(dir.path());
+    let first = dir_contents(dir.path());
     assert_eq!(first.keys().map(String::as_str).collect::<Vec<_>>(), {
         let mut n = names.to_vec();
         n.sort();
@@ -56,7 +44,7 @@ fn file_placement_faults() {
     fault::fail_from(Op::OpenUnnamed, 1, libc::EOPNOTSUPP);
     writer(2).write_dir(dir.path()).unwrap();
     fault::reset();
-    let second = contents(dir.path());
+    let second = dir_contents(dir.path());
     assert_eq!(
         second.keys().collect::<Vec<_>>(),
         first.keys().collect::<Vec<_>>()
@@ -73,7 +61,7 @@ fn file_placement_faults() {
         "{e}"
     );
     assert!(
-        contents(dir.path()) == second,
+        dir_contents(dir.path()) == second,
         "a failed write changed the directory"
     );
 
@@ -84,7 +72,7 @@ fn file_placement_faults() {
         let e = writer(4).write_dir(dir.path()).unwrap_err();
         fault::reset();
         assert!(matches!(&e, WeightsError::Io { op: "link", .. }), "{e}");
-        let now = contents(dir.path());
+        let now = dir_contents(dir.path());
         assert_eq!(
             now.keys().collect::<Vec<_>>(),
             second.keys().collect::<Vec<_>>()

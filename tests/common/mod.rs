@@ -149,3 +149,17 @@ pub fn nonzero_from(arena: &ckalloc::BumpArena, from: usize) -> usize {
     let s = unsafe { std::slice::from_raw_parts(p.as_ptr(), arena.total_size() - from) };
     s.iter().filter(|&&b| b != 0).count()
 }
+
+/// Every file in `dir` with its bytes.
+pub fn dir_contents(dir: &std::path::Path) -> std::collections::BTreeMap<String, Vec<u8>> {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| {
+            let e = e.unwrap();
+            (
+                e.file_name().to_string_lossy().into_owned(),
+                std::fs::read(e.path()).unwrap(),
+            )
+        })
+        .collect()
+}
