@@ -14,8 +14,9 @@
 //! Each repetition runs the three in rotating order. Only the replay itself
 //! is timed; afterwards the blocks still live are freed and every allocator
 //! gives back what it retains (`malloc_trim(0)` for glibc, which also serves
-//! `CkHuge`'s small requests, and `mi_collect(true)` for mimalloc; `CkHuge`
-//! retains nothing), so every repetition starts from the same state.
+//! `CkHuge`'s small requests, `mi_collect(true)` for mimalloc and
+//! `ckalloc::release_retained()` for `CkHuge`'s retention cache), so every
+//! repetition starts from the same state.
 
 use crate::{fmt_dur, median, Row};
 use ckalloc::CkHuge;
