@@ -7,9 +7,8 @@ mod common;
 
 use ckalloc::caching::CachingAllocator;
 use ckalloc::{env, huge_stats, release_retained, CkHuge, HugeStats};
-use common::serial;
+use common::{run_child, serial};
 use std::alloc::{GlobalAlloc, Layout};
-use std::process::Command;
 
 const MIB: usize = 1 << 20;
 
@@ -32,33 +31,6 @@ fn alloc(a: &CkHuge, l: Layout) -> *mut u8 {
 fn free(a: &CkHuge, p: *mut u8, l: Layout) {
     // SAFETY: `p` came from `a` (or another CkHuge) with `l`.
     unsafe { a.dealloc(p, l) }
-}
-
-/// Runs the ignored test `name` of this binary in a child process with `envs`.
-fn run_child(name: &str, envs: &[(&str, &str)]) {
-    let exe = std::env::current_exe().unwrap();
-    let mut cmd = Command::new(exe);
-    cmd.args([
-        name,
-        "--exact",
-        "--ignored",
-        "--nocapture",
-        "--test-threads=1",
-    ]);
-    for (k, v) in envs {
-        cmd.env(k, v);
-    }
-    let out = cmd.output().unwrap();
-    assert!(
-        out.status.success(),
-        "{name}: {}\n{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(
-        String::from_utf8_lossy(&out.stdout).contains("1 passed"),
-        "{name} did not run"
-    );
 }
 
 #[test]

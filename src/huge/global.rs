@@ -81,6 +81,17 @@ use std::sync::atomic::Ordering;
 ///   misses and the bytes decay gave back;
 ///   [`live_bytes`](crate::HugeStats::live_bytes) excludes retained blocks.
 ///
+/// # Short tails
+///
+/// Through [`GlobalAlloc`] the caller owns exactly `layout.size()` bytes, so
+/// when a THP block's last 2 MiB page holds less than 1 MiB of the request,
+/// that page is advised `MADV_NOHUGEPAGE` and faults
+/// in as 4 KiB pages: a 2.25 MiB request clears and keeps resident 2.25 MiB,
+/// not 4 MiB. Longer tails, and every block served through [`Allocator`]
+/// (whose slice covers the whole 2 MiB-rounded length), stay huge. A
+/// retained block keeps the advice it was mapped with; `realloc` re-advises
+/// the last page for the new size.
+///
 /// Through the `allocator_api2` [`Allocator`] interface nothing is retained:
 /// every block is mapped and unmapped, so `CachingAllocator<CkHuge>`
 /// (IREE's caching allocator on top) is the only cache and its `trim` gives
@@ -129,6 +140,13 @@ impl Default for CkHuge {
 }
 
 const OPTS: HugeOptions = HugeOptions::new();
+
+/// A `GlobalAlloc` block whose last 2 MiB page holds fewer bytes of the
+/// request than this keeps that page in 4 KiB pages (see
+/// [Short tails](CkHuge#short-tails)): clearing the tail's 4 KiB pages costs
+/// less than clearing a whole huge page, and the rest of the page stays out
+/// of the resident set.
+const SHORT_TAIL: usize = HUGE_PAGE_2M / 2;
 
 /// `alloc_zeroed` hits up to this length are cleared with a memset; longer
 /// ones with `MADV_DONTNEED`.
@@ -213,12 +231,43 @@ impl<S: GlobalAlloc> CkHuge<S> {
         sys::round_up(size, HUGE_PAGE_2M)
     }
 
+    /// A fresh mapping for `size` bytes; `global`: the call comes through
+    /// `GlobalAlloc`, so a short tail stays in base pages.
     #[cold]
-    fn map(size: usize, align: usize) -> *mut u8 {
+    fn map(size: usize, align: usize, global: bool) -> *mut u8 {
         match map_huge(size, align, &OPTS) {
-            Ok(m) => m.ptr.as_ptr(),
+            Ok(m) => {
+                if global && m.backing == Backing::TransparentHuge && Self::short_tail(size) {
+                    Self::advise_tail(m.ptr.as_ptr(), size, m.mapped_len);
+                }
+                m.ptr.as_ptr()
+            }
             Err(_) => ptr::null_mut(),
         }
+    }
+
+    /// Whether `size` leaves a short tail in its last 2 MiB page (see
+    /// [Short tails](CkHuge#short-tails)).
+    #[inline]
+    fn short_tail(size: usize) -> bool {
+        let tail = size % HUGE_PAGE_2M;
+        tail != 0 && tail < SHORT_TAIL
+    }
+
+    /// Advise the last 2 MiB page of a THP block of `len` bytes for `size`:
+    /// `MADV_NOHUGEPAGE` when `size` leaves a short tail in it, else
+    /// `MADV_HUGEPAGE`. Advice only: if it fails, the page keeps its advice.
+    fn advise_tail(p: *mut u8, size: usize, len: usize) {
+        if len < HUGE_PAGE_2M {
+            return;
+        }
+        let advice = if Self::short_tail(size) {
+            Advice::NoHugePage
+        } else {
+            Advice::HugePage
+        };
+        // `len - 2 MiB` is inside the block.
+        let _ = sys::madvise(p.wrapping_add(len - HUGE_PAGE_2M), HUGE_PAGE_2M, advice);
     }
 
     /// Whether this value uses the retention cache for a block of `len`
@@ -230,7 +279,8 @@ impl<S: GlobalAlloc> CkHuge<S> {
 
     /// A block for `size` bytes aligned to `align`: a retained one when
     /// `retain` allows (cleared when `zero`), else a fresh mapping (which
-    /// the kernel zero-fills).
+    /// the kernel zero-fills). `retain`: the call comes through
+    /// `GlobalAlloc` (see [`retains`](Self::retains)).
     #[inline]
     fn map_block(&self, size: usize, align: usize, zero: bool, retain: bool) -> *mut u8 {
         let Some(len) = Self::mapped_len(size) else {
@@ -245,7 +295,7 @@ impl<S: GlobalAlloc> CkHuge<S> {
                 return p.as_ptr();
             }
         }
-        Self::map(size, align)
+        Self::map(size, align, retain)
     }
 
     /// Clear the first `size` bytes of a retained block of `len` bytes
@@ -378,6 +428,12 @@ impl<S: GlobalAlloc> CkHuge<S> {
             }
         };
         if new_len == old_len {
+            if retain
+                && Self::short_tail(old_size) != Self::short_tail(new_size)
+                && tier::anon_tier() == Backing::TransparentHuge
+            {
+                Self::advise_tail(ptr, new_size, new_len);
+            }
             zero_dirty(ptr);
             return ptr;
         }
@@ -410,6 +466,9 @@ impl<S: GlobalAlloc> CkHuge<S> {
             let backing = tier::anon_tier();
             if backing == Backing::TransparentHuge {
                 let _ = sys::madvise(p.as_ptr(), new_len, Advice::HugePage);
+                if retain && Self::short_tail(new_size) {
+                    Self::advise_tail(p.as_ptr(), new_size, new_len);
+                }
             }
             COUNTERS.record_grow(old_len, new_len, backing);
             zero_dirty(p.as_ptr());

@@ -223,6 +223,9 @@ pub(crate) fn munmap_best_effort(addr: *mut u8, len: usize) -> io::Result<()> {
 pub(crate) enum Advice {
     /// `MADV_HUGEPAGE`: back this range with THP when possible.
     HugePage,
+    /// `MADV_NOHUGEPAGE`: never back this range with THP (also with THP
+    /// `always`); khugepaged leaves it alone.
+    NoHugePage,
     /// `MADV_POPULATE_WRITE` (Linux 5.14): prefault writable pages, reporting failure.
     PopulateWrite,
     /// `MADV_DONTNEED`: drop the pages; anonymous memory reads back as zero.
@@ -236,6 +239,7 @@ pub(crate) enum Advice {
 pub(super) fn advice_raw(advice: Advice) -> io::Result<libc::c_int> {
     Ok(match advice {
         Advice::HugePage => libc::MADV_HUGEPAGE,
+        Advice::NoHugePage => libc::MADV_NOHUGEPAGE,
         Advice::PopulateWrite => libc::MADV_POPULATE_WRITE,
         Advice::DontNeed => libc::MADV_DONTNEED,
         Advice::DontDump => libc::MADV_DONTDUMP,

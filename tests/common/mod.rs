@@ -163,3 +163,31 @@ pub fn dir_contents(dir: &std::path::Path) -> std::collections::BTreeMap<String,
         })
         .collect()
 }
+
+/// Runs the ignored test `name` of the current test binary in a child
+/// process with `envs` set, and asserts that it ran and passed.
+pub fn run_child(name: &str, envs: &[(&str, &str)]) {
+    let exe = std::env::current_exe().unwrap();
+    let mut cmd = std::process::Command::new(exe);
+    cmd.args([
+        name,
+        "--exact",
+        "--ignored",
+        "--nocapture",
+        "--test-threads=1",
+    ]);
+    for (k, v) in envs {
+        cmd.env(k, v);
+    }
+    let out = cmd.output().unwrap();
+    assert!(
+        out.status.success(),
+        "{name}: {}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("1 passed"),
+        "{name} did not run"
+    );
+}

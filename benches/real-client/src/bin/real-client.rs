@@ -25,6 +25,7 @@ const CONTENDERS: &[(&str, &str)] = &[
     ("mimalloc", "minilm-mimalloc"),
     ("ckhuge", "minilm-ckhuge"),
     ("ckhuge-16m", "minilm-ckhuge-16m"),
+    ("ckhuge-mimalloc", "minilm-ckhuge-mimalloc"),
 ];
 const PEERS: &[&str] = &["system", "mimalloc"];
 
@@ -391,6 +392,7 @@ fn label(name: &str) -> &str {
         "mimalloc" => "`mimalloc::MiMalloc`",
         "ckhuge" => "`CkHuge::new()`",
         "ckhuge-16m" => "`CkHuge::with_threshold(16 MiB)`",
+        "ckhuge-mimalloc" => "`CkHuge::with_small_allocator(MiMalloc)`",
         other => other,
     }
 }
