@@ -131,3 +131,453 @@ fn child_short_tails() {
     // SAFETY: `r` came from `a` with this layout.
     unsafe { a.dealloc(r, Layout::from_size_align(longer, 8).unwrap()) };
 }
+
+/// `round_up(x, 4 KiB)`.
+fn pages_4k(x: usize) -> u64 {
+    x.div_ceil(4096) as u64 * 4096
+}
+
+fn fill(p: *mut u8, n: usize, seed: u8) {
+    for i in (0..n).step_by(4096) {
+        // SAFETY: the callers pass `n` bytes they own at `p`.
+        unsafe { p.add(i).write_volatile(seed.wrapping_add((i >> 12) as u8)) };
+    }
+    // SAFETY: as above.
+    unsafe { p.add(n - 1).write_volatile(seed) };
+}
+
+/// Check `n` bytes at `p` that [`fill`] wrote; `filled`: the length it was
+/// given (its last byte is checked when `n` reaches it).
+fn check_prefix(p: *const u8, n: usize, filled: usize, seed: u8) {
+    for i in (0..n.min(filled)).step_by(4096) {
+        // SAFETY: the callers pass `n` readable bytes at `p`.
+        let b = unsafe { p.add(i).read_volatile() };
+        assert_eq!(
+            b,
+            seed.wrapping_add((i >> 12) as u8),
+            "byte {i:#x} of {n:#x}"
+        );
+    }
+    if n >= filled {
+        // SAFETY: as above.
+        assert_eq!(
+            unsafe { p.add(filled - 1).read_volatile() },
+            seed,
+            "last byte"
+        );
+    }
+}
+
+fn check(p: *const u8, n: usize, seed: u8) {
+    check_prefix(p, n, n, seed);
+}
+
+/// Lines of `/proc/self/maps` (VMAs) overlapping `p..p+len`.
+fn vmas(p: *const u8, len: usize) -> usize {
+    common::mappings_overlapping(p as usize, len).len()
+}
+
+/// The last 2 MiB page of a block of `size` bytes at `p`, after touching all
+/// `size` bytes: 4 KiB pages covering the tail for a short tail, one huge
+/// page otherwise.
+fn assert_tail_pages(p: *mut u8, size: usize, what: &str) {
+    let len = size.next_multiple_of(2 * MIB);
+    let tail = size - (len - 2 * MIB);
+    let cov = coverage(p, len - 2 * MIB, len);
+    if tail < MIB {
+        assert_eq!(cov.mapped_bytes, pages_4k(tail), "{what}: {cov}");
+        assert_eq!(cov.huge_bytes, 0, "{what}: {cov}");
+    } else {
+        assert_eq!(cov.huge_bytes, 2 * MIB as u64, "{what}: {cov}");
+    }
+}
+
+#[test]
+fn short_tails_at_size_boundaries_and_large_alignments() {
+    run_child("child_boundaries", &[("CKALLOC_HUGETLB", "0")]);
+}
+
+#[test]
+#[ignore = "run by short_tails_at_size_boundaries_and_large_alignments in a child process"]
+fn child_boundaries() {
+    if !thp_blocks_possible() {
+        return;
+    }
+    let a = CkHuge::uncached();
+    let sizes = [
+        2 * MIB + 1,
+        3 * MIB - 1,
+        3 * MIB,
+        2 * MIB,
+        4 * MIB,
+        6 * MIB + 4096,
+    ];
+    for align in [8, 4 * MIB, 64 * MIB] {
+        for (k, &size) in sizes.iter().enumerate() {
+            let l = Layout::from_size_align(size, align).unwrap();
+            // SAFETY: non-zero size.
+            let p = unsafe { a.alloc(l) };
+            assert!(!p.is_null(), "{size:#x} align {align:#x}");
+            assert_eq!(p as usize % align.max(2 * MIB), 0);
+            fill(p, size, k as u8);
+            check(p, size, k as u8);
+            assert_tail_pages(p, size, &format!("{size:#x} align {align:#x}"));
+            let len = size.next_multiple_of(2 * MIB);
+            // SAFETY: allocated above with `l`.
+            unsafe { a.dealloc(p, l) };
+            common::assert_unmapped(p as usize, len);
+        }
+    }
+}
+
+#[test]
+fn realloc_grows_short_tail_blocks_with_mremap() {
+    run_child("child_grow_short_tail", &[("CKALLOC_HUGETLB", "0")]);
+}
+
+#[test]
+#[ignore = "run by realloc_grows_short_tail_blocks_with_mremap in a child process"]
+fn child_grow_short_tail() {
+    if !thp_blocks_possible() {
+        return;
+    }
+    for a in [CkHuge::uncached(), CkHuge::new()] {
+        // A retained short-tail block (two VMAs) served to a long-tail
+        // request of the same length, then grown: also `mremap`.
+        let warm = Layout::from_size_align(2 * MIB + 256 * KIB, 8).unwrap();
+        // SAFETY: non-zero size.
+        let w = unsafe { a.alloc(warm) };
+        assert!(!w.is_null());
+        // SAFETY: allocated above with `warm`.
+        unsafe { a.dealloc(w, warm) };
+        for size in [2 * MIB + 256 * KIB, 3 * MIB + 512 * KIB] {
+            let l = Layout::from_size_align(size, 8).unwrap();
+            // SAFETY: non-zero size.
+            let p = unsafe { a.alloc(l) };
+            assert!(!p.is_null());
+            fill(p, size, 7);
+            let before = ckalloc::huge_stats();
+            let grown = 4 * MIB + 512 * KIB;
+            // SAFETY: `p` came from `a` with `l`.
+            let q = unsafe { a.realloc(p, l, grown) };
+            assert!(!q.is_null());
+            let after = ckalloc::huge_stats();
+            assert_eq!(
+                after.remaps,
+                before.remaps + 1,
+                "{size:#x} -> {grown:#x} was copied, not remapped"
+            );
+            assert_eq!(after.thp.mappings, before.thp.mappings, "fresh mapping");
+            check(q, size, 7);
+            fill(q, grown, 9);
+            assert_tail_pages(q, grown, "grown");
+            // SAFETY: `q` came from `a` with this layout.
+            unsafe { a.dealloc(q, Layout::from_size_align(grown, 8).unwrap()) };
+        }
+    }
+}
+
+#[test]
+fn realloc_moves_short_tail_blocks_with_mremap() {
+    run_child("child_move_short_tail", &[("CKALLOC_HUGETLB", "0")]);
+}
+
+#[test]
+#[ignore = "run by realloc_moves_short_tail_blocks_with_mremap in a child process"]
+fn child_move_short_tail() {
+    if !thp_blocks_possible() {
+        return;
+    }
+    let a = CkHuge::uncached();
+    for (size, align) in [(2 * MIB + 256 * KIB, 8), (4 * MIB + KIB, 4 * MIB)] {
+        let l = Layout::from_size_align(size, align).unwrap();
+        let len = size.next_multiple_of(2 * MIB);
+        // SAFETY: non-zero size.
+        let p = unsafe { a.alloc(l) };
+        assert!(!p.is_null());
+        fill(p, size, 4);
+        // A page right after the block: it cannot grow in place.
+        // SAFETY: a fresh anonymous page where nothing is mapped.
+        let blocker = unsafe {
+            libc::mmap(
+                p.add(len).cast(),
+                4096,
+                libc::PROT_READ,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED_NOREPLACE,
+                -1,
+                0,
+            )
+        };
+        assert_eq!(blocker.cast::<u8>(), p.wrapping_add(len));
+        let before = ckalloc::huge_stats();
+        let grown = len + 2 * MIB + 512 * KIB;
+        // SAFETY: `p` came from `a` with `l`.
+        let q = unsafe { a.realloc(p, l, grown) };
+        assert!(!q.is_null());
+        assert_ne!(q, p, "grew in place past a mapped page");
+        assert_eq!(q as usize % align.max(2 * MIB), 0);
+        let after = ckalloc::huge_stats();
+        assert_eq!(after.remaps, before.remaps + 1, "copied, not moved");
+        assert_eq!(after.thp.mappings, before.thp.mappings, "fresh mapping");
+        common::assert_unmapped(p as usize, len);
+        check(q, size, 4);
+        fill(q, grown, 6);
+        assert_tail_pages(q, grown, "moved");
+        // SAFETY: our page from above.
+        assert_eq!(unsafe { libc::munmap(blocker, 4096) }, 0);
+        // SAFETY: `q` came from `a` with this layout.
+        unsafe { a.dealloc(q, Layout::from_size_align(grown, align).unwrap()) };
+        common::assert_unmapped(q as usize, grown.next_multiple_of(2 * MIB));
+    }
+}
+
+#[test]
+fn realloc_to_a_short_tail_advises_the_new_last_page() {
+    run_child("child_shrink_short_tail", &[("CKALLOC_HUGETLB", "0")]);
+}
+
+#[test]
+#[ignore = "run by realloc_to_a_short_tail_advises_the_new_last_page in a child process"]
+fn child_shrink_short_tail() {
+    if !thp_blocks_possible() {
+        return;
+    }
+    let a = CkHuge::uncached();
+    let short = 2 * MIB + 256 * KIB;
+    // Within the same rounded length (3.5 MiB -> 2.25 MiB, 4 MiB) and across
+    // lengths (5.5 MiB, 6 MiB -> 2.25 MiB, 4 MiB); only the head was touched.
+    for old in [3 * MIB + 512 * KIB, 5 * MIB + 512 * KIB] {
+        let l = Layout::from_size_align(old, 8).unwrap();
+        // SAFETY: non-zero size.
+        let p = unsafe { a.alloc(l) };
+        assert!(!p.is_null());
+        fill(p, 2 * MIB, 3);
+        // SAFETY: `p` came from `a` with `l`.
+        let q = unsafe { a.realloc(p, l, short) };
+        assert!(!q.is_null());
+        check(q, 2 * MIB, 3);
+        touch(q, 2 * MIB, short);
+        assert_tail_pages(q, short, &format!("{old:#x} -> {short:#x}"));
+        // SAFETY: `q` came from `a` with this layout.
+        unsafe { a.dealloc(q, Layout::from_size_align(short, 8).unwrap()) };
+        common::assert_unmapped(q as usize, 4 * MIB);
+    }
+}
+
+#[test]
+fn retained_short_tail_blocks_serve_long_tails_and_zeroed_requests() {
+    run_child("child_retained_short_tail", &[("CKALLOC_HUGETLB", "0")]);
+}
+
+#[test]
+#[ignore = "run by retained_short_tail_blocks_serve_long_tails_and_zeroed_requests in a child process"]
+fn child_retained_short_tail() {
+    if !thp_blocks_possible() {
+        return;
+    }
+    let a = CkHuge::new();
+    let short = Layout::from_size_align(2 * MIB + 256 * KIB, 8).unwrap();
+    let long = Layout::from_size_align(3 * MIB + 512 * KIB, 8).unwrap();
+    // SAFETY: non-zero size.
+    let p = unsafe { a.alloc(short) };
+    assert!(!p.is_null());
+    // SAFETY: `short.size()` bytes are ours.
+    unsafe { std::ptr::write_bytes(p, 0xab, short.size()) };
+    // SAFETY: allocated above with `short`.
+    unsafe { a.dealloc(p, short) };
+
+    let hits = ckalloc::huge_stats().retention_hits;
+    // SAFETY: non-zero size.
+    let q = unsafe { a.alloc_zeroed(long) };
+    assert_eq!(q, p, "the retained block serves the same rounded length");
+    assert_eq!(ckalloc::huge_stats().retention_hits, hits + 1);
+    // SAFETY: `long.size()` bytes are ours.
+    let s = unsafe { std::slice::from_raw_parts(q, long.size()) };
+    assert!(s.iter().all(|&b| b == 0), "retained block read non-zero");
+    fill(q, long.size(), 5);
+    check(q, long.size(), 5);
+    let tail = coverage(q, 2 * MIB, 4 * MIB);
+    println!("long tail in a block mapped for a short tail: {tail}");
+    assert_eq!(tail.mapped_bytes, pages_4k(long.size() - 2 * MIB));
+    // SAFETY: allocated above with `long`.
+    unsafe { a.dealloc(q, long) };
+
+    // SAFETY: non-zero size.
+    let r = unsafe { a.alloc_zeroed(short) };
+    assert_eq!(r, p);
+    // SAFETY: `short.size()` bytes are ours.
+    let s = unsafe { std::slice::from_raw_parts(r, short.size()) };
+    assert!(s.iter().all(|&b| b == 0), "retained block read non-zero");
+    // SAFETY: allocated above with `short`.
+    unsafe { a.dealloc(r, short) };
+    ckalloc::release_retained();
+    common::assert_unmapped(p as usize, 4 * MIB);
+}
+
+#[test]
+fn short_tail_blocks_split_one_vma_and_unmap_whole() {
+    run_child("child_vmas", &[("CKALLOC_HUGETLB", "0")]);
+    run_child(
+        "child_vmas",
+        &[("CKALLOC_HUGETLB", "0"), ("CKALLOC_THP", "0")],
+    );
+}
+
+#[test]
+#[ignore = "run by short_tail_blocks_split_one_vma_and_unmap_whole in a child process"]
+fn child_vmas() {
+    let thp = std::env::var("CKALLOC_THP").as_deref() != Ok("0") && thp_available();
+    let a = CkHuge::uncached();
+    let l = Layout::from_size_align(2 * MIB + 256 * KIB, 8).unwrap();
+    let maps_before = vmas(std::ptr::null(), usize::MAX);
+    let mut blocks = Vec::with_capacity(256);
+    for i in 0..256 {
+        // SAFETY: non-zero size.
+        let p = unsafe { a.alloc(l) };
+        assert!(!p.is_null());
+        fill(p, l.size(), i as u8);
+        assert_eq!(vmas(p, 4 * MIB), if thp { 2 } else { 1 });
+        blocks.push(p);
+    }
+    let maps_full = vmas(std::ptr::null(), usize::MAX);
+    assert!(
+        maps_full <= maps_before + 2 * 256 + 8,
+        "{maps_before} -> {maps_full} VMAs"
+    );
+    for (i, &p) in blocks.iter().enumerate() {
+        check(p, l.size(), i as u8);
+        // SAFETY: allocated above with `l`.
+        unsafe { a.dealloc(p, l) };
+        common::assert_unmapped(p as usize, 4 * MIB);
+    }
+    let maps_after = vmas(std::ptr::null(), usize::MAX);
+    assert!(
+        maps_after <= maps_before + 8,
+        "{maps_before} -> {maps_after}"
+    );
+}
+
+#[test]
+fn hugetlb_blocks_take_short_tail_sizes_and_realloc() {
+    run_child("child_hugetlb", &[("CKALLOC_HUGETLB", "1")]);
+}
+
+#[test]
+#[ignore = "run by hugetlb_blocks_take_short_tail_sizes_and_realloc in a child process"]
+fn child_hugetlb() {
+    if common::skip_without_hugetlb("child_hugetlb", 16) {
+        return;
+    }
+    for a in [CkHuge::uncached(), CkHuge::new()] {
+        let sizes = [
+            2 * MIB + 256 * KIB,
+            3 * MIB + 512 * KIB,
+            2 * MIB + 1,
+            6 * MIB + 256 * KIB,
+            4 * MIB,
+            2 * MIB + 256 * KIB,
+        ];
+        let before = ckalloc::huge_stats().hugetlb.mappings;
+        let mut l = Layout::from_size_align(sizes[0], 8).unwrap();
+        // SAFETY: non-zero size.
+        let mut p = unsafe { a.alloc(l) };
+        assert!(!p.is_null());
+        assert!(
+            ckalloc::huge_stats().hugetlb.mappings > before,
+            "not hugetlb"
+        );
+        fill(p, l.size(), 1);
+        for (k, &size) in sizes[1..].iter().enumerate() {
+            // SAFETY: `p` came from `a` with `l`.
+            let q = unsafe { a.realloc(p, l, size) };
+            assert!(!q.is_null(), "{:#x} -> {size:#x}", l.size());
+            check_prefix(q, size, l.size(), k as u8 + 1);
+            fill(q, size, k as u8 + 2);
+            p = q;
+            l = Layout::from_size_align(size, 8).unwrap();
+        }
+        // SAFETY: `p` came from `a` with `l`.
+        unsafe { a.dealloc(p, l) };
+        ckalloc::release_retained();
+        common::assert_unmapped(p as usize, l.size().next_multiple_of(2 * MIB));
+    }
+}
+
+#[test]
+fn fork_while_threads_churn_short_tails() {
+    run_child("child_fork_churn", &[("CKALLOC_HUGETLB", "0")]);
+}
+
+#[test]
+#[ignore = "run by fork_while_threads_churn_short_tails in a child process"]
+fn child_fork_churn() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+    static A: CkHuge = CkHuge::new();
+    let stop = Arc::new(AtomicBool::new(false));
+    let threads: Vec<_> = (0..3)
+        .map(|t| {
+            let stop = stop.clone();
+            std::thread::spawn(move || {
+                let sizes = [2 * MIB + 4096, 3 * MIB - 1, 3 * MIB, 4 * MIB + KIB];
+                let mut i = t;
+                while !stop.load(Ordering::Relaxed) {
+                    let l = Layout::from_size_align(sizes[i % 4], 8).unwrap();
+                    // SAFETY: non-zero size.
+                    let p = unsafe { A.alloc(l) };
+                    assert!(!p.is_null());
+                    fill(p, l.size(), i as u8);
+                    let n = sizes[(i + 1) % 4];
+                    // SAFETY: `p` came from `A` with `l`.
+                    let q = unsafe { A.realloc(p, l, n) };
+                    assert!(!q.is_null());
+                    check_prefix(q, n, l.size(), i as u8);
+                    // SAFETY: `q` came from `A` with this layout.
+                    unsafe { A.dealloc(q, Layout::from_size_align(n, 8).unwrap()) };
+                    i += 1;
+                }
+            })
+        })
+        .collect();
+    for _ in 0..20 {
+        // SAFETY: the child only calls `A` (no locks of its own) and `_exit`.
+        let pid = unsafe { libc::fork() };
+        assert!(pid >= 0);
+        if pid == 0 {
+            let mut ok = true;
+            for size in [2 * MIB + 256 * KIB, 3 * MIB + 512 * KIB, 2 * MIB + 1] {
+                let l = Layout::from_size_align(size, 8).unwrap();
+                // SAFETY: non-zero size.
+                let p = unsafe { A.alloc_zeroed(l) };
+                if p.is_null() {
+                    ok = false;
+                    break;
+                }
+                // SAFETY: `size` bytes are ours.
+                let s = unsafe { std::slice::from_raw_parts_mut(p, size) };
+                ok &= s.iter().all(|&b| b == 0);
+                s.fill(3);
+                // SAFETY: `p` came from `A` with `l`.
+                let q = unsafe { A.realloc(p, l, size + 2 * MIB) };
+                ok &= !q.is_null() && unsafe { *q.add(size - 1) } == 3;
+                if !q.is_null() {
+                    // SAFETY: `q` came from `A` with this layout.
+                    unsafe { A.dealloc(q, Layout::from_size_align(size + 2 * MIB, 8).unwrap()) };
+                }
+            }
+            // SAFETY: ends the child without running the parent's state.
+            unsafe { libc::_exit(if ok { 0 } else { 1 }) };
+        }
+        let mut status = 0;
+        // SAFETY: waits for our own child.
+        assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
+        assert!(
+            libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
+            "fork child failed: {status:#x}"
+        );
+    }
+    stop.store(true, Ordering::Relaxed);
+    for t in threads {
+        t.join().unwrap();
+    }
+}

@@ -397,6 +397,61 @@ impl<S: GlobalAlloc> CkHuge<S> {
         }
     }
 
+    /// Grow a `GlobalAlloc` THP block of `old_len` bytes at `base` to
+    /// `new_len` bytes aligned to `align` with `mremap`, without copying.
+    /// `mremap` acts on one VMA only (`EFAULT` across two), and such a
+    /// block is two when its last 2 MiB page was advised `MADV_NOHUGEPAGE`
+    /// (a short tail; advice does not merge VMAs whose pages are already
+    /// faulted in). So the last page is resized on its own: in place when
+    /// the address space after the block is free, else moved (and grown)
+    /// onto an aligned reservation, after the rest of the block was moved
+    /// there with `MREMAP_DONTUNMAP`, which keeps the old range mapped so
+    /// the move can be undone. On error the block is as it was.
+    ///
+    /// # Safety
+    /// `base..base+old_len` is our block (`old_len >= 2 MiB`), not in use.
+    unsafe fn grow_split(
+        base: NonNull<u8>,
+        old_len: usize,
+        new_len: usize,
+        align: usize,
+    ) -> std::io::Result<NonNull<u8>> {
+        let head = old_len - HUGE_PAGE_2M;
+        // SAFETY: `head` is inside the block.
+        let last = unsafe { base.add(head) };
+        if sys::mremap(last, HUGE_PAGE_2M, new_len - head, None).is_ok() {
+            return Ok(base);
+        }
+        let dst = sys::reserve_aligned(new_len, align)?;
+        if head > 0 {
+            if let Err(e) = sys::mremap_keep_source(base, head, dst) {
+                let _ = sys::munmap_best_effort(dst.as_ptr(), new_len);
+                return Err(e);
+            }
+        }
+        // SAFETY: `head < new_len`: inside the reservation.
+        let dst_last = unsafe { dst.add(head) };
+        match sys::mremap(last, HUGE_PAGE_2M, new_len - head, Some(dst_last)) {
+            Ok(_) => {
+                if head > 0 {
+                    // The old head holds no pages any more.
+                    let _ = sys::munmap_best_effort(base.as_ptr(), head);
+                }
+                Ok(dst)
+            }
+            Err(e) => {
+                // Put the head back onto its old range, which is still ours.
+                if head > 0 && sys::mremap(dst, head, head, Some(base)).is_err() {
+                    // SAFETY: both ranges are ours, `head` bytes each, and
+                    // disjoint (`dst` was a fresh reservation).
+                    unsafe { ptr::copy_nonoverlapping(dst.as_ptr(), base.as_ptr(), head) };
+                }
+                let _ = sys::munmap_best_effort(dst.as_ptr(), new_len);
+                Err(e)
+            }
+        }
+    }
+
     /// Mapped-to-mapped resize.
     ///
     /// # Safety
@@ -447,6 +502,12 @@ impl<S: GlobalAlloc> CkHuge<S> {
                 Ok(()) => {
                     COUNTERS.record_unmap(old_len - new_len);
                     COUNTERS.remaps.fetch_add(1, Ordering::Relaxed);
+                    if retain
+                        && Self::short_tail(new_size)
+                        && tier::anon_tier() == Backing::TransparentHuge
+                    {
+                        Self::advise_tail(ptr, new_size, new_len);
+                    }
                     ptr
                 }
                 Err(_) => ptr::null_mut(),
@@ -455,13 +516,20 @@ impl<S: GlobalAlloc> CkHuge<S> {
         // Grow 1: in place, when the address space after the block is free.
         // 2: move onto an aligned reservation with MREMAP_FIXED.
         // hugetlb mappings refuse both (EINVAL), and fall through to 3: map,
-        // copy, unmap.
-        let grown = sys::mremap(base, old_len, new_len, None).or_else(|_| {
-            let dst = sys::reserve_aligned(new_len, align.max(HUGE_PAGE_2M))?;
-            sys::mremap(base, old_len, new_len, Some(dst)).inspect_err(|_| {
-                let _ = sys::munmap_best_effort(dst.as_ptr(), new_len);
+        // copy, unmap. A `GlobalAlloc` block on THP may be two VMAs (see
+        // `grow_split`).
+        let align = align.max(HUGE_PAGE_2M);
+        let grown = if retain && tier::anon_tier() == Backing::TransparentHuge {
+            // SAFETY: `base` is our block of `old_len` bytes.
+            unsafe { Self::grow_split(base, old_len, new_len, align) }
+        } else {
+            sys::mremap(base, old_len, new_len, None).or_else(|_| {
+                let dst = sys::reserve_aligned(new_len, align)?;
+                sys::mremap(base, old_len, new_len, Some(dst)).inspect_err(|_| {
+                    let _ = sys::munmap_best_effort(dst.as_ptr(), new_len);
+                })
             })
-        });
+        };
         if let Ok(p) = grown {
             let backing = tier::anon_tier();
             if backing == Backing::TransparentHuge {
