@@ -332,6 +332,73 @@ fn child_move_short_tail() {
 }
 
 #[test]
+fn realloc_moves_short_tail_blocks_grown_before_with_mremap() {
+    run_child("child_move_grown_short_tail", &[("CKALLOC_HUGETLB", "0")]);
+}
+
+#[test]
+#[ignore = "run by realloc_moves_short_tail_blocks_grown_before_with_mremap in a child process"]
+fn child_move_grown_short_tail() {
+    if !thp_blocks_possible() {
+        return;
+    }
+    let a = CkHuge::uncached();
+    let mut size = 2 * MIB + 256 * KIB;
+    let mut l = Layout::from_size_align(size, 8).unwrap();
+    // SAFETY: non-zero size.
+    let mut p = unsafe { a.alloc(l) };
+    assert!(!p.is_null());
+    fill(p, size, 8);
+    // Each step grows a short tail into another one (2.25, 4.25, 6.25,
+    // 8.25 MiB) with a page mapped right after the block, so it moves; from
+    // the second step on, the part before the last page is two VMAs.
+    for _ in 0..3 {
+        let len = size.next_multiple_of(2 * MIB);
+        // SAFETY: a fresh anonymous page where nothing is mapped.
+        let blocker = unsafe {
+            libc::mmap(
+                p.add(len).cast(),
+                4096,
+                libc::PROT_READ,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED_NOREPLACE,
+                -1,
+                0,
+            )
+        };
+        // Something mapped there already (EEXIST) blocks growth as well.
+        let blocker = (blocker != libc::MAP_FAILED).then_some(blocker);
+        if let Some(b) = blocker {
+            assert_eq!(b.cast::<u8>(), p.wrapping_add(len));
+        }
+        let before = ckalloc::huge_stats();
+        let grown = size + 2 * MIB;
+        // SAFETY: `p` came from `a` with `l`.
+        let q = unsafe { a.realloc(p, l, grown) };
+        assert!(!q.is_null());
+        let after = ckalloc::huge_stats();
+        assert_eq!(
+            after.remaps,
+            before.remaps + 1,
+            "{size:#x} -> {grown:#x} was copied, not moved"
+        );
+        assert_eq!(after.thp.mappings, before.thp.mappings, "fresh mapping");
+        common::assert_unmapped(p as usize, len);
+        check(q, size, 8);
+        fill(q, grown, 8);
+        assert_tail_pages(q, grown, "moved");
+        if let Some(b) = blocker {
+            // SAFETY: our page from above.
+            assert_eq!(unsafe { libc::munmap(b, 4096) }, 0);
+        }
+        (p, size) = (q, grown);
+        l = Layout::from_size_align(size, 8).unwrap();
+    }
+    // SAFETY: `p` came from `a` with `l`.
+    unsafe { a.dealloc(p, l) };
+    common::assert_unmapped(p as usize, size.next_multiple_of(2 * MIB));
+}
+
+#[test]
 fn realloc_to_a_short_tail_advises_the_new_last_page() {
     run_child("child_shrink_short_tail", &[("CKALLOC_HUGETLB", "0")]);
 }

@@ -84,13 +84,38 @@ use std::sync::atomic::Ordering;
 /// # Short tails
 ///
 /// Through [`GlobalAlloc`] the caller owns exactly `layout.size()` bytes, so
-/// when a THP block's last 2 MiB page holds less than 1 MiB of the request,
-/// that page is advised `MADV_NOHUGEPAGE` and faults
-/// in as 4 KiB pages: a 2.25 MiB request clears and keeps resident 2.25 MiB,
-/// not 4 MiB. Longer tails, and every block served through [`Allocator`]
-/// (whose slice covers the whole 2 MiB-rounded length), stay huge. A
-/// retained block keeps the advice it was mapped with; `realloc` re-advises
-/// the last page for the new size.
+/// when a THP block's last 2 MiB page holds less than 1 MiB of the request
+/// (`size % 2 MiB` is neither 0 nor 1 MiB or more), that page is advised
+/// `MADV_NOHUGEPAGE` (`madvise(2)`) and faults in as 4 KiB pages: a
+/// 2.25 MiB request whose bytes are all written clears and keeps resident
+/// 2.25 MiB, not 4 MiB (a block below 2 MiB, with a lower threshold, is all
+/// 4 KiB pages). Longer tails, sizes that are multiples of 2 MiB, and every
+/// block served through [`Allocator`] (whose slice covers the whole
+/// 2 MiB-rounded length) stay huge. Plain-page blocks (THP off,
+/// `CKALLOC_THP=0`) get no advice, and hugetlb blocks none when mapped
+/// (`realloc` cannot tell them from THP blocks and may advise their last
+/// page, which leaves hugetlb pages as they are).
+///
+/// - **Advice is about future faults.** A page already faulted in keeps
+///   its page size: a huge page stays huge when later advised
+///   `MADV_NOHUGEPAGE`, and 4 KiB pages stay 4 KiB pages when later advised
+///   `MADV_HUGEPAGE` (until khugepaged collapses them).
+/// - **Retained blocks** keep the advice they have: a block mapped for a
+///   short tail and reused for a long tail (same rounded length) serves its
+///   last page as 4 KiB pages; a block mapped for a long tail and reused for
+///   a short tail keeps its whole last page huge (and resident, if it was
+///   touched before).
+/// - **`realloc`** advises the new last page `MADV_NOHUGEPAGE` when the new
+///   size leaves a short tail (growing, shrinking to a shorter mapping, or
+///   within the same length from a long tail), and `MADV_HUGEPAGE` when it
+///   grows past one or, within the same length, goes from a short tail to a
+///   long one.
+/// - **VMAs**: an advised block is two VMAs (two lines of
+///   `/proc/self/maps`, counted against `vm.max_map_count`), more after it
+///   grew; freeing the block unmaps all of them. `mremap` resizes one VMA
+///   only, so `realloc` grows such a block by resizing its last 2 MiB page
+///   (in place, or moved onto an aligned reservation after the rest of the
+///   block was moved there with `MREMAP_DONTUNMAP`), without copying.
 ///
 /// Through the `allocator_api2` [`Allocator`] interface nothing is retained:
 /// every block is mapped and unmapped, so `CachingAllocator<CkHuge>`
@@ -100,7 +125,8 @@ use std::sync::atomic::Ordering;
 ///
 /// `realloc` of a mapped block grows in place with `mremap` when the address
 /// space after it is free, else moves it with `mremap(MREMAP_FIXED)` into an
-/// aligned reservation (a plain `MREMAP_MAYMOVE` could lose the alignment);
+/// aligned reservation (a plain `MREMAP_MAYMOVE` could lose the alignment;
+/// see [Short tails](CkHuge#short-tails) for blocks of several VMAs);
 /// hugetlb blocks cannot grow with `mremap`, so they are copied.
 ///
 /// The mapping path never allocates, takes no lock of its own, never panics
@@ -400,13 +426,15 @@ impl<S: GlobalAlloc> CkHuge<S> {
     /// Grow a `GlobalAlloc` THP block of `old_len` bytes at `base` to
     /// `new_len` bytes aligned to `align` with `mremap`, without copying.
     /// `mremap` acts on one VMA only (`EFAULT` across two), and such a
-    /// block is two when its last 2 MiB page was advised `MADV_NOHUGEPAGE`
-    /// (a short tail; advice does not merge VMAs whose pages are already
-    /// faulted in). So the last page is resized on its own: in place when
-    /// the address space after the block is free, else moved (and grown)
-    /// onto an aligned reservation, after the rest of the block was moved
-    /// there with `MREMAP_DONTUNMAP`, which keeps the old range mapped so
-    /// the move can be undone. On error the block is as it was.
+    /// block is several VMAs when its last 2 MiB page was advised
+    /// `MADV_NOHUGEPAGE` (a short tail, or an earlier one grown past:
+    /// advice does not merge VMAs whose pages were faulted in apart). So the
+    /// last page is resized on its own: in place when the address space
+    /// after the block is free, else moved (and grown) onto an aligned
+    /// reservation, after the rest of the block was moved there with
+    /// `MREMAP_DONTUNMAP` (see [`move_head`](Self::move_head)), which keeps
+    /// the old range mapped so the move can be undone. On error the block
+    /// is as it was.
     ///
     /// # Safety
     /// `base..base+old_len` is our block (`old_len >= 2 MiB`), not in use.
@@ -423,11 +451,10 @@ impl<S: GlobalAlloc> CkHuge<S> {
             return Ok(base);
         }
         let dst = sys::reserve_aligned(new_len, align)?;
-        if head > 0 {
-            if let Err(e) = sys::mremap_keep_source(base, head, dst) {
-                let _ = sys::munmap_best_effort(dst.as_ptr(), new_len);
-                return Err(e);
-            }
+        // SAFETY: `dst` is our reservation of `new_len > head` bytes.
+        if let Err(e) = unsafe { Self::move_head(base, dst, head) } {
+            let _ = sys::munmap_best_effort(dst.as_ptr(), new_len);
+            return Err(e);
         }
         // SAFETY: `head < new_len`: inside the reservation.
         let dst_last = unsafe { dst.add(head) };
@@ -440,14 +467,63 @@ impl<S: GlobalAlloc> CkHuge<S> {
                 Ok(dst)
             }
             Err(e) => {
-                // Put the head back onto its old range, which is still ours.
-                if head > 0 && sys::mremap(dst, head, head, Some(base)).is_err() {
-                    // SAFETY: both ranges are ours, `head` bytes each, and
-                    // disjoint (`dst` was a fresh reservation).
-                    unsafe { ptr::copy_nonoverlapping(dst.as_ptr(), base.as_ptr(), head) };
-                }
+                // SAFETY: `head` bytes were moved from `base` to `dst`.
+                unsafe { Self::move_back(base, dst, head) };
                 let _ = sys::munmap_best_effort(dst.as_ptr(), new_len);
                 Err(e)
+            }
+        }
+    }
+
+    /// Move the first `head` bytes (a multiple of 2 MiB) of the block at
+    /// `base` onto the reservation at `dst` with `MREMAP_DONTUNMAP`: in one
+    /// call when they are one VMA, else 2 MiB page by 2 MiB page (advice
+    /// splits VMAs only at 2 MiB boundaries of the block). On error the
+    /// pages moved so far are moved back, and the block is as it was.
+    ///
+    /// # Safety
+    /// `base..base+head` is our block's, `dst..dst+head` our reservation's.
+    unsafe fn move_head(base: NonNull<u8>, dst: NonNull<u8>, head: usize) -> std::io::Result<()> {
+        if head == 0 {
+            return Ok(());
+        }
+        let err = match sys::mremap_keep_source(base, head, dst) {
+            Ok(_) => return Ok(()),
+            Err(e) => e,
+        };
+        if err.raw_os_error() != Some(libc::EFAULT) {
+            return Err(err);
+        }
+        for off in (0..head).step_by(HUGE_PAGE_2M) {
+            // SAFETY: `off < head`: inside both ranges.
+            let (from, to) = unsafe { (base.add(off), dst.add(off)) };
+            if let Err(e) = sys::mremap_keep_source(from, HUGE_PAGE_2M, to) {
+                // SAFETY: `off` bytes were moved.
+                unsafe { Self::move_back(base, dst, off) };
+                return Err(e);
+            }
+        }
+        Ok(())
+    }
+
+    /// Undo [`move_head`](Self::move_head) for its first `moved` bytes: move
+    /// them back onto `base` (still mapped, empty), 2 MiB page by 2 MiB page
+    /// if need be, copying a page that cannot be moved.
+    ///
+    /// # Safety
+    /// `moved` bytes (a multiple of 2 MiB) were moved from `base` to `dst`
+    /// with `MREMAP_DONTUNMAP`.
+    unsafe fn move_back(base: NonNull<u8>, dst: NonNull<u8>, moved: usize) {
+        if moved == 0 || sys::mremap(dst, moved, moved, Some(base)).is_ok() {
+            return;
+        }
+        for off in (0..moved).step_by(HUGE_PAGE_2M) {
+            // SAFETY: `off < moved`: inside both ranges.
+            let (from, to) = unsafe { (dst.add(off), base.add(off)) };
+            if sys::mremap(from, HUGE_PAGE_2M, HUGE_PAGE_2M, Some(to)).is_err() {
+                // SAFETY: both ranges are ours, readable and writable, 2 MiB
+                // each, and disjoint (`dst` was a fresh reservation).
+                unsafe { ptr::copy_nonoverlapping(from.as_ptr(), to.as_ptr(), HUGE_PAGE_2M) };
             }
         }
     }
