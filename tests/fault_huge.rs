@@ -119,6 +119,78 @@ fn ckhuge_grow_failure_keeps_the_block() {
 }
 
 #[test]
+fn global_short_tail_grow_failure_keeps_the_block() {
+    use std::alloc::GlobalAlloc;
+    let _g = serial();
+    let a = CkHuge::uncached();
+    // A short tail (its last 2 MiB page advised apart from the rest) grown
+    // into another short tail, with growth in place blocked so the block
+    // moves: every failure of each step leaves the block whole (or a
+    // complete copy), nothing leaks.
+    let l = Layout::from_size_align(4 * MIB + 256 * 1024, 8).unwrap();
+    let grown = 8 * MIB + 256 * 1024;
+    for sticky in [false, true] {
+        for op in [Op::Mmap, Op::Mremap, Op::Munmap, Op::Madvise] {
+            for n in 1..=5 {
+                let start = huge_stats().live_bytes();
+                // SAFETY: non-zero size.
+                let p = unsafe { a.alloc(l) };
+                assert!(!p.is_null());
+                // SAFETY: `l.size()` bytes are ours.
+                unsafe { p.write_bytes(0x5A, l.size()) };
+                // A page right after the block (or whatever is mapped there
+                // already) keeps it from growing in place.
+                // SAFETY: a fresh anonymous page where nothing is mapped.
+                let blocker = unsafe {
+                    libc::mmap(
+                        p.add(6 * MIB).cast(),
+                        4096,
+                        libc::PROT_READ,
+                        libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED_NOREPLACE,
+                        -1,
+                        0,
+                    )
+                };
+                if sticky {
+                    fault::fail_from(op, n, libc::ENOMEM);
+                } else {
+                    fault::fail_nth(op, n, libc::ENOMEM);
+                }
+                // SAFETY: `p` came from `a` with `l`.
+                let q = unsafe { a.realloc(p, l, grown) };
+                fault::reset();
+                let (q, lq) = if q.is_null() {
+                    (p, l)
+                } else {
+                    (q, Layout::from_size_align(grown, 8).unwrap())
+                };
+                // SAFETY: `q` holds at least `l.size()` bytes.
+                let s = unsafe { std::slice::from_raw_parts(q, l.size()) };
+                assert!(
+                    s.iter().all(|&b| b == 0x5A),
+                    "{op:?} #{n} sticky {sticky}: contents lost"
+                );
+                // SAFETY: `q` came from `a` with `lq`.
+                unsafe { a.dealloc(q, lq) };
+                assert_unmapped(q as usize, lq.size().next_multiple_of(2 * MIB));
+                if q != p {
+                    assert_unmapped(p as usize, 6 * MIB);
+                }
+                if blocker != libc::MAP_FAILED {
+                    // SAFETY: our page from above.
+                    assert_eq!(unsafe { libc::munmap(blocker, 4096) }, 0);
+                }
+                assert_eq!(
+                    huge_stats().live_bytes(),
+                    start,
+                    "{op:?} #{n} sticky {sticky} leaked"
+                );
+            }
+        }
+    }
+}
+
+#[test]
 fn global_alloc_returns_null_when_mmap_is_refused() {
     use std::alloc::GlobalAlloc;
     let _g = serial();
