@@ -477,8 +477,31 @@ fn child_retained_short_tail() {
     assert!(s.iter().all(|&b| b == 0), "retained block read non-zero");
     // SAFETY: allocated above with `short`.
     unsafe { a.dealloc(r, short) };
+
+    // Longer than the memset cutoff (16 MiB): cleared with MADV_DONTNEED
+    // across both VMAs of the block.
+    let big = Layout::from_size_align(20 * MIB + 256 * KIB, 8).unwrap();
+    // SAFETY: non-zero size.
+    let b = unsafe { a.alloc(big) };
+    assert!(!b.is_null());
+    // SAFETY: `big.size()` bytes are ours.
+    unsafe { std::ptr::write_bytes(b, 0xcd, big.size()) };
+    // SAFETY: allocated above with `big`.
+    unsafe { a.dealloc(b, big) };
+    // SAFETY: non-zero size.
+    let c = unsafe { a.alloc_zeroed(big) };
+    assert_eq!(c, b, "the retained block serves the same rounded length");
+    // SAFETY: `big.size()` bytes are ours.
+    let s = unsafe { std::slice::from_raw_parts(c, big.size()) };
+    assert!(s.iter().all(|&x| x == 0), "retained block read non-zero");
+    touch(c, 0, big.size());
+    assert_tail_pages(c, big.size(), "cleared by MADV_DONTNEED");
+    // SAFETY: allocated above with `big`.
+    unsafe { a.dealloc(c, big) };
+
     ckalloc::release_retained();
     common::assert_unmapped(p as usize, 4 * MIB);
+    common::assert_unmapped(b as usize, 22 * MIB);
 }
 
 #[test]
