@@ -231,19 +231,19 @@ fn child_boundaries() {
 }
 
 #[test]
-fn realloc_grows_short_tail_blocks_with_mremap() {
+fn realloc_grows_short_tail_blocks_in_place_or_copies_them() {
     run_child("child_grow_short_tail", &[("CKALLOC_HUGETLB", "0")]);
 }
 
 #[test]
-#[ignore = "run by realloc_grows_short_tail_blocks_with_mremap in a child process"]
+#[ignore = "run by realloc_grows_short_tail_blocks_in_place_or_copies_them in a child process"]
 fn child_grow_short_tail() {
     if !thp_blocks_possible() {
         return;
     }
     for a in [CkHuge::uncached(), CkHuge::new()] {
         // A retained short-tail block (two VMAs) served to a long-tail
-        // request of the same length, then grown: also `mremap`.
+        // request of the same length, then grown.
         let warm = Layout::from_size_align(2 * MIB + 256 * KIB, 8).unwrap();
         // SAFETY: non-zero size.
         let w = unsafe { a.alloc(warm) };
@@ -262,12 +262,23 @@ fn child_grow_short_tail() {
             let q = unsafe { a.realloc(p, l, grown) };
             assert!(!q.is_null());
             let after = ckalloc::huge_stats();
-            assert_eq!(
-                after.remaps,
-                before.remaps + 1,
-                "{size:#x} -> {grown:#x} was copied, not remapped"
-            );
-            assert_eq!(after.thp.mappings, before.thp.mappings, "fresh mapping");
+            if q == p {
+                // Grown in place: the last page's VMA was resized.
+                assert_eq!(after.remaps, before.remaps + 1, "{size:#x} -> {grown:#x}");
+                assert_eq!(after.thp.mappings, before.thp.mappings);
+            } else {
+                // Something is mapped after the block: moved with `mremap`
+                // (one VMA) or copied (two VMAs) into a fresh block or, for
+                // `CkHuge::new()`, a retained one.
+                let moved = after.remaps == before.remaps + 1;
+                let copied = after.thp.mappings == before.thp.mappings + 1
+                    || after.retention_hits == before.retention_hits + 1;
+                assert!(moved != copied, "{size:#x} -> {grown:#x}");
+                if a == CkHuge::uncached() {
+                    // `CkHuge::new()` keeps a copied-from block for reuse.
+                    common::assert_unmapped(p as usize, size.next_multiple_of(2 * MIB));
+                }
+            }
             check(q, size, 7);
             fill(q, grown, 9);
             assert_tail_pages(q, grown, "grown");
@@ -278,12 +289,12 @@ fn child_grow_short_tail() {
 }
 
 #[test]
-fn realloc_moves_short_tail_blocks_with_mremap() {
+fn realloc_copies_short_tail_blocks_that_cannot_grow_in_place() {
     run_child("child_move_short_tail", &[("CKALLOC_HUGETLB", "0")]);
 }
 
 #[test]
-#[ignore = "run by realloc_moves_short_tail_blocks_with_mremap in a child process"]
+#[ignore = "run by realloc_copies_short_tail_blocks_that_cannot_grow_in_place in a child process"]
 fn child_move_short_tail() {
     if !thp_blocks_possible() {
         return;
@@ -317,12 +328,12 @@ fn child_move_short_tail() {
         assert_ne!(q, p, "grew in place past a mapped page");
         assert_eq!(q as usize % align.max(2 * MIB), 0);
         let after = ckalloc::huge_stats();
-        assert_eq!(after.remaps, before.remaps + 1, "copied, not moved");
-        assert_eq!(after.thp.mappings, before.thp.mappings, "fresh mapping");
+        assert_eq!(after.remaps, before.remaps, "two VMAs moved with mremap");
+        assert_eq!(after.thp.mappings, before.thp.mappings + 1, "not copied");
         common::assert_unmapped(p as usize, len);
         check(q, size, 4);
         fill(q, grown, 6);
-        assert_tail_pages(q, grown, "moved");
+        assert_tail_pages(q, grown, "copied");
         // SAFETY: our page from above.
         assert_eq!(unsafe { libc::munmap(blocker, 4096) }, 0);
         // SAFETY: `q` came from `a` with this layout.
@@ -332,12 +343,12 @@ fn child_move_short_tail() {
 }
 
 #[test]
-fn realloc_moves_short_tail_blocks_grown_before_with_mremap() {
+fn realloc_copies_grown_short_tail_blocks_that_cannot_grow_in_place() {
     run_child("child_move_grown_short_tail", &[("CKALLOC_HUGETLB", "0")]);
 }
 
 #[test]
-#[ignore = "run by realloc_moves_short_tail_blocks_grown_before_with_mremap in a child process"]
+#[ignore = "run by realloc_copies_grown_short_tail_blocks_that_cannot_grow_in_place in a child process"]
 fn child_move_grown_short_tail() {
     if !thp_blocks_possible() {
         return;
@@ -350,8 +361,8 @@ fn child_move_grown_short_tail() {
     assert!(!p.is_null());
     fill(p, size, 8);
     // Each step grows a short tail into another one (2.25, 4.25, 6.25,
-    // 8.25 MiB) with a page mapped right after the block, so it moves; from
-    // the second step on, the part before the last page is two VMAs.
+    // 8.25 MiB) with a page mapped right after the block, so it cannot grow
+    // in place and, being two VMAs, is copied into a new block.
     for _ in 0..3 {
         let len = size.next_multiple_of(2 * MIB);
         // SAFETY: a fresh anonymous page where nothing is mapped.
@@ -377,15 +388,18 @@ fn child_move_grown_short_tail() {
         assert!(!q.is_null());
         let after = ckalloc::huge_stats();
         assert_eq!(
-            after.remaps,
-            before.remaps + 1,
-            "{size:#x} -> {grown:#x} was copied, not moved"
+            after.remaps, before.remaps,
+            "{size:#x} -> {grown:#x}: two VMAs moved with mremap"
         );
-        assert_eq!(after.thp.mappings, before.thp.mappings, "fresh mapping");
+        assert_eq!(
+            after.thp.mappings,
+            before.thp.mappings + 1,
+            "{size:#x} -> {grown:#x} was not copied"
+        );
         common::assert_unmapped(p as usize, len);
         check(q, size, 8);
         fill(q, grown, 8);
-        assert_tail_pages(q, grown, "moved");
+        assert_tail_pages(q, grown, "copied");
         if let Some(b) = blocker {
             // SAFETY: our page from above.
             assert_eq!(unsafe { libc::munmap(b, 4096) }, 0);

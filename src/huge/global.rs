@@ -114,8 +114,10 @@ use std::sync::atomic::Ordering;
 ///   `/proc/self/maps`, counted against `vm.max_map_count`), more after it
 ///   grew; freeing the block unmaps all of them. `mremap` resizes one VMA
 ///   only, so `realloc` grows such a block by resizing its last 2 MiB page
-///   (in place, or moved onto an aligned reservation after the rest of the
-///   block was moved there with `MREMAP_DONTUNMAP`), without copying.
+///   in place when the address space after the block is free, and
+///   otherwise copies it into a new block (as mimalloc's `realloc` does
+///   for large blocks). Blocks of one VMA (no short tail) move with
+///   `mremap` as below.
 ///
 /// Through the `allocator_api2` [`Allocator`] interface nothing is retained:
 /// every block is mapped and unmapped, so `CachingAllocator<CkHuge>`
@@ -126,7 +128,7 @@ use std::sync::atomic::Ordering;
 /// `realloc` of a mapped block grows in place with `mremap` when the address
 /// space after it is free, else moves it with `mremap(MREMAP_FIXED)` into an
 /// aligned reservation (a plain `MREMAP_MAYMOVE` could lose the alignment;
-/// see [Short tails](CkHuge#short-tails) for blocks of several VMAs);
+/// [Short tails](CkHuge#short-tails) says how blocks of several VMAs grow);
 /// hugetlb blocks cannot grow with `mremap`, so they are copied.
 ///
 /// The mapping path never allocates, takes no lock of its own, never panics
@@ -424,108 +426,33 @@ impl<S: GlobalAlloc> CkHuge<S> {
     }
 
     /// Grow a `GlobalAlloc` THP block of `old_len` bytes at `base` to
-    /// `new_len` bytes aligned to `align` with `mremap`, without copying.
-    /// `mremap` acts on one VMA only (`EFAULT` across two), and such a
-    /// block is several VMAs when its last 2 MiB page was advised
-    /// `MADV_NOHUGEPAGE` (a short tail, or an earlier one grown past:
-    /// advice does not merge VMAs whose pages were faulted in apart). So the
-    /// last page is resized on its own: in place when the address space
-    /// after the block is free, else moved (and grown) onto an aligned
-    /// reservation, after the rest of the block was moved there with
-    /// `MREMAP_DONTUNMAP` (see [`move_head`](Self::move_head)), which keeps
-    /// the old range mapped so the move can be undone. On error the block
-    /// is as it was.
-    ///
-    /// # Safety
-    /// `base..base+old_len` is our block (`old_len >= 2 MiB`), not in use.
-    unsafe fn grow_split(
+    /// `new_len` bytes with `mremap`, without copying. `mremap` resizes one
+    /// VMA only (`EFAULT` across two), and such a block is two or more VMAs
+    /// once its last 2 MiB page was advised `MADV_NOHUGEPAGE` (a short tail,
+    /// or an earlier one grown past: advice does not merge VMAs whose pages
+    /// were faulted in apart). So the last page is grown on its own, in place
+    /// when the address space after the block is free; else a block of one
+    /// VMA moves whole onto an aligned reservation (`MREMAP_FIXED`), and a
+    /// block of several VMAs fails here and is copied by the caller. On error
+    /// the block is as it was.
+    fn grow_split(
         base: NonNull<u8>,
         old_len: usize,
         new_len: usize,
         align: usize,
     ) -> std::io::Result<NonNull<u8>> {
         let head = old_len - HUGE_PAGE_2M;
-        // SAFETY: `head` is inside the block.
-        let last = unsafe { base.add(head) };
+        // `head` is inside the block, so the pointer is never null.
+        let Some(last) = NonNull::new(base.as_ptr().wrapping_add(head)) else {
+            return Err(std::io::ErrorKind::InvalidInput.into());
+        };
         if sys::mremap(last, HUGE_PAGE_2M, new_len - head, None).is_ok() {
             return Ok(base);
         }
         let dst = sys::reserve_aligned(new_len, align)?;
-        // SAFETY: `dst` is our reservation of `new_len > head` bytes.
-        if let Err(e) = unsafe { Self::move_head(base, dst, head) } {
+        sys::mremap(base, old_len, new_len, Some(dst)).inspect_err(|_| {
             let _ = sys::munmap_best_effort(dst.as_ptr(), new_len);
-            return Err(e);
-        }
-        // SAFETY: `head < new_len`: inside the reservation.
-        let dst_last = unsafe { dst.add(head) };
-        match sys::mremap(last, HUGE_PAGE_2M, new_len - head, Some(dst_last)) {
-            Ok(_) => {
-                if head > 0 {
-                    // The old head holds no pages any more.
-                    let _ = sys::munmap_best_effort(base.as_ptr(), head);
-                }
-                Ok(dst)
-            }
-            Err(e) => {
-                // SAFETY: `head` bytes were moved from `base` to `dst`.
-                unsafe { Self::move_back(base, dst, head) };
-                let _ = sys::munmap_best_effort(dst.as_ptr(), new_len);
-                Err(e)
-            }
-        }
-    }
-
-    /// Move the first `head` bytes (a multiple of 2 MiB) of the block at
-    /// `base` onto the reservation at `dst` with `MREMAP_DONTUNMAP`: in one
-    /// call when they are one VMA, else 2 MiB page by 2 MiB page (advice
-    /// splits VMAs only at 2 MiB boundaries of the block). On error the
-    /// pages moved so far are moved back, and the block is as it was.
-    ///
-    /// # Safety
-    /// `base..base+head` is our block's, `dst..dst+head` our reservation's.
-    unsafe fn move_head(base: NonNull<u8>, dst: NonNull<u8>, head: usize) -> std::io::Result<()> {
-        if head == 0 {
-            return Ok(());
-        }
-        let err = match sys::mremap_keep_source(base, head, dst) {
-            Ok(_) => return Ok(()),
-            Err(e) => e,
-        };
-        if err.raw_os_error() != Some(libc::EFAULT) {
-            return Err(err);
-        }
-        for off in (0..head).step_by(HUGE_PAGE_2M) {
-            // SAFETY: `off < head`: inside both ranges.
-            let (from, to) = unsafe { (base.add(off), dst.add(off)) };
-            if let Err(e) = sys::mremap_keep_source(from, HUGE_PAGE_2M, to) {
-                // SAFETY: `off` bytes were moved.
-                unsafe { Self::move_back(base, dst, off) };
-                return Err(e);
-            }
-        }
-        Ok(())
-    }
-
-    /// Undo [`move_head`](Self::move_head) for its first `moved` bytes: move
-    /// them back onto `base` (still mapped, empty), 2 MiB page by 2 MiB page
-    /// if need be, copying a page that cannot be moved.
-    ///
-    /// # Safety
-    /// `moved` bytes (a multiple of 2 MiB) were moved from `base` to `dst`
-    /// with `MREMAP_DONTUNMAP`.
-    unsafe fn move_back(base: NonNull<u8>, dst: NonNull<u8>, moved: usize) {
-        if moved == 0 || sys::mremap(dst, moved, moved, Some(base)).is_ok() {
-            return;
-        }
-        for off in (0..moved).step_by(HUGE_PAGE_2M) {
-            // SAFETY: `off < moved`: inside both ranges.
-            let (from, to) = unsafe { (dst.add(off), base.add(off)) };
-            if sys::mremap(from, HUGE_PAGE_2M, HUGE_PAGE_2M, Some(to)).is_err() {
-                // SAFETY: both ranges are ours, readable and writable, 2 MiB
-                // each, and disjoint (`dst` was a fresh reservation).
-                unsafe { ptr::copy_nonoverlapping(from.as_ptr(), to.as_ptr(), HUGE_PAGE_2M) };
-            }
-        }
+        })
     }
 
     /// Mapped-to-mapped resize.
@@ -596,8 +523,7 @@ impl<S: GlobalAlloc> CkHuge<S> {
         // `grow_split`).
         let align = align.max(HUGE_PAGE_2M);
         let grown = if retain && tier::anon_tier() == Backing::TransparentHuge {
-            // SAFETY: `base` is our block of `old_len` bytes.
-            unsafe { Self::grow_split(base, old_len, new_len, align) }
+            Self::grow_split(base, old_len, new_len, align)
         } else {
             sys::mremap(base, old_len, new_len, None).or_else(|_| {
                 let dst = sys::reserve_aligned(new_len, align)?;

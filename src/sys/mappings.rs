@@ -293,35 +293,6 @@ pub(crate) fn mremap(
     NonNull::new(p.cast()).ok_or_else(|| io::Error::from_raw_os_error(libc::ENOMEM))
 }
 
-/// Move the `len` bytes mapped at `old` onto `dst` (`MREMAP_MAYMOVE |
-/// MREMAP_FIXED | MREMAP_DONTUNMAP`, Linux 5.7, private anonymous memory),
-/// replacing the caller's reservation there. `old..old+len` stays mapped,
-/// with its pages gone (they read as zero), so the caller still owns that
-/// range and can move the pages back onto it or unmap it.
-#[cfg(target_os = "linux")]
-pub(crate) fn mremap_keep_source(
-    old: NonNull<u8>,
-    len: usize,
-    dst: NonNull<u8>,
-) -> io::Result<NonNull<u8>> {
-    inject(Op::Mremap)?;
-    // SAFETY: the caller owns the old mapping and the destination
-    // reservation; no reference into the old range's pages outlives this.
-    let p = unsafe {
-        libc::mremap(
-            old.as_ptr().cast(),
-            len,
-            len,
-            libc::MREMAP_MAYMOVE | libc::MREMAP_FIXED | libc::MREMAP_DONTUNMAP,
-            dst.as_ptr().cast::<libc::c_void>(),
-        )
-    };
-    if p == libc::MAP_FAILED {
-        return Err(io::Error::last_os_error());
-    }
-    NonNull::new(p.cast()).ok_or_else(|| io::Error::from_raw_os_error(libc::ENOMEM))
-}
-
 /// Bind `addr..addr+len` to NUMA node `node` (`MPOL_BIND`, `MPOL_MF_MOVE`).
 /// libc has no wrapper for `mbind`, so this is the raw system call.
 #[cfg(target_os = "linux")]

@@ -38,15 +38,12 @@ use mappings::advice_raw;
 #[cfg(not(target_os = "linux"))]
 use unsupported::advice_raw;
 #[cfg(not(target_os = "linux"))]
-pub(crate) use unsupported::{
-    fadvise_sequential, map_hugetlb, mbind, mremap, mremap_keep_source, pagemap_scan,
-};
+pub(crate) use unsupported::{fadvise_sequential, map_hugetlb, mbind, mremap, pagemap_scan};
 #[cfg(target_os = "linux")]
 pub(crate) use {
     files::fadvise_sequential,
     mappings::{
         map_anon_fixed, map_file_fixed_readonly, map_hugetlb, map_hugetlb_fixed, mbind, mremap,
-        mremap_keep_source,
     },
     process::pagemap_scan,
 };

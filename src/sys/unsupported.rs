@@ -37,16 +37,6 @@ pub(crate) fn mremap(
     unsupported()
 }
 
-/// `mremap` is Linux-only.
-pub(crate) fn mremap_keep_source(
-    _old: NonNull<u8>,
-    _len: usize,
-    _dst: NonNull<u8>,
-) -> io::Result<NonNull<u8>> {
-    inject(Op::Mremap)?;
-    unsupported()
-}
-
 /// `mbind` is Linux-only.
 pub(crate) fn mbind(_addr: *mut u8, _len: usize, _node: u32) -> io::Result<()> {
     inject(Op::Mbind)?;
