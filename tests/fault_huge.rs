@@ -140,17 +140,7 @@ fn global_short_tail_grow_failure_keeps_the_block() {
                 unsafe { p.write_bytes(0x5A, l.size()) };
                 // A page right after the block (or whatever is mapped there
                 // already) keeps it from growing in place.
-                // SAFETY: a fresh anonymous page where nothing is mapped.
-                let blocker = unsafe {
-                    libc::mmap(
-                        p.add(6 * MIB).cast(),
-                        4096,
-                        libc::PROT_READ,
-                        libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED_NOREPLACE,
-                        -1,
-                        0,
-                    )
-                };
+                let blocker = common::map_blocker_page(p.wrapping_add(6 * MIB));
                 if sticky {
                     fault::fail_from(op, n, libc::ENOMEM);
                 } else {
@@ -176,9 +166,8 @@ fn global_short_tail_grow_failure_keeps_the_block() {
                 if q != p {
                     assert_unmapped(p as usize, 6 * MIB);
                 }
-                if blocker != libc::MAP_FAILED {
-                    // SAFETY: our page from above.
-                    assert_eq!(unsafe { libc::munmap(blocker, 4096) }, 0);
+                if let Some(b) = blocker {
+                    common::unmap_blocker_page(b);
                 }
                 assert_eq!(
                     huge_stats().live_bytes(),

@@ -307,19 +307,9 @@ fn child_move_short_tail() {
         let p = unsafe { a.alloc(l) };
         assert!(!p.is_null());
         fill(p, size, 4);
-        // A page right after the block: it cannot grow in place.
-        // SAFETY: a fresh anonymous page where nothing is mapped.
-        let blocker = unsafe {
-            libc::mmap(
-                p.add(len).cast(),
-                4096,
-                libc::PROT_READ,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED_NOREPLACE,
-                -1,
-                0,
-            )
-        };
-        assert_eq!(blocker.cast::<u8>(), p.wrapping_add(len));
+        // A page right after the block (or whatever is mapped there
+        // already): it cannot grow in place.
+        let blocker = common::map_blocker_page(p.wrapping_add(len));
         let before = ckalloc::huge_stats();
         let grown = len + 2 * MIB + 512 * KIB;
         // SAFETY: `p` came from `a` with `l`.
@@ -334,8 +324,9 @@ fn child_move_short_tail() {
         check(q, size, 4);
         fill(q, grown, 6);
         assert_tail_pages(q, grown, "copied");
-        // SAFETY: our page from above.
-        assert_eq!(unsafe { libc::munmap(blocker, 4096) }, 0);
+        if let Some(b) = blocker {
+            common::unmap_blocker_page(b);
+        }
         // SAFETY: `q` came from `a` with this layout.
         unsafe { a.dealloc(q, Layout::from_size_align(grown, align).unwrap()) };
         common::assert_unmapped(q as usize, grown.next_multiple_of(2 * MIB));
@@ -365,22 +356,8 @@ fn child_move_grown_short_tail() {
     // in place and, being two VMAs, is copied into a new block.
     for _ in 0..3 {
         let len = size.next_multiple_of(2 * MIB);
-        // SAFETY: a fresh anonymous page where nothing is mapped.
-        let blocker = unsafe {
-            libc::mmap(
-                p.add(len).cast(),
-                4096,
-                libc::PROT_READ,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED_NOREPLACE,
-                -1,
-                0,
-            )
-        };
-        // Something mapped there already (EEXIST) blocks growth as well.
-        let blocker = (blocker != libc::MAP_FAILED).then_some(blocker);
-        if let Some(b) = blocker {
-            assert_eq!(b.cast::<u8>(), p.wrapping_add(len));
-        }
+        // Something mapped there already blocks growth as well.
+        let blocker = common::map_blocker_page(p.wrapping_add(len));
         let before = ckalloc::huge_stats();
         let grown = size + 2 * MIB;
         // SAFETY: `p` came from `a` with `l`.
@@ -401,8 +378,7 @@ fn child_move_grown_short_tail() {
         fill(q, grown, 8);
         assert_tail_pages(q, grown, "copied");
         if let Some(b) = blocker {
-            // SAFETY: our page from above.
-            assert_eq!(unsafe { libc::munmap(b, 4096) }, 0);
+            common::unmap_blocker_page(b);
         }
         (p, size) = (q, grown);
         l = Layout::from_size_align(size, 8).unwrap();

@@ -191,3 +191,31 @@ pub fn run_child(name: &str, envs: &[(&str, &str)]) {
         "{name} did not run"
     );
 }
+
+/// Map one read-only 4 KiB page at `addr` (`MAP_FIXED_NOREPLACE`), so that a
+/// block ending there cannot grow in place. `None` when something is mapped
+/// there already (which blocks growth as well).
+pub fn map_blocker_page(addr: *mut u8) -> Option<*mut libc::c_void> {
+    // SAFETY: a fresh anonymous page; NOREPLACE never touches an existing
+    // mapping.
+    let p = unsafe {
+        libc::mmap(
+            addr.cast(),
+            4096,
+            libc::PROT_READ,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED_NOREPLACE,
+            -1,
+            0,
+        )
+    };
+    (p != libc::MAP_FAILED).then(|| {
+        assert_eq!(p.cast::<u8>(), addr, "blocker page placed elsewhere");
+        p
+    })
+}
+
+/// Unmap a page from [`map_blocker_page`].
+pub fn unmap_blocker_page(p: *mut libc::c_void) {
+    // SAFETY: our page from `map_blocker_page`.
+    assert_eq!(unsafe { libc::munmap(p, 4096) }, 0);
+}
