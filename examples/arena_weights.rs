@@ -1,12 +1,12 @@
 //! A model file into an arena: write a small `weights.bump` with the crate's
-//! writer, build a [`BumpArena`] over it (arena offset == file offset), read a
-//! weight matrix in place and put the activations in the runtime region with
-//! `Vec::new_in(&arena)`.
+//! writer, check its manifest against it, build a [`BumpArena`] over it
+//! (arena offset == file offset), read a weight matrix in place and put the
+//! activations in the runtime region with `Vec::new_in(&arena)`.
 //!
 //! Run: `cargo run --release --example arena_weights`
 
 use allocator_api2::vec::Vec;
-use ckalloc::weights::{Dtype, Manifest, Version, WeightsWriter};
+use ckalloc::weights::{CheckOptions, Dtype, Version, WeightsFile, WeightsWriter};
 use ckalloc::{BumpArena, ModePolicy};
 
 const ROWS: usize = 256;
@@ -38,22 +38,34 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         report.data_end
     );
 
-    // 2. The arena: weights region [weights_base, data_end), then 16 MiB of runtime region.
-    let weights_base = usize::try_from(report.weights_base)?;
-    let activations_base = usize::try_from(report.data_end)?;
+    // 2. Check the file and its manifest: the tensor checksum, then every
+    //    rule of the reader. A BUMPWGT5 file records the SHA-256 of its JSON
+    //    manifest, so the manifest can be required to be the one written with it.
+    let file = WeightsFile::open(&report.weights_path)?;
+    file.verify_checksum()?;
+    let manifest = file.check_manifest(
+        file.load_manifest(dir.path())?,
+        CheckOptions::new().require_manifest_hash(true),
+    )?;
+    println!("manifest: {}", manifest.binding());
+
+    // 3. The arena: weights region [weights_base, data_end), then 16 MiB of runtime region.
+    let (weights_base, activations_base) = manifest.weights_region();
+    let weights_base = usize::try_from(weights_base)?;
+    let activations_base = usize::try_from(activations_base)?;
     let mut arena = BumpArena::builder(activations_base + (16 << 20))
         .weights_file(&report.weights_path)
         .weights_base(weights_base)
         .activations_base(activations_base)
         .policy(ModePolicy::Auto) // anonymous huge-page memory first, the file mapped as fallback
-        .manifest(Manifest::load_sidecars(dir.path())?)
+        .manifest(manifest)
         .build()?;
     if arena.needs_weight_materialization() {
         arena.materialize_weights()?; // anonymous mode: copy the file's bytes in
     }
     println!("arena: {} mode, {} backing", arena.mode(), arena.backing());
 
-    // 3. y = W x + b, reading W and b in place; y lives in the runtime region.
+    // 4. y = W x + b, reading W and b in place; y lives in the runtime region.
     let w = arena.tensor("layer0.weight").ok_or("no layer0.weight")?;
     let b = arena.tensor("layer0.bias").ok_or("no layer0.bias")?;
     let read =
@@ -74,7 +86,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         arena.used()
     );
 
-    // 4. Nothing from the runtime region is alive after `drop(y)`: reset it for the next request.
+    // 5. Nothing from the runtime region is alive after `drop(y)`: reset it for the next request.
     drop(y);
     arena.reset();
     assert_eq!(arena.used(), 0);

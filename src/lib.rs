@@ -74,6 +74,7 @@ pub mod caching;
 #[cfg(feature = "capi")]
 pub mod capi;
 pub mod env;
+mod escape;
 mod fork;
 pub mod huge;
 mod lock;
@@ -88,6 +89,7 @@ pub use arena::{
     ArenaBuilder, ArenaCoverage, ArenaError, ArenaMode, BumpArena, Checkpoint, FallbackReason,
     LocalArena, ModePolicy,
 };
+pub use escape::Escaped;
 pub use huge::{
     huge_alloc, huge_free, release_retained, reset_hugetlb_backoff, Backing, CkHuge, HugeError,
     HugeOptions, HugeRegion,

@@ -955,7 +955,9 @@ static_assertions::assert_not_impl_any!(LocalArena<'static>: Sync);
 #[test]
 fn writer_reader_arena_round_trip_for_both_versions() {
     let _serial = serial();
-    use ckalloc::weights::{Dtype, Manifest, Version, WeightsFile, WeightsWriter};
+    use ckalloc::weights::{
+        CheckOptions, CheckedManifest, Dtype, Manifest, Version, WeightsFile, WeightsWriter,
+    };
     for version in [Version::V4, Version::V5] {
         let dir = tempfile::tempdir().unwrap();
         let a: Vec<u8> = (0..4000u32).flat_map(|i| i.to_le_bytes()).collect();
@@ -967,7 +969,12 @@ fn writer_reader_arena_round_trip_for_both_versions() {
         let file = WeightsFile::open(&report.weights_path).unwrap();
         file.verify_checksum().unwrap();
         let manifest = Manifest::load_sidecars(dir.path()).unwrap();
+        // The arena takes only a manifest checked against its file.
+        let checked = file
+            .check_manifest(manifest.clone(), CheckOptions::new())
+            .unwrap();
         let (wb, ab) = (report.weights_base as usize, report.data_end as usize);
+        assert_eq!(checked.weights_region(), (wb as u64, ab as u64));
         let mut policies = vec![ModePolicy::AnonOnly];
         if mixed_supported() {
             policies.push(ModePolicy::MixedOnly);
@@ -977,10 +984,14 @@ fn writer_reader_arena_round_trip_for_both_versions() {
                 .weights_file(&report.weights_path)
                 .weights_base(wb)
                 .activations_base(ab)
-                .manifest(manifest.clone())
+                .manifest(checked.clone())
                 .policy(policy)
                 .build()
                 .unwrap();
+            assert_eq!(
+                arena.manifest().map(CheckedManifest::manifest),
+                Some(&manifest)
+            );
             if policy == ModePolicy::AnonOnly {
                 assert_eq!(arena.tensor("norm"), None, "not materialized yet");
                 arena.materialize_weights().unwrap();
@@ -1001,34 +1012,123 @@ fn writer_reader_arena_round_trip_for_both_versions() {
             .weights_file(&report.weights_path)
             .weights_base(wb)
             .activations_base(last_end - 1)
-            .manifest(manifest.clone())
+            .manifest(checked.clone())
             .build()
             .unwrap_err();
         assert!(matches!(err, ArenaError::Manifest { .. }), "{err:?}");
+        // A manifest checked against another file (here a copy: the same
+        // bytes, another inode) is refused.
+        let copy = dir.path().join("copy.bump");
+        std::fs::copy(&report.weights_path, &copy).unwrap();
+        let on_copy = || {
+            BumpArena::builder(ab + 4 * MIB)
+                .weights_file(&copy)
+                .weights_base(wb)
+                .activations_base(ab)
+                .policy(ModePolicy::AnonOnly)
+        };
+        let err = on_copy().manifest(checked.clone()).build().unwrap_err();
+        assert!(
+            matches!(&err, ArenaError::ManifestOfAnotherFile { manifest_file, weights_file }
+                if manifest_file.as_deref() == Some(report.weights_path.as_path())
+                    && *weights_file == copy),
+            "{err:?}"
+        );
+        // Checked against the copy, it is the copy's manifest.
+        let checked_copy = WeightsFile::open(&copy)
+            .unwrap()
+            .check_manifest(manifest.clone(), CheckOptions::new())
+            .unwrap();
+        let mut arena = on_copy().manifest(checked_copy).build().unwrap();
+        arena.materialize_weights().unwrap();
+        assert_eq!(arena.tensor("norm"), Some(&b[..]));
+        // A manifest checked against bytes in memory is tied to the file by
+        // its length and header checksum: the same bytes are accepted, a
+        // file whose checksum differs is refused.
+        let bytes = std::fs::read(&copy).unwrap();
+        let in_memory = || {
+            WeightsFile::from_vec(bytes.clone())
+                .unwrap()
+                .check_manifest(manifest.clone(), CheckOptions::new())
+                .unwrap()
+        };
+        on_copy().manifest(in_memory()).build().unwrap();
+        let mut other = bytes.clone();
+        let sum = WeightsFile::from_vec(bytes.clone())
+            .unwrap()
+            .container()
+            .offsets()
+            .checksum;
+        other[sum as usize] ^= 1;
+        std::fs::write(&copy, &other).unwrap();
+        let err = on_copy().manifest(in_memory()).build().unwrap_err();
+        assert!(
+            matches!(
+                &err,
+                ArenaError::ManifestOfAnotherFile {
+                    manifest_file: None,
+                    ..
+                }
+            ),
+            "{err:?}"
+        );
     }
 }
 
-#[cfg(all(feature = "weights", target_os = "linux"))]
+/// The arena holds every tensor at its file offset in both modes (mixed
+/// maps the file in place, anon copies it verbatim), so `check_manifest`
+/// refuses an entry whose runtime offset differs (rule 6) and no arena can
+/// be given one, whatever its mode.
+#[cfg(feature = "weights")]
 #[test]
-fn mixed_mode_rejects_runtime_offsets_that_differ() {
+fn runtime_offsets_that_differ_are_refused_for_every_mode() {
     let _serial = serial();
-    use ckalloc::weights::{Manifest, ManifestEntry};
-    let dir = tempfile::tempdir().unwrap();
-    let path = write_file(dir.path(), "w", &pattern(2 * PAGE));
-    let mut e = ManifestEntry::new("t", "fp32", 256, 64);
-    e.runtime_offset = 4096;
-    let m = Manifest::from_entries(vec![e]).unwrap();
-    let b = || {
-        BumpArena::builder(4 * MIB)
-            .weights_file(&path)
-            .activations_base(2 * PAGE)
-            .manifest(m.clone())
+    use ckalloc::weights::{
+        CheckOptions, Dtype, Manifest, Version, WeightsError, WeightsFile, WeightsWriter,
     };
-    let err = b().policy(ModePolicy::MixedOnly).build().unwrap_err();
+    let dir = tempfile::tempdir().unwrap();
+    let data = pattern(64);
+    let mut w = WeightsWriter::new(Version::V4);
+    w.add_tensor("t", Dtype::F32, &data[..]).unwrap();
+    let report = w.write_dir(dir.path()).unwrap();
+    let file = WeightsFile::open(&report.weights_path).unwrap();
+    let mut e = report.manifest.get("t").unwrap().clone();
+    e.runtime_offset = 4096;
+    let m = Manifest::from_entries(vec![e.clone()]).unwrap();
+    let err = file.check_manifest(m, CheckOptions::new()).unwrap_err();
+    assert!(
+        matches!(&err, WeightsError::RuntimeOffsetMismatch { name, file_offset, runtime_offset: 4096 }
+            if name == "t" && *file_offset == e.file_offset),
+        "{err}"
+    );
     assert!(err.to_string().contains("runtime offset"), "{err}");
-    // Anon mode copies by file offset and accepts it.
-    let a = b().policy(ModePolicy::AnonOnly).build().unwrap();
-    assert_eq!(a.mode(), ArenaMode::Anon);
+    // The same entry at runtime_offset == file_offset: both modes take it.
+    e.runtime_offset = e.file_offset;
+    let checked = file
+        .check_manifest(
+            Manifest::from_entries(vec![e]).unwrap(),
+            CheckOptions::new(),
+        )
+        .unwrap();
+    let mut modes = vec![(ModePolicy::AnonOnly, ArenaMode::Anon)];
+    if mixed_supported() {
+        modes.push((ModePolicy::MixedOnly, ArenaMode::MixedFileBacked));
+    }
+    for (policy, mode) in modes {
+        let mut a = BumpArena::builder(4 * MIB)
+            .weights_file(&report.weights_path)
+            .weights_base(report.weights_base as usize)
+            .activations_base(report.data_end as usize)
+            .manifest(checked.clone())
+            .policy(policy)
+            .build()
+            .unwrap();
+        assert_eq!(a.mode(), mode);
+        if a.needs_weight_materialization() {
+            a.materialize_weights().unwrap();
+        }
+        assert_eq!(a.tensor("t"), Some(&data[..]), "{policy:?}");
+    }
 }
 
 // ---- per-thread chunks behind `&BumpArena` ---------------------------------

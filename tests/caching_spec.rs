@@ -348,3 +348,112 @@ fn from_env_reads_the_variable() {
     }
     std::env::remove_var(var);
 }
+
+/// True when `s` has no C0, DEL or C1 control character.
+fn no_control(s: &str) -> bool {
+    !s.chars().any(char::is_control)
+}
+
+#[test]
+fn spec_error_display_escapes_nul_and_terminal_escapes() {
+    for (spec, kind, raw) in [
+        (
+            "host_local=\0\u{1b}[31m",
+            SpecErrorKind::BadSize,
+            "\0\u{1b}[31m",
+        ),
+        (
+            "host\0local\u{1b}[2J",
+            SpecErrorKind::UnknownName,
+            "host\0local\u{1b}[2J",
+        ),
+        (
+            "host_local=*;*;\u{1b}[1m\u{9b}2J\u{7}\0",
+            SpecErrorKind::BadCount,
+            "\u{1b}[1m\u{9b}2J\u{7}\0",
+        ),
+    ] {
+        let err = spec.parse::<CachingSpec>().unwrap_err();
+        assert_eq!(err.kind(), kind, "{spec:?}");
+        // The accessors keep the raw text.
+        assert_eq!(err.text(), raw);
+        assert_eq!(err.pair(), spec);
+        let msg = err.to_string();
+        assert!(no_control(&msg), "{msg:?}");
+        assert!(msg.contains("\\0") && msg.contains("\\u{1b}"), "{msg:?}");
+        let dbg = format!("{err:?}");
+        assert!(no_control(&dbg), "{dbg:?}");
+    }
+}
+
+#[test]
+fn huge_bad_spec_display_is_short_and_names_the_byte_length() {
+    let mib = 1 << 20;
+    let junk = "x".repeat(mib);
+    let cases = [
+        // 1 MiB bad size: pair and text are both about 1 MiB.
+        (format!("host_local={junk}"), SpecErrorKind::BadSize),
+        // 1 MiB unknown heap name: pair and text are the same 1 MiB.
+        (junk.clone(), SpecErrorKind::UnknownName),
+        // 1 MiB seventeenth pair.
+        (
+            format!("{}{junk}", "host_local,".repeat(16)),
+            SpecErrorKind::TooManyPools,
+        ),
+    ];
+    for (spec, kind) in cases {
+        let err = spec.parse::<CachingSpec>().unwrap_err();
+        assert_eq!(err.kind(), kind);
+        assert!(err.text().len() >= mib, "text() is raw and complete");
+        let msg = err.to_string();
+        assert!(msg.len() < 1024, "{kind:?}: {} bytes", msg.len());
+        assert!(
+            msg.contains(&format!("({} bytes)", err.text().len())),
+            "{msg}"
+        );
+        assert!(
+            msg.contains(&format!("({} bytes)", err.pair().len())),
+            "{msg}"
+        );
+        // `unwrap()` prints `Debug`: short too.
+        let dbg = format!("{err:?}");
+        assert!(dbg.len() < 1024, "{kind:?}: Debug is {} bytes", dbg.len());
+        assert!(dbg.contains(&format!("({} bytes)", err.text().len())));
+    }
+}
+
+#[test]
+fn from_env_rejects_names_no_variable_can_have_but_not_unset_ones() {
+    for name in ["", "A=B", "A\0B", "=A", "CKALLOC_TEST_CACHING_SPEC=\0"] {
+        let err = CachingAllocator::from_env(Global, name).unwrap_err();
+        assert_eq!(err.kind(), SpecErrorKind::BadVariableName, "{name:?}");
+        assert_eq!(err.field(), SpecField::Variable);
+        assert_eq!(err.text(), name);
+        let msg = err.to_string();
+        assert!(no_control(&msg), "{msg:?}");
+        assert!(
+            msg.contains(&format!("`{}`", name.replace('\0', "\\0"))),
+            "{msg}"
+        );
+    }
+    // A valid name that is unset is still one unbounded pool.
+    let var = "CKALLOC_TEST_CACHING_SPEC_UNSET_B";
+    std::env::remove_var(var);
+    let c = CachingAllocator::from_env(Global, var).unwrap();
+    assert_eq!(c.pool_params(), vec![PoolParams::new(Heap::host())]);
+}
+
+#[cfg(unix)]
+#[test]
+fn from_env_not_unicode_error_escapes_the_variable_name() {
+    use std::os::unix::ffi::OsStrExt;
+    // A name with a terminal escape and a newline is legal in the environment.
+    let var = "CKALLOC_TEST_CACHING_SPEC_\u{1b}[31m\n_C";
+    std::env::set_var(var, std::ffi::OsStr::from_bytes(b"*=\xff"));
+    let err = CachingAllocator::from_env(Global, var).unwrap_err();
+    std::env::remove_var(var);
+    assert_eq!(err.kind(), SpecErrorKind::NotUnicode);
+    let msg = err.to_string();
+    assert!(no_control(&msg), "{msg:?}");
+    assert!(msg.contains("\\u{1b}[31m\\n_C"), "{msg}");
+}

@@ -51,6 +51,13 @@ fn usage_errors_exit_2_on_one_line() {
         assert!(e.contains("BUMPWGT3 is read only"), "{e}");
         assert!(!e.contains("no such file"), "{e}");
     }
+    // Alignments the writer cannot use are malformed arguments, refused
+    // before the model (which does not exist) is opened.
+    for bad in ["0", "3", "48", "2147483648", "1k", "0x40"] {
+        let e = fails(&["pack", "x", "-o", "y", "--align", bad], 2, "--align");
+        assert!(e.contains("power of two"), "{e}");
+        assert!(!e.contains("No such file"), "{e}");
+    }
     fails(&["load", "x", "--activations", "1.5g"], 2, "1.5g");
     fails(
         &["load", "x", "--activations", "99999999999t"],
@@ -111,14 +118,6 @@ fn corrupt_models_are_rejected() {
         "not a safetensors file",
     );
     assert!(!out.join("weights.bump").exists());
-    // A non-power-of-two alignment.
-    let dir2 = tempfile::tempdir().unwrap();
-    let (model, _) = packed(dir2.path(), "5");
-    fails(
-        &["pack", s(&model), "-o", s(&out), "--align", "48"],
-        1,
-        "--align 48",
-    );
 }
 
 #[test]
@@ -326,4 +325,441 @@ fn inspect_refuses_a_ckalloc_dtype_table_that_disagrees_with_the_manifest() {
             .contains("entry 0"),
         "{j}"
     );
+}
+
+// ---- manifests that do not describe their file ---------------------------
+
+/// The sidecars of a packed synthetic model, rewritten by the tests below.
+struct Sidecars {
+    _dir: tempfile::TempDir,
+    weights: std::path::PathBuf,
+}
+
+impl Sidecars {
+    fn new(version: &str) -> Sidecars {
+        let dir = tempfile::tempdir().unwrap();
+        let (_, weights) = packed(dir.path(), version);
+        Sidecars { _dir: dir, weights }
+    }
+
+    fn path(&self, name: &str) -> std::path::PathBuf {
+        self.weights.with_file_name(name)
+    }
+
+    fn w(&self) -> &str {
+        s(&self.weights)
+    }
+
+    /// Edit `weights_manifest.json` (written back pretty-printed).
+    fn json(&self, edit: impl FnOnce(&mut Value)) {
+        let p = self.path("weights_manifest.json");
+        let mut v: Value = serde_json::from_str(&std::fs::read_to_string(&p).unwrap()).unwrap();
+        edit(&mut v);
+        std::fs::write(&p, serde_json::to_string_pretty(&v).unwrap()).unwrap();
+    }
+
+    /// Edit every entry line of `weights_manifest.map` as its five fields.
+    fn map(&self, mut edit: impl FnMut(&mut Vec<String>)) {
+        let p = self.path("weights_manifest.map");
+        let text = std::fs::read_to_string(&p).unwrap();
+        let mut out = String::new();
+        for line in text.lines() {
+            if line.starts_with('#') {
+                out.push_str(line);
+            } else {
+                let mut f: Vec<String> = line.split('|').map(str::to_string).collect();
+                edit(&mut f);
+                out.push_str(&f.join("|"));
+            }
+            out.push('\n');
+        }
+        std::fs::write(&p, out).unwrap();
+    }
+
+    /// Swap the offsets of the first two 512-byte tensors in both sidecars
+    /// (file and runtime offsets in the `.map`): a consistent manifest that
+    /// hands each tensor the other's bytes.
+    fn swap_two_tensors(&self) {
+        let mut names = Vec::new();
+        self.json(|v| {
+            let entries = v["entries"].as_array_mut().unwrap();
+            let idx: Vec<usize> = (0..entries.len())
+                .filter(|&i| entries[i]["size"] == 512)
+                .take(2)
+                .collect();
+            let (a, b) = (idx[0], idx[1]);
+            let oa = entries[a]["file_offset"].clone();
+            entries[a]["file_offset"] = entries[b]["file_offset"].clone();
+            entries[b]["file_offset"] = oa;
+            names = vec![
+                (
+                    entries[a]["name"].as_str().unwrap().to_string(),
+                    entries[a]["file_offset"].as_u64().unwrap(),
+                ),
+                (
+                    entries[b]["name"].as_str().unwrap().to_string(),
+                    entries[b]["file_offset"].as_u64().unwrap(),
+                ),
+            ];
+        });
+        self.map(|f| {
+            if let Some((_, off)) = names.iter().find(|(n, _)| *n == f[0]) {
+                f[2] = format!("0x{off:016X}");
+                f[4] = format!("0x{off:016X}");
+            }
+        });
+    }
+}
+
+/// Two tensors of one size and dtype swapped in both sidecars of a
+/// `BUMPWGT5` file: the metadata's `manifest_hash` no longer matches the
+/// JSON, so `inspect` and `load` refuse the file and name both digests.
+#[test]
+fn swapped_tensors_fail_the_manifest_hash_in_inspect_and_load() {
+    let c = Sidecars::new("5");
+    let i = json(&["inspect", c.w()]);
+    assert_eq!(i["manifest"]["bound"], true, "{i}");
+    c.swap_two_tensors();
+    let e = fails(&["inspect", c.w()], 1, "manifest_hash mismatch");
+    assert!(e.contains("weights_manifest.json"), "{e}");
+    let o = ckalloc(&["inspect", c.w(), "--json"]);
+    assert_eq!(o.code, Some(1));
+    let j: Value = serde_json::from_str(&o.stdout).unwrap();
+    assert_eq!(j["manifest"]["valid"], false, "{j}");
+    assert_eq!(j["exit_code"], 1, "{j}");
+    for mode in ["anon", "mixed"] {
+        fails(
+            &["load", c.w(), "--mode", mode],
+            1,
+            "manifest_hash mismatch",
+        );
+    }
+}
+
+/// With only the `.map` beside a `BUMPWGT5` file the recorded
+/// `manifest_hash` cannot be checked: `inspect` and `load` say so (never a
+/// bare "verified" or "bound"), and `--require-manifest-hash` and
+/// `--strict` refuse the file.
+#[test]
+fn a_map_without_its_json_is_reported_unchecked_and_refused_on_request() {
+    let c = Sidecars::new("5");
+    c.swap_two_tensors();
+    std::fs::remove_file(c.path("weights_manifest.json")).unwrap();
+    let out = cli_support::ok(&["inspect", c.w()]);
+    assert!(out.contains("manifest binding: NOT checked"), "{out}");
+    assert!(!out.contains("bound by"), "{out}");
+    let out = cli_support::ok(&["load", c.w()]);
+    let last = out.lines().last().unwrap();
+    assert!(last.starts_with("checked: "), "{out}");
+    assert!(last.contains("NOT checked"), "{last}");
+    let j = json(&["load", c.w()]);
+    assert_eq!(j["manifest"]["bound"], false, "{j}");
+    for cmd in ["inspect", "load"] {
+        fails(&[cmd, c.w(), "--require-manifest-hash"], 1, "not bound");
+        fails(&[cmd, c.w(), "--strict"], 1, "not bound");
+    }
+}
+
+/// A `BUMPWGT4` file records no manifest hash, so the other rules carry the
+/// weight, and `load` refuses exactly what `inspect` refuses.
+#[test]
+fn load_refuses_what_inspect_refuses() {
+    // No entry left, in both sidecars: 3.64 MiB of weights would be silently
+    // left out.
+    let c = Sidecars::new("4");
+    c.map(|_| {});
+    let p = c.path("weights_manifest.map");
+    let kept: String = std::fs::read_to_string(&p)
+        .unwrap()
+        .lines()
+        .filter(|l| l.starts_with('#'))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    std::fs::write(&p, kept).unwrap();
+    c.json(|v| v["entries"] = serde_json::json!([]));
+    for cmd in ["inspect", "load"] {
+        fails(&[cmd, c.w()], 1, "lists no tensor");
+    }
+
+    // One fp32 tensor relabelled fp16 in both sidecars: ckalloc's dtype
+    // table (one code per entry) disagrees.
+    let relabel = |c: &Sidecars| {
+        let mut name = String::new();
+        c.json(|v| {
+            let e = v["entries"]
+                .as_array_mut()
+                .unwrap()
+                .iter_mut()
+                .find(|e| e["dtype"] == "fp32")
+                .unwrap();
+            e["dtype"] = "fp16".into();
+            name = e["name"].as_str().unwrap().to_string();
+        });
+        c.map(|f| {
+            if f[0] == name {
+                f[1] = "fp16".into();
+            }
+        });
+    };
+    let c = Sidecars::new("4");
+    relabel(&c);
+    for cmd in ["inspect", "load"] {
+        fails(&[cmd, c.w()], 1, "dtype table disagrees with manifest");
+    }
+
+    // The same with the JSON's generator edited: nothing protects that
+    // field in a BUMPWGT4 file, so the disagreement is reported as a warning
+    // by both commands, never silently dropped, and --strict refuses it.
+    let c = Sidecars::new("4");
+    relabel(&c);
+    c.json(|v| v["generator"] = "someone else".into());
+    let out = cli_support::ok(&["inspect", c.w()]);
+    assert!(out.contains("warning: the dtype table disagrees"), "{out}");
+    let out = cli_support::ok(&["load", c.w()]);
+    assert!(out.contains("warning: the dtype table disagrees"), "{out}");
+    for cmd in ["inspect", "load"] {
+        fails(&[cmd, c.w(), "--strict"], 1, "dtype table disagrees");
+    }
+
+    // A tensor dropped from both sidecars leaves a gap wider than the
+    // file's 64-byte alignment: reported, and refused by --strict.
+    let c = Sidecars::new("4");
+    let mut dropped = String::new();
+    c.json(|v| {
+        v["generator"] = "someone else".into();
+        let entries = v["entries"].as_array_mut().unwrap();
+        dropped = entries[3]["name"].as_str().unwrap().to_string();
+        entries.remove(3);
+    });
+    let p = c.path("weights_manifest.map");
+    let kept: String = std::fs::read_to_string(&p)
+        .unwrap()
+        .lines()
+        .filter(|l| !l.starts_with(&format!("{dropped}|")))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    std::fs::write(&p, kept).unwrap();
+    let out = cli_support::ok(&["inspect", c.w()]);
+    assert!(out.contains("are covered by no tensor"), "{out}");
+    let i = json(&["inspect", c.w()]);
+    assert_eq!(
+        i["manifest"]["warnings"].as_array().unwrap().len(),
+        1,
+        "{i}"
+    );
+    for cmd in ["inspect", "load"] {
+        fails(&[cmd, c.w(), "--strict"], 1, "covered by no tensor");
+    }
+}
+
+/// Sidecars that cannot be read as a manifest make `inspect` exit 1 after
+/// its report (with `--json`, a document whose manifest is not valid), and
+/// `load` exit 1.
+#[test]
+fn malformed_sidecars_exit_1_in_inspect_and_load() {
+    type Edit = fn(&Sidecars);
+    let cases: [(&str, Edit, &str); 6] = [
+        (
+            "entries not an array",
+            |c| std::fs::write(c.path("weights_manifest.json"), r#"{"entries":5}"#).unwrap(),
+            "expected a sequence",
+        ),
+        (
+            "duplicate names",
+            |c| {
+                c.json(|v| {
+                    let e = v["entries"][1].clone();
+                    v["entries"][2]["name"] = e["name"].clone();
+                })
+            },
+            "duplicate tensor name",
+        ),
+        (
+            "sidecars disagree on a runtime offset",
+            |c| {
+                let mut first = true;
+                c.map(|f| {
+                    if std::mem::take(&mut first) {
+                        f[4] = "0x0000000000000001".into();
+                    }
+                })
+            },
+            "disagree",
+        ),
+        (
+            "map not UTF-8",
+            |c| {
+                std::fs::write(
+                    c.path("weights_manifest.map"),
+                    b"\xff\xfe|fp32|0x0|0x0|0x0\n",
+                )
+                .unwrap()
+            },
+            "weights_manifest.map",
+        ),
+        (
+            "a FIFO as the JSON",
+            |c| {
+                let p = c.path("weights_manifest.json");
+                std::fs::remove_file(&p).unwrap();
+                let cp = std::ffi::CString::new(s(&p)).unwrap();
+                // SAFETY: a valid NUL-terminated path.
+                assert_eq!(unsafe { libc::mkfifo(cp.as_ptr(), 0o600) }, 0);
+            },
+            "not a regular file",
+        ),
+        (
+            "a directory as the map",
+            |c| {
+                let p = c.path("weights_manifest.map");
+                std::fs::remove_file(&p).unwrap();
+                std::fs::create_dir(&p).unwrap();
+            },
+            "not a regular file",
+        ),
+    ];
+    for (what, edit, needle) in cases {
+        let c = Sidecars::new("5");
+        edit(&c);
+        let e = fails(&["inspect", c.w()], 1, needle);
+        let args = ["inspect", c.w(), "--json"];
+        let o = ckalloc(&args);
+        assert_eq!(o.code, Some(1), "{what}: {}", o.stderr);
+        let j: Value = serde_json::from_str(&o.stdout).unwrap();
+        assert_eq!(j["manifest"]["valid"], false, "{what}: {j}");
+        fails(&["load", c.w()], 1, needle);
+        assert!(!e.contains("panicked"), "{what}: {e}");
+    }
+}
+
+/// A name the writer forbids is refused by the readers (it could forge a
+/// line of the report), and a name the writer allows is printed with its
+/// control characters escaped.
+#[test]
+fn names_are_escaped_and_forged_report_lines_refused() {
+    let c = Sidecars::new("4");
+    c.json(|v| v["entries"][0]["name"] = "x\n  sha256 0000 (verified)".into());
+    for cmd in ["inspect", "load"] {
+        let e = fails(&[cmd, c.w()], 1, "invalid tensor name");
+        // Escaped: the line break shows as `\n` and starts no new line.
+        assert!(e.contains("\"x\\n"), "{e}");
+    }
+
+    // A safetensors tensor whose name holds a terminal escape sequence.
+    let dir = tempfile::tempdir().unwrap();
+    let model = dir.path().join("esc.safetensors");
+    std::fs::write(
+        &model,
+        raw_safetensors(
+            "{\"red\\u001b[31mtext\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]}}",
+            &[0; 4],
+        ),
+    )
+    .unwrap();
+    let out = dir.path().join("out");
+    cli_support::ok(&["pack", s(&model), "-o", s(&out)]);
+    let w = out.join("weights.bump");
+    for args in [vec!["inspect", s(&w)], vec!["load", s(&w)]] {
+        let text = cli_support::ok(&args);
+        assert!(!text.contains('\u{1b}'), "{args:?}: {text:?}");
+        if args[0] == "inspect" {
+            assert!(text.contains("red\\u{1b}[31mtext"), "{text}");
+        }
+    }
+}
+
+/// `--json` documents stay valid JSON whatever a path or a name holds:
+/// non-ASCII spaces, bidirectional overrides (written as JSON escapes) and
+/// bytes that are not UTF-8 (shown as U+FFFD); the text report escapes
+/// the same characters.
+#[test]
+fn json_reports_stay_valid_for_any_path_and_name() {
+    use std::os::unix::ffi::OsStrExt as _;
+    let c = Sidecars::new("5");
+    let packed_dir = c.weights.parent().unwrap().to_path_buf();
+    let base = packed_dir.parent().unwrap().to_path_buf();
+    let names: [&std::ffi::OsStr; 3] = [
+        std::ffi::OsStr::new("モデル\u{3000}v1"),
+        std::ffi::OsStr::new("bidi\u{202e}evil"),
+        std::ffi::OsStr::from_bytes(b"not-utf8-\xff"),
+    ];
+    for name in names {
+        let dir = base.join(name);
+        std::fs::create_dir(&dir).unwrap();
+        for f in [
+            "weights.bump",
+            "weights_manifest.json",
+            "weights_manifest.map",
+        ] {
+            std::fs::copy(packed_dir.join(f), dir.join(f)).unwrap();
+        }
+        let w = dir.join("weights.bump");
+        for cmd in ["inspect", "load"] {
+            let o = std::process::Command::new(env!("CARGO_BIN_EXE_ckalloc"))
+                .args([std::ffi::OsStr::new(cmd), w.as_os_str(), "--json".as_ref()])
+                .output()
+                .unwrap();
+            assert_eq!(o.status.code(), Some(0), "{name:?} {cmd}: {o:?}");
+            let text = String::from_utf8(o.stdout).unwrap();
+            let j: Value = serde_json::from_str(&text)
+                .unwrap_or_else(|e| panic!("{name:?} {cmd}: not JSON ({e}): {text}"));
+            assert_eq!(j["exit_code"], 0, "{j}");
+            assert!(!text.contains('\u{202e}'), "{text}");
+            let o = std::process::Command::new(env!("CARGO_BIN_EXE_ckalloc"))
+                .args([std::ffi::OsStr::new(cmd), w.as_os_str()])
+                .output()
+                .unwrap();
+            assert_eq!(o.status.code(), Some(0), "{name:?} {cmd}: {o:?}");
+            assert!(!String::from_utf8_lossy(&o.stdout).contains('\u{202e}'));
+        }
+    }
+}
+
+/// A closed stdout pipe (`ckalloc ... | head`) stops the report, never the
+/// verdict: a failing command still exits 1 with its error line, a passing
+/// one 0.
+#[test]
+fn a_closed_stdout_pipe_keeps_the_exit_status() {
+    use std::os::fd::FromRawFd as _;
+    let closed_pipe = || {
+        let mut fds = [0; 2];
+        // SAFETY: `fds` has room for the two descriptors pipe(2) returns.
+        assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
+        // SAFETY: both descriptors were just returned by pipe(2) and are
+        // owned here alone; the read end is closed at once.
+        unsafe {
+            drop(std::fs::File::from_raw_fd(fds[0]));
+            Stdio::from(std::fs::File::from_raw_fd(fds[1]))
+        }
+    };
+    let c = Sidecars::new("5");
+    for cmd in ["inspect", "load"] {
+        let args = [cmd, c.w()];
+        let o = run_with(&args, &[], Some(closed_pipe()), Duration::from_secs(60));
+        assert_eq!(o.code, Some(0), "{cmd}: {}", o.stderr);
+        assert!(o.stderr.is_empty(), "{cmd}: {}", o.stderr);
+    }
+    c.swap_two_tensors();
+    for cmd in ["inspect", "load"] {
+        let args = [cmd, c.w()];
+        let o = run_with(&args, &[], Some(closed_pipe()), Duration::from_secs(60));
+        assert_one_line_error(&o, &args, "manifest_hash mismatch");
+    }
+}
+
+/// Without sidecars `inspect` shows the header and the checksum and exits
+/// 0, unless the options ask for a bound or a warning-free manifest;
+/// `load` always needs one.
+#[test]
+fn without_sidecars_inspect_refuses_only_when_asked() {
+    let c = Sidecars::new("5");
+    for f in ["weights_manifest.json", "weights_manifest.map"] {
+        std::fs::remove_file(c.path(f)).unwrap();
+    }
+    let out = cli_support::ok(&["inspect", c.w()]);
+    assert!(out.contains("manifest: none"), "{out}");
+    for opt in ["--require-manifest-hash", "--strict"] {
+        fails(&["inspect", c.w(), opt], 1, "weights_manifest");
+    }
+    fails(&["load", c.w()], 1, "weights_manifest");
 }

@@ -62,6 +62,12 @@ fn write_sample(dir: &Path, version: Version, align: u64) -> WriteReport {
     w.write_dir(dir).unwrap()
 }
 
+/// Opens a `weights.bump`.
+type Opener = fn(&Path) -> Result<WeightsFile, WeightsError>;
+
+/// Both ways to open a file: read with pread, and mapped.
+const OPENERS: [Opener; 2] = [|p| WeightsFile::open(p), |p| WeightsFile::open_mapped(p)];
+
 fn u64_at(b: &[u8], o: usize) -> u64 {
     u64::from_le_bytes(b[o..o + 8].try_into().unwrap())
 }
@@ -70,8 +76,17 @@ fn round_trip(version: Version) {
     for align in [1u64, 64, 4096] {
         let dir = tempfile::tempdir().unwrap();
         let rep = write_sample(dir.path(), version, align);
+        // `open` reads with pread, `open_mapped` maps: the same file either way.
         let f = WeightsFile::open(&rep.weights_path).unwrap();
-        assert!(f.is_mapped());
+        assert!(!f.is_mapped());
+        assert_eq!(f.as_bytes(), None);
+        let mapped = WeightsFile::open_mapped(&rep.weights_path).unwrap();
+        assert!(mapped.is_mapped());
+        assert_eq!(mapped.header(), f.header());
+        assert_eq!(
+            mapped.as_bytes().map(|b| b.len() as u64),
+            Some(rep.file_len)
+        );
         assert_eq!(f.version(), version);
         assert_eq!(*f.dims(), HeaderDims::from(dims()));
         assert_eq!(f.checksum(), &rep.checksum);
@@ -85,11 +100,20 @@ fn round_trip(version: Version) {
 
         let m = Manifest::load_sidecars(dir.path()).unwrap();
         assert_eq!(m, rep.manifest);
-        f.validate_manifest(&m).unwrap();
-        m.validate_against(f.len()).unwrap();
-        m.check_runtime_offsets().unwrap();
-        m.check_dtypes().unwrap();
-        f.check_dtype_table(&m).unwrap();
+        // Every rule at once (inside the tensor data, no overlaps, known
+        // dtypes, shapes, runtime offsets, and the dtype table of a ckalloc
+        // file), strictly: nothing to warn about either.
+        let checked = f
+            .check_manifest(m.clone(), CheckOptions::new().strict(true))
+            .unwrap();
+        assert_eq!(checked.dtype_table(), &DtypeTableCheck::Checked);
+        assert!(checked.warnings().is_empty());
+        assert_eq!(
+            checked.binding() == ManifestBinding::ManifestHash,
+            version == Version::V5
+        );
+        assert_eq!(checked.weights_region(), (rep.weights_base, rep.data_end));
+        assert!(checked.layout().is_clean());
         assert_eq!(m.iter().next().unwrap().file_offset, rep.weights_base);
         let tensors = sample_tensors();
         assert_eq!(m.len(), tensors.len());
@@ -99,7 +123,8 @@ fn round_trip(version: Version) {
             assert_eq!(e.dtype, dt.name());
             assert_eq!(e.shape.as_deref(), Some(&shape[..]));
             assert_eq!(e.file_offset % align, 0);
-            assert_eq!(f.tensor(e).unwrap(), &data[..]);
+            assert_eq!(&*f.tensor(e).unwrap(), &data[..]);
+            assert_eq!(&*mapped.tensor(e).unwrap(), &data[..]);
         }
         let codes: Vec<u8> = tensors.iter().map(|t| t.1.code()).collect();
         assert_eq!(f.dtype_table(), &codes[..]);
@@ -131,17 +156,22 @@ fn round_trip(version: Version) {
         let g = WeightsFile::from_bytes(&bytes).unwrap();
         assert_eq!(g.header(), f.header());
         assert!(!g.is_mapped());
+        assert_eq!(g.as_bytes(), Some(&bytes[..]));
+        assert_eq!(mapped.as_bytes(), Some(&bytes[..]));
 
         match version {
             Version::V4 => {
                 assert!(f.footer().is_none() && f.metadata_bytes().is_none());
+                assert!(f.metadata_json().is_none() && f.created_by().is_none());
                 assert_eq!(f.len(), f.data_end());
             }
             _ => {
                 let foot = *f.footer().unwrap();
                 assert_eq!(foot.offset, rep.data_end);
                 assert_eq!(foot.offset + foot.len + 48, f.len());
-                let meta = f.metadata_json().unwrap().unwrap();
+                let meta = f.metadata_json().unwrap();
+                assert_eq!(f.created_by(), Some(meta["created_by"].as_str().unwrap()));
+                assert!(f.created_by().unwrap().starts_with("ckalloc "));
                 assert_eq!(meta["format"], "BUMPWGT5");
                 assert_eq!(meta["schema_version"], 1);
                 assert_eq!(meta["note"], "caf\u{e9}");
@@ -149,7 +179,7 @@ fn round_trip(version: Version) {
                 assert_eq!(meta["alignment"], align);
                 // Canonical: re-serializing gives the same bytes, and non-ASCII is escaped.
                 let raw = f.metadata_bytes().unwrap();
-                assert_eq!(canonical_json(&meta), raw);
+                assert_eq!(canonical_json(meta), raw);
                 assert!(raw.is_ascii());
                 assert!(std::str::from_utf8(raw).unwrap().contains("caf\\u00e9"));
                 // manifest_hash binds the JSON sidecar.
@@ -298,7 +328,7 @@ fn hand_built_headers_parse() {
         assert_eq!(f.tensor_data_start(), 159);
         assert_eq!(f.data_end(), 159 + 40);
         f.verify_checksum().unwrap();
-        assert_eq!(f.range(159, 40).unwrap(), &data);
+        assert_eq!(&*f.range(159, 40).unwrap(), &data[..]);
         if v == 5 {
             assert_eq!(f.metadata_bytes().unwrap(), br#"{"a":1}"#);
         }
@@ -307,7 +337,7 @@ fn hand_built_headers_parse() {
             "# ck-bumpwgt5-manifest-map v1\na|fp32|0x9F|0x10|0x9F\nb|q4_k|175|24|175\n",
         )
         .unwrap();
-        f.validate_manifest(&m).unwrap();
+        f.check_manifest(m.clone(), CheckOptions::new()).unwrap();
         assert!(f.layout_report(&m).gaps.is_empty());
     }
 }
@@ -344,7 +374,7 @@ fn truncated_at_every_header_length() {
                     ));
                     let m = Manifest::from_map("t|fp32|0x9D|4|0x9D").unwrap();
                     assert!(matches!(
-                        f.validate_manifest(&m),
+                        f.check_manifest(m, CheckOptions::new()),
                         Err(WeightsError::EntryOutsideFile { .. })
                     ));
                 }
@@ -381,13 +411,20 @@ fn truncated_written_files_never_panic() {
     }
     let p = dir.path().join("short.bump");
     std::fs::write(&p, &b[..100]).unwrap();
-    assert!(matches!(
-        WeightsFile::open(&p),
-        Err(WeightsError::TruncatedHeader {
-            len: 100,
-            needed: 156
-        })
-    ));
+    for open in OPENERS {
+        assert!(matches!(
+            open(&p),
+            Err(WeightsError::TruncatedHeader {
+                len: 100,
+                needed: 156
+            })
+        ));
+    }
+    // Read with pread, every cut of the file fails too.
+    for len in [0, 155, 156, 200, b.len() - 49, b.len() - 1] {
+        std::fs::write(&p, &b[..len]).unwrap();
+        assert!(WeightsFile::open(&p).is_err(), "v5 cut to {len} opened");
+    }
 }
 
 #[test]
@@ -495,20 +532,23 @@ fn bad_checksum_footer_and_table() {
 fn open_errors_name_the_path() {
     let dir = tempfile::tempdir().unwrap();
     let missing = dir.path().join("nope.bump");
-    let e = WeightsFile::open(&missing).unwrap_err();
-    assert!(matches!(&e, WeightsError::Io { op: "open", path, .. } if path == &missing));
-    assert!(e.to_string().contains("nope.bump"));
-    assert!(std::error::Error::source(&e).is_some());
-    assert!(matches!(
-        WeightsFile::open(dir.path()),
-        Err(WeightsError::NotARegularFile { .. })
-    ));
     let empty = dir.path().join("empty.bump");
     std::fs::write(&empty, b"").unwrap();
-    assert!(matches!(
-        WeightsFile::open(&empty),
-        Err(WeightsError::TruncatedHeader { len: 0, .. })
-    ));
+    // The same errors whether the file is read with pread or mapped.
+    for open in OPENERS {
+        let e = open(&missing).unwrap_err();
+        assert!(matches!(&e, WeightsError::Io { op: "open", path, .. } if path == &missing));
+        assert!(e.to_string().contains("nope.bump"));
+        assert!(std::error::Error::source(&e).is_some());
+        assert!(matches!(
+            open(dir.path()),
+            Err(WeightsError::NotARegularFile { .. })
+        ));
+        assert!(matches!(
+            open(&empty),
+            Err(WeightsError::TruncatedHeader { len: 0, .. })
+        ));
+    }
 }
 
 #[test]
@@ -526,7 +566,7 @@ fn tensor_and_range_bounds() {
         (f.data_end(), 1),
         (u64::MAX - 1, 4),
     ] {
-        let e = ManifestEntry::new("t", "fp32", off, size);
+        let e = ManifestEntry::new("t", "fp32", off, size).unwrap();
         let err = f.tensor(&e).unwrap_err();
         assert!(
             matches!(err, WeightsError::EntryOutsideFile { ref name, .. } if name == "t"),
@@ -534,25 +574,51 @@ fn tensor_and_range_bounds() {
         );
     }
     assert_eq!(
-        f.tensor(&ManifestEntry::new("t", "fp32", 157, 4)).unwrap(),
+        &*f.tensor(&ManifestEntry::new("t", "fp32", 157, 4).unwrap())
+            .unwrap(),
         &[1, 2, 3, 4]
     );
     assert_eq!(
-        f.tensor(&ManifestEntry::new("z", "fp32", 161, 0)).unwrap(),
+        &*f.tensor(&ManifestEntry::new("z", "fp32", 161, 0).unwrap())
+            .unwrap(),
         &[] as &[u8]
     );
+    // read_at: the same bounds (the whole file), filling the caller's buffer.
+    let mut buf = [0u8; 4];
+    f.read_at(157, &mut buf).unwrap();
+    assert_eq!(buf, [1, 2, 3, 4]);
+    assert!(matches!(
+        f.read_at(b.len() as u64 - 3, &mut buf),
+        Err(WeightsError::EntryOutsideFile { .. })
+    ));
+    assert!(f.read_at(u64::MAX - 1, &mut buf).is_err());
+}
+
+/// A `BUMPWGT4` file (layout L1, fp32 table slots, zero data) whose tensor
+/// data is `[start, end)`: a file to check a manifest against.
+fn file_with_tensor_data(start: u64, end: u64) -> WeightsFile {
+    let table = vec![0u8; (start - 156) as usize];
+    let data = vec![0u8; (end - start) as usize];
+    let f = WeightsFile::from_vec(hand_built(4, &table, &data, None)).unwrap();
+    assert_eq!((f.tensor_data_start(), f.data_end()), (start, end));
+    f
+}
+
+fn check(f: &WeightsFile, m: &Manifest) -> Result<CheckedManifest, WeightsError> {
+    f.check_manifest(m.clone(), CheckOptions::new())
 }
 
 #[test]
 fn manifest_validation_errors() {
     let m = Manifest::from_map("a|fp32|0x100|0x10|0x100\nb|fp32|0x108|0x10|0x108\n").unwrap();
-    let e = m.validate_against(0x1000).unwrap_err();
+    let e = check(&file_with_tensor_data(0x100, 0x1000), &m).unwrap_err();
     assert!(
         matches!(&e, WeightsError::OverlappingEntries { first, second, overlap_start: 0x108, overlap_end: 0x110 }
             if first == "a" && second == "b"),
         "{e}"
     );
-    let rep = m.layout_report(0x100, 0x200);
+    let rep = file_with_tensor_data(0x100, 0x200).layout_report(&m);
+    assert_eq!(rep.region, (0x100, 0x200));
     assert_eq!(rep.overlaps.len(), 1);
     assert!(!rep.is_clean());
     assert_eq!(rep.covered_bytes, 0x18);
@@ -568,44 +634,57 @@ fn manifest_validation_errors() {
     assert_eq!(rep.gap_bytes(), 0xE8);
 
     let m = Manifest::from_map("a|fp32|0x100|0x10|0x100\n").unwrap();
-    let e = m.validate_against(0x10F).unwrap_err();
+    let e = check(&file_with_tensor_data(0x100, 0x10F), &m).unwrap_err();
     assert!(matches!(
         e,
         WeightsError::EntryOutsideFile {
             file_offset: 0x100,
             size: 0x10,
+            region_start: 0x100,
             region_end: 0x10F,
             ..
         }
     ));
-    m.validate_against(0x110).unwrap();
+    check(&file_with_tensor_data(0x100, 0x110), &m).unwrap();
+    // An entry whose end overflows u64 is outside any region.
     let m = Manifest::from_map("a|fp32|0xFFFFFFFFFFFFFFF0|0x20|0\n").unwrap();
+    let f = file_with_tensor_data(0x100, 0x200);
     assert!(matches!(
-        m.validate_against(u64::MAX),
+        check(&f, &m),
         Err(WeightsError::EntryOutsideFile { .. })
     ));
-    assert_eq!(m.layout_report(0, 100).outside, vec!["a".to_string()]);
+    assert_eq!(f.layout_report(&m).outside, vec!["a".to_string()]);
 
     // Zero-size entries never overlap; contained entries do.
-    let m = Manifest::from_map("a|u8|10|0|10\nb|u8|10|5|10\nc|u8|0|100|0\n").unwrap();
-    let e = m.validate_against(1000).unwrap_err();
+    let m = Manifest::from_map("a|u8|266|0|266\nb|u8|266|5|266\nc|u8|256|100|256\n").unwrap();
+    let e = check(&file_with_tensor_data(256, 1256), &m).unwrap_err();
     assert!(
         matches!(&e, WeightsError::OverlappingEntries { first, second, .. } if first == "c" && second == "b")
     );
 
     // Runtime offsets.
     let m = Manifest::from_map("a|fp32|0x100|0x10|0x100\nb|fp32|0x110|0x10|0x2000\n").unwrap();
-    let e = m.check_runtime_offsets().unwrap_err();
+    let e = check(&file_with_tensor_data(0x100, 0x120), &m).unwrap_err();
     assert!(
         matches!(&e, WeightsError::RuntimeOffsetMismatch { name, file_offset: 0x110, runtime_offset: 0x2000 } if name == "b")
     );
     assert!(e.to_string().contains("0x2000"));
 
     // Unknown dtype.
-    let m = Manifest::from_map("a|float128|0|0|0\n").unwrap();
+    let m = Manifest::from_map("a|float128|0x100|0|0x100\n").unwrap();
     assert!(
-        matches!(m.check_dtypes(), Err(WeightsError::UnknownDtype { name }) if name == "float128")
+        matches!(check(&file_with_tensor_data(0x100, 0x110), &m), Err(WeightsError::UnknownDtype { name }) if name == "float128")
     );
+    // Display escapes control characters; the field keeps the raw text.
+    let m = Manifest::from_map("a|fp\u{1b}[31m32\t|0x100|0|0x100\n").unwrap();
+    let e = check(&file_with_tensor_data(0x100, 0x110), &m).unwrap_err();
+    assert!(
+        matches!(&e, WeightsError::UnknownDtype { name } if name == "fp\u{1b}[31m32\t"),
+        "{e:?}"
+    );
+    let shown = e.to_string();
+    assert!(!shown.contains(char::is_control), "{shown:?}");
+    assert!(shown.contains(r"fp\u{1b}[31m32\t"), "{shown}");
     assert!(matches!(
         Dtype::from_name("Q4_K_M"),
         Err(WeightsError::UnknownDtype { .. })
@@ -689,7 +768,10 @@ fn corrupt_json_manifests() {
     assert_eq!(m.get("token_emb").unwrap().size, 32);
     assert_eq!(m.get("token_emb").unwrap().runtime_offset, 160);
     assert_eq!(m.get("x").unwrap().runtime_offset, 4096);
-    assert!(m.check_runtime_offsets().is_err());
+    assert!(matches!(
+        check(&file_with_tensor_data(160, 196), &m),
+        Err(WeightsError::RuntimeOffsetMismatch { name, file_offset: 192, runtime_offset: 4096 }) if name == "x"
+    ));
 }
 
 #[test]
@@ -718,6 +800,44 @@ fn sidecar_loading() {
         matches!(&e, WeightsError::SidecarMismatch { name, .. } if *name == first.name),
         "{e}"
     );
+    // Every field must agree as written: a dtype spelled in another case
+    // (the same dtype to `Dtype::from_name`) is a mismatch, and so is a
+    // runtime offset the JSON does not have (it defaults to the file offset).
+    let line = format!(
+        "{}|{}|0x{:016X}|0x{:016X}|0x{:016X}",
+        first.name, first.dtype, first.file_offset, first.size, first.runtime_offset
+    );
+    assert!(text.contains(&line), "{text}");
+    assert_eq!(
+        Dtype::from_name(&first.dtype.to_uppercase()).unwrap(),
+        first.parsed_dtype().unwrap()
+    );
+    let upper = format!(
+        "{}|{}|0x{:016X}|0x{:016X}|0x{:016X}",
+        first.name,
+        first.dtype.to_uppercase(),
+        first.file_offset,
+        first.size,
+        first.runtime_offset
+    );
+    let moved = format!(
+        "{}|{}|0x{:016X}|0x{:016X}|0x{:016X}",
+        first.name,
+        first.dtype,
+        first.file_offset,
+        first.size,
+        first.runtime_offset + 0x1000
+    );
+    for (bad, field) in [(upper, "dtype"), (moved, "runtime_offset")] {
+        std::fs::write(&rep.manifest_map_path, text.replacen(&line, &bad, 1)).unwrap();
+        let e = Manifest::load_sidecars(dir.path()).unwrap_err();
+        assert!(
+            matches!(&e, WeightsError::SidecarMismatch { name, reason } if *name == first.name && reason.contains(field)),
+            "{field}: {e}"
+        );
+    }
+    std::fs::write(&rep.manifest_map_path, &text).unwrap();
+    Manifest::load_sidecars(dir.path()).unwrap();
     let fewer: String = text.lines().take(3).map(|l| format!("{l}\n")).collect();
     std::fs::write(&rep.manifest_map_path, fewer).unwrap();
     assert!(matches!(
@@ -731,14 +851,9 @@ fn sidecar_loading() {
     ));
 }
 
-#[test]
-#[cfg_attr(miri, ignore)] // file-backed mmap / file system
-fn dtype_table_check() {
-    let dir = tempfile::tempdir().unwrap();
-    let rep = write_sample(dir.path(), Version::V4, 64);
-    let f = WeightsFile::open(&rep.weights_path).unwrap();
-    let entries: Vec<ManifestEntry> = rep
-        .manifest
+/// The sample's entries with "odd.u8" typed i8, which the table codes as u8.
+fn retyped(entries: &[ManifestEntry]) -> Vec<ManifestEntry> {
+    entries
         .iter()
         .map(|e| {
             let mut e = e.clone();
@@ -747,17 +862,90 @@ fn dtype_table_check() {
             }
             e
         })
-        .collect();
-    let m = Manifest::from_entries(entries).unwrap();
+        .collect()
+}
+
+/// Rule 9 of `check_manifest`: the dtype table of a file ckalloc wrote holds
+/// one code per entry, in file order, each the code of the entry's dtype.
+/// What names ckalloc as the writer is the v5 metadata's `created_by` or the
+/// JSON manifest's `generator`.
+#[test]
+#[cfg_attr(miri, ignore)] // file-backed mmap / file system
+fn dtype_table_check() {
+    let table_mismatch = |f: &WeightsFile, m: Manifest| {
+        let r = f.check_manifest(m, CheckOptions::new());
+        assert!(
+            matches!(r, Err(WeightsError::DtypeTableMismatch { .. })),
+            "{r:?}"
+        );
+    };
+    // BUMPWGT5: the metadata's created_by names ckalloc.
+    let dir = tempfile::tempdir().unwrap();
+    let rep = write_sample(dir.path(), Version::V5, 64);
+    let f = WeightsFile::open(&rep.weights_path).unwrap();
+    assert!(f.created_by().unwrap().starts_with("ckalloc"));
+    let entries = rep.manifest.entries();
+    table_mismatch(&f, Manifest::from_entries(retyped(entries)).unwrap());
+    table_mismatch(&f, Manifest::from_entries(entries[..2].to_vec()).unwrap());
+
+    // BUMPWGT4: the JSON manifest's generator names ckalloc.
+    let dir = tempfile::tempdir().unwrap();
+    let rep = write_sample(dir.path(), Version::V4, 64);
+    let f = WeightsFile::open(&rep.weights_path).unwrap();
+    let json = |edit: &dyn Fn(&mut Vec<serde_json::Value>)| {
+        let text = std::fs::read_to_string(&rep.manifest_json_path).unwrap();
+        let mut doc: serde_json::Value = serde_json::from_str(&text).unwrap();
+        edit(doc["entries"].as_array_mut().unwrap());
+        let m = Manifest::from_json(&doc.to_string()).unwrap();
+        assert!(m.generator().unwrap().starts_with("ckalloc"));
+        m
+    };
+    let checked = f
+        .check_manifest(json(&|_| {}), CheckOptions::new())
+        .unwrap();
+    assert_eq!(checked.dtype_table(), &DtypeTableCheck::Checked);
+    table_mismatch(
+        &f,
+        json(&|es| {
+            for e in es.iter_mut().filter(|e| e["name"] == "odd.u8") {
+                e["dtype"] = "i8".into();
+            }
+        }),
+    );
+    table_mismatch(&f, json(&|es| es.truncate(2)));
+
+    // Nothing names the writer (a BUMPWGT4 file, entries built in memory):
+    // the table is a hint, the difference a note, and a table with one slot
+    // per entry that disagrees a warning, refused under `strict`.
+    let entries = rep.manifest.entries();
+    let m = Manifest::from_entries(retyped(entries)).unwrap();
+    let checked = f.check_manifest(m.clone(), CheckOptions::new()).unwrap();
+    let DtypeTableCheck::Hint { note: Some(note) } = checked.dtype_table() else {
+        panic!("{:?}", checked.dtype_table());
+    };
+    assert!(
+        note.contains("1 slot code(s) differ") && note.contains("odd.u8"),
+        "{note}"
+    );
+    assert!(
+        checked
+            .warnings()
+            .iter()
+            .any(|w| matches!(w, ManifestWarning::UnprotectedDtypeTable { .. })),
+        "{:?}",
+        checked.warnings()
+    );
     assert!(matches!(
-        f.check_dtype_table(&m),
+        f.check_manifest(m, CheckOptions::new().strict(true)),
         Err(WeightsError::DtypeTableMismatch { .. })
     ));
-    let m = Manifest::from_entries(rep.manifest.iter().take(2).cloned().collect()).unwrap();
-    assert!(matches!(
-        f.check_dtype_table(&m),
-        Err(WeightsError::DtypeTableMismatch { .. })
-    ));
+    let m = Manifest::from_entries(entries[..2].to_vec()).unwrap();
+    let checked = f.check_manifest(m, CheckOptions::new()).unwrap();
+    assert!(
+        matches!(checked.dtype_table(), DtypeTableCheck::Hint { note: Some(n) } if n.starts_with("table has 6 slots, manifest 2 entries")),
+        "{:?}",
+        checked.dtype_table()
+    );
 }
 
 #[test]
@@ -980,6 +1168,355 @@ fn canonical_json_matches_python() {
         String::from_utf8(canonical_json(&v)).unwrap(),
         r#"{"a":true,"b":[1,{"a":"\u00e9\ud83d\ude00\u007f\n\"","z":null}]}"#
     );
+    // Floats as Python's repr spells them (json.dumps of the same values).
+    let v: serde_json::Value = serde_json::from_str(
+        r#"{"t": 10000.0, "eps": 1e-5, "p": 0.0001, "big": 1e16,
+            "x": [0.1, 1.5e300, -2.5e-7, 123456789012345.6]}"#,
+    )
+    .unwrap();
+    assert_eq!(
+        String::from_utf8(canonical_json(&v)).unwrap(),
+        r#"{"big":1e+16,"eps":1e-05,"p":0.0001,"t":10000.0,"x":[0.1,1.5e+300,-2.5e-07,123456789012345.6]}"#
+    );
+}
+
+/// Rule 1 of `check_manifest`: the v5 metadata's `manifest_hash` binds the
+/// JSON sidecar (in canonical form) to the file.
+#[test]
+#[cfg_attr(miri, ignore)] // file system
+fn manifest_hash_binds_the_json_sidecar() {
+    let dir = tempfile::tempdir().unwrap();
+    let rep = write_sample(dir.path(), Version::V5, 64);
+    let f = WeightsFile::open(&rep.weights_path).unwrap();
+    let bound = CheckOptions::new().require_manifest_hash(true);
+    let checked = f
+        .check_manifest(f.load_manifest(dir.path()).unwrap(), bound)
+        .unwrap();
+    assert_eq!(checked.binding(), ManifestBinding::ManifestHash);
+    assert_eq!(checked.path(), Some(rep.weights_path.as_path()));
+
+    // Whitespace and key order are not part of the canonical form.
+    let text = std::fs::read_to_string(&rep.manifest_json_path).unwrap();
+    let doc: serde_json::Value = serde_json::from_str(&text).unwrap();
+    std::fs::write(&rep.manifest_json_path, doc.to_string()).unwrap();
+    f.check_manifest(f.load_manifest(dir.path()).unwrap(), bound)
+        .unwrap();
+
+    // Any other edit (here the manifest's alignment, with the map agreeing
+    // on every entry) breaks the binding.
+    let mut edited = doc.clone();
+    edited["alignment"] = 32.into();
+    std::fs::write(&rep.manifest_json_path, edited.to_string()).unwrap();
+    let m = f.load_manifest(dir.path()).unwrap();
+    assert_eq!(m, rep.manifest);
+    let e = f.check_manifest(m, CheckOptions::new()).unwrap_err();
+    assert!(
+        matches!(&e, WeightsError::ManifestHashMismatch { sidecar, recorded, computed }
+            if *sidecar == rep.manifest_json_path
+                && Some(recorded.as_str()) == f.metadata_json().unwrap()["manifest_hash"].as_str()
+                && Sha256::digest(canonical_json(&edited))[..] == computed[..]),
+        "{e}"
+    );
+
+    // The map alone: nothing to compare the hash with, a warning, refused
+    // by `strict` and by `require_manifest_hash`.
+    std::fs::remove_file(&rep.manifest_json_path).unwrap();
+    let m = f.load_manifest(dir.path()).unwrap();
+    let checked = f.check_manifest(m.clone(), CheckOptions::new()).unwrap();
+    assert_eq!(checked.binding(), ManifestBinding::HashUnchecked);
+    assert_eq!(
+        checked.warnings(),
+        &[ManifestWarning::ManifestHashUnchecked]
+    );
+    for options in [CheckOptions::new().strict(true), bound] {
+        assert!(matches!(
+            f.check_manifest(m.clone(), options),
+            Err(WeightsError::ManifestNotBound {
+                binding: ManifestBinding::HashUnchecked
+            })
+        ));
+    }
+
+    // BUMPWGT4 records no hash: never bound.
+    let dir = tempfile::tempdir().unwrap();
+    let rep = write_sample(dir.path(), Version::V4, 64);
+    let f = WeightsFile::open(&rep.weights_path).unwrap();
+    let m = f.load_manifest(dir.path()).unwrap();
+    let checked = f.check_manifest(m.clone(), CheckOptions::new()).unwrap();
+    assert!(matches!(checked.binding(), ManifestBinding::Unbound { .. }));
+    assert!(matches!(
+        f.check_manifest(m, bound),
+        Err(WeightsError::ManifestNotBound {
+            binding: ManifestBinding::Unbound { .. }
+        })
+    ));
+}
+
+/// Every hash the v5 metadata records is checked when the file is opened:
+/// `template_hash` against the canonical `template`, and both hashes must be
+/// 64 lowercase hex digits; the metadata must be a JSON object.
+#[test]
+fn metadata_hashes_are_verified_on_open() {
+    let open = |meta: &serde_json::Value| {
+        WeightsFile::from_vec(hand_built(5, &[], &[], Some(&canonical_json(meta))))
+    };
+    let template = serde_json::json!({"name": "llama", "eps": 1e-05, "rope": 10000.0});
+    let hash = format!("{:x}", Sha256::digest(canonical_json(&template)));
+    let good = serde_json::json!({"template": template, "template_hash": hash});
+    let f = open(&good).unwrap();
+    assert_eq!(f.metadata_json().unwrap()["template_hash"], hash);
+
+    // The template edited, the metadata's own hash (the footer) recomputed.
+    let mut edited = good.clone();
+    edited["template"]["eps"] = 1e-6.into();
+    assert!(matches!(
+        open(&edited),
+        Err(WeightsError::TemplateHashMismatch { recorded, .. }) if recorded == hash
+    ));
+    // A hash recorded for no template; hashes that are not 64 lowercase hex.
+    for bad in [
+        serde_json::json!({"template_hash": hash}),
+        serde_json::json!({"template": template, "template_hash": hash.to_uppercase()}),
+        serde_json::json!({"manifest_hash": "abc"}),
+        serde_json::json!({"manifest_hash": 5}),
+        serde_json::json!([1, 2]),
+    ] {
+        let e = open(&bad).unwrap_err();
+        assert!(
+            matches!(e, WeightsError::BadMetadata { .. }),
+            "{bad}: {e:?}"
+        );
+    }
+}
+
+/// A file read with `pread` that another process truncates while it is
+/// hashed gives `FileChanged` (where a mapping would raise `SIGBUS`). The
+/// truncation happens from the progress hook, after the first 8 MiB chunk.
+#[test]
+#[cfg_attr(miri, ignore)] // file system
+fn a_file_truncated_while_hashed_is_file_changed() {
+    let dir = tempfile::tempdir().unwrap();
+    let big = vec![7u8; 24 << 20];
+    let mut w = WeightsWriter::new(Version::V4);
+    w.add_tensor("big", Dtype::U8, &big[..]).unwrap();
+    let report = w.write_dir(dir.path()).unwrap();
+    let f = WeightsFile::open(&report.weights_path).unwrap();
+    assert!(!f.is_mapped());
+    f.verify_checksum().unwrap();
+    let mut calls = 0;
+    let e = f
+        .verify_checksum_with(|done, _| {
+            calls += 1;
+            if done > 0 && calls == 2 {
+                let file = std::fs::OpenOptions::new()
+                    .write(true)
+                    .open(&report.weights_path)
+                    .unwrap();
+                file.set_len(1 << 20).unwrap();
+            }
+        })
+        .unwrap_err();
+    assert!(
+        matches!(&e, WeightsError::FileChanged { opened_len, now_len: Some(1048576), offset, .. }
+            if *opened_len == report.file_len && *offset > 1 << 20),
+        "{e:?}"
+    );
+    // Reads after the truncation fail the same way; nothing panics.
+    let entry = report.manifest.get("big").unwrap();
+    assert!(matches!(
+        f.tensor(entry),
+        Err(WeightsError::FileChanged { .. })
+    ));
+    let mut buf = [0u8; 16];
+    assert!(matches!(
+        f.read_at(report.file_len - 16, &mut buf),
+        Err(WeightsError::FileChanged { .. })
+    ));
+    // A file that grows while hashed: the bytes hashed are intact, but the
+    // length is not the one parsed.
+    let f = WeightsFile::open(&report.weights_path).unwrap();
+    let e = f
+        .verify_checksum_with(|done, total| {
+            if done == total {
+                let file = std::fs::OpenOptions::new()
+                    .append(true)
+                    .open(&report.weights_path)
+                    .unwrap();
+                std::io::Write::write_all(&mut &file, b"more").unwrap();
+            }
+        })
+        .unwrap_err();
+    assert!(matches!(e, WeightsError::FileChanged { .. }), "{e:?}");
+}
+
+/// The writer's name rule holds for every reader and constructor, so a
+/// manifest always survives a `.map` round trip unchanged.
+#[test]
+fn names_the_writer_forbids_are_refused_by_every_reader() {
+    let j = r#"{"entries":[{"name":"evil|fp32|0x100|0x4|0x100\n#","dtype":"fp32","file_offset":512,"size":64}]}"#;
+    assert!(matches!(
+        Manifest::from_json(j),
+        Err(WeightsError::InvalidTensorName { .. })
+    ));
+    for name in ["a|b", "a\nb", "a\rb", "a\0b", "#a", "", &"x".repeat(1025)] {
+        assert!(
+            matches!(
+                ManifestEntry::new(name, "fp32", 256, 4),
+                Err(WeightsError::InvalidTensorName { .. })
+            ),
+            "{name:?}"
+        );
+        let json = serde_json::json!({"entries": [{"name": name, "dtype": "fp32", "file_offset": 256, "size": 4}]});
+        assert!(Manifest::from_json(&json.to_string()).is_err(), "{name:?}");
+    }
+    let mut e = ManifestEntry::new("ok", "fp32", 256, 4).unwrap();
+    e.name = "x\n  sha256 0000 (verified)".into();
+    assert!(matches!(
+        Manifest::from_entries(vec![e]),
+        Err(WeightsError::InvalidTensorName { .. })
+    ));
+    // A dtype a .map line cannot hold is refused too.
+    let j = r#"{"entries":[{"name":"t","dtype":"fp32|0x0","file_offset":512,"size":64}]}"#;
+    assert!(matches!(
+        Manifest::from_json(j),
+        Err(WeightsError::ManifestSyntax {
+            kind: ManifestKind::Json,
+            ..
+        })
+    ));
+    // The longest allowed name round-trips.
+    let long = "n".repeat(MAX_NAME_LEN);
+    let m = Manifest::from_entries(vec![
+        ManifestEntry::new(long.clone(), "fp32", 256, 4).unwrap()
+    ])
+    .unwrap();
+    let back = Manifest::from_map(&m.to_map_string(Version::V5)).unwrap();
+    assert_eq!(back, m);
+}
+
+/// Rule 7 and the warnings: no entries over tensor data, and gaps wider than
+/// the file's alignment (the alignment the JSON records, else 64 bytes).
+#[test]
+fn empty_manifests_and_wide_gaps() {
+    let f = file_with_tensor_data(0x100, 0x200);
+    assert!(matches!(
+        check(&f, &Manifest::default()),
+        Err(WeightsError::EmptyManifest {
+            region: (0x100, 0x200),
+            allowed: 64
+        })
+    ));
+    // Within the allowed padding an empty manifest is fine.
+    let small = file_with_tensor_data(0x100, 0x140);
+    check(&small, &Manifest::default()).unwrap();
+
+    // 0x40 bytes at the start (allowed), 0x60 between (too wide), none at the end.
+    let m = Manifest::from_entries(vec![
+        ManifestEntry::new("a", "u8", 0x140, 0x20).unwrap(),
+        ManifestEntry::new("b", "u8", 0x1c0, 0x40).unwrap(),
+    ])
+    .unwrap();
+    let c = check(&f, &m).unwrap();
+    assert_eq!(c.warnings().len(), 1, "{:?}", c.warnings());
+    assert!(matches!(
+        &c.warnings()[0],
+        ManifestWarning::WideGap { gap, allowed: 64 } if (gap.start, gap.end) == (0x160, 0x1c0)
+            && gap.after.as_deref() == Some("a")
+    ));
+    let e = f
+        .check_manifest(m.clone(), CheckOptions::new().strict(true))
+        .unwrap_err();
+    assert!(
+        matches!(
+            e,
+            WeightsError::WideGap {
+                range: (0x160, 0x1c0),
+                allowed: 64,
+                ..
+            }
+        ),
+        "{e:?}"
+    );
+    // A JSON that records a 256-byte alignment the offsets keep allows a
+    // 96-byte gap; a recorded alignment the offsets do not keep (here 1 GiB)
+    // allows nothing beyond the default 64 bytes.
+    let f3 = file_with_tensor_data(0x100, 0x300);
+    let doc = |alignment: u64| {
+        serde_json::json!({"alignment": alignment, "entries": [
+            {"name": "a", "dtype": "u8", "file_offset": 0x100, "size": 0xa0},
+            {"name": "b", "dtype": "u8", "file_offset": 0x200, "size": 0x100},
+        ]})
+        .to_string()
+    };
+    let m = Manifest::from_json(&doc(256)).unwrap();
+    assert_eq!(m.alignment(), Some(256));
+    let c = f3
+        .check_manifest(m, CheckOptions::new().strict(true))
+        .unwrap();
+    assert!(c.warnings().is_empty());
+    let m = Manifest::from_json(&doc(1 << 30)).unwrap();
+    assert!(matches!(
+        f3.check_manifest(m, CheckOptions::new().strict(true)),
+        Err(WeightsError::WideGap {
+            range: (0x1a0, 0x200),
+            allowed: 64,
+            ..
+        })
+    ));
+    // A BUMPWGT4 file records no manifest hash: require_manifest_hash refuses it.
+    let m =
+        Manifest::from_entries(vec![ManifestEntry::new("a", "u8", 0x100, 0x100).unwrap()]).unwrap();
+    assert!(matches!(
+        check(&f, &m).unwrap().binding(),
+        ManifestBinding::Unbound { .. }
+    ));
+    assert!(matches!(
+        f.check_manifest(m, CheckOptions::new().require_manifest_hash(true)),
+        Err(WeightsError::ManifestNotBound {
+            binding: ManifestBinding::Unbound { .. }
+        })
+    ));
+}
+
+/// What the readers refuse beyond syntax: a JSON manifest that is not an
+/// object, a sidecar too large to be a manifest, and a tensor whose shape
+/// cannot be checked because its dtype is unknown.
+#[test]
+#[cfg_attr(miri, ignore)] // file system
+fn readers_refuse_arrays_huge_sidecars_and_unchecked_shapes() {
+    for doc in [
+        "[]",
+        r#"[[["a","fp32",256,4,null,null]],null,null,64]"#,
+        "5",
+        "null",
+    ] {
+        assert!(
+            matches!(
+                Manifest::from_json(doc),
+                Err(WeightsError::ManifestSyntax {
+                    kind: ManifestKind::Json,
+                    ..
+                })
+            ),
+            "{doc}"
+        );
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let big = std::fs::File::create(dir.path().join(MANIFEST_MAP)).unwrap();
+    big.set_len(MAX_SIDECAR_BYTES + 1).unwrap(); // sparse: no disk space used
+    assert!(matches!(
+        Manifest::load_sidecars(dir.path()),
+        Err(WeightsError::SidecarTooLarge { len, max: MAX_SIDECAR_BYTES, .. }) if len == MAX_SIDECAR_BYTES + 1
+    ));
+    let f = file_with_tensor_data(0x100, 0x200);
+    let mut e = ManifestEntry::new("x", "nonsense", 0x100, 1).unwrap();
+    e.shape = Some(vec![1_000_000]);
+    assert!(matches!(
+        f.tensor(&e),
+        Err(WeightsError::UnknownDtype { .. })
+    ));
+    e.shape = None;
+    assert_eq!(f.tensor(&e).unwrap().len(), 1);
 }
 
 #[test]
@@ -1027,7 +1564,7 @@ fn seeds() {
         // Sanity: each seed decodes back to a valid, consistent set.
         let f = WeightsFile::from_bytes(&file).unwrap();
         f.verify_checksum().unwrap();
-        f.validate_manifest(&Manifest::from_map(&map).unwrap())
+        f.check_manifest(Manifest::from_map(&map).unwrap(), CheckOptions::new())
             .unwrap();
         seeds.push((format!("seed-{name}-valid"), seed(&file, &map, &json)));
         let overlapping = map.replacen("|0x00000000000000A0|", "|0x00000000000000A8|", 1);

@@ -75,6 +75,16 @@ fn open(name: &str) -> WeightsFile {
     WeightsFile::open(dir(name).join("weights.bump")).unwrap()
 }
 
+/// `check_manifest` with the default options.
+fn check(f: &WeightsFile, m: Manifest) -> Result<CheckedManifest, WeightsError> {
+    f.check_manifest(m, CheckOptions::new())
+}
+
+/// A manifest entry (`runtime_offset == file_offset`, no shape).
+fn entry(name: &str, dtype: &str, file_offset: u64, size: u64) -> ManifestEntry {
+    ManifestEntry::new(name, dtype, file_offset, size).unwrap()
+}
+
 /// `head`'s first 128 bytes followed by `body` from byte 128.
 fn swap_header(head: &[u8], body: &[u8]) -> Vec<u8> {
     let mut v = head[..128].to_vec();
@@ -182,9 +192,20 @@ fn every_manifest_passes_the_validity_rules() {
             .load_manifest(dir(name))
             .unwrap_or_else(|e| panic!("{name}: {e}"));
         assert_eq!(m.len(), entries, "{name}");
-        f.check_manifest(&m)
-            .unwrap_or_else(|e| panic!("{name}: {e}"));
-        m.check_runtime_offsets().unwrap();
+        // Every rule, runtime_offset == file_offset among them.
+        let checked = check(&f, m.clone()).unwrap_or_else(|e| panic!("{name}: {e}"));
+        // The v5 files' metadata records the JSON sidecar's manifest_hash.
+        let binding = checked.binding();
+        assert_eq!(
+            binding == ManifestBinding::ManifestHash,
+            f.version() == Version::V5,
+            "{name}: {binding}"
+        );
+        assert!(
+            checked.warnings().is_empty(),
+            "{name}: {:?}",
+            checked.warnings()
+        );
         // The converters pack tensors: the first starts right after the table,
         // the last ends at the data end, nothing in between is uncovered.
         let rep = f.layout_report(&m);
@@ -206,8 +227,7 @@ fn the_json_manifest_version_is_not_compared_with_the_magic() {
         assert_eq!(v["version"], 5, "{name}");
         let f = open(name);
         assert_eq!(f.version(), Version::V4);
-        f.check_manifest(&f.load_manifest(dir(name)).unwrap())
-            .unwrap();
+        check(&f, f.load_manifest(dir(name)).unwrap()).unwrap();
     }
 }
 
@@ -218,20 +238,22 @@ fn load_and_compare(name: &str, policy: ModePolicy) {
     let f = open(name);
     let raw = bytes(name);
     let m = f.load_manifest(dir(name)).unwrap();
-    f.check_manifest(&m).unwrap();
+    let checked = check(&f, m.clone()).unwrap();
     let wb = m.iter().map(|e| e.file_offset).min().unwrap() as usize;
     let ab = f.data_end() as usize;
+    assert_eq!(checked.weights_region(), (wb as u64, ab as u64));
     let mut arena = BumpArena::builder(ab + (1 << 20))
         .weights_file(&path)
         .weights_base(wb)
         .activations_base(ab)
-        .manifest(m.clone())
+        .manifest(checked)
         .policy(policy)
         .build()
         .unwrap_or_else(|e| panic!("{name} {policy:?}: {e}"));
     if arena.needs_weight_materialization() {
         arena.materialize_weights().unwrap();
     }
+    assert_eq!(arena.manifest().map(CheckedManifest::manifest), Some(&m));
     for e in &m {
         let want = &raw[e.file_offset as usize..(e.file_offset + e.size) as usize];
         assert_eq!(
@@ -240,7 +262,7 @@ fn load_and_compare(name: &str, policy: ModePolicy) {
             "{name} {policy:?}: {}",
             e.name
         );
-        assert_eq!(f.tensor(e).unwrap(), want);
+        assert_eq!(&*f.tensor(e).unwrap(), want);
     }
 }
 
@@ -362,10 +384,7 @@ fn truncated_fixtures_fail_with_the_layouts_own_errors() {
                 if entries > 0 {
                     let m = open(name).load_manifest(dir(name)).unwrap();
                     assert!(
-                        matches!(
-                            g.check_manifest(&m),
-                            Err(WeightsError::EntryOutsideFile { .. })
-                        ),
+                        matches!(check(&g, m), Err(WeightsError::EntryOutsideFile { .. })),
                         "{name}"
                     );
                 }
@@ -476,9 +495,15 @@ fn a_header_on_another_layouts_body_is_rejected_or_fails_that_layouts_checksum()
 
 #[test]
 fn dtype_table_differences_are_one_informational_line() {
+    // Files other writers wrote: the table is a hint, and `check_manifest`
+    // (rule 9) says how it differs from the manifest.
     let note = |name: &str| {
         let f = open(name);
-        f.dtype_table_note(&f.load_manifest(dir(name)).unwrap())
+        let checked = check(&f, f.load_manifest(dir(name)).unwrap()).unwrap();
+        match checked.dtype_table() {
+            DtypeTableCheck::Hint { note } => note.clone(),
+            other => panic!("{name}: {other:?}"),
+        }
     };
     // One slot per entry with matching codes: nothing to say.
     assert_eq!(note("root-gguf-l2"), None);
@@ -497,7 +522,8 @@ fn dtype_table_differences_are_one_informational_line() {
         "{n}"
     );
     assert!(n.contains("\"vocab_offsets\" i32 coded 0"), "{n}");
-    // ckalloc's own files: none.
+    // ckalloc's own files (the JSON's generator says so): the table is
+    // checked, not a hint, and it agrees.
     let tmp = tempfile::tempdir().unwrap();
     let mut w = WeightsWriter::new(Version::V4);
     w.add_tensor("a", Dtype::Q4_1, vec![0u8; 20]).unwrap();
@@ -505,7 +531,8 @@ fn dtype_table_differences_are_one_informational_line() {
     w.write_dir(tmp.path()).unwrap();
     let f = WeightsFile::open(tmp.path().join(WEIGHTS_FILE)).unwrap();
     let m = f.load_manifest(tmp.path()).unwrap();
-    assert_eq!(f.dtype_table_note(&m), None);
+    let checked = check(&f, m.clone()).unwrap();
+    assert_eq!(checked.dtype_table(), &DtypeTableCheck::Checked);
     assert_eq!(f.producer(Some(&m)), Producer::CkernelDtypeCodes);
     assert_eq!(f.slot_dtypes(Some(&m))[0], SlotDtype::Known(Dtype::Q4_1));
 }
@@ -592,54 +619,60 @@ fn rule_entries_lie_inside_the_tensor_data() {
     let f = open("root-gguf-l2");
     let (start, end) = (f.tensor_data_start(), f.data_end());
     for (off, size) in [(start - 1, 4), (end - 3, 4), (128, 4), (u64::MAX, 2)] {
-        let (f, m) = l2_with(vec![ManifestEntry::new("t", "fp32", off, size)]);
-        let e = f.check_manifest(&m.unwrap()).unwrap_err();
+        let (f, m) = l2_with(vec![entry("t", "fp32", off, size)]);
+        let e = check(&f, m.unwrap()).unwrap_err();
         assert!(
             matches!(&e, WeightsError::EntryOutsideFile { name, region_start, region_end, .. }
                 if name == "t" && *region_start == start && *region_end == end),
             "{off}: {e}"
         );
     }
-    let (f, m) = l2_with(vec![ManifestEntry::new("t", "fp32", end - 4, 4)]);
-    f.check_manifest(&m.unwrap()).unwrap();
+    let (f, m) = l2_with(vec![entry("t", "fp32", end - 4, 4)]);
+    check(&f, m.unwrap()).unwrap();
 }
 
 #[test]
 fn rule_no_overlaps_except_zero_size_entries() {
     let f = open("root-gguf-l2");
     let s = f.tensor_data_start();
-    let (f, m) = l2_with(vec![
-        ManifestEntry::new("a", "fp32", s, 8),
-        ManifestEntry::new("b", "fp32", s + 4, 8),
-    ]);
+    let (f, m) = l2_with(vec![entry("a", "fp32", s, 8), entry("b", "fp32", s + 4, 8)]);
     assert!(matches!(
-        f.check_manifest(&m.unwrap()),
+        check(&f, m.unwrap()),
         Err(WeightsError::OverlappingEntries { .. })
     ));
     // A zero-size entry (the GGUF converters' empty `vocab_merges`) shares the
     // next tensor's offset.
     let (f, m) = l2_with(vec![
-        ManifestEntry::new("vocab_merges", "i32", s, 0),
-        ManifestEntry::new("a", "fp32", s, 8),
+        entry("vocab_merges", "i32", s, 0),
+        entry("a", "fp32", s, 8),
     ]);
-    f.check_manifest(&m.unwrap()).unwrap();
+    check(&f, m.unwrap()).unwrap();
 }
 
 #[test]
 fn rule_names_are_present_and_unique() {
     let s = open("root-gguf-l2").tensor_data_start();
-    let (f, m) = l2_with(vec![ManifestEntry::new("", "fp32", s, 4)]);
+    // Names keep the writer's rule by construction (rule 8): an entry without
+    // a name is refused where it is built, so no manifest reaching
+    // `check_manifest` has one.
     assert!(matches!(
-        f.check_manifest(&m.unwrap()),
+        ManifestEntry::new("", "fp32", s, 4),
         Err(WeightsError::InvalidTensorName {
             reason: "empty",
             ..
         })
     ));
-    let (_, m) = l2_with(vec![
-        ManifestEntry::new("a", "fp32", s, 4),
-        ManifestEntry::new("a", "fp32", s + 4, 4),
-    ]);
+    let mut nameless = entry("t", "fp32", s, 4);
+    nameless.name.clear();
+    let (_, m) = l2_with(vec![nameless]);
+    assert!(matches!(
+        m,
+        Err(WeightsError::InvalidTensorName {
+            reason: "empty",
+            ..
+        })
+    ));
+    let (_, m) = l2_with(vec![entry("a", "fp32", s, 4), entry("a", "fp32", s + 4, 4)]);
     assert!(matches!(m, Err(WeightsError::DuplicateTensor { name }) if name == "a"));
     let json = format!(
         r#"{{"entries":[{{"name":"a","dtype":"fp32","file_offset":{s},"size":4}},{{"name":"a","dtype":"fp32","file_offset":{},"size":4}}]}}"#,
@@ -660,9 +693,9 @@ fn rule_names_are_present_and_unique() {
 #[test]
 fn rule_dtypes_are_known() {
     let s = open("root-gguf-l2").tensor_data_start();
-    let (f, m) = l2_with(vec![ManifestEntry::new("a", "q9_z", s, 4)]);
+    let (f, m) = l2_with(vec![entry("a", "q9_z", s, 4)]);
     assert!(matches!(
-        f.check_manifest(&m.unwrap()),
+        check(&f, m.unwrap()),
         Err(WeightsError::UnknownDtype { name }) if name == "q9_z"
     ));
 }
@@ -671,7 +704,7 @@ fn rule_dtypes_are_known() {
 fn rule_shape_times_dtype_fits_the_stored_size() {
     let s = open("root-gguf-l2").tensor_data_start();
     let shaped = |dtype: &str, shape: Vec<u64>, size: u64| {
-        let mut e = ManifestEntry::new("t", dtype, s, size);
+        let mut e = entry("t", dtype, s, size);
         e.shape = Some(shape);
         l2_with(vec![e])
     };
@@ -684,8 +717,7 @@ fn rule_shape_times_dtype_fits_the_stored_size() {
         ("bf16", vec![0], 0),
     ] {
         let (f, m) = shaped(dtype, shape.clone(), size);
-        f.check_manifest(&m.unwrap())
-            .unwrap_or_else(|e| panic!("{dtype} {shape:?}: {e}"));
+        check(&f, m.unwrap()).unwrap_or_else(|e| panic!("{dtype} {shape:?}: {e}"));
     }
     for (dtype, shape, size, needed) in [
         ("fp32", vec![4, 4], 63, 64),
@@ -694,23 +726,32 @@ fn rule_shape_times_dtype_fits_the_stored_size() {
         ("int4", vec![3], 1, 2),
     ] {
         let (f, m) = shaped(dtype, shape.clone(), size);
-        let e = f.check_manifest(&m.unwrap()).unwrap_err();
+        let m = m.unwrap();
+        let e = check(&f, m.clone()).unwrap_err();
         assert!(
             matches!(&e, WeightsError::ShapeMismatch { expected_bytes, actual_bytes, .. }
                 if *expected_bytes == needed && *actual_bytes == size),
             "{dtype} {shape:?}: {e}"
         );
+        // `tensor` refuses such an entry too.
+        assert!(matches!(
+            f.tensor(m.get("t").unwrap()),
+            Err(WeightsError::ShapeMismatch { .. })
+        ));
     }
     let (f, m) = shaped("fp32", vec![u64::MAX, 2], 4);
     assert!(matches!(
-        f.check_manifest(&m.unwrap()),
+        check(&f, m.unwrap()),
         Err(WeightsError::SizeOverflow { .. })
     ));
     // The safetensors converter's manifest carries shapes; they all fit.
     let f = open("v8-safetensors");
     let m = f.load_manifest(dir("v8-safetensors")).unwrap();
     assert!(m.iter().all(|e| e.shape.is_some()));
-    m.check_shapes().unwrap();
+    check(&f, m.clone()).unwrap();
+    for e in &m {
+        assert_eq!(f.tensor(e).unwrap().len() as u64, e.size, "{}", e.name);
+    }
 }
 
 #[test]
@@ -722,7 +763,7 @@ fn writer_alignment_is_not_a_reader_rule() {
         .iter()
         .any(|e| e.file_offset % 2 == 1 || e.file_offset % 64 != 0));
     assert_eq!(f.tensor_data_start(), 162);
-    f.check_manifest(&m).unwrap();
+    check(&f, m).unwrap();
 }
 
 // ---- hand-built files of each layout ----
@@ -889,8 +930,7 @@ fn fuzz_seeds_cover_every_layout() {
         );
         let name = format!("seed-{}-v{}", c.label().to_lowercase(), ver.number());
         let f = WeightsFile::from_bytes(&b).unwrap();
-        f.check_manifest(&Manifest::from_map(&map).unwrap())
-            .unwrap();
+        check(&f, Manifest::from_map(&map).unwrap()).unwrap();
         seeds.push((name, seed(&b, &map, "")));
     }
     // The first 512 bytes of each converter-written file (header, table, some

@@ -30,6 +30,9 @@ pub(super) struct WeightsSource {
     pub(super) fd: sys::Fd,
     pub(super) path: PathBuf,
     pub(super) size: u64,
+    /// Device and inode (compared with a checked manifest's file).
+    #[cfg(feature = "weights")]
+    pub(super) id: (u64, u64),
 }
 
 /// Builder for a [`BumpArena`]; see [`BumpArena::builder`].
@@ -45,7 +48,7 @@ pub struct ArenaBuilder {
     dont_dump: bool,
     thread_chunks: bool,
     #[cfg(feature = "weights")]
-    manifest: Option<crate::weights::Manifest>,
+    manifest: Option<crate::weights::CheckedManifest>,
 }
 
 impl BumpArena {
@@ -158,26 +161,21 @@ impl ArenaBuilder {
         self
     }
 
-    /// The tensor manifest of the weights file (for
-    /// [`BumpArena::tensor`]). Every entry must lie in `[weights_base,
-    /// activations_base)` without overlaps (arena offset == `file_offset`);
-    /// mixed mode also needs `runtime_offset == file_offset` for every entry
-    /// (under `Auto` a mismatch rules out the fallback). Default: none.
+    /// The tensor manifest of the weights file (for [`BumpArena::tensor`]),
+    /// as [`WeightsFile::check_manifest`](crate::weights::WeightsFile::check_manifest)
+    /// accepted it: every rule of the reader holds (offsets inside the tensor
+    /// data, no overlaps, shapes, `runtime_offset == file_offset`, the
+    /// `manifest_hash`, the dtype table). [`build`](Self::build) adds two
+    /// checks of its own: every entry lies in `[weights_base,
+    /// activations_base)` (arena offset == `file_offset`), and with a
+    /// [`weights_file`](Self::weights_file) the manifest was checked against
+    /// that file: the same length and header checksum, and the same device
+    /// and inode when it was checked against a file on disk
+    /// ([`ArenaError::ManifestOfAnotherFile`]). Default: none.
     #[cfg(feature = "weights")]
-    pub fn manifest(mut self, manifest: crate::weights::Manifest) -> Self {
+    pub fn manifest(mut self, manifest: crate::weights::CheckedManifest) -> Self {
         self.manifest = Some(manifest);
         self
-    }
-
-    /// Mixed mode maps the file in place: the manifest's runtime offsets
-    /// must equal its file offsets.
-    fn check_mixed_manifest(&self) -> Result<(), ArenaError> {
-        #[cfg(feature = "weights")]
-        if let Some(m) = &self.manifest {
-            m.check_runtime_offsets()
-                .map_err(|source| ArenaError::Manifest { source })?;
-        }
-        Ok(())
     }
 
     /// Validate the layout, open and check the weights file, and map the
@@ -207,19 +205,21 @@ impl ArenaBuilder {
         let plan = Plan::new(total, wb, ab)?;
         #[cfg(feature = "weights")]
         if let Some(m) = &self.manifest {
-            m.validate_region(wb as u64, ab as u64)
-                .map_err(|source| ArenaError::Manifest { source })?;
+            manifest_fits(m, wb as u64, ab as u64)?;
         }
         let source = match &self.weights_file {
             Some(path) => Some(open_weights(path, &plan)?),
             None => None,
         };
+        #[cfg(feature = "weights")]
+        if let (Some(m), Some(src)) = (&self.manifest, &source) {
+            same_file(m, src)?;
+        }
 
         let (storage, mode, fallback) = match self.policy {
             ModePolicy::AnonOnly => (map::anon(&plan, &self.huge)?, ArenaMode::Anon, None),
             ModePolicy::MixedOnly => {
                 let src = source.as_ref().ok_or(ArenaError::NoWeightsFile)?;
-                self.check_mixed_manifest()?;
                 let s = map::mixed(&plan, &src.fd, src.size, &self.huge)?;
                 (s, ArenaMode::MixedFileBacked, None)
             }
@@ -289,9 +289,7 @@ impl ArenaBuilder {
                 (None, false) => ArenaError::NoWeightsFile,
             });
         };
-        let mixed = self
-            .check_mixed_manifest()
-            .and_then(|()| map::mixed(plan, &src.fd, src.size, &self.huge));
+        let mixed = map::mixed(plan, &src.fd, src.size, &self.huge);
         match mixed {
             Ok(s) => {
                 let why = match anon_err {
@@ -346,5 +344,55 @@ pub(super) fn open_weights(path: &Path, plan: &Plan) -> Result<WeightsSource, Ar
         fd,
         path: path.to_owned(),
         size: st.size,
+        #[cfg(feature = "weights")]
+        id: (st.dev, st.ino),
     })
+}
+
+/// `m` was checked against the file `src` is: the same device and inode
+/// when `m` was checked against a file on disk, and always the same length
+/// and header checksum (which also ties a manifest checked against bytes in
+/// memory to the file).
+#[cfg(feature = "weights")]
+fn same_file(m: &crate::weights::CheckedManifest, src: &WeightsSource) -> Result<(), ArenaError> {
+    let fp = m.fingerprint();
+    let mut checksum = [0u8; 32];
+    let same = m.identity().is_none_or(|id| (id.dev, id.ino) == src.id) && src.size == fp.len && {
+        sys::pread_exact(&src.fd, &mut checksum, fp.checksum_offset).map_err(|source| {
+            ArenaError::ReadWeights {
+                offset: fp.checksum_offset,
+                len: checksum.len(),
+                source,
+            }
+        })?;
+        checksum == fp.checksum
+    };
+    if same {
+        return Ok(());
+    }
+    Err(ArenaError::ManifestOfAnotherFile {
+        manifest_file: m.path().map(|p| p.to_path_buf()),
+        weights_file: src.path.clone(),
+    })
+}
+
+/// Every entry of `m` lies in the weights region `[wb, ab)`.
+#[cfg(feature = "weights")]
+fn manifest_fits(m: &crate::weights::CheckedManifest, wb: u64, ab: u64) -> Result<(), ArenaError> {
+    let outside = m
+        .manifest()
+        .iter()
+        .find(|e| e.file_offset < wb || e.end().is_none_or(|end| end > ab));
+    match outside {
+        Some(e) => Err(ArenaError::Manifest {
+            source: crate::weights::WeightsError::EntryOutsideFile {
+                name: e.name.clone(),
+                file_offset: e.file_offset,
+                size: e.size,
+                region_start: wb,
+                region_end: ab,
+            },
+        }),
+        None => Ok(()),
+    }
 }

@@ -127,12 +127,21 @@ pub enum ArenaError {
         mixed: Box<ArenaError>,
     },
     /// The manifest given with `ArenaBuilder::manifest` does not fit the
-    /// arena: an entry outside `[weights_base, activations_base)`, two
-    /// entries overlapping, or (mixed mode) `runtime_offset != file_offset`.
+    /// arena: an entry outside `[weights_base, activations_base)`.
     #[cfg(feature = "weights")]
     Manifest {
-        /// The manifest check that failed.
+        /// The check that failed.
         source: crate::weights::WeightsError,
+    },
+    /// The manifest given with `ArenaBuilder::manifest` was checked against
+    /// another file than the arena's weights file (device and inode, length
+    /// or header checksum differ).
+    #[cfg(feature = "weights")]
+    ManifestOfAnotherFile {
+        /// The file the manifest was checked against.
+        manifest_file: Option<PathBuf>,
+        /// The arena's weights file.
+        weights_file: PathBuf,
     },
     /// A [`Checkpoint`](super::Checkpoint) from another arena, or one that
     /// lies above the current bump pointer (it was taken before a reset or
@@ -244,6 +253,19 @@ impl fmt::Display for ArenaError {
             ArenaError::Manifest { source } => {
                 write!(f, "manifest does not fit the arena: {source}")
             }
+            #[cfg(feature = "weights")]
+            ArenaError::ManifestOfAnotherFile {
+                manifest_file,
+                weights_file,
+            } => write!(
+                f,
+                "the manifest was checked against {}, not the weights file {}",
+                manifest_file.as_ref().map_or_else(
+                    || "bytes in memory".to_string(),
+                    |p| crate::Escaped::new(&p.to_string_lossy()).to_string()
+                ),
+                crate::Escaped::new(&weights_file.to_string_lossy())
+            ),
             ArenaError::BadCheckpoint {
                 checkpoint_used,
                 used,

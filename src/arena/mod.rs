@@ -133,7 +133,7 @@ fn new_token() -> u64 {
 /// | [`release_on_reset`](ArenaBuilder::release_on_reset) | `false` | on reset and rewind the freed runtime bytes read zero: `MADV_DONTNEED` over whole pages, memset of the rest |
 /// | [`dont_dump`](ArenaBuilder::dont_dump) | `false` | `MADV_DONTDUMP` over the weights pages |
 /// | [`thread_chunks`](ArenaBuilder::thread_chunks) | `true` | each thread bumps in a chunk of its own (16 KiB doubling to 256 KiB) instead of one compare-and-swap per allocation |
-/// | `manifest` (feature `weights`) | none | enables `tensor(name)`; entries must lie in the weights region |
+/// | `manifest` (feature `weights`) | none | a [`CheckedManifest`](crate::weights::CheckedManifest) of the weights file: enables `tensor(name)`; entries must lie in the weights region |
 ///
 /// # Allocation
 ///
@@ -233,7 +233,7 @@ struct Parts {
     materialized: bool,
     release_on_reset: bool,
     #[cfg(feature = "weights")]
-    manifest: Option<crate::weights::Manifest>,
+    manifest: Option<crate::weights::CheckedManifest>,
 }
 
 impl BumpArena {
@@ -407,7 +407,8 @@ impl BumpArena {
 
     /// The bytes of tensor `name` of the manifest given to
     /// [`ArenaBuilder::manifest`], read in place at arena offset ==
-    /// `file_offset`. `None` for an unknown name, without a manifest, or in
+    /// `file_offset`: never fewer than the entry's shape and dtype need (the
+    /// checked manifest's rule 5). `None` for an unknown name, without a manifest, or in
     /// anon mode while [`needs_weight_materialization`](Self::needs_weight_materialization)
     /// (the region would read zero).
     #[cfg(feature = "weights")]
@@ -426,7 +427,7 @@ impl BumpArena {
 
     /// The manifest given to [`ArenaBuilder::manifest`].
     #[cfg(feature = "weights")]
-    pub fn manifest(&self) -> Option<&crate::weights::Manifest> {
+    pub fn manifest(&self) -> Option<&crate::weights::CheckedManifest> {
         self.parts.manifest.as_ref()
     }
 

@@ -3,6 +3,13 @@
 
 use std::fmt;
 
+use crate::Escaped;
+
+/// At most this many characters of the pair and of the offending text are
+/// printed by [`SpecError`]'s `Display` and `Debug` (counted before
+/// escaping); longer text is cut and followed by its length in bytes.
+pub(super) const SHOWN_CHARS: usize = 80;
+
 /// The stable kind of a [`SpecError`].
 #[non_exhaustive]
 #[derive(Clone, Copy, PartialEq, Eq, Debug, Hash)]
@@ -29,6 +36,11 @@ pub enum SpecErrorKind {
     NoSuchPool,
     /// The environment variable holding the spec is not valid Unicode.
     NotUnicode,
+    /// The name given to
+    /// [`CachingAllocator::from_env`](super::CachingAllocator::from_env)
+    /// cannot name an environment variable: it is empty or contains `=` or
+    /// NUL.
+    BadVariableName,
 }
 
 impl SpecErrorKind {
@@ -45,6 +57,7 @@ impl SpecErrorKind {
             SpecErrorKind::BadRoundUp => "invalid round-up option",
             SpecErrorKind::NoSuchPool => "no such pool",
             SpecErrorKind::NotUnicode => "spec is not valid Unicode",
+            SpecErrorKind::BadVariableName => "invalid environment variable name",
         }
     }
 }
@@ -69,6 +82,10 @@ pub enum SpecField {
     MaxFreeAllocationCount,
     /// A builder option (rounding).
     Option,
+    /// The name of the environment variable
+    /// [`CachingAllocator::from_env`](super::CachingAllocator::from_env)
+    /// reads.
+    Variable,
 }
 
 impl fmt::Display for SpecField {
@@ -82,6 +99,7 @@ impl fmt::Display for SpecField {
             SpecField::MaxAllocationCapacity => "max_allocation_capacity",
             SpecField::MaxFreeAllocationCount => "max_free_allocation_count",
             SpecField::Option => "option",
+            SpecField::Variable => "environment variable",
         })
     }
 }
@@ -90,7 +108,27 @@ impl fmt::Display for SpecField {
 ///
 /// Names the pair (index and text), the field and the offending text, and
 /// carries a stable [`SpecErrorKind`].
-#[derive(Clone, PartialEq, Eq, Debug)]
+///
+/// `Display` (and `Debug`) print the pair and the offending text escaped
+/// (control and invisible formatting characters written as `\0`,
+/// `\u{1b}`, ... as [`Escaped`] does) and cut to their first 80
+/// characters followed by `... (N bytes)`, so a message stays one short
+/// line whatever the input. [`pair`](Self::pair) and [`text`](Self::text)
+/// return the raw, complete text. The error keeps its own copy of both,
+/// so an error about a very long pair holds that pair and the offending
+/// part of it (up to twice its size) until it is dropped.
+///
+/// ```
+/// use ckalloc::caching::CachingSpec;
+/// let long = format!("host_local=1{}x", "0".repeat(1 << 20));
+/// let err = long.parse::<CachingSpec>().unwrap_err();
+/// assert_eq!(err.text().len(), (1 << 20) + 2); // raw and complete
+/// let msg = err.to_string();
+/// assert!(msg.len() < 1024 && msg.contains("1048578 bytes"));
+/// let err = "host_local=\u{1b}[2J".parse::<CachingSpec>().unwrap_err();
+/// assert!(err.to_string().contains("`\\u{1b}[2J`"));
+/// ```
+#[derive(Clone, PartialEq, Eq)]
 pub struct SpecError {
     kind: SpecErrorKind,
     pair_index: Option<usize>,
@@ -117,6 +155,9 @@ impl SpecError {
             detail: None,
         }
     }
+    /// Adds a detail to the message. The detail is printed escaped but not
+    /// cut, so any input it quotes must be cut by the caller (with
+    /// [`Escaped::capped`]).
     pub(crate) fn with_detail(mut self, detail: String) -> SpecError {
         self.detail = Some(detail);
         self
@@ -129,7 +170,9 @@ impl SpecError {
     pub fn pair_index(&self) -> Option<usize> {
         self.pair_index
     }
-    /// The offending pair's text as written (untrimmed).
+    /// The offending pair's text as written (untrimmed, complete and not
+    /// escaped; `Display` escapes it and cuts it short). Empty when the
+    /// error is not about a pair of a spec string.
     pub fn pair(&self) -> &str {
         &self.pair
     }
@@ -137,7 +180,8 @@ impl SpecError {
     pub fn field(&self) -> SpecField {
         self.field
     }
-    /// The offending text (trimmed field, name or value).
+    /// The offending text (trimmed field, name or value), complete and not
+    /// escaped; `Display` escapes it and cuts it short.
     pub fn text(&self) -> &str {
         &self.text
     }
@@ -147,13 +191,52 @@ impl fmt::Display for SpecError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "caching spec: {}", self.kind.describe())?;
         if let Some(i) = self.pair_index {
-            write!(f, " in pair {} `{}`", i, self.pair)?;
+            write!(
+                f,
+                " in pair {} `{}`",
+                i,
+                Escaped::capped(&self.pair, SHOWN_CHARS)
+            )?;
         }
-        write!(f, ", {} `{}`", self.field, self.text)?;
+        write!(
+            f,
+            ", {} `{}`",
+            self.field,
+            Escaped::capped(&self.text, SHOWN_CHARS)
+        )?;
         if let Some(d) = &self.detail {
-            write!(f, ": {d}")?;
+            write!(f, ": {}", Escaped::new(d))?;
         }
         Ok(())
+    }
+}
+
+/// A string's `Debug` form, cut after [`SHOWN_CHARS`] characters and then
+/// followed by its length in bytes.
+struct CappedDebug<'a>(&'a str);
+
+impl fmt::Debug for CappedDebug<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.0.char_indices().nth(SHOWN_CHARS) {
+            None => write!(f, "{:?}", self.0),
+            Some((cut, _)) => write!(f, "{:?}... ({} bytes)", &self.0[..cut], self.0.len()),
+        }
+    }
+}
+
+/// Like a derived `Debug`, but the pair and the text are cut as in
+/// `Display`, so `unwrap()` on a huge rejected spec prints a short
+/// panic message.
+impl fmt::Debug for SpecError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SpecError")
+            .field("kind", &self.kind)
+            .field("pair_index", &self.pair_index)
+            .field("pair", &CappedDebug(&self.pair))
+            .field("field", &self.field)
+            .field("text", &CappedDebug(&self.text))
+            .field("detail", &self.detail)
+            .finish()
     }
 }
 

@@ -56,7 +56,8 @@
 //! offending text. [`CachingSpec`]'s `Display` is canonical and parses back
 //! to an equal value. [`CachingAllocator::from_env`] reads a spec from the
 //! environment variable the caller names (unset or empty: one unbounded
-//! pool).
+//! pool; a name that no variable can have, empty or containing `=` or NUL,
+//! is [`SpecErrorKind::BadVariableName`]).
 //!
 //! **Heaps.** The inner allocator's heap defaults to [`Heap::host`]: host
 //! memory that CPU code uses directly, so it satisfies host *and* device
@@ -135,7 +136,8 @@
 //!
 //! A rejected spec or configuration is a [`SpecError`] with a stable
 //! [`SpecErrorKind`], the [`SpecField`] it is about, the offending pair
-//! (index and text) and the offending text. Allocation failures are
+//! (index and text) and the offending text; its message escapes control
+//! characters and cuts long text short. Allocation failures are
 //! [`AllocError`], after the cache was trimmed and the inner allocator
 //! retried once.
 //!
@@ -186,6 +188,7 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use allocator_api2::alloc::{AllocError, Allocator};
 
 use crate::lock::HeldLock;
+use crate::Escaped;
 
 pub use error::{SpecError, SpecErrorKind, SpecField};
 pub use flags::{BufferUsage, MemoryType};
@@ -560,8 +563,30 @@ impl<A: Allocator> CachingAllocator<A> {
     /// means unbounded.
     ///
     /// # Errors
-    /// `NotUnicode` if the value is not Unicode, else as [`from_spec`](Self::from_spec).
+    /// [`SpecErrorKind::BadVariableName`] (field [`SpecField::Variable`],
+    /// text `var`) if `var` cannot name an environment variable: it is
+    /// empty or contains `=` or NUL (such a variable can never be set, so
+    /// the name is a mistake rather than an unset variable).
+    /// [`SpecErrorKind::NotUnicode`] if the value is not Unicode, else as
+    /// [`from_spec`](Self::from_spec).
+    ///
+    /// ```
+    /// use allocator_api2::alloc::Global;
+    /// use ckalloc::caching::{CachingAllocator, SpecErrorKind};
+    /// let err = CachingAllocator::from_env(Global, "A=B").unwrap_err();
+    /// assert_eq!(err.kind(), SpecErrorKind::BadVariableName);
+    /// ```
     pub fn from_env(inner: A, var: &str) -> Result<CachingAllocator<A>, SpecError> {
+        if var.is_empty() || var.contains(['=', '\0']) {
+            return Err(SpecError::new(
+                SpecErrorKind::BadVariableName,
+                None,
+                "",
+                SpecField::Variable,
+                var,
+            )
+            .with_detail("a name must be non-empty and contain neither `=` nor NUL".to_owned()));
+        }
         match crate::env::var_os(var) {
             None => Ok(Self::unbounded(inner)),
             Some(v) => match v.to_str() {
@@ -573,7 +598,10 @@ impl<A: Allocator> CachingAllocator<A> {
                     SpecField::Pair,
                     &v.to_string_lossy(),
                 )
-                .with_detail(format!("environment variable {var}"))),
+                .with_detail(format!(
+                    "environment variable {}",
+                    Escaped::capped(var, error::SHOWN_CHARS)
+                ))),
             },
         }
     }

@@ -60,6 +60,12 @@ pub(crate) fn open_readonly(path: &std::path::Path) -> io::Result<Fd> {
 pub(crate) struct FileStat {
     pub size: u64,
     pub is_regular: bool,
+    /// Device and inode: which file it is (the arena compares them with a
+    /// checked manifest's file, feature `weights`).
+    #[cfg_attr(not(feature = "weights"), allow(dead_code))]
+    pub dev: u64,
+    #[cfg_attr(not(feature = "weights"), allow(dead_code))]
+    pub ino: u64,
 }
 
 /// `fstat` on the descriptor (not the path, so a swap of the path between the
@@ -73,6 +79,9 @@ pub(crate) fn fstat(fd: &Fd) -> io::Result<FileStat> {
     Ok(FileStat {
         size: st.st_size as u64,
         is_regular: (st.st_mode & libc::S_IFMT) == libc::S_IFREG,
+        // Widening on every target (dev_t and ino_t are at most 64 bits).
+        dev: st.st_dev as u64,
+        ino: st.st_ino as u64,
     })
 }
 

@@ -4,6 +4,7 @@
 //! See the [module documentation](super#layouts) for the table and the rules.
 
 use super::format::{parse_footer, u32_at, u64_at, HeaderDims, MetadataFooter, Version};
+use super::source::Source;
 use super::{Dtype, Header, WeightsError};
 
 /// Size of the fixed header every layout starts with (bytes).
@@ -292,13 +293,28 @@ fn read_dims(c: Container, file: &[u8]) -> HeaderDims {
 
 /// A layout whose structure fits, with the number of soft rules it breaks.
 struct Fit {
-    header: Header,
+    detected: Detected,
     soft: usize,
 }
 
-/// The structural rules of one identified layout.
-fn structure(c: Container, version: Version, file: &[u8]) -> Result<Fit, Misfit> {
-    let file_len = file.len() as u64;
+/// What [`detect`] reads: the header, and the bytes a reader keeps in
+/// memory (the dtype table and the v5 metadata, already checked against the
+/// footer's SHA-256).
+pub(crate) struct Detected {
+    pub(crate) header: Header,
+    pub(crate) table: Vec<u8>,
+    pub(crate) metadata: Option<Vec<u8>>,
+}
+
+/// The structural rules of one identified layout; `head` is the first
+/// `min(file length, L1's minimum length)` bytes of `file`.
+fn structure(
+    c: Container,
+    version: Version,
+    file: &dyn Source,
+    head: &[u8],
+) -> Result<Fit, Misfit> {
+    let file_len = file.len();
     let o = c.offsets();
     if file_len < c.min_len() {
         return Err(Misfit::Specific(WeightsError::TruncatedHeader {
@@ -306,7 +322,7 @@ fn structure(c: Container, version: Version, file: &[u8]) -> Result<Fit, Misfit>
             needed: c.min_len(),
         }));
     }
-    let dtype_table_len = u32_at(file, o.dtype_count as usize);
+    let dtype_table_len = u32_at(head, o.dtype_count as usize);
     if dtype_table_len == 0 && c != Container::V8Converters {
         return Err(Misfit::Rule(format!(
             "the dtype-table count at {} is 0 ({} converters write one slot per weight)",
@@ -322,51 +338,63 @@ fn structure(c: Container, version: Version, file: &[u8]) -> Result<Fit, Misfit>
             file_len,
         }));
     }
-    let footer: Option<MetadataFooter> = match version {
-        Version::V5 => Some(parse_footer(file, tensor_data_start).map_err(Misfit::Specific)?),
-        _ => None,
+    let (footer, metadata): (Option<MetadataFooter>, Option<Vec<u8>>) = match version {
+        Version::V5 => {
+            let (f, m) = parse_footer(file, tensor_data_start).map_err(Misfit::Specific)?;
+            (Some(f), Some(m))
+        }
+        _ => (None, None),
     };
     let data_end = footer.map_or(file_len, |f| f.offset);
     let mut checksum = [0u8; 32];
-    checksum.copy_from_slice(&file[o.checksum as usize..o.checksum as usize + 32]);
+    checksum.copy_from_slice(&head[o.checksum as usize..o.checksum as usize + 32]);
+    let table = file
+        .read(o.dtype_table(), u64::from(dtype_table_len))
+        .map_err(Misfit::Specific)?
+        .into_owned();
     // Soft rules: a fitting layout that breaks fewer of them wins.
-    let table = &file[o.dtype_table() as usize..tensor_data_start as usize];
     let unknown_codes = table.iter().any(|&code| Dtype::from_code(code).is_none());
-    let padding_nonzero = !all_zero(&file[o.header_padding as usize..HEADER_SIZE as usize]);
+    let padding_nonzero = !all_zero(&head[o.header_padding as usize..HEADER_SIZE as usize]);
     let block_nonzero = c == Container::V8Converters
-        && !all_zero(&file[HEADER_SIZE as usize..o.hash_start as usize]);
+        && !all_zero(&head[HEADER_SIZE as usize..o.hash_start as usize]);
     let soft =
         usize::from(unknown_codes) + usize::from(padding_nonzero) + usize::from(block_nonzero);
     Ok(Fit {
-        header: Header {
-            container: c,
-            version,
-            dims: read_dims(c, file),
-            checksum,
-            dtype_table_len,
-            tensor_data_start,
-            data_end,
-            file_len,
-            footer,
-            reserved_nonzero: padding_nonzero || block_nonzero,
+        detected: Detected {
+            header: Header {
+                container: c,
+                version,
+                dims: read_dims(c, head),
+                checksum,
+                dtype_table_len,
+                tensor_data_start,
+                data_end,
+                file_len,
+                footer,
+                reserved_nonzero: padding_nonzero || block_nonzero,
+            },
+            table,
+            metadata,
         },
         soft,
     })
 }
 
-/// Recognise the layout of a whole file's bytes and parse its header. See the
+/// Recognise the layout of a whole file and parse its header. See the
 /// [module documentation](super#how-the-reader-recognises-the-layout).
-pub(crate) fn detect(file: &[u8]) -> Result<Header, WeightsError> {
-    let file_len = file.len() as u64;
+pub(crate) fn detect(file: &dyn Source) -> Result<Detected, WeightsError> {
+    let file_len = file.len();
+    let head = file.read(0, file_len.min(L1_OFFSETS.dtype_table()))?;
+    let head: &[u8] = &head;
     let truncated = |needed| WeightsError::TruncatedHeader {
         len: file_len,
         needed,
     };
-    if file.len() < 8 {
+    if head.len() < 8 {
         return Err(truncated(L1_OFFSETS.dtype_table()));
     }
     let mut magic = [0u8; 8];
-    magic.copy_from_slice(&file[..8]);
+    magic.copy_from_slice(&head[..8]);
     if &magic[..7] != b"BUMPWGT" {
         return Err(WeightsError::WrongMagic { found: magic });
     }
@@ -379,10 +407,10 @@ pub(crate) fn detect(file: &[u8]) -> Result<Header, WeightsError> {
         .map(|c| c.min_len())
         .max()
         .unwrap_or(L1_OFFSETS.dtype_table());
-    if file.len() < 12 {
+    if head.len() < 12 {
         return Err(truncated(needed));
     }
-    let version_field = u32_at(file, 8);
+    let version_field = u32_at(head, 8);
     let version = match Version::from_number(version_field) {
         Some(v) if v.magic() == magic && !candidates.is_empty() => v,
         _ => {
@@ -401,13 +429,17 @@ pub(crate) fn detect(file: &[u8]) -> Result<Header, WeightsError> {
     // In `Container::ALL` order, as `candidates`.
     let mut tried: Vec<LayoutRejection> = Vec::new();
     for &c in &candidates {
-        match identify(c, file) {
+        match identify(c, head) {
             Err(reason) => tried.push(LayoutRejection {
                 container: c,
                 reason,
             }),
-            Ok(()) => match structure(c, version, file) {
+            Ok(()) => match structure(c, version, file, head) {
                 Ok(fit) => fits.push(fit),
+                // The file could not be read: no layout can be judged.
+                Err(Misfit::Specific(
+                    e @ (WeightsError::Io { .. } | WeightsError::FileChanged { .. }),
+                )) => return Err(e),
                 Err(m) => {
                     tried.push(LayoutRejection {
                         container: c,
@@ -420,7 +452,7 @@ pub(crate) fn detect(file: &[u8]) -> Result<Header, WeightsError> {
     }
     // Fewest soft-rule breaks wins; ties go to the earlier layout in `Container::ALL`.
     if let Some(best) = fits.into_iter().min_by_key(|f| f.soft) {
-        return Ok(best.header);
+        return Ok(best.detected);
     }
     // Exactly one layout's header matched: its own error is the most precise.
     if identified.len() == 1 {

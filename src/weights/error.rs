@@ -12,6 +12,8 @@ pub enum ManifestKind {
     Map,
     /// `weights_manifest.json` (`{"entries": [...]}`).
     Json,
+    /// Entries built in memory ([`Manifest::from_entries`](super::Manifest::from_entries)).
+    Entries,
 }
 
 impl fmt::Display for ManifestKind {
@@ -19,14 +21,18 @@ impl fmt::Display for ManifestKind {
         f.write_str(match self {
             ManifestKind::Map => "weights_manifest.map",
             ManifestKind::Json => "weights_manifest.json",
+            ManifestKind::Entries => "manifest entries",
         })
     }
 }
 
-/// An error from the `weights.bump` reader, the manifest parsers or the writer.
+/// An error from the `weights.bump` reader, the manifest parsers, the
+/// manifest check or the writer.
 ///
 /// Every variant names the offending input (path, tensor name, offset, value).
-/// Offsets and sizes are in bytes.
+/// Offsets and sizes are in bytes. `Display` is one line with every control
+/// or formatting character of names, paths and quoted input escaped
+/// ([`Escaped`](crate::Escaped)); the fields hold the raw text.
 #[derive(Debug)]
 #[non_exhaustive]
 pub enum WeightsError {
@@ -162,8 +168,10 @@ pub enum WeightsError {
         /// End of the shared range (exclusive).
         overlap_end: u64,
     },
-    /// An entry's runtime offset differs from its file offset; mixed file-backed
-    /// mode maps the file in place, so it needs them equal.
+    /// An entry's runtime offset differs from its file offset. ckalloc's
+    /// arena holds every tensor at its file offset (mixed mode maps the
+    /// file in place, anon mode copies it verbatim), so a program reading the
+    /// tensor at its runtime offset would read other bytes.
     RuntimeOffsetMismatch {
         /// Tensor name.
         name: String,
@@ -177,8 +185,8 @@ pub enum WeightsError {
         /// The name as given.
         name: String,
     },
-    /// The dtype table disagrees with the manifest (see
-    /// [`WeightsFile::check_dtype_table`](super::WeightsFile::check_dtype_table)).
+    /// The dtype table disagrees with the manifest where it must agree (see
+    /// [`WeightsFile::check_manifest`](super::WeightsFile::check_manifest), rule 9).
     DtypeTableMismatch {
         /// What is wrong.
         reason: String,
@@ -189,6 +197,15 @@ pub enum WeightsError {
         name: String,
         /// What differs.
         reason: String,
+    },
+    /// A sidecar is larger than [`MAX_SIDECAR_BYTES`](super::MAX_SIDECAR_BYTES).
+    SidecarTooLarge {
+        /// The sidecar.
+        path: PathBuf,
+        /// Its length (bytes).
+        len: u64,
+        /// The most read (bytes).
+        max: u64,
     },
     /// Neither `weights_manifest.map` nor `weights_manifest.json` exists in `dir`.
     MissingSidecars {
@@ -230,6 +247,70 @@ pub enum WeightsError {
         /// What is wrong.
         message: String,
     },
+    /// The file read with `pread` is no longer the length it had when it
+    /// was opened: it shrank under a read (or changed size during a check).
+    FileChanged {
+        /// The file.
+        path: PathBuf,
+        /// Its length when opened (bytes).
+        opened_len: u64,
+        /// Its length now, when `fstat` could tell (bytes).
+        now_len: Option<u64>,
+        /// The offset being read (bytes).
+        offset: u64,
+    },
+    /// The v5 metadata is not what C-Kernel-Engine's writers put there: not
+    /// a JSON object, or a recorded hash that is not 64 lowercase hex digits.
+    BadMetadata {
+        /// What is wrong.
+        reason: String,
+    },
+    /// The v5 metadata's `template_hash` is not the SHA-256 of its
+    /// `template` in canonical form.
+    TemplateHashMismatch {
+        /// The hex digest the metadata records.
+        recorded: String,
+        /// SHA-256 of the canonical `template`.
+        computed: [u8; 32],
+    },
+    /// The v5 metadata's `manifest_hash` is not the SHA-256 of the JSON
+    /// sidecar in canonical form: the sidecar is not the one written with
+    /// this file (or was edited).
+    ManifestHashMismatch {
+        /// The JSON sidecar (`weights_manifest.json` when read from text).
+        sidecar: PathBuf,
+        /// The hex digest the metadata records.
+        recorded: String,
+        /// SHA-256 of the sidecar in canonical form.
+        computed: [u8; 32],
+    },
+    /// [`CheckOptions::require_manifest_hash`](super::CheckOptions::require_manifest_hash)
+    /// (or, for a hash that could not be checked,
+    /// [`CheckOptions::strict`](super::CheckOptions::strict)) and the
+    /// manifest is not bound to the file by a verified `manifest_hash`.
+    ManifestNotBound {
+        /// What binds the manifest instead.
+        binding: super::ManifestBinding,
+    },
+    /// The manifest lists no tensor, but the tensor data region holds more
+    /// bytes than the padding the file allows.
+    EmptyManifest {
+        /// The tensor data region, `[start, end)`.
+        region: (u64, u64),
+        /// Padding allowed (bytes).
+        allowed: u64,
+    },
+    /// [`CheckOptions::strict`](super::CheckOptions::strict): bytes no entry
+    /// covers, more than the padding the file allows.
+    WideGap {
+        /// The uncovered range, `[start, end)`.
+        range: (u64, u64),
+        /// The entry before it (`None` at the start of the region).
+        after: Option<String>,
+        /// Padding allowed (bytes): the alignment the manifest or metadata
+        /// records, else C-Kernel-Engine's 64.
+        allowed: u64,
+    },
     /// Metadata or config JSON is malformed.
     Json {
         /// What was being parsed.
@@ -262,8 +343,17 @@ fn show_magic(m: &[u8; 8]) -> String {
 
 impl fmt::Display for WeightsError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", crate::Escaped::new(&Raw(self).to_string()))
+    }
+}
+
+/// The message before escaping.
+struct Raw<'a>(&'a WeightsError);
+
+impl fmt::Display for Raw<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         use WeightsError::*;
-        match self {
+        match self.0 {
             Io { path, op, source } => write!(f, "{op} {}: {source}", path.display()),
             NotARegularFile { path } => write!(f, "{}: not a regular file", path.display()),
             TruncatedHeader { len, needed } => write!(
@@ -345,13 +435,18 @@ impl fmt::Display for WeightsError {
             ),
             RuntimeOffsetMismatch { name, file_offset, runtime_offset } => write!(
                 f,
-                "tensor \"{name}\": runtime offset {runtime_offset:#x} differs from file offset {file_offset:#x} (mixed mode maps the file in place and needs them equal)"
+                "tensor \"{name}\": runtime offset {runtime_offset:#x} differs from file offset {file_offset:#x} (ckalloc's arena holds every tensor at its file offset)"
             ),
             UnknownDtype { name } => write!(f, "unknown dtype \"{name}\""),
             DtypeTableMismatch { reason } => write!(f, "dtype table disagrees with manifest: {reason}"),
             SidecarMismatch { name, reason } => write!(
                 f,
                 "weights_manifest.map and weights_manifest.json disagree on \"{name}\": {reason}"
+            ),
+            SidecarTooLarge { path, len, max } => write!(
+                f,
+                "{}: {len} bytes, more than the {max} bytes a manifest sidecar may have",
+                path.display()
             ),
             MissingSidecars { dir } => write!(
                 f,
@@ -365,11 +460,56 @@ impl fmt::Display for WeightsError {
             InvalidTensorName { name, reason } => write!(f, "invalid tensor name \"{name}\": {reason}"),
             ShapeMismatch { name, shape, expected_bytes, actual_bytes } => write!(
                 f,
-                "tensor \"{name}\": shape {shape:?} needs {expected_bytes} bytes, got {actual_bytes}"
+                "tensor \"{name}\": shape {} needs {expected_bytes} bytes, got {actual_bytes}",
+                super::manifest::shape_text(shape)
             ),
             SizeOverflow { what } => write!(f, "size overflow computing {what}"),
             ConfigField { field, message } => write!(f, "config.json field \"{field}\": {message}"),
-            Json { what, source } => write!(f, "invalid {what} JSON: {source}"),
+            Json { what, source } => write!(
+                f,
+                "invalid {what} JSON: {}",
+                crate::Escaped::capped(&source.to_string(), 200)
+            ),
+            FileChanged { path, opened_len, now_len, offset } => write!(
+                f,
+                "{}: the file changed while being read: {opened_len} bytes when opened, {} now (reading at offset {offset})",
+                path.display(),
+                now_len.map_or("unknown".to_string(), |n| format!("{n} bytes"))
+            ),
+            BadMetadata { reason } => write!(f, "bad BUMPWGT5 metadata: {reason}"),
+            TemplateHashMismatch { recorded, computed } => write!(
+                f,
+                "BUMPWGT5 metadata template_hash mismatch: recorded {recorded}, the template hashes to {}",
+                hex32(computed)
+            ),
+            ManifestHashMismatch { sidecar, recorded, computed } => write!(
+                f,
+                "{}: manifest_hash mismatch: the BUMPWGT5 metadata records {recorded}, the sidecar hashes to {} (it is not the manifest written with this file, or it holds JSON that ckalloc reads differently from Python: see canonical_json)",
+                sidecar.display(),
+                hex32(computed)
+            ),
+            ManifestNotBound { binding } => write!(
+                f,
+                "the manifest is not bound to the file by a verified manifest_hash: {binding}"
+            ),
+            EmptyManifest { region, allowed } => write!(
+                f,
+                "the manifest lists no tensor, but the tensor data [{}, {}) holds {} bytes (at most {allowed} bytes of padding allowed)",
+                region.0,
+                region.1,
+                region.1 - region.0
+            ),
+            WideGap { range, after, allowed } => write!(
+                f,
+                "{} bytes [{}, {}) {} are covered by no tensor (more than the {allowed}-byte alignment)",
+                range.1 - range.0,
+                range.0,
+                range.1,
+                match after {
+                    Some(a) => format!("after \"{a}\""),
+                    None => "at the start of the tensor data".to_string(),
+                }
+            ),
         }
     }
 }

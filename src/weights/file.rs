@@ -1,123 +1,279 @@
 //! [`WeightsFile`]: a read-only view of a whole `weights.bump`.
 
+use std::borrow::Cow;
 use std::fs::File;
-use std::os::unix::fs::OpenOptionsExt;
+use std::os::unix::fs::{MetadataExt as _, OpenOptionsExt as _};
 use std::path::{Path, PathBuf};
 
 use sha2::{Digest, Sha256};
 
-use super::format::DTYPE_TABLE_OFFSET;
+use super::check::{check_shape, FileIdentity};
+use super::container::{detect, Detected};
+use super::format::{canonical_json, DTYPE_TABLE_OFFSET};
+use super::manifest::LayoutReport;
+use super::source::{buffer, Memory, Pread, Source};
 use super::{
     Container, Dtype, Header, HeaderDims, Manifest, ManifestEntry, MetadataFooter, Producer,
     SlotDtype, Version, WeightsError,
 };
 
-/// Bytes hashed between two progress reports in [`WeightsFile::verify_checksum_with`].
+/// Bytes read and hashed at a time in [`WeightsFile::verify_checksum_with`]
+/// (also the progress step).
 const HASH_CHUNK: usize = 8 << 20;
 
 enum Storage {
+    /// An open regular file, read with `pread` ([`WeightsFile::open`]).
+    File(File),
+    /// A read-only shared mapping ([`WeightsFile::open_mapped`]).
     Mapped(memmap2::Mmap),
+    /// Bytes in memory ([`WeightsFile::from_vec`]).
     Owned(Vec<u8>),
 }
 
-/// A parsed `weights.bump` of any of the four layouts: either a read-only memory
-/// map of a file or bytes in memory. The layout is recognised and the header
-/// (and, for v5, the footer and metadata hash) checked on construction; the
-/// tensor checksum is checked by [`verify_checksum`](Self::verify_checksum).
+/// A parsed `weights.bump` of any of the four layouts, read from an open
+/// file with `pread` ([`open`](Self::open)), from a read-only memory map
+/// ([`open_mapped`](Self::open_mapped)) or from bytes in memory
+/// ([`from_vec`](Self::from_vec)). Construction recognises the layout, reads
+/// the header and the dtype table and, for `BUMPWGT5`, checks the footer's
+/// SHA-256 of the metadata and the metadata's `template_hash`; the tensor
+/// checksum is checked by [`verify_checksum`](Self::verify_checksum), the
+/// manifest by [`check_manifest`](Self::check_manifest).
 ///
-/// Every accessor is bounds-checked against the length fixed at open time: nothing
-/// reads outside the file. `WeightsFile` is `Send + Sync` (it is never written).
+/// Every accessor is bounds-checked against the length fixed at open time:
+/// nothing reads outside the file. `WeightsFile` is `Send + Sync` (it is
+/// never written).
 ///
-/// **Mapped files:** if another process truncates the file while it is mapped,
-/// touching a page past the new end raises `SIGBUS` (POSIX `mmap`); nothing here can
-/// prevent that. Load into memory ([`from_vec`](Self::from_vec)) or use the arena's
-/// anon mode when the file may change.
+/// # What "verified" means
+///
+/// A `weights.bump` and its sidecars record three checks, and ckalloc
+/// verifies each one it finds:
+///
+/// * **The tensor checksum** ([`verify_checksum`](Self::verify_checksum)):
+///   the header's SHA-256 covers the dtype table and the tensor data,
+///   [`checksum_range`](Self::checksum_range): `[152, data_end)` in layout
+///   L1, `[128, data_end)` in L2, `[128, end of file)` in L3 and L4. It does
+///   not cover the header fields, the v5 metadata or any sidecar.
+/// * **The metadata hashes** (on construction): the v5 footer's SHA-256 of
+///   the metadata, and the metadata's `template_hash` (the SHA-256 of its
+///   `template` in canonical form, [`canonical_json`](super::canonical_json)).
+/// * **The manifest hash** ([`check_manifest`](Self::check_manifest), rule
+///   1): the v5 metadata's `manifest_hash` is the SHA-256 of
+///   `weights_manifest.json` in canonical form. It is what binds the
+///   manifest, and so every tensor's name, dtype, offset and size, to the
+///   file; a `.map` is bound through the JSON it must agree with.
+///
+/// Nothing binds the manifest of a `BUMPWGT4` or `BUMPWGT3` file (they
+/// record no manifest hash), of a v5 file whose metadata records none, or a
+/// `.map` without its JSON: two tensors of one size swapped in such a
+/// manifest pass every check. [`CheckedManifest::binding`](super::CheckedManifest::binding)
+/// says which case holds and [`CheckOptions::require_manifest_hash`](super::CheckOptions::require_manifest_hash)
+/// refuses all but the first. These are integrity checks against
+/// corruption and mismatched files, not signatures: whoever can write the
+/// file can recompute every hash.
+///
+/// # Files that change
+///
+/// [`open`](Self::open) reads with `pread`: a file that shrinks while it is
+/// read gives [`WeightsError::FileChanged`], and bytes rewritten in place
+/// fail the checksum. [`open_mapped`](Self::open_mapped) maps the file:
+/// another process truncating it makes a later access raise `SIGBUS`
+/// (POSIX `mmap`), which nothing in a library can turn into an error.
 pub struct WeightsFile {
     storage: Storage,
     header: Header,
     path: Option<PathBuf>,
+    table: Vec<u8>,
+    metadata: Option<Vec<u8>>,
+    metadata_json: Option<serde_json::Value>,
+    identity: Option<FileIdentity>,
 }
 
 impl std::fmt::Debug for WeightsFile {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let storage = match self.storage {
+            Storage::File(_) => "pread",
+            Storage::Mapped(_) => "mapped",
+            Storage::Owned(_) => "memory",
+        };
         f.debug_struct("WeightsFile")
             .field("path", &self.path)
-            .field("mapped", &matches!(self.storage, Storage::Mapped(_)))
+            .field("storage", &storage)
             .field("header", &self.header)
             .finish()
     }
 }
 
-impl WeightsFile {
-    /// Open and map `path` read-only, and parse its header.
-    ///
-    /// The file is checked through the open descriptor (`fstat` on the fd, not the
-    /// path), so swapping the path afterwards cannot change what is mapped. The map
-    /// covers exactly the length `fstat` reported.
-    ///
-    /// # Errors
-    /// [`WeightsError::Io`] (open/fstat/mmap, naming the path),
-    /// [`WeightsError::NotARegularFile`], and the errors of [`Header::parse`].
-    pub fn open(path: impl AsRef<Path>) -> Result<WeightsFile, WeightsError> {
-        let path = path.as_ref();
-        let file = open_nonblocking(path)?;
-        let meta = file
-            .metadata()
-            .map_err(|e| WeightsError::io(path, "fstat", e))?;
-        if !meta.is_file() {
-            return Err(WeightsError::NotARegularFile {
-                path: path.to_path_buf(),
+/// Open `path` read-only as a regular file of a length that fits `usize`;
+/// returns the file, its length and its identity.
+fn open_regular(path: &Path) -> Result<(File, u64, FileIdentity), WeightsError> {
+    let file = open_nonblocking(path)?;
+    let meta = file
+        .metadata()
+        .map_err(|e| WeightsError::io(path, "fstat", e))?;
+    if !meta.is_file() {
+        return Err(WeightsError::NotARegularFile {
+            path: path.to_path_buf(),
+        });
+    }
+    if usize::try_from(meta.len()).is_err() {
+        return Err(WeightsError::overflow(format!(
+            "reading {} ({} bytes)",
+            path.display(),
+            meta.len()
+        )));
+    }
+    let identity = FileIdentity {
+        dev: meta.dev(),
+        ino: meta.ino(),
+    };
+    Ok((file, meta.len(), identity))
+}
+
+/// The v5 metadata as JSON, with its recorded hashes checked: it is an
+/// object; `manifest_hash` and `template_hash`, when present, are 64
+/// lowercase hex digits; `template_hash` is the SHA-256 of the canonical
+/// `template`.
+fn parse_metadata(bytes: &[u8]) -> Result<serde_json::Value, WeightsError> {
+    let v: serde_json::Value =
+        serde_json::from_slice(bytes).map_err(|source| WeightsError::Json {
+            what: "BUMPWGT5 metadata",
+            source,
+        })?;
+    let bad = |reason: String| WeightsError::BadMetadata { reason };
+    let obj = v
+        .as_object()
+        .ok_or_else(|| bad("it is not a JSON object".into()))?;
+    let digest = |key: &str| -> Result<Option<&str>, WeightsError> {
+        match obj.get(key) {
+            None => Ok(None),
+            Some(serde_json::Value::String(s))
+                if s.len() == 64 && s.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')) =>
+            {
+                Ok(Some(s))
+            }
+            Some(other) => Err(bad(format!(
+                "{key} is {}, not 64 lowercase hex digits",
+                crate::Escaped::capped(&other.to_string(), 80)
+            ))),
+        }
+    };
+    digest("manifest_hash")?;
+    if let Some(recorded) = digest("template_hash")? {
+        let template = obj
+            .get("template")
+            .ok_or_else(|| bad("it records a template_hash but no template".into()))?;
+        let computed: [u8; 32] = Sha256::digest(canonical_json(template)).into();
+        if super::error::hex32(&computed) != recorded {
+            return Err(WeightsError::TemplateHashMismatch {
+                recorded: recorded.to_string(),
+                computed,
             });
         }
-        if meta.len() == 0 {
+    }
+    Ok(v)
+}
+
+impl WeightsFile {
+    fn build(
+        storage: Storage,
+        detected: Detected,
+        path: Option<PathBuf>,
+        identity: Option<FileIdentity>,
+    ) -> Result<WeightsFile, WeightsError> {
+        let metadata_json = detected
+            .metadata
+            .as_deref()
+            .map(parse_metadata)
+            .transpose()?;
+        Ok(WeightsFile {
+            storage,
+            header: detected.header,
+            path,
+            table: detected.table,
+            metadata: detected.metadata,
+            metadata_json,
+            identity,
+        })
+    }
+
+    /// Open `path` read-only and parse its header, reading with `pread`
+    /// (nothing is mapped; the header, the dtype table and the v5 metadata
+    /// are kept in memory, tensor bytes are read when asked for).
+    ///
+    /// The file is checked through the open descriptor (`fstat` on the fd,
+    /// not the path), so swapping the path afterwards changes nothing read.
+    /// Its length is fixed here: a later read past a shrunken end is
+    /// [`WeightsError::FileChanged`], never `SIGBUS`.
+    ///
+    /// # Errors
+    /// [`WeightsError::Io`] (open/fstat/pread, naming the path),
+    /// [`WeightsError::NotARegularFile`], [`WeightsError::FileChanged`], the
+    /// errors of [`Header::parse`] and the metadata errors
+    /// ([`WeightsError::Json`], [`WeightsError::BadMetadata`],
+    /// [`WeightsError::TemplateHashMismatch`]).
+    pub fn open(path: impl AsRef<Path>) -> Result<WeightsFile, WeightsError> {
+        let path = path.as_ref();
+        let (file, len, identity) = open_regular(path)?;
+        let detected = detect(&Pread {
+            file: &file,
+            path,
+            len,
+        })?;
+        WeightsFile::build(
+            Storage::File(file),
+            detected,
+            Some(path.to_path_buf()),
+            Some(identity),
+        )
+    }
+
+    /// As [`open`](Self::open), but map the file read-only: tensors are
+    /// lent from the mapping without a copy. If another process truncates
+    /// the file while it is mapped, touching a page past the new end raises
+    /// `SIGBUS` (POSIX `mmap`); use [`open`](Self::open) when the file may
+    /// change.
+    ///
+    /// # Errors
+    /// As [`open`](Self::open), and [`WeightsError::Io`] for `mmap`.
+    pub fn open_mapped(path: impl AsRef<Path>) -> Result<WeightsFile, WeightsError> {
+        let path = path.as_ref();
+        let (file, len, identity) = open_regular(path)?;
+        if len == 0 {
             // mmap of length 0 fails with EINVAL (POSIX); an empty file is simply truncated.
             return Err(WeightsError::TruncatedHeader {
                 len: 0,
                 needed: DTYPE_TABLE_OFFSET,
             });
         }
-        if usize::try_from(meta.len()).is_err() {
-            return Err(WeightsError::overflow(format!(
-                "mapping {} ({} bytes)",
-                path.display(),
-                meta.len()
-            )));
-        }
-        // SAFETY: the map is read-only and private to this object; we never create a
-        // mutable reference into it. memmap2 maps exactly the file's current length.
-        // The remaining hazard is another process truncating or rewriting the file
-        // while it is mapped (SIGBUS or changing bytes), documented on `WeightsFile`.
-        let map = unsafe {
-            memmap2::MmapOptions::new()
-                .len(meta.len() as usize)
-                .map(&file)
-        }
-        .map_err(|e| WeightsError::io(path, "mmap", e))?;
-        let header = Header::parse(&map)?;
-        Ok(WeightsFile {
-            storage: Storage::Mapped(map),
-            header,
-            path: Some(path.to_path_buf()),
-        })
+        // SAFETY: the map is read-only and private to this object; no mutable
+        // reference into it is ever made. memmap2 maps exactly the length
+        // fstat reported (checked to fit usize). The remaining hazard is
+        // another process truncating or rewriting the file while it is
+        // mapped (SIGBUS or changing bytes), documented on `open_mapped`.
+        let map = unsafe { memmap2::MmapOptions::new().len(len as usize).map(&file) }
+            .map_err(|e| WeightsError::io(path, "mmap", e))?;
+        let detected = detect(&Memory(&map))?;
+        WeightsFile::build(
+            Storage::Mapped(map),
+            detected,
+            Some(path.to_path_buf()),
+            Some(identity),
+        )
     }
 
     /// Parse bytes already in memory (taking ownership; no copy).
     ///
     /// # Errors
-    /// As [`Header::parse`].
+    /// As [`Header::parse`], and the metadata errors of [`open`](Self::open).
     pub fn from_vec(bytes: Vec<u8>) -> Result<WeightsFile, WeightsError> {
-        let header = Header::parse(&bytes)?;
-        Ok(WeightsFile {
-            storage: Storage::Owned(bytes),
-            header,
-            path: None,
-        })
+        let detected = detect(&Memory(&bytes))?;
+        WeightsFile::build(Storage::Owned(bytes), detected, None, None)
     }
 
     /// Parse a copy of `bytes`.
     ///
     /// # Errors
-    /// As [`Header::parse`].
+    /// As [`from_vec`](Self::from_vec).
     pub fn from_bytes(bytes: &[u8]) -> Result<WeightsFile, WeightsError> {
         WeightsFile::from_vec(bytes.to_vec())
     }
@@ -127,16 +283,35 @@ impl WeightsFile {
         self.path.as_deref()
     }
 
-    /// True when backed by a memory map.
+    /// True when backed by a memory map ([`open_mapped`](Self::open_mapped)).
     pub fn is_mapped(&self) -> bool {
         matches!(self.storage, Storage::Mapped(_))
     }
 
-    /// The whole file.
-    pub fn as_bytes(&self) -> &[u8] {
+    /// The whole file, when it is mapped or in memory; `None` for a file
+    /// read with `pread` ([`open`](Self::open)).
+    pub fn as_bytes(&self) -> Option<&[u8]> {
         match &self.storage {
-            Storage::Mapped(m) => m,
-            Storage::Owned(v) => v,
+            Storage::File(_) => None,
+            Storage::Mapped(m) => Some(m),
+            Storage::Owned(v) => Some(v),
+        }
+    }
+
+    pub(crate) fn identity(&self) -> Option<FileIdentity> {
+        self.identity
+    }
+
+    /// The byte source behind the file.
+    fn source(&self) -> SourceRef<'_> {
+        match &self.storage {
+            Storage::File(file) => SourceRef::Pread(Pread {
+                file,
+                path: self.path.as_deref().unwrap_or(Path::new("weights.bump")),
+                len: self.header.file_len,
+            }),
+            Storage::Mapped(m) => SourceRef::Memory(m),
+            Storage::Owned(v) => SourceRef::Memory(v),
         }
     }
 
@@ -183,8 +358,7 @@ impl WeightsFile {
     /// The dtype table bytes (one code per slot, after the u32 count at
     /// `container().offsets().dtype_count`).
     pub fn dtype_table(&self) -> &[u8] {
-        &self.as_bytes()
-            [self.header.dtype_table_offset() as usize..self.header.tensor_data_start as usize]
+        &self.table
     }
 
     /// The dtype table decoded with `include/ckernel_dtype.h`'s codes (code 6 is
@@ -197,15 +371,16 @@ impl WeightsFile {
     /// Who wrote the file, as far as the v5 metadata's `created_by` and the
     /// manifest's `format` / `generator` say (see [`Producer`]).
     pub fn producer(&self, manifest: Option<&Manifest>) -> Producer {
-        let created_by = self
-            .metadata_json()
-            .and_then(Result::ok)
-            .and_then(|v| v.get("created_by")?.as_str().map(str::to_owned));
         Producer::from_info(
-            created_by.as_deref(),
+            self.created_by(),
             manifest.and_then(Manifest::format),
             manifest.and_then(Manifest::generator),
         )
+    }
+
+    /// The v5 metadata's `created_by`, if any.
+    pub fn created_by(&self) -> Option<&str> {
+        self.metadata_json()?.get("created_by")?.as_str()
     }
 
     /// The dtype table decoded for its producer: code 6 is Q4_K from the HF
@@ -236,62 +411,166 @@ impl WeightsFile {
         self.header.footer.as_ref()
     }
 
-    /// The v5 metadata JSON bytes (hash already verified), or `None` for v4.
+    /// The v5 metadata JSON bytes (checked against the footer's SHA-256), or
+    /// `None` for v3 and v4.
     pub fn metadata_bytes(&self) -> Option<&[u8]> {
-        let f = self.header.footer.as_ref()?;
-        self.as_bytes()
-            .get(f.offset as usize..(f.offset + f.len) as usize)
+        self.metadata.as_deref()
     }
 
-    /// The v5 metadata parsed as JSON, or `None` for v4.
+    /// The v5 metadata parsed as JSON (an object, its `template_hash`
+    /// checked), or `None` for v3 and v4.
+    pub fn metadata_json(&self) -> Option<&serde_json::Value> {
+        self.metadata_json.as_ref()
+    }
+
+    /// Fill `buf` with the file's bytes from `offset`.
     ///
     /// # Errors
-    /// [`WeightsError::Json`] if the metadata is not valid JSON.
-    pub fn metadata_json(&self) -> Option<Result<serde_json::Value, WeightsError>> {
-        self.metadata_bytes().map(|b| {
-            serde_json::from_slice(b).map_err(|source| WeightsError::Json {
-                what: "BUMPWGT5 metadata",
-                source,
-            })
-        })
+    /// [`WeightsError::EntryOutsideFile`] (named `"<range>"`) when the range
+    /// is not inside the length fixed at open; [`WeightsError::FileChanged`]
+    /// when the file has shrunk since; [`WeightsError::Io`].
+    pub fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<(), WeightsError> {
+        let len = buf.len() as u64;
+        self.check_range("<range>", offset, len, 0, self.header.file_len)?;
+        match self.source() {
+            SourceRef::Pread(p) => p.read_into(offset, buf),
+            // Inside the file: checked above.
+            SourceRef::Memory(m) => {
+                buf.copy_from_slice(&m[offset as usize..(offset + len) as usize]);
+                Ok(())
+            }
+        }
+    }
+
+    /// Bytes `[offset, offset + size)` of the file: lent from memory, or
+    /// read into a new buffer for a file opened with [`open`](Self::open).
+    ///
+    /// # Errors
+    /// As [`read_at`](Self::read_at).
+    pub fn range(&self, offset: u64, size: u64) -> Result<Cow<'_, [u8]>, WeightsError> {
+        self.read_region("<range>", offset, size, 0, self.header.file_len)
+    }
+
+    fn check_range(
+        &self,
+        name: &str,
+        offset: u64,
+        size: u64,
+        lo: u64,
+        hi: u64,
+    ) -> Result<(), WeightsError> {
+        let inside = offset >= lo && offset.checked_add(size).is_some_and(|end| end <= hi);
+        if !inside {
+            return Err(WeightsError::EntryOutsideFile {
+                name: name.to_owned(),
+                file_offset: offset,
+                size,
+                region_start: lo,
+                region_end: hi,
+            });
+        }
+        Ok(())
+    }
+
+    fn read_region(
+        &self,
+        name: &str,
+        offset: u64,
+        size: u64,
+        lo: u64,
+        hi: u64,
+    ) -> Result<Cow<'_, [u8]>, WeightsError> {
+        self.check_range(name, offset, size, lo, hi)?;
+        match self.source() {
+            SourceRef::Pread(p) => Ok(Cow::Owned(p.read(offset, size)?.into_owned())),
+            // lo..hi lies within the file, whose length fits usize.
+            SourceRef::Memory(m) => {
+                Ok(Cow::Borrowed(&m[offset as usize..(offset + size) as usize]))
+            }
+        }
+    }
+
+    /// A tensor's bytes: lent from memory, or read into a new buffer for a
+    /// file opened with [`open`](Self::open). The entry must lie inside the
+    /// tensor data `[tensor_data_start, data_end)` and, when it has a shape,
+    /// hold at least the bytes its shape and dtype need.
+    ///
+    /// # Errors
+    /// [`WeightsError::EntryOutsideFile`] naming the tensor,
+    /// [`WeightsError::ShapeMismatch`], and the read errors of
+    /// [`read_at`](Self::read_at).
+    pub fn tensor(&self, entry: &ManifestEntry) -> Result<Cow<'_, [u8]>, WeightsError> {
+        check_shape(entry)?;
+        self.read_region(
+            &entry.name,
+            entry.file_offset,
+            entry.size,
+            self.header.tensor_data_start,
+            self.header.data_end,
+        )
     }
 
     /// SHA-256 of the layout's checksum range ([`checksum_range`](Self::checksum_range)).
-    pub fn compute_checksum(&self) -> [u8; 32] {
+    ///
+    /// # Errors
+    /// The read errors of [`read_at`](Self::read_at).
+    pub fn compute_checksum(&self) -> Result<[u8; 32], WeightsError> {
         self.compute_checksum_with(|_, _| {})
     }
 
-    fn compute_checksum_with(&self, mut progress: impl FnMut(u64, u64)) -> [u8; 32] {
+    fn compute_checksum_with(
+        &self,
+        mut progress: impl FnMut(u64, u64),
+    ) -> Result<[u8; 32], WeightsError> {
         let (start, end) = self.checksum_range();
-        // start <= tensor_data_start <= data_end <= file length, checked on parse.
-        let covered = &self.as_bytes()[start as usize..end as usize];
-        let total = covered.len() as u64;
+        let total = end - start;
         let mut h = Sha256::new();
-        let mut done = 0u64;
         progress(0, total);
-        for chunk in covered.chunks(HASH_CHUNK) {
-            h.update(chunk);
-            done += chunk.len() as u64;
-            progress(done, total);
+        match self.source() {
+            SourceRef::Memory(m) => {
+                // start <= tensor_data_start <= data_end <= file length, checked on parse.
+                let mut done = 0u64;
+                for chunk in m[start as usize..end as usize].chunks(HASH_CHUNK) {
+                    h.update(chunk);
+                    done += chunk.len() as u64;
+                    progress(done, total);
+                }
+            }
+            SourceRef::Pread(p) => {
+                let mut buf = buffer(total.min(HASH_CHUNK as u64), p.path)?;
+                let mut offset = start;
+                while offset < end {
+                    let n = (end - offset).min(HASH_CHUNK as u64) as usize;
+                    p.read_into(offset, &mut buf[..n])?;
+                    h.update(&buf[..n]);
+                    offset += n as u64;
+                    progress(offset - start, total);
+                }
+                p.check_len()?;
+            }
         }
-        h.finalize().into()
+        Ok(h.finalize().into())
     }
 
     /// Hash the layout's checksum range and compare with the header.
     ///
     /// # Errors
-    /// [`WeightsError::BadChecksum`] naming the layout and the range, with both digests.
+    /// [`WeightsError::BadChecksum`] naming the layout and the range, with
+    /// both digests; the read errors of [`read_at`](Self::read_at) (for a
+    /// file read with `pread`, also [`WeightsError::FileChanged`] when its
+    /// length changed during the pass).
     pub fn verify_checksum(&self) -> Result<(), WeightsError> {
         self.verify_checksum_with(|_, _| {})
     }
 
     /// As [`verify_checksum`](Self::verify_checksum), calling
-    /// `progress(done_bytes, total_bytes)` before, during (every 8 MiB) and after hashing.
+    /// `progress(done_bytes, total_bytes)` before, during (every 8 MiB) and
+    /// after hashing, on the calling thread.
     ///
     /// # Errors
-    /// [`WeightsError::BadChecksum`].
+    /// As [`verify_checksum`](Self::verify_checksum).
     pub fn verify_checksum_with(&self, progress: impl FnMut(u64, u64)) -> Result<(), WeightsError> {
-        let actual = self.compute_checksum_with(progress);
+        let actual = self.compute_checksum_with(progress)?;
         if actual != self.header.checksum {
             return Err(WeightsError::BadChecksum {
                 container: self.header.container,
@@ -303,113 +582,19 @@ impl WeightsFile {
         Ok(())
     }
 
-    /// Bytes `[offset, offset + size)` of the file.
-    ///
-    /// # Errors
-    /// [`WeightsError::EntryOutsideFile`] (named `"<range>"`) when the range is not inside the file.
-    pub fn range(&self, offset: u64, size: u64) -> Result<&[u8], WeightsError> {
-        self.slice("<range>", offset, size, 0, self.header.file_len)
-    }
-
-    fn slice(
-        &self,
-        name: &str,
-        offset: u64,
-        size: u64,
-        lo: u64,
-        hi: u64,
-    ) -> Result<&[u8], WeightsError> {
-        let outside = || WeightsError::EntryOutsideFile {
-            name: name.to_owned(),
-            file_offset: offset,
-            size,
-            region_start: lo,
-            region_end: hi,
-        };
-        let end = offset.checked_add(size).ok_or_else(outside)?;
-        if offset < lo || end > hi {
-            return Err(outside());
-        }
-        // lo..hi lies within the file, whose length fits usize (checked at open).
-        self.as_bytes()
-            .get(offset as usize..end as usize)
-            .ok_or_else(outside)
-    }
-
-    /// A tensor's bytes. The entry must lie inside the tensor-data region
-    /// `[tensor_data_start, data_end)`.
-    ///
-    /// # Errors
-    /// [`WeightsError::EntryOutsideFile`] naming the tensor.
-    pub fn tensor(&self, entry: &ManifestEntry) -> Result<&[u8], WeightsError> {
-        self.slice(
-            &entry.name,
-            entry.file_offset,
-            entry.size,
-            self.header.tensor_data_start,
-            self.header.data_end,
-        )
-    }
-
-    /// Check `manifest` against this file: every entry inside
-    /// `[tensor_data_start, data_end)`, no overlaps.
-    ///
-    /// # Errors
-    /// [`WeightsError::EntryOutsideFile`] or [`WeightsError::OverlappingEntries`].
-    pub fn validate_manifest(&self, manifest: &Manifest) -> Result<(), WeightsError> {
-        manifest.validate_region(self.header.tensor_data_start, self.header.data_end)
-    }
-
-    /// Gaps/overlaps of `manifest` over `[tensor_data_start, data_end)`.
-    pub fn layout_report(&self, manifest: &Manifest) -> super::LayoutReport {
+    /// Gaps, overlaps and stray entries of `manifest` over the tensor data
+    /// `[tensor_data_start, data_end)`: a report to print, never a check
+    /// ([`check_manifest`](Self::check_manifest) is the check).
+    pub fn layout_report(&self, manifest: &Manifest) -> LayoutReport {
         manifest.layout_report(self.header.tensor_data_start, self.header.data_end)
-    }
-
-    /// Check the dtype table against `manifest` as ckalloc's writer lays it out:
-    /// one code per entry, entries in file-offset order, each code equal to the
-    /// code of the entry's parsed dtype. Files from other converters may use the
-    /// table differently (C-Kernel-Engine's GGUF converter lists bias slots and
-    /// omits vocabulary tensors), so treat a mismatch there as a warning.
-    ///
-    /// # Errors
-    /// [`WeightsError::DtypeTableMismatch`] or [`WeightsError::UnknownDtype`].
-    pub fn check_dtype_table(&self, manifest: &Manifest) -> Result<(), WeightsError> {
-        let table = self.dtype_table();
-        if table.len() != manifest.len() {
-            return Err(WeightsError::DtypeTableMismatch {
-                reason: format!(
-                    "table has {} entries, manifest {}",
-                    table.len(),
-                    manifest.len()
-                ),
-            });
-        }
-        for (i, (e, &code)) in manifest
-            .sorted_by_offset()
-            .into_iter()
-            .zip(table)
-            .enumerate()
-        {
-            let d = e.parsed_dtype()?;
-            if d.code() != code {
-                return Err(WeightsError::DtypeTableMismatch {
-                    reason: format!(
-                        "entry {i} (\"{}\", {}) has code {code:#04x} in the table, expected {:#04x}",
-                        e.name,
-                        e.dtype,
-                        d.code()
-                    ),
-                });
-            }
-        }
-        Ok(())
     }
 
     /// Load the sidecar manifest from `dir` for this file
     /// ([`Manifest::load_sidecars`]): offsets come from `weights_manifest.map` or
     /// from `entries[].file_offset` of `weights_manifest.json`, the way
     /// C-Kernel-Engine's loader takes them. The JSON `version` is not compared
-    /// with the magic (converters write 5 for `BUMPWGT4` files).
+    /// with the magic (converters write 5 for `BUMPWGT4` files). Parsing
+    /// only: [`check_manifest`](Self::check_manifest) checks it against the file.
     ///
     /// # Errors
     /// [`WeightsError::ManifestRequired`] naming the layout and magic when `dir`
@@ -426,35 +611,6 @@ impl WeightsFile {
         }
     }
 
-    /// Check `manifest` against this file with every file-validity rule of the
-    /// reader, in this order:
-    ///
-    /// 1. every entry has a name ([`WeightsError::InvalidTensorName`]); names are
-    ///    unique by construction of [`Manifest`];
-    /// 2. every dtype name is known ([`WeightsError::UnknownDtype`]);
-    /// 3. every entry lies inside the tensor data `[tensor_data_start, data_end)`
-    ///    ([`WeightsError::EntryOutsideFile`]);
-    /// 4. no two entries share a byte; zero-size entries share nothing, so one
-    ///    may sit at the offset of the next tensor ([`WeightsError::OverlappingEntries`]);
-    /// 5. an entry with a shape stores at least the bytes its shape and dtype need
-    ///    ([`WeightsError::ShapeMismatch`]); more is allowed (converters pad rows).
-    ///
-    /// Where the writer put each tensor (alignment, padding, order) is not a rule.
-    ///
-    /// # Errors
-    /// The variants named above, for the first entry (in manifest order) that breaks a rule.
-    pub fn check_manifest(&self, manifest: &Manifest) -> Result<(), WeightsError> {
-        if let Some(e) = manifest.iter().find(|e| e.name.is_empty()) {
-            return Err(WeightsError::InvalidTensorName {
-                name: e.name.clone(),
-                reason: "empty",
-            });
-        }
-        manifest.check_dtypes()?;
-        self.validate_manifest(manifest)?;
-        manifest.check_shapes()
-    }
-
     /// One informational line comparing the dtype table with `manifest`, or
     /// `None` when the table has one slot per entry (in file order) with the
     /// code of the entry's dtype.
@@ -464,7 +620,7 @@ impl WeightsFile {
     /// entries; the HF converters list bias slots the file does not hold; the
     /// safetensors converter codes i32/u8 tokenizer entries as 0. None of this
     /// is an error, since offsets and dtypes come from the manifest.
-    pub fn dtype_table_note(&self, manifest: &Manifest) -> Option<String> {
+    pub(crate) fn dtype_table_note(&self, manifest: &Manifest) -> Option<String> {
         let slots = self.dtype_table().len();
         let entries = manifest.len();
         if slots != entries {
@@ -485,9 +641,16 @@ impl WeightsFile {
         Some(format!(
             "table has {slots} slots, manifest {entries} entries: {n} slot code(s) differ from the \
              manifest dtypes (first: slot {i}, \"{}\" {} coded {code}); the manifest's dtype names win",
-            first.name, first.dtype
+            crate::Escaped::capped(&first.name, 80),
+            crate::Escaped::capped(&first.dtype, 40)
         ))
     }
+}
+
+/// Where [`WeightsFile`] reads from.
+enum SourceRef<'a> {
+    Pread(Pread<'a>),
+    Memory(&'a [u8]),
 }
 
 /// Open `path` read-only with `O_NONBLOCK`, so that a FIFO without a writer

@@ -2,23 +2,30 @@
 
 use std::collections::HashMap;
 use std::fmt::Write as _;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
+use sha2::{Digest, Sha256};
 
-use super::{Dtype, ManifestKind, Version, WeightsError};
+use super::format::canonical_json;
+use super::{Dtype, ManifestKind, Version, WeightsError, MAX_NAME_LEN};
 
 /// File name of the JSON sidecar.
 pub const MANIFEST_JSON: &str = "weights_manifest.json";
 /// File name of the line-based sidecar.
 pub const MANIFEST_MAP: &str = "weights_manifest.map";
+/// The largest sidecar [`Manifest::load_sidecars`] reads (bytes): a manifest
+/// of a million tensors takes about a tenth of it.
+pub const MAX_SIDECAR_BYTES: u64 = 256 << 20;
 
 /// One tensor: where its bytes are in the file and where they go at run time.
 /// Offsets and sizes are bytes.
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct ManifestEntry {
-    /// Tensor name (no `|`, no line breaks).
+    /// Tensor name: 1 to [`MAX_NAME_LEN`] bytes, no `|`, line break or NUL,
+    /// not starting with `#` ([`check_name`]; checked by every constructor
+    /// of a [`Manifest`]).
     pub name: String,
     /// Dtype name as written in the manifest (the authority; see [`Dtype::from_name`]).
     pub dtype: String,
@@ -33,27 +40,101 @@ pub struct ManifestEntry {
     pub shape: Option<Vec<u64>>,
 }
 
+/// A shape as `[d0, d1, ...]`, at most 16 dimensions then `... (N dims)`.
+pub(crate) fn shape_text(shape: &[u64]) -> String {
+    const SHOWN: usize = 16;
+    let dims: Vec<String> = shape.iter().take(SHOWN).map(u64::to_string).collect();
+    if shape.len() > SHOWN {
+        format!("[{}, ... ({} dims)]", dims.join(", "), shape.len())
+    } else {
+        format!("[{}]", dims.join(", "))
+    }
+}
+
+/// The tensor-name rule of the `.map` sidecar, which every reader and
+/// writer of ckalloc applies: 1 to [`MAX_NAME_LEN`] bytes (so a `.map` line
+/// fits C-Kernel-Engine's 4096-byte line buffer), no `|` (the field
+/// separator), no line break or NUL, and no leading `#` (a comment line).
+///
+/// # Errors
+/// [`WeightsError::InvalidTensorName`] with the reason (the name in the
+/// error is cut to 80 characters).
+pub fn check_name(name: &str) -> Result<(), WeightsError> {
+    let bad = |reason| WeightsError::InvalidTensorName {
+        name: name.chars().take(80).collect(),
+        reason,
+    };
+    if name.is_empty() {
+        return Err(bad("empty"));
+    }
+    if name.len() > MAX_NAME_LEN {
+        return Err(bad("longer than 1024 bytes"));
+    }
+    if name.contains(['|', '\n', '\r', '\0']) {
+        return Err(bad(
+            "contains '|', a line break or NUL (the .map sidecar cannot hold it)",
+        ));
+    }
+    if name.starts_with('#') {
+        return Err(bad("starts with '#' (a comment in the .map sidecar)"));
+    }
+    Ok(())
+}
+
 impl ManifestEntry {
     /// An entry with `runtime_offset == file_offset` and no shape.
+    ///
+    /// # Errors
+    /// [`WeightsError::InvalidTensorName`] when `name` breaks [`check_name`];
+    /// [`WeightsError::ManifestSyntax`] for a dtype a `.map` line cannot
+    /// hold (empty, over 64 bytes, `|`, a line break or NUL).
     pub fn new(
         name: impl Into<String>,
         dtype: impl Into<String>,
         file_offset: u64,
         size: u64,
-    ) -> Self {
-        ManifestEntry {
+    ) -> Result<Self, WeightsError> {
+        let e = ManifestEntry {
             name: name.into(),
             dtype: dtype.into(),
             file_offset,
             size,
             runtime_offset: file_offset,
             shape: None,
+        };
+        e.check()?;
+        Ok(e)
+    }
+
+    /// The name rule and a non-empty dtype.
+    /// The name rule, and a dtype a `.map` line can hold: 1 to 64 bytes,
+    /// no `|`, line break or NUL.
+    fn check(&self) -> Result<(), WeightsError> {
+        check_name(&self.name)?;
+        let d = &self.dtype;
+        if d.is_empty() || d.len() > 64 || d.contains(['|', '\n', '\r', '\0']) {
+            return Err(WeightsError::ManifestSyntax {
+                kind: ManifestKind::Entries,
+                line: 0,
+                message: format!(
+                    "entry \"{}\": dtype \"{}\" is empty, longer than 64 bytes, or holds '|', a line break or NUL",
+                    self.name,
+                    crate::Escaped::capped(d, 40)
+                ),
+            });
         }
+        Ok(())
     }
 
     /// `file_offset + size`, or `None` on overflow.
     pub fn end(&self) -> Option<u64> {
         self.file_offset.checked_add(self.size)
+    }
+
+    /// The shape as `[d0, d1, ...]` for a report or a message: at most 16
+    /// dimensions, then `... (N dims)`. `None` without a shape.
+    pub fn shape_text(&self) -> Option<String> {
+        self.shape.as_deref().map(shape_text)
     }
 
     /// The parsed dtype.
@@ -65,7 +146,7 @@ impl ManifestEntry {
     }
 }
 
-/// A span of bytes no entry covers, found by [`Manifest::layout_report`].
+/// A span of bytes no entry covers, found by [`WeightsFile::layout_report`](super::WeightsFile::layout_report).
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct Gap {
@@ -77,7 +158,7 @@ pub struct Gap {
     pub after: Option<String>,
 }
 
-/// Two entries sharing bytes, found by [`Manifest::layout_report`].
+/// Two entries sharing bytes, found by [`WeightsFile::layout_report`](super::WeightsFile::layout_report).
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct Overlap {
@@ -122,14 +203,22 @@ impl LayoutReport {
 /// A parsed manifest: entries in the order the sidecar lists them (ckalloc's
 /// writer lists them in file-offset order) and an index by name.
 ///
+/// Parsing checks the syntax, the name rule ([`check_name`]) and unique
+/// names; nothing more. [`WeightsFile::check_manifest`](super::WeightsFile::check_manifest)
+/// checks a manifest against its file.
+///
 /// Immutable after construction; `Send + Sync`. Two manifests are equal when
-/// their entries are (the JSON `format` and `generator` strings are not compared).
+/// their entries are (the JSON `format`, `generator` and `alignment` and the
+/// sidecar digest are not compared).
 #[derive(Clone, Debug, Default)]
 pub struct Manifest {
     entries: Vec<ManifestEntry>,
     index: HashMap<String, usize>,
     format: Option<String>,
     generator: Option<String>,
+    alignment: Option<u64>,
+    json_sha256: Option<[u8; 32]>,
+    json_path: Option<PathBuf>,
 }
 
 impl PartialEq for Manifest {
@@ -145,19 +234,22 @@ impl Eq for Manifest {}
 /// (`strtoull(s, NULL, 0)`) would read it as octal.
 fn parse_number(s: &str) -> Result<u64, String> {
     let t = s.trim_matches(|c: char| c == ' ' || c == '\t');
+    let shown = crate::Escaped::capped(s, 40);
     let (digits, radix) = match t.strip_prefix("0x").or_else(|| t.strip_prefix("0X")) {
         Some(h) => (h, 16),
         None => (t, 10),
     };
     if digits.is_empty() || !digits.chars().all(|c| c.is_digit(radix)) {
-        return Err(format!("\"{s}\" is not a decimal or 0x-hexadecimal number"));
+        return Err(format!(
+            "\"{shown}\" is not a decimal or 0x-hexadecimal number"
+        ));
     }
     if radix == 10 && digits.len() > 1 && digits.starts_with('0') {
         return Err(format!(
-            "\"{s}\" has a leading zero (C readers would take it as octal)"
+            "\"{shown}\" has a leading zero (C readers would take it as octal)"
         ));
     }
-    u64::from_str_radix(digits, radix).map_err(|_| format!("\"{s}\" does not fit in 64 bits"))
+    u64::from_str_radix(digits, radix).map_err(|_| format!("\"{shown}\" does not fit in 64 bits"))
 }
 
 /// A number in the JSON manifest: an integer or a string in `.map` syntax.
@@ -188,6 +280,8 @@ struct JsonManifest {
     format: Option<serde_json::Value>,
     #[serde(default)]
     generator: Option<serde_json::Value>,
+    #[serde(default)]
+    alignment: Option<serde_json::Value>,
 }
 
 fn json_err(message: String) -> WeightsError {
@@ -198,25 +292,41 @@ fn json_err(message: String) -> WeightsError {
     }
 }
 
-fn truncate_for_display(s: &str) -> String {
-    if s.len() <= 80 {
-        return s.to_owned();
+/// A sidecar's message text: the parser's error cut to 200 characters (it
+/// may quote a whole string value).
+fn parser_message(e: &serde_json::Error) -> String {
+    crate::Escaped::capped(&e.to_string(), 200).to_string()
+}
+
+/// An entry error of [`Manifest::from_entries`], named after the sidecar
+/// the entries came from.
+fn from_sidecar(e: WeightsError, kind: ManifestKind) -> WeightsError {
+    match e {
+        WeightsError::ManifestSyntax {
+            kind: ManifestKind::Entries,
+            line,
+            message,
+        } => WeightsError::ManifestSyntax {
+            kind,
+            line,
+            message,
+        },
+        e => e,
     }
-    let mut end = 80;
-    while !s.is_char_boundary(end) {
-        end -= 1;
-    }
-    format!("{}...", &s[..end])
 }
 
 impl Manifest {
     /// Build from entries (kept in the given order).
     ///
     /// # Errors
-    /// [`WeightsError::DuplicateTensor`] if two entries share a name.
+    /// [`WeightsError::InvalidTensorName`] for a name that breaks
+    /// [`check_name`], [`WeightsError::ManifestSyntax`] for a dtype a `.map`
+    /// line cannot hold, [`WeightsError::DuplicateTensor`] if two entries
+    /// share a name.
     pub fn from_entries(entries: Vec<ManifestEntry>) -> Result<Manifest, WeightsError> {
         let mut index = HashMap::with_capacity(entries.len());
         for (i, e) in entries.iter().enumerate() {
+            e.check()?;
             if index.insert(e.name.clone(), i).is_some() {
                 return Err(WeightsError::DuplicateTensor {
                     name: e.name.clone(),
@@ -226,8 +336,7 @@ impl Manifest {
         Ok(Manifest {
             entries,
             index,
-            format: None,
-            generator: None,
+            ..Manifest::default()
         })
     }
 
@@ -237,12 +346,13 @@ impl Manifest {
     /// `# ck-bumpwgt5-manifest-map v1`) are skipped; a trailing `\r` is removed.
     ///
     /// Stricter than C-Kernel-Engine's C loader, which ignores extra fields and
-    /// collapses empty ones: here a line must have exactly five fields, non-empty
-    /// name and dtype, and numbers without an octal-looking leading zero.
+    /// collapses empty ones: here a line must have exactly five fields, a name
+    /// that keeps [`check_name`], a non-empty dtype, and numbers without an
+    /// octal-looking leading zero.
     ///
     /// # Errors
     /// [`WeightsError::ManifestSyntax`] with the 1-based line number;
-    /// [`WeightsError::DuplicateTensor`].
+    /// [`WeightsError::InvalidTensorName`]; [`WeightsError::DuplicateTensor`].
     pub fn from_map(text: &str) -> Result<Manifest, WeightsError> {
         let mut entries = Vec::new();
         for (i, raw) in text.split('\n').enumerate() {
@@ -255,20 +365,18 @@ impl Manifest {
                 line: i + 1,
                 message,
             };
+            let shown = crate::Escaped::capped(line, 80);
             let fields: Vec<&str> = line.split('|').collect();
             if fields.len() != 5 {
                 return Err(err(format!(
-                    "expected 5 fields name|dtype|file_offset|size|runtime_offset, found {} in \"{}\"",
+                    "expected 5 fields name|dtype|file_offset|size|runtime_offset, found {} in \"{shown}\"",
                     fields.len(),
-                    truncate_for_display(line)
                 )));
             }
             if fields[0].is_empty() || fields[1].is_empty() {
-                return Err(err(format!(
-                    "empty name or dtype in \"{}\"",
-                    truncate_for_display(line)
-                )));
+                return Err(err(format!("empty name or dtype in \"{shown}\"")));
             }
+            check_name(fields[0])?;
             let file_offset =
                 parse_number(fields[2]).map_err(|m| err(format!("file_offset: {m}")))?;
             let size = parse_number(fields[3]).map_err(|m| err(format!("size: {m}")))?;
@@ -283,31 +391,49 @@ impl Manifest {
                 shape: None,
             });
         }
-        Manifest::from_entries(entries)
+        Manifest::from_entries(entries).map_err(|e| from_sidecar(e, ManifestKind::Map))
     }
 
     /// Parse `weights_manifest.json`: an object whose `entries` array holds objects
     /// with `name`, `dtype`, `file_offset` (alias `offset`), `size`, and optionally
     /// `runtime_offset` (default: `file_offset`) and `shape`. Numbers may be JSON
-    /// integers or strings in `.map` syntax. Other keys (C-Kernel-Engine writes
-    /// `config`, `template`, `bump_layout`...) are ignored.
+    /// integers or strings in `.map` syntax. `format`, `generator` and
+    /// `alignment` are kept; other keys (C-Kernel-Engine writes `config`,
+    /// `template`, `bump_layout`...) are read but not interpreted. Names keep
+    /// [`check_name`].
+    ///
+    /// The SHA-256 of the whole document in canonical form
+    /// ([`canonical_json`](super::canonical_json)) is kept
+    /// ([`json_sha256`](Self::json_sha256)): the v5 metadata's
+    /// `manifest_hash` is compared with it.
     ///
     /// # Errors
-    /// [`WeightsError::ManifestSyntax`] (with the parser's line) or
-    /// [`WeightsError::DuplicateTensor`].
+    /// [`WeightsError::ManifestSyntax`] (with the parser's line),
+    /// [`WeightsError::InvalidTensorName`] or [`WeightsError::DuplicateTensor`].
     pub fn from_json(text: &str) -> Result<Manifest, WeightsError> {
-        let raw: JsonManifest =
+        let doc: serde_json::Value =
             serde_json::from_str(text).map_err(|e| WeightsError::ManifestSyntax {
                 kind: ManifestKind::Json,
                 line: e.line(),
-                message: e.to_string(),
+                message: parser_message(&e),
             })?;
+        if !doc.is_object() {
+            return Err(json_err(
+                "the manifest is not a JSON object with an \"entries\" array".into(),
+            ));
+        }
+        let json_sha256: [u8; 32] = Sha256::digest(canonical_json(&doc)).into();
+        let raw: JsonManifest =
+            serde_json::from_value(doc).map_err(|e| json_err(parser_message(&e)))?;
         let num = |n: JsonNum, what: &str, name: &str| -> Result<u64, WeightsError> {
             match n {
                 JsonNum::Int(x) => Ok(x),
-                JsonNum::Text(s) => {
-                    parse_number(&s).map_err(|m| json_err(format!("entry \"{name}\" {what}: {m}")))
-                }
+                JsonNum::Text(s) => parse_number(&s).map_err(|m| {
+                    json_err(format!(
+                        "entry \"{}\" {what}: {m}",
+                        crate::Escaped::capped(name, 80)
+                    ))
+                }),
             }
         };
         let mut entries = Vec::with_capacity(raw.entries.len());
@@ -315,9 +441,10 @@ impl Manifest {
             if e.name.is_empty() || e.dtype.is_empty() {
                 return Err(json_err(format!(
                     "entry \"{}\": empty name or dtype",
-                    e.name
+                    crate::Escaped::capped(&e.name, 80)
                 )));
             }
+            check_name(&e.name)?;
             let file_offset = num(e.file_offset, "file_offset", &e.name)?;
             let size = num(e.size, "size", &e.name)?;
             let runtime_offset = match e.runtime_offset {
@@ -337,28 +464,37 @@ impl Manifest {
             Some(serde_json::Value::String(s)) => Some(s),
             _ => None,
         };
-        let mut m = Manifest::from_entries(entries)?;
+        let mut m =
+            Manifest::from_entries(entries).map_err(|e| from_sidecar(e, ManifestKind::Json))?;
         m.format = text(raw.format);
         m.generator = text(raw.generator);
+        m.alignment = raw.alignment.and_then(|v| v.as_u64());
+        m.json_sha256 = Some(json_sha256);
         Ok(m)
     }
 
-    /// Load the sidecars from `dir`. With both present, the `.map` gives order and
-    /// runtime offsets, the `.json` gives shapes, and the two must list the same
-    /// names with the same dtype (compared as parsed dtypes when both parse, else
-    /// as text ignoring ASCII case), file offset and size. With one present, that one.
+    /// Load the sidecars from `dir`. With both present, the `.map` gives order,
+    /// the `.json` gives shapes, and the two must list the same tensors with
+    /// every field equal (name, dtype as written, file offset, size, runtime
+    /// offset). With one present, that one.
+    ///
+    /// Only regular files are read (a FIFO or a device in place of a sidecar
+    /// is refused without blocking), of at most [`MAX_SIDECAR_BYTES`], and
+    /// both must be UTF-8.
     ///
     /// # Errors
-    /// [`WeightsError::MissingSidecars`] if neither exists; [`WeightsError::Io`];
+    /// [`WeightsError::MissingSidecars`] if neither exists; [`WeightsError::Io`]
+    /// (also for a sidecar that is not UTF-8); [`WeightsError::NotARegularFile`];
+    /// [`WeightsError::SidecarTooLarge`];
     /// parse errors; [`WeightsError::SidecarMismatch`].
     pub fn load_sidecars(dir: impl AsRef<Path>) -> Result<Manifest, WeightsError> {
         let dir = dir.as_ref();
-        let read = |name: &str| -> Result<Option<String>, WeightsError> {
+        let read = |name: &str| -> Result<Option<(String, PathBuf)>, WeightsError> {
             use std::io::Read as _;
             let p = dir.join(name);
             // Only regular files: a FIFO would block and a device such as
             // /dev/zero would never end.
-            let mut file = match super::file::open_nonblocking(&p) {
+            let file = match super::file::open_nonblocking(&p) {
                 Ok(f) => f,
                 Err(WeightsError::Io { source, .. })
                     if source.kind() == std::io::ErrorKind::NotFound =>
@@ -373,17 +509,30 @@ impl Manifest {
             if !meta.is_file() {
                 return Err(WeightsError::NotARegularFile { path: p });
             }
+            if meta.len() > MAX_SIDECAR_BYTES {
+                return Err(WeightsError::SidecarTooLarge {
+                    path: p,
+                    len: meta.len(),
+                    max: MAX_SIDECAR_BYTES,
+                });
+            }
             let mut text = String::new();
-            file.read_to_string(&mut text)
+            file.take(MAX_SIDECAR_BYTES)
+                .read_to_string(&mut text)
                 .map_err(|e| WeightsError::io(&p, "read", e))?;
-            Ok(Some(text))
+            Ok(Some((text, p)))
         };
         let map = read(MANIFEST_MAP)?
-            .map(|t| Manifest::from_map(&t))
+            .map(|(t, _)| Manifest::from_map(&t))
             .transpose()?;
-        let json = read(MANIFEST_JSON)?
-            .map(|t| Manifest::from_json(&t))
-            .transpose()?;
+        let json = match read(MANIFEST_JSON)? {
+            Some((t, p)) => {
+                let mut j = Manifest::from_json(&t)?;
+                j.json_path = Some(p);
+                Some(j)
+            }
+            None => None,
+        };
         match (map, json) {
             (None, None) => Err(WeightsError::MissingSidecars {
                 dir: dir.to_path_buf(),
@@ -405,23 +554,30 @@ impl Manifest {
                     let Some(je) = j.get(&e.name) else {
                         return Err(mismatch("missing from the json".into()));
                     };
-                    let same_dtype = match (e.parsed_dtype(), je.parsed_dtype()) {
-                        (Ok(a), Ok(b)) => a == b,
-                        _ => e.dtype.eq_ignore_ascii_case(&je.dtype),
-                    };
-                    if !same_dtype {
-                        return Err(mismatch(format!("dtype {} vs {}", e.dtype, je.dtype)));
-                    }
-                    if e.file_offset != je.file_offset || e.size != je.size {
+                    if e.dtype != je.dtype {
                         return Err(mismatch(format!(
-                            "offset/size {:#x}/{:#x} vs {:#x}/{:#x}",
-                            e.file_offset, e.size, je.file_offset, je.size
+                            "dtype \"{}\" vs \"{}\"",
+                            crate::Escaped::capped(&e.dtype, 40),
+                            crate::Escaped::capped(&je.dtype, 40)
+                        )));
+                    }
+                    let (a, b) = (
+                        (e.file_offset, e.size, e.runtime_offset),
+                        (je.file_offset, je.size, je.runtime_offset),
+                    );
+                    if a != b {
+                        return Err(mismatch(format!(
+                            "file_offset/size/runtime_offset {:#x}/{:#x}/{:#x} vs {:#x}/{:#x}/{:#x}",
+                            a.0, a.1, a.2, b.0, b.1, b.2
                         )));
                     }
                     e.shape = je.shape.clone();
                 }
                 m.format = j.format;
                 m.generator = j.generator;
+                m.alignment = j.alignment;
+                m.json_sha256 = j.json_sha256;
+                m.json_path = j.json_path;
                 Ok(m)
             }
         }
@@ -435,6 +591,23 @@ impl Manifest {
     /// The JSON manifest's `generator` string (`ckalloc 0.1.0`...), if any.
     pub fn generator(&self) -> Option<&str> {
         self.generator.as_deref()
+    }
+
+    /// The JSON manifest's `alignment` (bytes; ckalloc's writer records it), if any.
+    pub fn alignment(&self) -> Option<u64> {
+        self.alignment
+    }
+
+    /// SHA-256 of the JSON sidecar in canonical form, when the manifest was
+    /// read from one ([`from_json`](Self::from_json), or
+    /// [`load_sidecars`](Self::load_sidecars) with the JSON present).
+    pub fn json_sha256(&self) -> Option<&[u8; 32]> {
+        self.json_sha256.as_ref()
+    }
+
+    /// The JSON sidecar's path, when [`load_sidecars`](Self::load_sidecars) read one.
+    pub fn json_path(&self) -> Option<&Path> {
+        self.json_path.as_deref()
     }
 
     /// The entry named `name`.
@@ -476,111 +649,9 @@ impl Manifest {
             .fold(0u64, |a, e| a.saturating_add(e.size))
     }
 
-    /// Check every entry lies inside a file of `file_len` bytes and no two entries
-    /// share a byte (zero-size entries never overlap).
-    ///
-    /// # Errors
-    /// [`WeightsError::EntryOutsideFile`] (region `[0, file_len)`), then
-    /// [`WeightsError::OverlappingEntries`] for the lowest-offset pair.
-    pub fn validate_against(&self, file_len: u64) -> Result<(), WeightsError> {
-        self.validate_region(0, file_len)
-    }
-
-    /// As [`validate_against`](Self::validate_against) but every entry must lie in
-    /// `[start, end)`, typically `[tensor_data_start, data_end)` of a
-    /// [`WeightsFile`](super::WeightsFile) (see
-    /// [`WeightsFile::validate_manifest`](super::WeightsFile::validate_manifest)).
-    ///
-    /// # Errors
-    /// As [`validate_against`](Self::validate_against).
-    pub fn validate_region(&self, start: u64, end: u64) -> Result<(), WeightsError> {
-        for e in &self.entries {
-            let inside = e.file_offset >= start && e.end().is_some_and(|x| x <= end);
-            if !inside {
-                return Err(WeightsError::EntryOutsideFile {
-                    name: e.name.clone(),
-                    file_offset: e.file_offset,
-                    size: e.size,
-                    region_start: start,
-                    region_end: end,
-                });
-            }
-        }
-        if let Some(o) = self.overlaps().into_iter().next() {
-            return Err(WeightsError::OverlappingEntries {
-                first: o.first,
-                second: o.second,
-                overlap_start: o.start,
-                overlap_end: o.end,
-            });
-        }
-        Ok(())
-    }
-
-    /// Check `runtime_offset == file_offset` for every entry, as mixed file-backed
-    /// mode requires (the arena maps the file at arena offset = file offset).
-    ///
-    /// # Errors
-    /// [`WeightsError::RuntimeOffsetMismatch`] for the first entry in manifest order.
-    pub fn check_runtime_offsets(&self) -> Result<(), WeightsError> {
-        match self
-            .entries
-            .iter()
-            .find(|e| e.runtime_offset != e.file_offset)
-        {
-            Some(e) => Err(WeightsError::RuntimeOffsetMismatch {
-                name: e.name.clone(),
-                file_offset: e.file_offset,
-                runtime_offset: e.runtime_offset,
-            }),
-            None => Ok(()),
-        }
-    }
-
-    /// Check every entry's dtype name parses.
-    ///
-    /// # Errors
-    /// [`WeightsError::UnknownDtype`] for the first unknown name.
-    pub fn check_dtypes(&self) -> Result<(), WeightsError> {
-        self.entries
-            .iter()
-            .try_for_each(|e| e.parsed_dtype().map(|_| ()))
-    }
-
-    /// Check that every entry with a shape stores at least the bytes its shape
-    /// and dtype need ([`Dtype::min_bytes`]). Entries without a shape, or whose
-    /// dtype is unknown, are not checked here (see [`check_dtypes`](Self::check_dtypes)).
-    ///
-    /// # Errors
-    /// [`WeightsError::ShapeMismatch`] for the first entry (in manifest order)
-    /// stored in fewer bytes; [`WeightsError::SizeOverflow`].
-    pub fn check_shapes(&self) -> Result<(), WeightsError> {
-        for e in &self.entries {
-            let (Some(shape), Ok(dtype)) = (&e.shape, e.parsed_dtype()) else {
-                continue;
-            };
-            let needed = shape
-                .iter()
-                .try_fold(1u64, |a, &d| a.checked_mul(d))
-                .and_then(|n| dtype.min_bytes(n))
-                .ok_or_else(|| {
-                    WeightsError::overflow(format!("byte size of \"{}\" shape {shape:?}", e.name))
-                })?;
-            if needed > e.size {
-                return Err(WeightsError::ShapeMismatch {
-                    name: e.name.clone(),
-                    shape: shape.clone(),
-                    expected_bytes: needed,
-                    actual_bytes: e.size,
-                });
-            }
-        }
-        Ok(())
-    }
-
     /// Overlapping pairs (each later entry against the furthest-reaching earlier
     /// one), in offset order. Entries whose end overflows are ignored here.
-    fn overlaps(&self) -> Vec<Overlap> {
+    pub(crate) fn overlaps(&self) -> Vec<Overlap> {
         let mut out = Vec::new();
         let mut reach: Option<(u64, &str)> = None; // furthest end so far and its owner
         for e in self.sorted_by_offset() {
@@ -610,9 +681,9 @@ impl Manifest {
     }
 
     /// Gaps, overlaps and stray entries relative to the region `[start, end)`
-    /// (for a [`WeightsFile`](super::WeightsFile): `[tensor_data_start, data_end)`).
-    /// Never fails; use it to print a report, and the `validate_*` methods to reject.
-    pub fn layout_report(&self, start: u64, end: u64) -> LayoutReport {
+    /// (for a [`WeightsFile`](super::WeightsFile): `[tensor_data_start,
+    /// data_end)`, see [`WeightsFile::layout_report`](super::WeightsFile::layout_report)).
+    pub(crate) fn layout_report(&self, start: u64, end: u64) -> LayoutReport {
         let mut rep = LayoutReport {
             region: (start, end),
             ..LayoutReport::default()

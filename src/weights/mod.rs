@@ -93,9 +93,11 @@
 //!
 //! The dtype table holds one code per slot of the converter's own weight list,
 //! which need not match the manifest one to one (a reserved `pos_emb` slot, bias
-//! slots the file does not hold, no tokenizer entries):
-//! [`WeightsFile::dtype_table_note`] explains a difference in one line instead
-//! of treating it as an error. The manifest's dtype names win over codes. Code 6
+//! slots the file does not hold, no tokenizer entries): for their files
+//! [`WeightsFile::check_manifest`] explains a difference in one line
+//! ([`DtypeTableCheck::Hint`]) instead of treating it as an error, and holds
+//! only files ckalloc wrote to one code per entry. The manifest's dtype names
+//! win over codes. Code 6
 //! is Q4_1 in `include/ckernel_dtype.h` but Q4_K from the HF converters:
 //! [`WeightsFile::slot_dtypes`] reads it by [`Producer`] (the v5 metadata's
 //! `created_by`, the manifest's `format` / `generator`) and reports
@@ -106,13 +108,20 @@
 //!
 //! Offsets and sizes come from a sidecar manifest, as C-Kernel-Engine's v8
 //! loader takes them from `weights_manifest.map`; the header is not used for
-//! them. [`WeightsFile::load_manifest`] fails with
-//! [`WeightsError::ManifestRequired`] when there is none (always for L4, whose
-//! converters write no manifest and which C-Kernel-Engine's loader refuses).
+//! them. [`WeightsFile::load_manifest`] parses the sidecars (failing with
+//! [`WeightsError::ManifestRequired`] when there are none: always for L4, whose
+//! converters write no manifest and which C-Kernel-Engine's loader refuses),
+//! and [`WeightsFile::check_manifest`] checks the manifest against the file
+//! with every rule of the reader, in one place, returning a
+//! [`CheckedManifest`]: the only kind of manifest an arena takes
+//! ([`ArenaBuilder::manifest`](crate::ArenaBuilder::manifest)). What the
+//! tensor checksum, the metadata hashes and the v5 `manifest_hash` each
+//! verify, and what nothing binds, is stated once, in
+//! [`WeightsFile`]'s documentation ("What verified means").
 //! With an arena built on the file, arena offset == file offset: the weights
 //! region is `[weights_base, activations_base)` where `weights_base` is the first
-//! tensor's offset and `activations_base` the data end ([`WeightsFile::data_end`],
-//! [`WriteReport::data_end`]).
+//! tensor's offset and `activations_base` the data end
+//! ([`CheckedManifest::weights_region`], [`WriteReport::data_end`]).
 //!
 //! # Sidecars
 //!
@@ -129,35 +138,44 @@
 //!
 //! The manifest is the authority for offsets, sizes and dtypes; the dtype table
 //! is a per-slot hint (see [`Dtype`] for codes, including the extension range
-//! for types C-Kernel-Engine's table lacks). [`WeightsFile::check_manifest`]
-//! applies the reader's file-validity rules.
+//! for types C-Kernel-Engine's table lacks). Every reader and constructor of
+//! a [`Manifest`] applies the writer's name rule ([`check_name`]), so a
+//! manifest always survives being written as a `.map` and read back.
 //!
 //! # Example
 //!
 //! ```
-//! use ckalloc::weights::{Container, Dtype, Version, WeightsFile, WeightsWriter};
+//! use ckalloc::weights::{
+//!     CheckOptions, Container, Dtype, DtypeTableCheck, ManifestBinding, Version, WeightsFile,
+//!     WeightsWriter,
+//! };
 //! let dir = tempfile::tempdir().unwrap();
 //! let ids: Vec<u8> = (0..8i64).flat_map(|i| i.to_le_bytes()).collect();
-//! let mut w = WeightsWriter::new(Version::V4);
+//! let mut w = WeightsWriter::new(Version::V5);
 //! w.add_tensor_with_shape("position_ids", Dtype::I64, &[1, 8], &ids[..]).unwrap();
 //! let report = w.write_dir(dir.path()).unwrap();
 //!
-//! let file = WeightsFile::open(dir.path().join("weights.bump")).unwrap();
+//! let file = WeightsFile::open(dir.path().join("weights.bump")).unwrap(); // read with pread
 //! file.verify_checksum().unwrap();
 //! assert_eq!(file.container(), Container::V8Converters);
-//! let manifest = file.load_manifest(dir.path()).unwrap();
-//! file.check_manifest(&manifest).unwrap();
-//! assert_eq!(file.dtype_table_note(&manifest), None);
-//! manifest.check_runtime_offsets().unwrap();
-//! let e = manifest.get("position_ids").unwrap();
+//! let manifest = file.load_manifest(dir.path()).unwrap(); // parse the sidecars
+//! let checked = file
+//!     .check_manifest(manifest, CheckOptions::new().require_manifest_hash(true))
+//!     .unwrap(); // every rule, and the v5 manifest_hash
+//! assert_eq!(checked.binding(), ManifestBinding::ManifestHash);
+//! assert_eq!(*checked.dtype_table(), DtypeTableCheck::Checked);
+//! assert!(checked.warnings().is_empty());
+//! let e = checked.get("position_ids").unwrap();
 //! assert_eq!(e.dtype, "i64");
-//! assert_eq!(file.tensor(e).unwrap(), &ids[..]);
-//! assert_eq!(report.data_end, file.data_end());
+//! assert_eq!(&*file.tensor(e).unwrap(), &ids[..]);
+//! assert_eq!(checked.weights_region(), (report.weights_base, report.data_end));
 //! ```
 //!
 //! # Thread safety
 //!
-//! [`WeightsFile`] and [`Manifest`] are immutable and `Send + Sync`.
+//! [`WeightsFile`], [`Manifest`] and [`CheckedManifest`] are immutable and
+//! `Send + Sync`; a [`WeightsFile`] read with `pread` may be read from several
+//! threads at once.
 //! [`WeightsWriter`] is a plain builder (`Send` when its borrowed data is).
 //!
 //! # Sidecar formats
@@ -183,7 +201,7 @@
 //!
 //! Tensor names are 1 to 1024 bytes with no `|`, line break or NUL and do not
 //! start with `#` (so a `.map` line fits C-Kernel-Engine's 4096-byte line
-//! buffer). Files are written unnamed (`O_TMPFILE`; named temporary files on
+//! buffer): [`check_name`], which every reader applies too. Files are written unnamed (`O_TMPFILE`; named temporary files on
 //! filesystems without it), synced and then linked or renamed into place (see
 //! [`WeightsWriter::write_dir_with_progress`]); on error nothing is left behind.
 //!
@@ -197,26 +215,36 @@
 //!   manifest gives the offsets.
 //! * **Dtype table**: ckalloc writes one code per tensor in file order.
 //!   C-Kernel-Engine's GGUF converter lists bias slots and omits vocabulary
-//!   tensors, so [`WeightsFile::check_dtype_table`] is meaningful for ckalloc
-//!   files only.
+//!   tensors, so the one-code-per-entry rule of
+//!   [`WeightsFile::check_manifest`] applies to ckalloc files only.
 //! * **Metadata**: ckalloc omits `created_at`, so identical input gives
-//!   identical files; floats in user metadata may print differently from
-//!   Python (`1e-5` vs `1e-05`).
+//!   identical files. Canonical JSON spells floats as Python does
+//!   ([`canonical_json`]), so a `manifest_hash` written by either side
+//!   verifies on the other.
 //! * **`.map` parsing** is stricter than the C loader: exactly five fields,
 //!   and a decimal number with a leading zero is rejected (C's
 //!   `strtoull(s, NULL, 0)` reads it as octal).
-//! * **Mapped files**: [`WeightsFile::open`] maps the file; another process
-//!   truncating it raises `SIGBUS` on access. [`WeightsFile::from_vec`] reads
-//!   it into memory instead.
+//! * **Files that change**: [`WeightsFile::open`] reads with `pread`, so a
+//!   file truncated underneath gives [`WeightsError::FileChanged`];
+//!   [`WeightsFile::open_mapped`] and the arena's mixed mode map it, and a
+//!   truncation then raises `SIGBUS` on access, which a library cannot turn
+//!   into an error. A program that maps files it does not control installs
+//!   its own `SIGBUS` handler (the `ckalloc` CLI reports one as an error line
+//!   and exit status 1).
+//! * **Names** are held to the writer's rule on read as well ([`check_name`]),
+//!   where C-Kernel-Engine's C loader takes whatever precedes the first `|`.
 
+mod check;
 mod container;
 mod dtype;
 mod error;
 mod file;
 mod format;
 mod manifest;
+mod source;
 mod writer;
 
+pub use check::{CheckOptions, CheckedManifest, DtypeTableCheck, ManifestBinding, ManifestWarning};
 pub use container::{
     Container, LayoutOffsets, LayoutRejection, HEADER_SIZE, L1_OFFSETS, L2_OFFSETS, L3_OFFSETS,
     L4_OFFSETS,
@@ -230,7 +258,8 @@ pub use format::{
     MAGIC_V3, MAGIC_V4, MAGIC_V5,
 };
 pub use manifest::{
-    Gap, LayoutReport, Manifest, ManifestEntry, Overlap, MANIFEST_JSON, MANIFEST_MAP,
+    check_name, Gap, LayoutReport, Manifest, ManifestEntry, Overlap, MANIFEST_JSON, MANIFEST_MAP,
+    MAX_SIDECAR_BYTES,
 };
 pub use writer::{
     Plan, WeightsWriter, WriteReport, DEFAULT_ALIGNMENT, MAX_ALIGNMENT, MAX_NAME_LEN, WEIGHTS_FILE,

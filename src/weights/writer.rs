@@ -12,7 +12,7 @@ use super::container::HEADER_SIZE;
 use super::format::{
     canonical_json, DATA_START, DTYPE_TABLE_OFFSET, EXT_METADATA_SIZE, FOOTER_MAGIC,
 };
-use super::manifest::{MANIFEST_JSON, MANIFEST_MAP};
+use super::manifest::{check_name, MANIFEST_JSON, MANIFEST_MAP};
 use super::{Dtype, Header, Manifest, ManifestEntry, ModelDims, Version, WeightsError};
 
 /// Default tensor alignment (bytes): a cache line, like C-Kernel-Engine's `CACHE_ALIGN`.
@@ -106,28 +106,6 @@ pub struct WeightsWriter<'a> {
     names: HashSet<String>,
 }
 
-fn check_name(name: &str) -> Result<(), WeightsError> {
-    let bad = |reason| WeightsError::InvalidTensorName {
-        name: name.chars().take(80).collect(),
-        reason,
-    };
-    if name.is_empty() {
-        return Err(bad("empty"));
-    }
-    if name.len() > MAX_NAME_LEN {
-        return Err(bad("longer than 1024 bytes"));
-    }
-    if name.contains(['|', '\n', '\r', '\0']) {
-        return Err(bad(
-            "contains '|', a line break or NUL (the .map sidecar cannot hold it)",
-        ));
-    }
-    if name.starts_with('#') {
-        return Err(bad("starts with '#' (a comment in the .map sidecar)"));
-    }
-    Ok(())
-}
-
 fn align_up(x: u64, a: u64) -> Result<u64, WeightsError> {
     x.checked_next_multiple_of(a)
         .ok_or_else(|| WeightsError::overflow(format!("aligning offset {x} to {a}")))
@@ -215,11 +193,17 @@ impl<'a> WeightsWriter<'a> {
             .iter()
             .try_fold(1u64, |a, &d| a.checked_mul(d))
             .ok_or_else(|| {
-                WeightsError::overflow(format!("element count of \"{name}\" shape {shape:?}"))
+                WeightsError::overflow(format!(
+                    "element count of \"{name}\" shape {}",
+                    super::manifest::shape_text(shape)
+                ))
             })?;
         if dtype.element_bits().is_some_and(|b| b % 8 == 0) {
             let expected = dtype.bytes_for(elements).ok_or_else(|| {
-                WeightsError::overflow(format!("byte size of \"{name}\" shape {shape:?}"))
+                WeightsError::overflow(format!(
+                    "byte size of \"{name}\" shape {}",
+                    super::manifest::shape_text(shape)
+                ))
             })?;
             if expected != data.len() as u64 {
                 return Err(WeightsError::ShapeMismatch {
@@ -276,7 +260,7 @@ impl<'a> WeightsWriter<'a> {
                 .checked_add(t.data.len() as u64)
                 .ok_or_else(|| WeightsError::overflow(format!("end of tensor \"{}\"", t.name)))?;
             let mut e =
-                ManifestEntry::new(t.name.clone(), t.dtype.name(), offset, t.data.len() as u64);
+                ManifestEntry::new(t.name.clone(), t.dtype.name(), offset, t.data.len() as u64)?;
             e.shape = t.shape.clone();
             entries.push(e);
         }

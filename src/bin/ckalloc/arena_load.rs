@@ -1,10 +1,13 @@
 //! Building a [`BumpArena`] on a `weights.bump`, shared by `load` and `demo`.
 
+use crate::sigbus;
 use crate::util::{err, ms, progress, CliError};
-use ckalloc::weights::{Manifest, WeightsFile};
+use crate::weights_file::{file_error, shown};
+use ckalloc::weights::{CheckedManifest, WeightsFile};
 use ckalloc::{ArenaMode, BumpArena, FallbackReason, HugeCoverage, ModePolicy};
 use indicatif::BinaryBytes;
 use serde_json::{json, Value};
+use sha2::{Digest, Sha256};
 use std::path::Path;
 use std::time::{Duration, Instant};
 
@@ -40,6 +43,8 @@ impl ModeArg {
 /// An arena holding a weights file, ready to use.
 pub struct Loaded {
     pub arena: BumpArena,
+    /// In mixed mode, turns a `SIGBUS` in the mapped weights into an error line.
+    _watch: sigbus::Watch,
     pub requested: ModeArg,
     /// Why the arena is in its mode, in words.
     pub why: String,
@@ -100,16 +105,11 @@ impl Loaded {
     }
 }
 
-/// The weights region `[weights_base, activations_base)` for a manifest: from
-/// the first tensor to the end of tensor data (arena offset == file offset).
-pub fn layout(file: &WeightsFile, manifest: &Manifest) -> Result<(usize, usize), CliError> {
-    let end = file.data_end();
-    let start = manifest
-        .iter()
-        .map(|e| e.file_offset)
-        .min()
-        .unwrap_or(end)
-        .min(end);
+/// The weights region `[weights_base, activations_base)` of a checked
+/// manifest: from the first tensor to the end of tensor data (arena offset
+/// == file offset).
+pub fn layout(checked: &CheckedManifest) -> Result<(usize, usize), CliError> {
+    let (start, end) = checked.weights_region();
     let conv = |v: u64| {
         usize::try_from(v).map_err(|_| err(format!("offset {v:#x} does not fit in usize")))
     };
@@ -120,13 +120,12 @@ pub fn layout(file: &WeightsFile, manifest: &Manifest) -> Result<(usize, usize),
 /// region, and materialize the weights (with a progress bar) when needed.
 pub fn load(
     path: &Path,
-    file: &WeightsFile,
-    manifest: &Manifest,
+    checked: &CheckedManifest,
     mode: ModeArg,
     activations: u64,
     json: bool,
 ) -> Result<Loaded, CliError> {
-    let (wb, ab) = layout(file, manifest)?;
+    let (wb, ab) = layout(checked)?;
     let total = u64::try_from(ab)
         .ok()
         .and_then(|ab| ab.checked_add(activations))
@@ -142,10 +141,19 @@ pub fn load(
         .weights_base(wb)
         .activations_base(ab)
         .policy(mode.policy())
-        .manifest(manifest.clone())
+        .manifest(checked.clone())
         .build()
-        .map_err(|e| err(format!("{} (--mode {}): {e}", path.display(), mode.name())))?;
+        .map_err(|e| err(format!("{} (--mode {}): {e}", shown(path), mode.name())))?;
     let build = t.elapsed();
+    let watch = match arena.mode() {
+        ArenaMode::MixedFileBacked => sigbus::watch(
+            arena.weights().as_ptr(),
+            arena.weights().len(),
+            wb as u64,
+            &format!("{} (mapped in mixed mode)", path.display()),
+        ),
+        ArenaMode::Anon => sigbus::watch(std::ptr::null(), 0, 0, ""),
+    };
     let why = match (mode, arena.mode(), arena.fallback_reason()) {
         (ModeArg::Anon | ModeArg::Mixed, _, _) => format!("requested with --mode {}", mode.name()),
         (ModeArg::Auto, _, Some(FallbackReason::ForcedByEnv)) => {
@@ -158,21 +166,19 @@ pub fn load(
         (ModeArg::Auto, ArenaMode::MixedFileBacked, None) => "auto chose mixed".to_string(),
     };
     let materialize = if arena.needs_weight_materialization() {
-        let bar = progress(0, "materialize", json);
+        let bar = progress("materialize", json);
         let t = Instant::now();
         arena
-            .materialize_weights_with(|done, total| {
-                bar.set_length(total);
-                bar.set_position(done);
-            })
-            .map_err(|e| err(format!("{}: materializing weights: {e}", path.display())))?;
-        bar.finish_and_clear();
+            .materialize_weights_with(|done, total| bar.update(done, total))
+            .map_err(|e| err(format!("{}: materializing weights: {e}", shown(path))))?;
+        bar.finish();
         Some(t.elapsed())
     } else {
         None
     };
     Ok(Loaded {
         arena,
+        _watch: watch,
         requested: mode,
         why,
         build,
@@ -187,15 +193,42 @@ pub struct Verified {
     pub bytes: u64,
     /// Names of tensors that differ (or are missing), in manifest order.
     pub mismatches: Vec<String>,
+    /// The checksum range hashed over the loaded bytes and whether its
+    /// SHA-256 equals the header's (`verify_loaded`); `None` when compared
+    /// with a reference (`verify`).
+    pub checksum: Option<((u64, u64), bool)>,
+    /// On a checksum mismatch, the library's error naming the layout, the
+    /// range and both digests.
+    pub checksum_error: Option<ckalloc::weights::WeightsError>,
+}
+
+impl Verified {
+    /// True when nothing differs (tensors, and the checksum when hashed).
+    pub fn ok(&self) -> bool {
+        self.mismatches.is_empty() && self.checksum.is_none_or(|(_, ok)| ok)
+    }
 }
 
 impl Verified {
     pub fn line(&self) -> String {
+        if self.ok() {
+            return format!(
+                "verified: {} tensors, {} bytes, {} mismatches",
+                self.tensors,
+                self.bytes,
+                self.mismatches.len()
+            );
+        }
         format!(
-            "verified: {} tensors, {} bytes, {} mismatches",
+            "NOT verified: {} of {} tensors ({} bytes) differ{}",
+            self.mismatches.len(),
             self.tensors,
             self.bytes,
-            self.mismatches.len()
+            if self.checksum.is_some_and(|(_, ok)| !ok) {
+                "; the loaded bytes fail the checksum"
+            } else {
+                ""
+            }
         )
     }
 
@@ -205,6 +238,8 @@ impl Verified {
             "bytes": self.bytes,
             "mismatches": self.mismatches.len(),
             "mismatched": self.mismatches,
+            "checksum_range": self.checksum.map(|((a, b), _)| [a, b]),
+            "checksum_ok": self.checksum.map(|(_, ok)| ok),
         })
     }
 }
@@ -225,6 +260,54 @@ pub fn verify<'r>(
         }
     }
     v
+}
+
+/// Check the bytes the arena holds against the file's checksum: the SHA-256
+/// of the checksum range, taking `[hash start, weights_base)` (the dtype
+/// table) from the file and `[weights_base, data_end)` from the arena's
+/// weights region, must equal the header's. Every tensor lies in that
+/// range, so a match verifies each one as loaded; on a mismatch each tensor
+/// in the arena is compared with the file (read with `pread`) to name those
+/// that differ. In mixed mode the arena's weights are the file's pages.
+pub fn verify_loaded(
+    path: &Path,
+    file: &WeightsFile,
+    loaded: &Loaded,
+    checked: &CheckedManifest,
+) -> Result<Verified, CliError> {
+    let arena = &loaded.arena;
+    let (start, end) = file.checksum_range();
+    let wb = arena.weights_base() as u64;
+    let mut h = Sha256::new();
+    let head = file
+        .range(start, wb.saturating_sub(start))
+        .map_err(|e| file_error(path, e))?;
+    h.update(&head);
+    h.update(arena.weights());
+    let digest: [u8; 32] = h.finalize().into();
+    let m = checked.manifest();
+    let ok = digest == *file.checksum();
+    let mut v = Verified {
+        tensors: m.len() as u64,
+        bytes: m.total_bytes(),
+        mismatches: Vec::new(),
+        checksum: Some(((start, end), ok)),
+        checksum_error: (!ok).then(|| ckalloc::weights::WeightsError::BadChecksum {
+            container: file.container(),
+            range: (start, end),
+            expected: *file.checksum(),
+            actual: digest,
+        }),
+    };
+    if !ok {
+        for e in m.sorted_by_offset() {
+            let want = file.tensor(e).map_err(|x| file_error(path, x))?;
+            if arena.tensor(&e.name) != Some(&want[..]) {
+                v.mismatches.push(e.name.clone());
+            }
+        }
+    }
+    Ok(v)
 }
 
 pub fn coverage_json(c: &HugeCoverage) -> Value {

@@ -18,6 +18,7 @@ mod arena_load;
 mod commands;
 mod compute;
 mod model;
+mod sigbus;
 mod util;
 mod weights_file;
 
@@ -75,7 +76,11 @@ fn run(cli: Cli) -> Result<(), CliError> {
 fn main() -> ExitCode {
     util::install_panic_hook();
     // `--json` is global; look for it before parsing so usage errors can be JSON too.
-    let json = std::env::args_os().any(|a| a == "--json");
+    let json = std::env::args_os()
+        .skip(1)
+        .take_while(|a| a != "--")
+        .any(|a| a == "--json");
+    sigbus::set_json(json);
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
         Err(e) => return util::usage_error(e, json),

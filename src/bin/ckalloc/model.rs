@@ -12,10 +12,13 @@ use std::path::{Path, PathBuf};
 /// few KiB.
 const MAX_CONFIG_BYTES: u64 = 16 << 20;
 
-/// A `model.safetensors` file mapped read-only.
+/// A `model.safetensors` file mapped read-only. A `SIGBUS` in the mapping
+/// (the file truncated underneath) is one error line and exit 1
+/// ([`sigbus`](crate::sigbus)).
 pub struct Model {
     pub path: PathBuf,
     map: memmap2::Mmap,
+    _watch: crate::sigbus::Watch,
 }
 
 /// One tensor of a safetensors file, borrowed from the mapping.
@@ -47,9 +50,16 @@ impl Model {
         // pointed at, as the safetensors tools themselves do.
         let map = unsafe { memmap2::Mmap::map(&file) }
             .map_err(|e| err(format!("{}: cannot map: {e}", path.display())))?;
+        let watch = crate::sigbus::watch(
+            map.as_ptr(),
+            map.len(),
+            0,
+            &format!("{} (the model, mapped)", path.display()),
+        );
         Ok(Model {
             path: path.to_path_buf(),
             map,
+            _watch: watch,
         })
     }
 

@@ -1,9 +1,32 @@
-//! Opening a `weights.bump` with its sidecars and hashing it, shared by
-//! `inspect`, `load` and `demo`.
+//! Opening a `weights.bump` with its sidecars, checking the manifest and
+//! hashing the file, shared by `inspect`, `load` and `demo`.
 
 use crate::util::{err, progress, CliError};
-use ckalloc::weights::{Manifest, WeightsError, WeightsFile};
+use ckalloc::weights::{CheckOptions, CheckedManifest, ManifestBinding, WeightsError, WeightsFile};
+use ckalloc::Escaped;
 use std::path::{Path, PathBuf};
+
+/// What `inspect` and `load` refuse beyond the rules every file keeps.
+#[derive(clap::Args, Debug, Clone, Copy)]
+pub struct CheckArgs {
+    /// Refuse what is otherwise a warning: a gap between tensors wider than the
+    /// file's alignment, a manifest_hash that cannot be checked, a dtype table
+    /// that disagrees while nothing protects the writer's name.
+    #[arg(long)]
+    pub strict: bool,
+    /// Refuse a manifest that a verified BUMPWGT5 manifest_hash does not bind to
+    /// the file (every BUMPWGT3/BUMPWGT4 file, a .map without its JSON).
+    #[arg(long)]
+    pub require_manifest_hash: bool,
+}
+
+impl CheckArgs {
+    pub fn options(self) -> CheckOptions {
+        CheckOptions::new()
+            .strict(self.strict)
+            .require_manifest_hash(self.require_manifest_hash)
+    }
+}
 
 /// The directory holding a weights file's sidecars.
 pub fn sidecar_dir(weights: &Path) -> PathBuf {
@@ -13,42 +36,71 @@ pub fn sidecar_dir(weights: &Path) -> PathBuf {
     }
 }
 
-/// A `WeightsFile::open` error as one line naming `path` once: the I/O and
-/// not-a-regular-file errors already carry the path, the format errors do not.
-pub fn open_error(path: &Path, e: WeightsError) -> CliError {
+/// A path for a message, control characters escaped.
+pub fn shown(path: &Path) -> String {
+    Escaped::new(&path.to_string_lossy()).to_string()
+}
+
+/// A weights error as one line naming `path` once: the errors about a
+/// file or directory already carry its path, the others do not.
+pub fn error_line(path: &Path, e: &WeightsError) -> String {
     match e {
-        WeightsError::Io { .. } | WeightsError::NotARegularFile { .. } => err(e),
-        e => err(format!("{}: {e}", path.display())),
+        WeightsError::Io { .. }
+        | WeightsError::NotARegularFile { .. }
+        | WeightsError::FileChanged { .. }
+        | WeightsError::ManifestHashMismatch { .. }
+        | WeightsError::SidecarTooLarge { .. }
+        | WeightsError::ManifestRequired { .. } => e.to_string(),
+        e => format!("{}: {e}", shown(path)),
     }
 }
 
-/// Open `weights.bump` (no sidecars); errors name the file once.
-pub fn open_file(path: &Path) -> Result<WeightsFile, CliError> {
-    WeightsFile::open(path).map_err(|e| open_error(path, e))
+/// [`error_line`] as a [`CliError`].
+pub fn file_error(path: &Path, e: WeightsError) -> CliError {
+    err(error_line(path, &e))
 }
 
-/// Open `weights.bump` and its sidecars; errors name the file. A file without
-/// a manifest is refused with the library's `ManifestRequired` error.
-pub fn open(path: &Path) -> Result<(WeightsFile, Manifest), CliError> {
+/// Open `weights.bump` (read with `pread`; no sidecars); errors name the file once.
+pub fn open_file(path: &Path) -> Result<WeightsFile, CliError> {
+    WeightsFile::open(path).map_err(|e| file_error(path, e))
+}
+
+/// Open `weights.bump`, read its sidecars and check the manifest against
+/// the file (`WeightsFile::check_manifest`); errors name the file. A file
+/// without a manifest is refused with the library's `ManifestRequired` error.
+pub fn open_checked(
+    path: &Path,
+    check: CheckArgs,
+) -> Result<(WeightsFile, CheckedManifest), CliError> {
     let file = open_file(path)?;
-    let manifest = file
+    let checked = file
         .load_manifest(sidecar_dir(path))
-        .map_err(|e| err(e.to_string()))?;
-    Ok((file, manifest))
+        .and_then(|m| file.check_manifest(m, check.options()))
+        .map_err(|e| file_error(path, e))?;
+    Ok((file, checked))
 }
 
 /// Hash the file with a progress bar; `Ok(None)` when verified, `Ok(Some(msg))`
-/// when the checksum does not match.
+/// when the checksum does not match, `Err` when the file cannot be read
+/// (or changed while read).
 pub fn verify_checksum(file: &WeightsFile, json: bool) -> Result<Option<String>, CliError> {
-    let bar = progress(0, "sha256", json);
-    let r = file.verify_checksum_with(|done, total| {
-        bar.set_length(total);
-        bar.set_position(done);
-    });
-    bar.finish_and_clear();
+    let bar = progress("sha256", json);
+    let r = file.verify_checksum_with(|done, total| bar.update(done, total));
+    bar.finish();
     match r {
         Ok(()) => Ok(None),
         Err(e @ WeightsError::BadChecksum { .. }) => Ok(Some(e.to_string())),
         Err(e) => Err(err(e.to_string())),
+    }
+}
+
+/// What binds the manifest to the file, in a few words for a closing line.
+pub fn binding_words(b: ManifestBinding) -> &'static str {
+    match b {
+        ManifestBinding::ManifestHash => "manifest bound by its manifest_hash",
+        ManifestBinding::HashUnchecked => {
+            "manifest NOT checked against the recorded manifest_hash (no weights_manifest.json)"
+        }
+        _ => "manifest not bound to the file (no manifest hash recorded)",
     }
 }

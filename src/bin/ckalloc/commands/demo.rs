@@ -11,9 +11,9 @@ use crate::commands::pack;
 use crate::compute::{self, Checksum};
 use crate::model::{self, Model};
 use crate::util::{
-    emit_json, err, err_reported, ms, parse_size, parse_write_version, sha256, CliError,
+    emit_json, err, err_reported, ms, parse_size, parse_write_version, path_json, sha256, CliError,
 };
-use crate::weights_file::{open_file, verify_checksum};
+use crate::weights_file::{binding_words, open_checked, verify_checksum, CheckArgs};
 use crate::{outln, Global};
 use allocator_api2::vec::Vec as AVec;
 use ckalloc::caching::{CacheStats, CachingAllocator};
@@ -206,14 +206,24 @@ pub fn run(g: Global, a: DemoArgs) -> Result<(), CliError> {
         version.number(),
         sha256(&packed.report.checksum)
     ));
-    let file = open_file(&wpath)?;
-    let manifest = packed.report.manifest.clone();
+    // The packed file is read back as any other: the manifest through the
+    // one check, the checksum with pread.
+    let check = CheckArgs {
+        strict: true,
+        require_manifest_hash: version == Version::V5,
+    };
+    let (file, checked) = open_checked(&wpath, check)?;
     if let Some(e) = verify_checksum(&file, json_mode)? {
         return Err(err(format!("{}: {e}", wpath.display())));
     }
+    text(format!(
+        "read back: checksum verified, {}",
+        binding_words(checked.binding())
+    ));
+    let manifest = checked.manifest();
 
     // 3. Load three ways, verify, compute.
-    let mats = matrices(&manifest);
+    let mats = matrices(manifest);
     let activations = output_bytes(&mats)
         .and_then(|b| b.checked_add(a.activations))
         .ok_or_else(|| err("activation size overflows"))?;
@@ -232,7 +242,7 @@ pub fn run(g: Global, a: DemoArgs) -> Result<(), CliError> {
         ("forced mixed", ModeArg::Mixed),
         ("auto", ModeArg::Auto),
     ] {
-        let l = arena_load::load(&wpath, &file, &manifest, mode, activations, json_mode)?;
+        let l = arena_load::load(&wpath, &checked, mode, activations, json_mode)?;
         let v = arena_load::verify(&l.arena, reference.iter().copied());
         let cov = l.arena.coverage().ok();
         let work = compute_all(&l.arena, &mats, &cache)?;
@@ -312,7 +322,7 @@ pub fn run(g: Global, a: DemoArgs) -> Result<(), CliError> {
     }
     if json_mode {
         emit_json(&json!({
-            "model": model_path,
+            "model": path_json(&model_path),
             "synthetic": synthetic,
             "tensors": originals.len(),
             "tensor_bytes": original_bytes,

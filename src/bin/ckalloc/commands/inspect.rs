@@ -1,9 +1,13 @@
-//! `ckalloc inspect`: header, checksum, tensor table, gaps and overlaps.
+//! `ckalloc inspect`: header, checksum, manifest check, tensor table, gaps
+//! and overlaps.
 
-use crate::util::{emit_json, err_reported, sha256, CliError};
-use crate::weights_file::{open_file, sidecar_dir, verify_checksum};
+use crate::util::{emit_json, err_reported, path_json, sha256, CliError};
+use crate::weights_file::{error_line, open_file, shown, sidecar_dir, verify_checksum, CheckArgs};
 use crate::{outln, Global};
-use ckalloc::weights::{Manifest, SlotDtype, WeightsFile};
+use ckalloc::weights::{
+    CheckedManifest, DtypeTableCheck, LayoutReport, Manifest, SlotDtype, WeightsError, WeightsFile,
+};
+use ckalloc::Escaped;
 use indicatif::BinaryBytes;
 use serde_json::{json, Value};
 use std::path::PathBuf;
@@ -15,6 +19,8 @@ pub struct InspectArgs {
     /// Do not hash the file (skip the checksum check).
     #[arg(long)]
     pub no_verify: bool,
+    #[command(flatten)]
+    pub check: CheckArgs,
 }
 
 /// The dtype table as "N slots (fp32 x19, q8_0 x13)", codes read for the
@@ -32,20 +38,67 @@ fn slot_summary(file: &WeightsFile, manifest: Option<&Manifest>) -> String {
     format!("{} slots ({})", slots.len(), parts.join(", "))
 }
 
-/// Whether ckalloc's [`WeightsWriter`](ckalloc::weights::WeightsWriter)
-/// wrote the file (the v5 metadata's `created_by` or the JSON manifest's
-/// `generator` starts with `ckalloc`). Its dtype table then holds exactly one
-/// code per manifest entry in file order, so
-/// [`WeightsFile::check_dtype_table`] applies and a difference is corruption;
-/// C-Kernel-Engine's converters fill the table from their own weight lists,
-/// where a difference is only the informational `dtype_table_note`.
-fn written_by_ckalloc(file: &WeightsFile, manifest: &Manifest) -> bool {
-    let ours = |s: &str| s.starts_with("ckalloc");
-    let created_by = file
-        .metadata_json()
-        .and_then(Result::ok)
-        .and_then(|v| v.get("created_by")?.as_str().map(ours));
-    created_by.unwrap_or(false) || manifest.generator().is_some_and(ours)
+/// Who the file says wrote it, and where it says so, before the converter
+/// families that write its layout.
+fn written_by(file: &WeightsFile, manifest: Option<&Manifest>) -> String {
+    let said = match (file.created_by(), manifest.and_then(Manifest::generator)) {
+        (None, None) if manifest.is_none() => {
+            "not recorded in the file (and no manifest could be read)".to_string()
+        }
+        (Some(c), _) => format!("\"{}\" (v5 metadata created_by)", Escaped::capped(c, 120)),
+        (None, Some(g)) => format!(
+            "\"{}\" (weights_manifest.json generator)",
+            Escaped::capped(g, 120)
+        ),
+        (None, None) => "not recorded in the file or its manifest".to_string(),
+    };
+    format!(
+        "{said}; files of this layout come from {}",
+        file.container().writers()
+    )
+}
+
+/// The manifest as the sidecars give it, and the check's verdict.
+enum ManifestState {
+    /// No sidecar: not an error for `inspect`.
+    Absent(WeightsError),
+    /// The sidecars could not be read or parsed.
+    Unreadable(WeightsError),
+    /// Parsed, and the check refused it (the parsed copy is kept for the table).
+    Refused(Box<Manifest>, WeightsError),
+    /// Parsed and accepted.
+    Checked(Box<CheckedManifest>),
+}
+
+impl ManifestState {
+    fn manifest(&self) -> Option<&Manifest> {
+        match self {
+            ManifestState::Refused(m, _) => Some(m),
+            ManifestState::Checked(c) => Some(c.manifest()),
+            _ => None,
+        }
+    }
+
+    /// The error that makes `inspect` exit 1. No manifest at all is one
+    /// only when the options ask for a bound or a warning-free manifest.
+    fn problem(&self, check: CheckArgs) -> Option<&WeightsError> {
+        match self {
+            ManifestState::Absent(e) if check.strict || check.require_manifest_hash => Some(e),
+            ManifestState::Absent(_) | ManifestState::Checked(_) => None,
+            ManifestState::Unreadable(e) | ManifestState::Refused(_, e) => Some(e),
+        }
+    }
+}
+
+fn layout_json(l: &LayoutReport) -> Value {
+    json!({
+        "region": [l.region.0, l.region.1],
+        "covered_bytes": l.covered_bytes,
+        "gap_bytes": l.gap_bytes(),
+        "gaps": l.gaps.iter().map(|g| json!({"start": g.start, "end": g.end, "after": g.after})).collect::<Vec<_>>(),
+        "overlaps": l.overlaps.iter().map(|o| json!({"first": o.first, "second": o.second, "start": o.start, "end": o.end})).collect::<Vec<_>>(),
+        "outside": l.outside,
+    })
 }
 
 pub fn run(g: Global, a: InspectArgs) -> Result<(), CliError> {
@@ -55,45 +108,47 @@ pub fn run(g: Global, a: InspectArgs) -> Result<(), CliError> {
     let d = file.dims();
     let c = file.container();
     let (hash_start, hash_end) = file.checksum_range();
-    // The sidecars are optional for inspect: without them only the header is shown.
-    let manifest = file.load_manifest(sidecar_dir(path));
-    let checksum = if a.no_verify {
+    let state = match file.load_manifest(sidecar_dir(path)) {
+        Err(e @ WeightsError::ManifestRequired { .. }) => ManifestState::Absent(e),
+        Err(e) => ManifestState::Unreadable(e),
+        Ok(m) => match file.check_manifest(m.clone(), a.check.options()) {
+            Ok(checked) => ManifestState::Checked(Box::new(checked)),
+            Err(e) => ManifestState::Refused(Box::new(m), e),
+        },
+    };
+    // `None`: not checked; `Some(None)`: verified; `Some(Some((label,
+    // why)))`: a mismatch, or a file that could not be read to the end.
+    let checksum: Option<Option<(&str, String)>> = if a.no_verify {
         None
     } else {
-        Some(verify_checksum(&file, g.json)?)
+        Some(match verify_checksum(&file, g.json) {
+            Ok(r) => r.map(|m| ("MISMATCH", m)),
+            Err(e) => Some(("NOT verified", e.to_string())),
+        })
     };
     let checksum_state = match &checksum {
         None => "not checked".to_string(),
         Some(None) => "verified".to_string(),
-        Some(Some(e)) => format!("MISMATCH: {e}"),
+        Some(Some((label, e))) => format!("{label}: {e}"),
     };
-    let table_checked = manifest
-        .as_ref()
-        .is_ok_and(|m| written_by_ckalloc(&file, m));
-    let (manifest_ok, layout, table_note) = match &manifest {
-        Ok(m) => {
-            let valid = file
-                .check_manifest(m)
-                .and_then(|()| m.check_runtime_offsets())
-                .and_then(|()| {
-                    if table_checked {
-                        file.check_dtype_table(m)
-                    } else {
-                        Ok(())
-                    }
-                })
-                .err()
-                .map(|e| e.to_string());
-            // A checked table's difference is the problem above, not a note.
-            let table = (!table_checked).then(|| file.dtype_table_note(m)).flatten();
-            (valid, Some(file.layout_report(m)), table)
-        }
-        Err(_) => (None, None, None),
+    let manifest = state.manifest();
+    let layout = manifest.map(|m| file.layout_report(m));
+    let checked = match &state {
+        ManifestState::Checked(c) => Some(&**c),
+        _ => None,
     };
+    let table_note = checked.and_then(|c| match c.dtype_table() {
+        DtypeTableCheck::Hint { note } => note.clone(),
+        _ => None,
+    });
+    let table_checked = checked.is_some_and(|c| *c.dtype_table() == DtypeTableCheck::Checked);
+    let warnings: Vec<String> = checked
+        .map(|c| c.warnings().iter().map(|w| w.to_string()).collect())
+        .unwrap_or_default();
+    let first_tensor = manifest.and_then(|m| m.iter().map(|e| e.file_offset).min());
 
     if g.json {
         let tensors: Vec<Value> = manifest
-            .as_ref()
             .map(|m| {
                 m.sorted_by_offset()
                     .into_iter()
@@ -106,8 +161,10 @@ pub fn run(g: Global, a: InspectArgs) -> Result<(), CliError> {
                     .collect()
             })
             .unwrap_or_default();
+        let problem = state.problem(a.check).map(|e| e.to_string());
+        let failed = problem.is_some() || matches!(checksum, Some(Some(_)));
         emit_json(&json!({
-            "path": path,
+            "path": path_json(path),
             "container": {
                 "layout": c.label(),
                 "id": c.id(),
@@ -117,13 +174,14 @@ pub fn run(g: Global, a: InspectArgs) -> Result<(), CliError> {
                 "checksum_range": [hash_start, hash_end],
                 "dtype_table_offset": h.dtype_table_offset(),
             },
+            "created_by": file.created_by(),
             "header": {
                 "version": h.version.number(),
                 "model_type": d.model_type,
                 "dims": d.to_json(),
                 "checksum": format!("{:x}", sha256(&h.checksum)),
                 "dtype_table_len": h.dtype_table_len,
-                "dtype_table": slot_summary(&file, manifest.as_ref().ok()),
+                "dtype_table": slot_summary(&file, manifest),
                 "tensor_data_start": h.tensor_data_start,
                 "data_end": h.data_end,
                 "file_len": h.file_len,
@@ -133,36 +191,37 @@ pub fn run(g: Global, a: InspectArgs) -> Result<(), CliError> {
             "checksum": {
                 "checked": checksum.is_some(),
                 "ok": checksum.as_ref().map(|c| c.is_none()),
-                "error": checksum.as_ref().and_then(|c| c.clone()),
+                "error": checksum.as_ref().and_then(|c| c.as_ref().map(|(_, m)| m.clone())),
             },
             "manifest": {
-                "loaded": manifest.is_ok(),
-                "error": manifest.as_ref().err().map(|e| e.to_string()),
-                "valid": manifest.is_ok() && manifest_ok.is_none(),
-                "problem": manifest_ok,
+                "loaded": manifest.is_some(),
+                "error": match &state {
+                    ManifestState::Absent(e) | ManifestState::Unreadable(e) => Some(e.to_string()),
+                    _ => None,
+                },
+                "valid": checked.is_some(),
+                "problem": problem,
+                "binding": checked.map(|c| c.binding().to_string()),
+                "bound": checked.map(|c| c.binding() == ckalloc::weights::ManifestBinding::ManifestHash),
+                "warnings": warnings,
                 "dtype_table_note": table_note,
                 "dtype_table_checked": table_checked,
+                "first_tensor": first_tensor,
                 "tensors": tensors,
-                "total_bytes": manifest.as_ref().ok().map(|m| m.total_bytes()),
+                "total_bytes": manifest.map(|m| m.total_bytes()),
             },
-            "layout": layout.as_ref().map(|l| json!({
-                "region": [l.region.0, l.region.1],
-                "covered_bytes": l.covered_bytes,
-                "gap_bytes": l.gap_bytes(),
-                "gaps": l.gaps.iter().map(|g| json!({"start": g.start, "end": g.end, "after": g.after})).collect::<Vec<_>>(),
-                "overlaps": l.overlaps.iter().map(|o| json!({"first": o.first, "second": o.second, "start": o.start, "end": o.end})).collect::<Vec<_>>(),
-                "outside": l.outside,
-            })),
+            "layout": layout.as_ref().map(layout_json),
+            "exit_code": i32::from(failed),
         }));
     } else {
-        outln!("{}", path.display());
+        outln!("{}", shown(path));
         outln!(
             "  layout {c}, BUMPWGT{}, {} bytes, model_type {}",
             h.version.number(),
             h.file_len,
             d.model_type
         );
-        outln!("  written by: {}", c.writers());
+        outln!("  written by: {}", written_by(&file, manifest));
         // Only the fields this layout has: a field it lacks is not printed.
         let opt =
             |label: &str, v: Option<u64>| v.map(|v| format!(", {label} {v}")).unwrap_or_default();
@@ -189,9 +248,12 @@ pub fn run(g: Global, a: InspectArgs) -> Result<(), CliError> {
             opt("vocab bytes", d.total_vocab_bytes.map(u64::from))
         );
         outln!(
-            "  dtype table at {:#x}: {}; tensor data [{:#x}, {:#x}){}",
+            "  dtype table at {:#x}: {}",
             h.dtype_table_offset(),
-            slot_summary(&file, manifest.as_ref().ok()),
+            slot_summary(&file, manifest)
+        );
+        outln!(
+            "  tensor data region [{:#x}, {:#x}) (from the end of the dtype table){}",
             h.tensor_data_start,
             h.data_end,
             h.footer
@@ -208,76 +270,90 @@ pub fn run(g: Global, a: InspectArgs) -> Result<(), CliError> {
             hash_end
         );
         outln!("  sha256 {:x} ({checksum_state})", sha256(&h.checksum));
-        match &manifest {
-            Err(e) => outln!("  manifest: {e}"),
-            Ok(m) => {
+        match &state {
+            ManifestState::Absent(e) => outln!("  manifest: none ({e})"),
+            ManifestState::Unreadable(e) => outln!("  manifest: INVALID: {e}"),
+            ManifestState::Refused(m, e) => outln!(
+                "  manifest: {} tensors, {}: INVALID: {e}",
+                m.len(),
+                BinaryBytes(m.total_bytes())
+            ),
+            ManifestState::Checked(ch) => {
+                let m = ch.manifest();
                 outln!(
-                    "  manifest: {} tensors, {} ({})",
+                    "  manifest: {} tensors, {}, first tensor at {:#x} (valid)",
                     m.len(),
                     BinaryBytes(m.total_bytes()),
-                    manifest_ok.as_deref().unwrap_or("valid")
+                    ch.weights_region().0
                 );
+                outln!("  manifest binding: {}", ch.binding());
+                if table_checked {
+                    outln!(
+                        "  dtype table: checked (ckalloc writes one code per entry, in file order)"
+                    );
+                }
                 if let Some(n) = &table_note {
                     outln!("  dtype table: {n}");
                 }
-                outln!();
-                outln!(
-                    "  {:<52} {:<6} {:>12} {:>12}  shape",
-                    "name",
-                    "dtype",
-                    "offset",
-                    "size"
-                );
-                for e in m.sorted_by_offset() {
-                    let shape = e
-                        .shape
-                        .as_ref()
-                        .map(|s| format!("{s:?}"))
-                        .unwrap_or_default();
-                    outln!(
-                        "  {:<52} {:<6} {:>12} {:>12}  {}",
-                        e.name,
-                        e.dtype,
-                        format!("{:#x}", e.file_offset),
-                        e.size,
-                        shape
-                    );
-                }
-                if let Some(l) = &layout {
-                    outln!();
-                    let largest = l.gaps.iter().map(|g| g.end - g.start).max().unwrap_or(0);
-                    outln!(
-                        "  layout: {} of [{:#x}, {:#x}) covered; {} gaps ({} padding, largest {} B); {} overlaps; {} outside",
-                        BinaryBytes(l.covered_bytes),
-                        l.region.0,
-                        l.region.1,
-                        l.gaps.len(),
-                        BinaryBytes(l.gap_bytes()),
-                        largest,
-                        l.overlaps.len(),
-                        l.outside.len()
-                    );
-                    for o in &l.overlaps {
-                        outln!(
-                            "  overlap: {} and {} share [{:#x}, {:#x})",
-                            o.first,
-                            o.second,
-                            o.start,
-                            o.end
-                        );
-                    }
-                    for n in &l.outside {
-                        outln!("  outside the tensor data: {n}");
-                    }
+                for w in &warnings {
+                    outln!("  warning: {w}");
                 }
             }
         }
+        if let Some(m) = manifest {
+            outln!();
+            outln!(
+                "  {:<52} {:<6} {:>12} {:>12}  shape",
+                "name",
+                "dtype",
+                "offset",
+                "size"
+            );
+            for e in m.sorted_by_offset() {
+                let shape = e.shape_text().unwrap_or_default();
+                outln!(
+                    "  {:<52} {:<6} {:>12} {:>12}  {}",
+                    Escaped::new(&e.name).to_string(),
+                    Escaped::capped(&e.dtype, 40).to_string(),
+                    format!("{:#x}", e.file_offset),
+                    e.size,
+                    shape
+                );
+            }
+        }
+        if let Some(l) = &layout {
+            outln!();
+            let largest = l.gaps.iter().map(|g| g.end - g.start).max().unwrap_or(0);
+            outln!(
+                "  layout: {} of [{:#x}, {:#x}) covered; {} gaps ({} padding, largest {} B); {} overlaps; {} outside",
+                BinaryBytes(l.covered_bytes),
+                l.region.0,
+                l.region.1,
+                l.gaps.len(),
+                BinaryBytes(l.gap_bytes()),
+                largest,
+                l.overlaps.len(),
+                l.outside.len()
+            );
+            for o in &l.overlaps {
+                outln!(
+                    "  overlap: {} and {} share [{:#x}, {:#x})",
+                    Escaped::new(&o.first),
+                    Escaped::new(&o.second),
+                    o.start,
+                    o.end
+                );
+            }
+            for n in &l.outside {
+                outln!("  outside the tensor data: {}", Escaped::new(n));
+            }
+        }
     }
-    if let Some(Some(e)) = checksum {
-        return Err(err_reported(format!("{}: {e}", path.display())));
+    if let Some(Some((_, e))) = checksum {
+        return Err(err_reported(format!("{}: {e}", shown(path))));
     }
-    if let Some(p) = manifest_ok {
-        return Err(err_reported(format!("{}: {p}", path.display())));
+    if let Some(e) = state.problem(a.check) {
+        return Err(err_reported(error_line(path, e)));
     }
     Ok(())
 }

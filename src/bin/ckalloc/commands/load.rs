@@ -1,9 +1,11 @@
 //! `ckalloc load`: build the arena on a `weights.bump` and verify it.
 
 use crate::arena_load::{self, coverage_json, ModeArg};
-use crate::util::{emit_json, err, err_reported, ms, parse_size, sha256, CliError};
-use crate::weights_file::{open, verify_checksum};
+use crate::util::{emit_json, err_reported, ms, parse_size, path_json, sha256, CliError};
+use crate::weights_file::{binding_words, open_checked, shown, CheckArgs};
 use crate::{outln, Global};
+use ckalloc::weights::DtypeTableCheck;
+use ckalloc::Escaped;
 use indicatif::BinaryBytes;
 use serde_json::json;
 use std::path::PathBuf;
@@ -18,38 +20,52 @@ pub struct LoadArgs {
     /// Size of the runtime region after the weights (bytes; suffixes k, m, g, KiB, MiB, GiB).
     #[arg(long, default_value = "64MiB", value_parser = parse_size, value_name = "SIZE")]
     pub activations: u64,
+    #[command(flatten)]
+    pub check: CheckArgs,
 }
 
 pub fn run(g: Global, a: LoadArgs) -> Result<(), CliError> {
     let path = &a.weights;
-    let (file, manifest) = open(path)?;
-    file.check_manifest(&manifest)
-        .and_then(|()| manifest.check_runtime_offsets())
-        .map_err(|e| err(format!("{}: {e}", path.display())))?;
-    let checksum = verify_checksum(&file, g.json)?;
-    if let Some(e) = checksum {
-        return Err(err(format!("{}: {e}", path.display())));
-    }
-    let l = arena_load::load(path, &file, &manifest, a.mode, a.activations, g.json)?;
+    let (file, checked) = open_checked(path, a.check)?;
+    let manifest = checked.manifest();
+    let l = arena_load::load(path, &checked, a.mode, a.activations, g.json)?;
     let arena = &l.arena;
-    // Every manifest entry, in the arena, against the (checksum-verified) file.
-    let reference: Vec<(&str, &[u8])> = manifest
-        .iter()
-        .map(|e| {
-            file.tensor(e)
-                .map(|b| (e.name.as_str(), b))
-                .map_err(|x| err(format!("{}: {x}", path.display())))
-        })
-        .collect::<Result<_, _>>()?;
-    let v = arena_load::verify(arena, reference);
+    let v = arena_load::verify_loaded(path, &file, &l, &checked)?;
     let cov = arena.coverage().ok();
+    let (hash_start, hash_end) = file.checksum_range();
+    let table_checked = *checked.dtype_table() == DtypeTableCheck::Checked;
+    let warnings: Vec<String> = checked.warnings().iter().map(|w| w.to_string()).collect();
+    let checksum_ok = v.ok();
+    let closing = format!(
+        "checked: {} of the loaded bytes [{hash_start:#x}, {hash_end:#x}) {} the header's ({:.16x}…); {}{}",
+        "sha256",
+        if checksum_ok { "equals" } else { "DIFFERS from" },
+        sha256(file.checksum()),
+        binding_words(checked.binding()),
+        if table_checked {
+            "; dtype table checked"
+        } else {
+            ""
+        }
+    );
     if g.json {
         emit_json(&json!({
-            "path": path,
+            "path": path_json(path),
             "container": {"layout": file.container().label(), "id": file.container().id()},
             "tensors": manifest.len(),
             "tensor_bytes": manifest.total_bytes(),
-            "checksum": {"ok": true, "sha256": format!("{:x}", sha256(file.checksum()))},
+            "checksum": {
+                "ok": checksum_ok,
+                "sha256": format!("{:x}", sha256(file.checksum())),
+                "range": [hash_start, hash_end],
+                "over": "loaded bytes",
+            },
+            "manifest": {
+                "binding": checked.binding().to_string(),
+                "bound": checked.binding() == ckalloc::weights::ManifestBinding::ManifestHash,
+                "dtype_table_checked": table_checked,
+                "warnings": warnings,
+            },
             "arena": l.json(),
             "verified": v.json(),
             "coverage": cov.map(|c| json!({
@@ -57,16 +73,20 @@ pub fn run(g: Global, a: LoadArgs) -> Result<(), CliError> {
                 "runtime": coverage_json(&c.runtime),
             })),
             "resident": arena_load::resident_json(),
+            "exit_code": i32::from(!checksum_ok),
         }));
     } else {
         outln!(
-            "{}: layout {}, {} tensors, {}; checksum verified (sha256 {:x})",
-            path.display(),
+            "{}: layout {}, BUMPWGT{}, {} tensors, {}",
+            shown(path),
             file.container(),
+            file.version().number(),
             manifest.len(),
             BinaryBytes(manifest.total_bytes()),
-            sha256(file.checksum())
         );
+        for w in &warnings {
+            outln!("warning: {w}");
+        }
         outln!(
             "arena: {} = weights [{:#x}, {:#x}) + {} runtime region",
             BinaryBytes(arena.total_size() as u64),
@@ -95,14 +115,25 @@ pub fn run(g: Global, a: LoadArgs) -> Result<(), CliError> {
             None => outln!("coverage: unavailable (/proc/self/pagemap and smaps unreadable)"),
         }
         outln!("{}", arena_load::resident_line());
+        outln!("{closing}");
     }
-    if !v.mismatches.is_empty() {
+    if !checksum_ok {
+        let which = match v.mismatches.first() {
+            Some(first) => format!(
+                "{} of {} tensors differ from the file (first: {})",
+                v.mismatches.len(),
+                v.tensors,
+                Escaped::capped(first, 80)
+            ),
+            None => "every tensor equals the file, so the file itself differs from what its checksum covers".into(),
+        };
+        let what = v
+            .checksum_error
+            .as_ref()
+            .map_or_else(|| "checksum mismatch".to_string(), |e| e.to_string());
         return Err(err_reported(format!(
-            "{}: {} of {} tensors differ in the arena (first: {})",
-            path.display(),
-            v.mismatches.len(),
-            v.tensors,
-            v.mismatches[0]
+            "{}: {what} (hashed over the loaded bytes); {which}",
+            shown(path)
         )));
     }
     Ok(())

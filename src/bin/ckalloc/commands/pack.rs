@@ -1,7 +1,9 @@
 //! `ckalloc pack`: `model.safetensors` -> `weights.bump` + both manifests.
 
 use crate::model::{Model, Tensor};
-use crate::util::{emit_json, err, parse_write_version, progress, sha256, CliError};
+use crate::util::{
+    emit_json, err, parse_alignment, parse_write_version, path_json, progress, sha256, CliError,
+};
 use crate::{outln, Global};
 use ckalloc::weights::{Dtype, ModelDims, Version, WeightsWriter, WriteReport};
 use indicatif::BinaryBytes;
@@ -19,7 +21,7 @@ pub struct PackArgs {
     #[arg(long, default_value = "5", value_parser = parse_write_version, value_name = "4|5")]
     pub version: Version,
     /// Alignment of every tensor's file offset, bytes (a power of two up to 1 GiB).
-    #[arg(long, default_value_t = ckalloc::weights::DEFAULT_ALIGNMENT, value_name = "BYTES")]
+    #[arg(long, default_value_t = ckalloc::weights::DEFAULT_ALIGNMENT, value_parser = parse_alignment, value_name = "BYTES")]
     pub align: u64,
 }
 
@@ -41,7 +43,8 @@ pub fn dtype_of(t: &Tensor<'_>) -> Result<Dtype, CliError> {
     Dtype::from_name(&t.dtype.to_string()).map_err(|e| {
         err(format!(
             "tensor '{}': dtype {} cannot be stored in weights.bump: {e}",
-            t.name, t.dtype
+            ckalloc::Escaped::capped(&t.name, 80),
+            t.dtype
         ))
     })
 }
@@ -87,7 +90,13 @@ pub fn pack(
         let dtype = dtype_of(t)?;
         let shape: Vec<u64> = t.shape.iter().map(|&d| d as u64).collect();
         w.add_tensor_with_shape(t.name.as_str(), dtype, &shape, t.data)
-            .map_err(|e| err(format!("tensor '{}': {e}", t.name)))?;
+            .map_err(|e| {
+                err(format!(
+                    "{}: tensor '{}': {e}",
+                    model.path.display(),
+                    ckalloc::Escaped::capped(&t.name, 80)
+                ))
+            })?;
         tensor_bytes = tensor_bytes
             .checked_add(t.data.len() as u64)
             .ok_or_else(|| err("total tensor size overflows u64"))?;
@@ -113,14 +122,11 @@ pub fn pack(
     }
     std::fs::create_dir_all(out_dir)
         .map_err(|e| err(format!("{}: cannot create: {e}", out_dir.display())))?;
-    let bar = progress(0, "packing", json_mode);
+    let bar = progress("packing", json_mode);
     let report = w
-        .write_dir_with_progress(out_dir, |done, total| {
-            bar.set_length(total);
-            bar.set_position(done);
-        })
+        .write_dir_with_progress(out_dir, |done, total| bar.update(done, total))
         .map_err(|e| err(e.to_string()))?;
-    bar.finish_and_clear();
+    bar.finish();
     Ok(Packed {
         report,
         tensors: tensors.len(),
@@ -137,9 +143,9 @@ pub fn dims_json(d: &ModelDims) -> Value {
 pub fn packed_json(p: &Packed, version: Version, align: u64) -> Value {
     let r = &p.report;
     json!({
-        "weights": r.weights_path,
-        "manifest_json": r.manifest_json_path,
-        "manifest_map": r.manifest_map_path,
+        "weights": path_json(&r.weights_path),
+        "manifest_json": path_json(&r.manifest_json_path),
+        "manifest_map": path_json(&r.manifest_map_path),
         "version": version.number(),
         "alignment": align,
         "tensors": p.tensors,
@@ -148,7 +154,7 @@ pub fn packed_json(p: &Packed, version: Version, align: u64) -> Value {
         "data_end": r.data_end,
         "file_len": r.file_len,
         "sha256": format!("{:x}", sha256(&r.checksum)),
-        "config": p.config,
+        "config": p.config.as_deref().map(path_json),
         "dims": p.dims.as_ref().map(dims_json),
     })
 }
@@ -169,7 +175,7 @@ pub fn run(g: Global, a: PackArgs) -> Result<(), CliError> {
         a.model.display()
     );
     outln!(
-        "  {}: BUMPWGT{}, {} bytes, alignment {}, tensors at [{:#x}, {:#x})",
+        "  {}: BUMPWGT{}, {} bytes, alignment {}, weights from the first tensor to data end [{:#x}, {:#x})",
         r.weights_path.display(),
         version.number(),
         r.file_len,

@@ -1,7 +1,7 @@
 //! `ckalloc synth`: write the demo's synthetic model into a directory.
 
 use crate::model::{write_synth, Model};
-use crate::util::{emit_json, CliError};
+use crate::util::{emit_json, path_json, CliError};
 use crate::{outln, Global};
 use indicatif::BinaryBytes;
 use serde_json::json;
@@ -20,8 +20,8 @@ pub fn run(g: Global, a: SynthArgs) -> Result<(), CliError> {
     let bytes: usize = tensors.iter().map(|t| t.data.len()).sum();
     if g.json {
         emit_json(&json!({
-            "model": path,
-            "config": a.dir.join("config.json"),
+            "model": path_json(&path),
+            "config": path_json(&a.dir.join("config.json")),
             "tensors": tensors.len(),
             "tensor_bytes": bytes,
         }));
