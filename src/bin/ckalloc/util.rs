@@ -438,7 +438,7 @@ mod tests {
     }
 
     #[test]
-    fn collapses_lines() {
-        assert_eq!(one_line("a\n  b\tc "), "a b c");
+    fn joins_lines_and_keeps_spaces_inside_them() {
+        assert_eq!(one_line("a\n  b\tc \r\n\n d  e"), "a b\tc d  e");
     }
 }
