@@ -18,6 +18,16 @@ impl Fd {
     pub(super) fn from_raw(fd: libc::c_int) -> Fd {
         Fd(fd)
     }
+
+    /// The descriptor as a `std::fs::File`, which then owns and closes it.
+    pub(crate) fn into_file(self) -> std::fs::File {
+        use std::os::fd::FromRawFd as _;
+        let fd = self.0;
+        std::mem::forget(self);
+        // SAFETY: `fd` is an open descriptor this `Fd` owned; forgetting the
+        // `Fd` hands that ownership to the `File` alone.
+        unsafe { std::fs::File::from_raw_fd(fd) }
+    }
 }
 
 impl Drop for Fd {

@@ -198,7 +198,9 @@ pub enum WeightsError {
         /// What differs.
         reason: String,
     },
-    /// A sidecar is larger than [`MAX_SIDECAR_BYTES`](super::MAX_SIDECAR_BYTES).
+    /// A sidecar (or another file read with
+    /// [`read_text_file`](super::read_text_file)) is larger than allowed
+    /// ([`MAX_SIDECAR_BYTES`](super::MAX_SIDECAR_BYTES) for sidecars).
     SidecarTooLarge {
         /// The sidecar.
         path: PathBuf,
@@ -445,7 +447,7 @@ impl fmt::Display for Raw<'_> {
             ),
             SidecarTooLarge { path, len, max } => write!(
                 f,
-                "{}: {len} bytes, more than the {max} bytes a manifest sidecar may have",
+                "{}: {len} bytes, more than the {max} bytes allowed",
                 path.display()
             ),
             MissingSidecars { dir } => write!(

@@ -2,7 +2,7 @@
 
 use std::borrow::Cow;
 use std::fs::File;
-use std::os::unix::fs::{MetadataExt as _, OpenOptionsExt as _};
+use std::os::unix::fs::MetadataExt as _;
 use std::path::{Path, PathBuf};
 
 use sha2::{Digest, Sha256};
@@ -653,13 +653,11 @@ enum SourceRef<'a> {
     Memory(&'a [u8]),
 }
 
-/// Open `path` read-only with `O_NONBLOCK`, so that a FIFO without a writer
-/// does not block `open` forever (the caller rejects it through `fstat`);
-/// the flag has no effect on regular files.
+/// Open `path` read-only (`O_CLOEXEC | O_NONBLOCK`, so that a FIFO
+/// without a writer does not block `open` forever; the caller rejects it
+/// through `fstat`).
 pub(crate) fn open_nonblocking(path: &Path) -> Result<File, WeightsError> {
-    std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NONBLOCK)
-        .open(path)
+    crate::sys::open_readonly(path)
+        .map(crate::sys::Fd::into_file)
         .map_err(|e| WeightsError::io(path, "open", e))
 }

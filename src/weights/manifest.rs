@@ -40,6 +40,46 @@ pub struct ManifestEntry {
     pub shape: Option<Vec<u64>>,
 }
 
+/// Read a small text file beside a weights file (a sidecar manifest, a
+/// `config.json`) the way [`Manifest::load_sidecars`] reads its sidecars:
+/// `Ok(None)` when it does not exist; only a regular file (a FIFO, a
+/// directory or a device such as `/dev/zero` in its place is refused, and
+/// opening never blocks); at most `max_bytes` long; UTF-8.
+///
+/// # Errors
+/// [`WeightsError::NotARegularFile`], [`WeightsError::SidecarTooLarge`],
+/// [`WeightsError::Io`] (also for text that is not UTF-8).
+pub fn read_text_file(path: &Path, max_bytes: u64) -> Result<Option<String>, WeightsError> {
+    use std::io::Read as _;
+    let file = match super::file::open_nonblocking(path) {
+        Ok(f) => f,
+        Err(WeightsError::Io { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => {
+            return Ok(None)
+        }
+        Err(e) => return Err(e),
+    };
+    let meta = file
+        .metadata()
+        .map_err(|e| WeightsError::io(path, "fstat", e))?;
+    if !meta.is_file() {
+        return Err(WeightsError::NotARegularFile {
+            path: path.to_path_buf(),
+        });
+    }
+    if meta.len() > max_bytes {
+        return Err(WeightsError::SidecarTooLarge {
+            path: path.to_path_buf(),
+            len: meta.len(),
+            max: max_bytes,
+        });
+    }
+    let mut text = String::new();
+    file.take(max_bytes)
+        .read_to_string(&mut text)
+        .map_err(|e| WeightsError::io(path, "read", e))?;
+    Ok(Some(text))
+}
+
 /// A shape as `[d0, d1, ...]`, at most 16 dimensions then `... (N dims)`.
 pub(crate) fn shape_text(shape: &[u64]) -> String {
     const SHOWN: usize = 16;
@@ -490,37 +530,8 @@ impl Manifest {
     pub fn load_sidecars(dir: impl AsRef<Path>) -> Result<Manifest, WeightsError> {
         let dir = dir.as_ref();
         let read = |name: &str| -> Result<Option<(String, PathBuf)>, WeightsError> {
-            use std::io::Read as _;
             let p = dir.join(name);
-            // Only regular files: a FIFO would block and a device such as
-            // /dev/zero would never end.
-            let file = match super::file::open_nonblocking(&p) {
-                Ok(f) => f,
-                Err(WeightsError::Io { source, .. })
-                    if source.kind() == std::io::ErrorKind::NotFound =>
-                {
-                    return Ok(None)
-                }
-                Err(e) => return Err(e),
-            };
-            let meta = file
-                .metadata()
-                .map_err(|e| WeightsError::io(&p, "fstat", e))?;
-            if !meta.is_file() {
-                return Err(WeightsError::NotARegularFile { path: p });
-            }
-            if meta.len() > MAX_SIDECAR_BYTES {
-                return Err(WeightsError::SidecarTooLarge {
-                    path: p,
-                    len: meta.len(),
-                    max: MAX_SIDECAR_BYTES,
-                });
-            }
-            let mut text = String::new();
-            file.take(MAX_SIDECAR_BYTES)
-                .read_to_string(&mut text)
-                .map_err(|e| WeightsError::io(&p, "read", e))?;
-            Ok(Some((text, p)))
+            Ok(read_text_file(&p, MAX_SIDECAR_BYTES)?.map(|t| (t, p)))
         };
         let map = read(MANIFEST_MAP)?
             .map(|(t, _)| Manifest::from_map(&t))

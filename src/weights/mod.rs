@@ -258,8 +258,8 @@ pub use format::{
     MAGIC_V3, MAGIC_V4, MAGIC_V5,
 };
 pub use manifest::{
-    check_name, Gap, LayoutReport, Manifest, ManifestEntry, Overlap, MANIFEST_JSON, MANIFEST_MAP,
-    MAX_SIDECAR_BYTES,
+    check_name, read_text_file, Gap, LayoutReport, Manifest, ManifestEntry, Overlap, MANIFEST_JSON,
+    MANIFEST_MAP, MAX_SIDECAR_BYTES,
 };
 pub use writer::{
     Plan, WeightsWriter, WriteReport, DEFAULT_ALIGNMENT, MAX_ALIGNMENT, MAX_NAME_LEN, WEIGHTS_FILE,
