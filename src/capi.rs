@@ -19,6 +19,7 @@
 //! its limits (`vfork`, `clone`) are in `docs/reliability.md`, section "Fork
 //! safety".
 
+use crate::fork::{Hooks, Stage};
 use crate::huge::{map_huge, unmap, HugeOptions};
 use crate::lock::{HeldLock, PoolLock, PoolLockGuard};
 use crate::sys::HUGE_PAGE_2M;
@@ -50,11 +51,11 @@ pub(crate) fn guard<T>(on_panic: T, f: impl FnOnce() -> T) -> T {
     }
 }
 
-/// Takes a registry lock, installing the fork handlers first (once per
-/// process). Nothing under these locks panics: a `BTreeMap` insert or remove
-/// (an allocation failure aborts, it does not unwind).
+/// Takes a registry lock. Nothing under these locks panics: a `BTreeMap`
+/// insert or remove (an allocation failure aborts, it does not unwind).
+/// The fork hooks that take both registries around `fork()` are added when
+/// the library is loaded (below).
 pub(crate) fn lock<T>(m: &PoolLock<T>) -> PoolLockGuard<'_, T> {
-    crate::fork::ensure_handlers();
     m.lock()
 }
 
@@ -157,33 +158,55 @@ mod layout_checks {
 /// the base pointer is the key (it is unique while the arena lives).
 static ARENAS: PoolLock<BTreeMap<usize, BumpArena>> = PoolLock::new(BTreeMap::new());
 
-/// The fork prepare handler's part: the arena registry, then the block
-/// registry (`crate::fork` gives the whole order).
-pub(crate) fn lock_registries_for_fork() {
+/// The fork hooks of the two registries (stages `CArenas` and `CBlocks` of
+/// `crate::fork`): each takes its lock before `fork()` and releases it in
+/// parent and child.
+static ARENA_FORK_HOOKS: Hooks = Hooks {
+    prepare: lock_arenas,
+    parent: unlock_arenas,
+    child: unlock_arenas,
+};
+static BLOCK_FORK_HOOKS: Hooks = Hooks {
+    prepare: lock_blocks,
+    parent: unlock_blocks,
+    child: unlock_blocks,
+};
+
+fn lock_arenas() {
     ARENAS.raw_lock();
+}
+
+/// # Safety
+/// The calling thread took the lock with [`lock_arenas`] (the forking
+/// thread, or the child's only thread).
+unsafe fn unlock_arenas() {
+    // SAFETY: the caller holds the lock.
+    unsafe { ARENAS.force_unlock() }
+}
+
+fn lock_blocks() {
     BLOCKS.raw_lock();
 }
 
-/// The fork parent and child handlers' part: releases what
-/// [`lock_registries_for_fork`] took.
-///
 /// # Safety
-/// The calling thread took both locks with [`lock_registries_for_fork`].
-pub(crate) unsafe fn unlock_registries_after_fork() {
-    // SAFETY: the caller holds both locks through `raw_lock`.
-    unsafe {
-        BLOCKS.force_unlock();
-        ARENAS.force_unlock();
-    }
+/// As [`unlock_arenas`], for [`lock_blocks`].
+unsafe fn unlock_blocks() {
+    // SAFETY: the caller holds the lock.
+    unsafe { BLOCKS.force_unlock() }
 }
 
-pub(crate) fn hold_block_registry() -> HeldLock<'static> {
-    crate::fork::ensure_handlers();
+crate::fork::at_load!(ADD_C_ABI_FORK_HOOKS, {
+    crate::fork::add(Stage::CArenas, &ARENA_FORK_HOOKS);
+    crate::fork::add(Stage::CBlocks, &BLOCK_FORK_HOOKS);
+});
+
+/// Holds the `ck_huge_alloc` block registry lock (test hook).
+pub fn hold_block_registry() -> HeldLock<'static> {
     BLOCKS.hold()
 }
 
-pub(crate) fn hold_arena_registry() -> HeldLock<'static> {
-    crate::fork::ensure_handlers();
+/// Holds the `ck_bump_alloc_*` arena registry lock (test hook).
+pub fn hold_arena_registry() -> HeldLock<'static> {
     ARENAS.hold()
 }
 
@@ -241,6 +264,9 @@ pub unsafe extern "C" fn ck_bump_alloc_init(
         unsafe { alloc.write(ZEROED) };
         // SAFETY: the caller's contract on weights_path.
         let path = unsafe { c_path(weights_path) };
+        // Not an allocation path: retry registering the fork handlers if
+        // that failed when the library was loaded.
+        crate::fork::ensure_registered();
         let arena = match BumpArena::new(path, total_size, weights_base, activations_base) {
             Ok(a) => a,
             Err(e) => {

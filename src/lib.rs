@@ -80,8 +80,8 @@ pub mod huge;
 mod lock;
 mod par;
 mod probe;
-mod stats;
 mod tier;
+mod units;
 #[cfg(feature = "weights")]
 pub mod weights;
 
@@ -91,11 +91,11 @@ pub use arena::{
 };
 pub use escape::Escaped;
 pub use huge::{
-    huge_alloc, huge_free, release_retained, reset_hugetlb_backoff, Backing, CkHuge, HugeError,
-    HugeOptions, HugeRegion,
+    huge_alloc, huge_free, huge_stats, release_retained, reset_hugetlb_backoff, Backing, CkHuge,
+    HugeError, HugeOptions, HugeRegion, HugeStats, TierStats,
 };
 pub use probe::{huge_page_coverage, probe, HugeCoverage, HugetlbPool, SystemHugePages};
-pub use stats::{huge_stats, human_bytes, HugeStats, TierStats};
+pub use units::human_bytes;
 
 /// Test-only fault injection into the OS layer (`--cfg ckalloc_fault_injection`).
 #[cfg(ckalloc_fault_injection)]
@@ -107,7 +107,32 @@ pub mod fault {
 /// Test hooks that hold the locks the fork handlers take (not part of the
 /// supported API).
 #[doc(hidden)]
-pub use fork::hooks as fork_hooks;
+pub mod fork_hooks {
+    pub use crate::lock::HeldLock;
+
+    /// Holds the lock of the registry of live caching allocators.
+    pub fn hold_caching_registry() -> HeldLock<'static> {
+        crate::caching::hold_registry()
+    }
+
+    /// Holds the C ABI's `ck_huge_alloc` block registry lock.
+    #[cfg(feature = "capi")]
+    pub fn hold_c_block_registry() -> HeldLock<'static> {
+        crate::capi::hold_block_registry()
+    }
+
+    /// Holds the C ABI's `ck_bump_alloc_*` arena registry lock.
+    #[cfg(feature = "capi")]
+    pub fn hold_c_arena_registry() -> HeldLock<'static> {
+        crate::capi::hold_arena_registry()
+    }
+
+    /// True once the crate's `pthread_atfork` handlers are registered
+    /// (when the library is loaded).
+    pub fn fork_handlers_registered() -> bool {
+        crate::fork::registered()
+    }
+}
 
 /// The examples of README.md, compiled and run as doctests.
 #[cfg(doctest)]

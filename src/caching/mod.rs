@@ -196,7 +196,7 @@ pub use heap::{DeclareHeap, Heap, HeapKey};
 use pool::{
     add, home_shard, sub, BlockPtr, BlockTable, DescPtr, FreeBlock, Pool, SHARDS, UNPOOLED,
 };
-pub(crate) use registry::{hold_registry, lock_instances_for_fork, unlock_instances_after_fork};
+pub(crate) use registry::hold_registry;
 use registry::{HeapSlice, Registration};
 pub use spec::{CachingSpec, PoolSpec, MAX_POOLS};
 pub use stats::{CacheStats, PoolStats};

@@ -14,6 +14,7 @@ use std::ops::{Deref, DerefMut};
 use std::ptr::{self, NonNull};
 
 use super::pool::{Pool, TableShard};
+use crate::fork::{Hooks, Stage};
 use crate::lock::{HeldLock, PoolLock};
 
 /// A boxed slice owned through a raw pointer: the registry keeps pointers to
@@ -95,7 +96,9 @@ impl Registration {
     /// `pools` and `table`; they must stay allocated until the returned value
     /// is dropped.
     pub(crate) fn new(pools: &HeapSlice<Pool>, table: &HeapSlice<TableShard>) -> Registration {
-        crate::fork::ensure_handlers();
+        // Not an allocation path: retry registering the fork handlers if
+        // that failed when the library was loaded.
+        crate::fork::ensure_registered();
         let node = NonNull::from(Box::leak(Box::new(Node {
             pools: pools.0,
             table: table.0,
@@ -142,9 +145,21 @@ impl Drop for Registration {
     }
 }
 
-/// The fork prepare handler's part: the registry lock, then every
-/// instance's pool shard locks (pool order, shard order) and block-table
-/// shard locks (shard order), instances in list order.
+/// The fork hooks of stage `CachingAllocators` (`crate::fork`), added when
+/// the library is loaded.
+static FORK_HOOKS: Hooks = Hooks {
+    prepare: lock_instances_for_fork,
+    parent: unlock_instances_after_fork,
+    child: unlock_instances_after_fork,
+};
+
+crate::fork::at_load!(ADD_CACHING_FORK_HOOKS, {
+    crate::fork::add(Stage::CachingAllocators, &FORK_HOOKS);
+});
+
+/// The fork prepare hook: the registry lock, then every instance's pool
+/// shard locks (pool order, shard order) and block-table shard locks (shard
+/// order), instances in list order.
 pub(crate) fn lock_instances_for_fork() {
     INSTANCES.raw_lock();
     // SAFETY: the registry lock is held (by this thread, until
@@ -167,7 +182,7 @@ pub(crate) fn lock_instances_for_fork() {
     }
 }
 
-/// The fork parent and child handlers' part: releases what
+/// The fork parent and child hook: releases what
 /// [`lock_instances_for_fork`] took, in the reverse order.
 ///
 /// # Safety
@@ -195,7 +210,6 @@ pub(crate) unsafe fn unlock_instances_after_fork() {
 
 /// Holds the registry lock (test hook).
 pub(crate) fn hold_registry() -> HeldLock<'static> {
-    crate::fork::ensure_handlers();
     INSTANCES.hold()
 }
 

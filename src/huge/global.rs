@@ -3,9 +3,9 @@
 //! retention cache) and small ones from `System` or another allocator.
 
 use super::retain;
+use super::stats::COUNTERS;
 use super::{map_huge, unmap, HugeOptions};
 use crate::env;
-use crate::stats::COUNTERS;
 use crate::sys::{self, Advice, HUGE_PAGE_2M};
 use crate::tier::{self, Backing};
 use allocator_api2::alloc::{AllocError, Allocator, Layout};

@@ -5,9 +5,9 @@
 //! for with [`HugeOptions::populate_threads`].
 
 use super::prefault::populate;
+use super::stats::COUNTERS;
 use super::{HugeError, HugeOptions};
 use crate::env;
-use crate::stats::COUNTERS;
 use crate::sys::{self, Advice, HugetlbSize, HUGE_PAGE_1G, HUGE_PAGE_2M};
 use crate::tier::{self, Backing};
 use std::io;

@@ -64,7 +64,7 @@
 //! Hugetlb pages are taken from RAM when reserved and never swapped; write 0
 //! to give them back. [`probe`](crate::probe) reports the system's state
 //! (THP modes, hugetlb pools, `RLIMIT_MEMLOCK`) and
-//! [`huge_stats`](crate::huge_stats) the per-tier counters (mappings, bytes,
+//! [`huge_stats`] the per-tier counters (mappings, bytes,
 //! fallbacks).
 //!
 //! # What the kernel gave
@@ -89,6 +89,7 @@ mod options;
 mod prefault;
 mod region;
 mod retain;
+mod stats;
 
 pub use crate::tier::Backing;
 pub use alloc::{huge_alloc, huge_free};
@@ -100,6 +101,6 @@ pub use region::HugeRegion;
 #[doc(hidden)]
 pub use retain::hold_retention_slots;
 pub use retain::release_retained;
+pub use stats::{huge_stats, HugeStats, TierStats};
 
 pub(crate) use ladder::{apply_options, map_huge, unmap, Mapping};
-pub(crate) use retain::retained_bytes;

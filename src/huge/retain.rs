@@ -34,14 +34,15 @@
 //! no step: a process that frees blocks and then sleeps keeps them (up to the
 //! cap) until its next allocator calls or [`release_retained`].
 
+use super::stats::COUNTERS;
 use super::unmap;
 use crate::env;
-use crate::stats::COUNTERS;
+use crate::fork::{Hooks, Stage};
 use crate::sys;
 use std::cell::Cell;
 use std::ptr::NonNull;
 use std::sync::atomic::{
-    AtomicBool, AtomicU64, AtomicUsize,
+    AtomicU64, AtomicUsize,
     Ordering::{Acquire, Relaxed, Release},
 };
 
@@ -89,20 +90,14 @@ static CACHE: [Shard; SHARDS] = [const {
 }; SHARDS];
 
 /// Bytes in retained blocks (counted before a block becomes visible in a
-/// slot and after it leaves one).
-static RETAINED: AtomicUsize = AtomicUsize::new(0);
+/// slot and after it leaves one): `COUNTERS.retained`, which `huge_stats`
+/// reads.
+static RETAINED: &AtomicUsize = &COUNTERS.retained;
 static NEXT_SHARD: AtomicUsize = AtomicUsize::new(0);
-static ATFORK: AtomicBool = AtomicBool::new(false);
 
 thread_local! {
     static HOME: Cell<u8> = const { Cell::new(u8::MAX) };
     static CALLS: Cell<u32> = const { Cell::new(0) };
-}
-
-/// Bytes held in retained blocks right now.
-#[inline]
-pub(crate) fn retained_bytes() -> usize {
-    RETAINED.load(Relaxed)
 }
 
 /// This thread's home shard; shard 0 while its thread-locals are gone.
@@ -234,8 +229,7 @@ fn take_longer(len: usize, align: usize, home: usize) -> Option<NonNull<u8>> {
 
 /// Keep the block `ptr` of `len` bytes (a whole ladder mapping, 2 MiB
 /// aligned) for reuse; `false` when the cap or a full cache refuses it (the
-/// caller then unmaps it). Never makes a system call, except registering
-/// the fork handlers on the first call of the process.
+/// caller then unmaps it). Never makes a system call.
 #[inline]
 pub(crate) fn put(ptr: NonNull<u8>, len: usize) -> bool {
     let cap = env::retain_bytes();
@@ -245,9 +239,6 @@ pub(crate) fn put(ptr: NonNull<u8>, len: usize) -> bool {
     if RETAINED.fetch_add(len, Relaxed) + len > cap {
         RETAINED.fetch_sub(len, Relaxed);
         return false;
-    }
-    if !ATFORK.load(Relaxed) {
-        register_fork_handlers();
     }
     let home = home();
     for i in 0..SHARDS {
@@ -346,7 +337,7 @@ pub fn release_retained() -> usize {
 /// counted its block in [`RETAINED`] without a slot holding it, so the child
 /// recounts the bytes of the blocks its slots hold (the child has one
 /// thread: nothing changes the slots meanwhile).
-unsafe extern "C" fn fork_child() {
+unsafe fn fork_child() {
     let mut held = 0usize;
     for shard in &CACHE {
         for slot in &shard.slots {
@@ -360,22 +351,25 @@ unsafe extern "C" fn fork_child() {
     RETAINED.store(held, Relaxed);
 }
 
-unsafe extern "C" fn fork_nothing() {}
+fn fork_nothing() {}
 
-#[cold]
-fn register_fork_handlers() {
-    if !ATFORK.swap(true, Relaxed) {
-        // Without the handlers a child can still allocate; it may only lose
-        // the slots busy at the fork.
-        let _ = sys::register_atfork(fork_nothing, fork_nothing, fork_child);
-    }
-}
+/// The fork hooks of stage `Retention` (`crate::fork`), added when the
+/// library is loaded: nothing to take before `fork()`, the slots to repair
+/// in the child.
+static FORK_HOOKS: Hooks = Hooks {
+    prepare: fork_nothing,
+    parent: fork_nothing,
+    child: fork_child,
+};
+
+crate::fork::at_load!(ADD_RETENTION_FORK_HOOKS, {
+    crate::fork::add(Stage::Retention, &FORK_HOOKS);
+});
 
 /// Test hook: marks every empty slot busy (`true`) as a thread caught mid
 /// operation would, or frees the slots so marked (`false`).
 #[doc(hidden)]
 pub fn hold_retention_slots(hold: bool) {
-    register_fork_handlers();
     for shard in &CACHE {
         for slot in &shard.slots {
             let (from, to) = if hold { (EMPTY, BUSY) } else { (BUSY, EMPTY) };

@@ -4,10 +4,13 @@
 use std::fmt;
 use std::path::PathBuf;
 
-use super::manifest::{Gap, LayoutReport, MANIFEST_JSON};
-use super::{
-    Container, Manifest, ManifestEntry, Producer, Version, WeightsError, WeightsFile, MAX_ALIGNMENT,
-};
+use super::binding::ManifestBinding;
+use super::container::{Container, Version};
+use super::dtype::Producer;
+use super::error::WeightsError;
+use super::file::{FileIdentity, WeightsFile};
+use super::manifest::{check_shape, Gap, LayoutReport, Manifest, ManifestEntry, MANIFEST_JSON};
+use super::writer::MAX_ALIGNMENT;
 
 /// The padding C-Kernel-Engine's converters may leave between tensors
 /// (bytes): the gap allowed when a file records no alignment.
@@ -48,41 +51,6 @@ impl CheckOptions {
     pub const fn require_manifest_hash(mut self, yes: bool) -> Self {
         self.require_manifest_hash = yes;
         self
-    }
-}
-
-/// What ties a manifest to the `weights.bump` it describes (see
-/// [`WeightsFile`]'s "What verified means").
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-#[non_exhaustive]
-pub enum ManifestBinding {
-    /// The v5 metadata's `manifest_hash` equals the SHA-256 of the JSON
-    /// sidecar in canonical form: the JSON is the one written with the file,
-    /// and so is a `.map` beside it (the two agree on every field).
-    ManifestHash,
-    /// The v5 metadata records a `manifest_hash`, but the manifest was not
-    /// read from the JSON sidecar (only `weights_manifest.map` exists, or the
-    /// entries were built in memory): nothing compared them.
-    HashUnchecked,
-    /// The file records no manifest hash: nothing ties the manifest to it.
-    Unbound {
-        /// Why: a `BUMPWGT3`/`BUMPWGT4` file, or v5 metadata without one.
-        why: &'static str,
-    },
-}
-
-impl fmt::Display for ManifestBinding {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            ManifestBinding::ManifestHash => {
-                f.write_str("bound by the BUMPWGT5 manifest_hash (weights_manifest.json verified)")
-            }
-            ManifestBinding::HashUnchecked => f.write_str(
-                "NOT checked: the BUMPWGT5 metadata records a manifest_hash, but there is no \
-                 weights_manifest.json to compare it with",
-            ),
-            ManifestBinding::Unbound { why } => write!(f, "not bound: {why}"),
-        }
     }
 }
 
@@ -165,14 +133,6 @@ impl fmt::Display for ManifestWarning {
             ManifestWarning::WideGap { .. } => write!(f, "{}", self.to_error()),
         }
     }
-}
-
-/// Identifies an open file (device and inode), so an arena can tell that a
-/// manifest was checked against the file it maps.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub(crate) struct FileIdentity {
-    pub(crate) dev: u64,
-    pub(crate) ino: u64,
 }
 
 /// What an arena compares with its weights file, whoever checked the
@@ -289,51 +249,6 @@ impl CheckedManifest {
 
     pub(crate) fn fingerprint(&self) -> Fingerprint {
         self.fingerprint
-    }
-}
-
-/// The bytes `entry`'s shape and dtype need, `None` without a shape or with
-/// an unknown dtype.
-///
-/// # Errors
-/// [`WeightsError::SizeOverflow`].
-fn shape_bytes(entry: &ManifestEntry) -> Result<Option<u64>, WeightsError> {
-    let (Some(shape), Ok(dtype)) = (&entry.shape, entry.parsed_dtype()) else {
-        return Ok(None);
-    };
-    shape
-        .iter()
-        .try_fold(1u64, |a, &d| a.checked_mul(d))
-        .and_then(|n| dtype.min_bytes(n))
-        .map(Some)
-        .ok_or_else(|| {
-            WeightsError::overflow(format!(
-                "byte size of \"{}\" shape {}",
-                entry.name,
-                super::manifest::shape_text(shape)
-            ))
-        })
-}
-
-/// Rule 5: an entry stores at least the bytes its shape and dtype need. An
-/// entry with a shape and an unknown dtype cannot be checked and is
-/// refused.
-///
-/// # Errors
-/// [`WeightsError::ShapeMismatch`], [`WeightsError::UnknownDtype`],
-/// [`WeightsError::SizeOverflow`].
-pub(crate) fn check_shape(entry: &ManifestEntry) -> Result<(), WeightsError> {
-    if entry.shape.is_some() {
-        entry.parsed_dtype()?;
-    }
-    match (shape_bytes(entry)?, &entry.shape) {
-        (Some(needed), Some(shape)) if needed > entry.size => Err(WeightsError::ShapeMismatch {
-            name: entry.name.clone(),
-            shape: shape.clone(),
-            expected_bytes: needed,
-            actual_bytes: entry.size,
-        }),
-        _ => Ok(()),
     }
 }
 

@@ -1,11 +1,8 @@
-//! The four `weights.bump` layouts C-Kernel-Engine's converters write, their
-//! per-layout offsets, and the structural rules that tell them apart.
+//! The four `weights.bump` layouts C-Kernel-Engine's converters write and
+//! their per-layout offsets, and the container versions (magics). The rules
+//! that tell the layouts apart are in `header`.
 //!
 //! See the [module documentation](super#layouts) for the table and the rules.
-
-use super::format::{parse_footer, u32_at, u64_at, HeaderDims, MetadataFooter, Version};
-use super::source::Source;
-use super::{Dtype, Header, WeightsError};
 
 /// Size of the fixed header every layout starts with (bytes).
 pub const HEADER_SIZE: u64 = 128;
@@ -185,280 +182,52 @@ impl std::fmt::Display for LayoutRejection {
     }
 }
 
-/// A layout whose structure does not fit: either an error specific to that
-/// layout's bytes (truncation, dtype table, footer), or a broken rule.
-enum Misfit {
-    Specific(WeightsError),
-    Rule(String),
+/// Magic of a version-3 file (layout L4 only).
+pub const MAGIC_V3: [u8; 8] = *b"BUMPWGT3";
+/// Magic of a version-4 file (layouts L1, L2 or L3).
+pub const MAGIC_V4: [u8; 8] = *b"BUMPWGT4";
+/// Magic of a version-5 file (layouts L1 or L2, with the metadata footer).
+pub const MAGIC_V5: [u8; 8] = *b"BUMPWGT5";
+
+/// Container version: the digit of the magic, repeated as the u32 at offset 8.
+/// `#[non_exhaustive]`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Version {
+    /// `BUMPWGT3`: layout L4 (read only; ckalloc does not write it).
+    V3,
+    /// `BUMPWGT4`: header, dtype table, tensor data.
+    V4,
+    /// `BUMPWGT5`: as V4, then canonical JSON metadata and a 48-byte footer.
+    V5,
 }
 
-impl Misfit {
-    fn reason(&self) -> String {
+impl Version {
+    /// The number in the header (3, 4 or 5).
+    pub fn number(self) -> u32 {
         match self {
-            Misfit::Specific(e) => e.to_string(),
-            Misfit::Rule(r) => r.clone(),
+            Version::V3 => 3,
+            Version::V4 => 4,
+            Version::V5 => 5,
         }
     }
-}
 
-fn all_zero(b: &[u8]) -> bool {
-    b.iter().all(|&x| x == 0)
-}
+    /// The version for a header number, or `None`.
+    pub fn from_number(n: u32) -> Option<Version> {
+        match n {
+            3 => Some(Version::V3),
+            4 => Some(Version::V4),
+            5 => Some(Version::V5),
+            _ => None,
+        }
+    }
 
-/// The header-only rules that identify a layout (see the module docs).
-fn identify(c: Container, file: &[u8]) -> Result<(), String> {
-    match c {
-        Container::V8Converters | Container::V65GgufConverters => {
-            if all_zero(&file[112..120]) {
-                return Err(
-                    "bytes 112..120 (the end of the checksum field at 88..120) are all zero".into(),
-                );
-            }
-            if c == Container::V65GgufConverters {
-                match file.get(128..132) {
-                    None => return Err("the file ends before the dtype-table count at 128".into()),
-                    Some(_) if u32_at(file, 128) == 0 => {
-                        return Err(
-                            "the u32 at 128 is 0: no dtype table starts there (an L1 file's zero block does)"
-                                .into(),
-                        )
-                    }
-                    Some(_) => {}
-                }
-            }
-            Ok(())
-        }
-        Container::V4HeaderConverters => {
-            if !all_zero(&file[112..128]) {
-                return Err(
-                    "bytes 112..128 are not all zero (L2's checksum ends at 112, zeros follow)"
-                        .into(),
-                );
-            }
-            Ok(())
-        }
-        Container::BareHfConverter => {
-            if !all_zero(&file[96..128]) {
-                return Err(
-                    "bytes 96..128 are not all zero (L4's checksum ends at 96, zeros follow)"
-                        .into(),
-                );
-            }
-            Ok(())
+    /// The 8-byte magic.
+    pub fn magic(self) -> [u8; 8] {
+        match self {
+            Version::V3 => MAGIC_V3,
+            Version::V4 => MAGIC_V4,
+            Version::V5 => MAGIC_V5,
         }
     }
-}
-
-fn read_dims(c: Container, file: &[u8]) -> HeaderDims {
-    match c {
-        Container::BareHfConverter => HeaderDims {
-            model_type: u32_at(file, 12),
-            num_layers: u32_at(file, 16),
-            vocab_size: u32_at(file, 20),
-            embed_dim: u32_at(file, 24),
-            intermediate_size: None,
-            context_len: u32_at(file, 28),
-            num_heads: u32_at(file, 32),
-            num_kv_heads: None,
-            head_dim: u32_at(file, 36),
-            aligned_embed_dim: u64_at(file, 40),
-            aligned_head_dim: u64_at(file, 48),
-            aligned_intermediate: None,
-            aligned_context: u64_at(file, 56),
-            num_merges: None,
-            total_vocab_bytes: None,
-        },
-        _ => {
-            let merges = c != Container::V4HeaderConverters;
-            HeaderDims {
-                model_type: u32_at(file, 12),
-                num_layers: u32_at(file, 16),
-                vocab_size: u32_at(file, 20),
-                embed_dim: u32_at(file, 24),
-                intermediate_size: Some(u32_at(file, 28)),
-                context_len: u32_at(file, 32),
-                num_heads: u32_at(file, 36),
-                num_kv_heads: Some(u32_at(file, 40)),
-                head_dim: u32_at(file, 44),
-                aligned_embed_dim: u64_at(file, 48),
-                aligned_head_dim: u64_at(file, 56),
-                aligned_intermediate: Some(u64_at(file, 64)),
-                aligned_context: u64_at(file, 72),
-                num_merges: merges.then(|| u32_at(file, 80)),
-                total_vocab_bytes: merges.then(|| u32_at(file, 84)),
-            }
-        }
-    }
-}
-
-/// A layout whose structure fits, with the number of soft rules it breaks.
-struct Fit {
-    detected: Detected,
-    soft: usize,
-}
-
-/// What [`detect`] reads: the header, and the bytes a reader keeps in
-/// memory (the dtype table and the v5 metadata, already checked against the
-/// footer's SHA-256).
-pub(crate) struct Detected {
-    pub(crate) header: Header,
-    pub(crate) table: Vec<u8>,
-    pub(crate) metadata: Option<Vec<u8>>,
-}
-
-/// The structural rules of one identified layout; `head` is the first
-/// `min(file length, L1's minimum length)` bytes of `file`.
-fn structure(
-    c: Container,
-    version: Version,
-    file: &dyn Source,
-    head: &[u8],
-) -> Result<Fit, Misfit> {
-    let file_len = file.len();
-    let o = c.offsets();
-    if file_len < c.min_len() {
-        return Err(Misfit::Specific(WeightsError::TruncatedHeader {
-            len: file_len,
-            needed: c.min_len(),
-        }));
-    }
-    let dtype_table_len = u32_at(head, o.dtype_count as usize);
-    if dtype_table_len == 0 && c != Container::V8Converters {
-        return Err(Misfit::Rule(format!(
-            "the dtype-table count at {} is 0 ({} converters write one slot per weight)",
-            o.dtype_count,
-            c.label()
-        )));
-    }
-    let tensor_data_start = o.dtype_table() + u64::from(dtype_table_len);
-    if tensor_data_start > file_len {
-        return Err(Misfit::Specific(WeightsError::DtypeTableOutOfBounds {
-            table_len: dtype_table_len,
-            table_offset: o.dtype_table(),
-            file_len,
-        }));
-    }
-    let (footer, metadata): (Option<MetadataFooter>, Option<Vec<u8>>) = match version {
-        Version::V5 => {
-            let (f, m) = parse_footer(file, tensor_data_start).map_err(Misfit::Specific)?;
-            (Some(f), Some(m))
-        }
-        _ => (None, None),
-    };
-    let data_end = footer.map_or(file_len, |f| f.offset);
-    let mut checksum = [0u8; 32];
-    checksum.copy_from_slice(&head[o.checksum as usize..o.checksum as usize + 32]);
-    let table = file
-        .read(o.dtype_table(), u64::from(dtype_table_len))
-        .map_err(Misfit::Specific)?
-        .into_owned();
-    // Soft rules: a fitting layout that breaks fewer of them wins.
-    let unknown_codes = table.iter().any(|&code| Dtype::from_code(code).is_none());
-    let padding_nonzero = !all_zero(&head[o.header_padding as usize..HEADER_SIZE as usize]);
-    let block_nonzero = c == Container::V8Converters
-        && !all_zero(&head[HEADER_SIZE as usize..o.hash_start as usize]);
-    let soft =
-        usize::from(unknown_codes) + usize::from(padding_nonzero) + usize::from(block_nonzero);
-    Ok(Fit {
-        detected: Detected {
-            header: Header {
-                container: c,
-                version,
-                dims: read_dims(c, head),
-                checksum,
-                dtype_table_len,
-                tensor_data_start,
-                data_end,
-                file_len,
-                footer,
-                reserved_nonzero: padding_nonzero || block_nonzero,
-            },
-            table,
-            metadata,
-        },
-        soft,
-    })
-}
-
-/// Recognise the layout of a whole file and parse its header. See the
-/// [module documentation](super#how-the-reader-recognises-the-layout).
-pub(crate) fn detect(file: &dyn Source) -> Result<Detected, WeightsError> {
-    let file_len = file.len();
-    let head = file.read(0, file_len.min(L1_OFFSETS.dtype_table()))?;
-    let head: &[u8] = &head;
-    let truncated = |needed| WeightsError::TruncatedHeader {
-        len: file_len,
-        needed,
-    };
-    if head.len() < 8 {
-        return Err(truncated(L1_OFFSETS.dtype_table()));
-    }
-    let mut magic = [0u8; 8];
-    magic.copy_from_slice(&head[..8]);
-    if &magic[..7] != b"BUMPWGT" {
-        return Err(WeightsError::WrongMagic { found: magic });
-    }
-    let candidates: Vec<Container> = Container::ALL
-        .into_iter()
-        .filter(|c| c.versions().iter().any(|v| v.magic() == magic))
-        .collect();
-    let needed = candidates
-        .iter()
-        .map(|c| c.min_len())
-        .max()
-        .unwrap_or(L1_OFFSETS.dtype_table());
-    if head.len() < 12 {
-        return Err(truncated(needed));
-    }
-    let version_field = u32_at(head, 8);
-    let version = match Version::from_number(version_field) {
-        Some(v) if v.magic() == magic && !candidates.is_empty() => v,
-        _ => {
-            return Err(WeightsError::UnknownVersion {
-                magic,
-                version: version_field,
-            })
-        }
-    };
-    if file_len < HEADER_SIZE {
-        return Err(truncated(needed));
-    }
-    let mut fits: Vec<Fit> = Vec::new();
-    // Layouts whose header rules matched but whose structure does not fit.
-    let mut identified: Vec<Misfit> = Vec::new();
-    // In `Container::ALL` order, as `candidates`.
-    let mut tried: Vec<LayoutRejection> = Vec::new();
-    for &c in &candidates {
-        match identify(c, head) {
-            Err(reason) => tried.push(LayoutRejection {
-                container: c,
-                reason,
-            }),
-            Ok(()) => match structure(c, version, file, head) {
-                Ok(fit) => fits.push(fit),
-                // The file could not be read: no layout can be judged.
-                Err(Misfit::Specific(
-                    e @ (WeightsError::Io { .. } | WeightsError::FileChanged { .. }),
-                )) => return Err(e),
-                Err(m) => {
-                    tried.push(LayoutRejection {
-                        container: c,
-                        reason: m.reason(),
-                    });
-                    identified.push(m);
-                }
-            },
-        }
-    }
-    // Fewest soft-rule breaks wins; ties go to the earlier layout in `Container::ALL`.
-    if let Some(best) = fits.into_iter().min_by_key(|f| f.soft) {
-        return Ok(best.detected);
-    }
-    // Exactly one layout's header matched: its own error is the most precise.
-    if identified.len() == 1 {
-        if let Some(Misfit::Specific(e)) = identified.pop() {
-            return Err(e);
-        }
-    }
-    Err(WeightsError::NotAKnownLayout { magic, tried })
 }

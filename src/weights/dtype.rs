@@ -11,7 +11,7 @@
 //! The manifest keeps the dtype **name** and is the authority; the table code is
 //! a hint for kernels that dispatch on it.
 
-use super::WeightsError;
+use super::error::WeightsError;
 
 /// First code of the ckalloc extension range.
 pub const EXTENSION_CODE_BASE: u8 = 0x80;

@@ -1,5 +1,7 @@
 //! [`WeightsError`]: every way reading or writing a `weights.bump` can fail.
 
+use super::binding::ManifestBinding;
+use super::container::{Container, LayoutRejection};
 use std::fmt;
 use std::io;
 use std::path::PathBuf;
@@ -96,7 +98,7 @@ pub enum WeightsError {
     /// match its checksum range.
     BadChecksum {
         /// The layout the file was read as.
-        container: super::Container,
+        container: Container,
         /// The bytes hashed, `[start, end)`.
         range: (u64, u64),
         /// SHA-256 stored in the header (at `container.offsets().checksum`).
@@ -111,14 +113,14 @@ pub enum WeightsError {
         /// The 8 bytes found at offset 0.
         magic: [u8; 8],
         /// Every layout tried, with the rule the file breaks.
-        tried: Vec<super::LayoutRejection>,
+        tried: Vec<LayoutRejection>,
     },
     /// Loading needs tensor offsets from a sidecar manifest and there is none.
     /// C-Kernel-Engine's loader takes every offset from `weights_manifest.map`;
     /// L4 (`BUMPWGT3`) converters write no manifest at all.
     ManifestRequired {
         /// The layout of the weights file.
-        container: super::Container,
+        container: Container,
         /// Its magic.
         magic: [u8; 8],
         /// The directory searched for `weights_manifest.map` / `weights_manifest.json`.
@@ -292,7 +294,7 @@ pub enum WeightsError {
     /// manifest is not bound to the file by a verified `manifest_hash`.
     ManifestNotBound {
         /// What binds the manifest instead.
-        binding: super::ManifestBinding,
+        binding: ManifestBinding,
     },
     /// The manifest lists no tensor, but the tensor data region holds more
     /// bytes than the padding the file allows.
@@ -320,6 +322,17 @@ pub enum WeightsError {
         /// The parser's error.
         source: serde_json::Error,
     },
+}
+
+/// A shape as `[d0, d1, ...]`, at most 16 dimensions then `... (N dims)`.
+pub(crate) fn shape_text(shape: &[u64]) -> String {
+    const SHOWN: usize = 16;
+    let dims: Vec<String> = shape.iter().take(SHOWN).map(u64::to_string).collect();
+    if shape.len() > SHOWN {
+        format!("[{}, ... ({} dims)]", dims.join(", "), shape.len())
+    } else {
+        format!("[{}]", dims.join(", "))
+    }
 }
 
 pub(crate) fn hex32(b: &[u8; 32]) -> String {
@@ -409,7 +422,7 @@ impl fmt::Display for Raw<'_> {
                 dir.display(),
                 show_magic(magic),
                 container.label(),
-                if *container == super::Container::BareHfConverter {
+                if *container == Container::BareHfConverter {
                     " (the converters of this layout write none, and C-Kernel-Engine's loader refuses BUMPWGT3)"
                 } else {
                     ""
@@ -463,7 +476,7 @@ impl fmt::Display for Raw<'_> {
             ShapeMismatch { name, shape, expected_bytes, actual_bytes } => write!(
                 f,
                 "tensor \"{name}\": shape {} needs {expected_bytes} bytes, got {actual_bytes}",
-                super::manifest::shape_text(shape)
+                shape_text(shape)
             ),
             SizeOverflow { what } => write!(f, "size overflow computing {what}"),
             ConfigField { field, message } => write!(f, "config.json field \"{field}\": {message}"),

@@ -7,19 +7,27 @@ use std::path::{Path, PathBuf};
 
 use sha2::{Digest, Sha256};
 
-use super::check::{check_shape, FileIdentity};
-use super::container::{detect, Detected};
-use super::format::{canonical_json, DTYPE_TABLE_OFFSET};
-use super::manifest::LayoutReport;
-use super::source::{buffer, Memory, Pread, Source};
-use super::{
-    Container, Dtype, Header, HeaderDims, Manifest, ManifestEntry, MetadataFooter, Producer,
-    SlotDtype, Version, WeightsError,
-};
+use super::bytes::{buffer, open_nonblocking, Memory, Pread, Source};
+use super::canonical::canonical_json;
+use super::container::{Container, Version, L1_OFFSETS};
+use super::dtype::{Dtype, Producer, SlotDtype};
+use super::error::WeightsError;
+use super::header::{detect, Detected};
+use super::header::{Header, HeaderDims, MetadataFooter};
+use super::manifest::{check_shape, LayoutReport};
+use super::manifest::{Manifest, ManifestEntry};
 
 /// Bytes read and hashed at a time in [`WeightsFile::verify_checksum_with`]
 /// (also the progress step).
 const HASH_CHUNK: usize = 8 << 20;
+
+/// Identifies an open file (device and inode), so an arena can tell that a
+/// manifest was checked against the file it maps.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(crate) struct FileIdentity {
+    pub(crate) dev: u64,
+    pub(crate) ino: u64,
+}
 
 enum Storage {
     /// An open regular file, read with `pread` ([`WeightsFile::open`]).
@@ -242,7 +250,7 @@ impl WeightsFile {
             // mmap of length 0 fails with EINVAL (POSIX); an empty file is simply truncated.
             return Err(WeightsError::TruncatedHeader {
                 len: 0,
-                needed: DTYPE_TABLE_OFFSET,
+                needed: L1_OFFSETS.dtype_table(),
             });
         }
         // SAFETY: the map is read-only and private to this object; no mutable
@@ -651,13 +659,4 @@ impl WeightsFile {
 enum SourceRef<'a> {
     Pread(Pread<'a>),
     Memory(&'a [u8]),
-}
-
-/// Open `path` read-only (`O_CLOEXEC | O_NONBLOCK`, so that a FIFO
-/// without a writer does not block `open` forever; the caller rejects it
-/// through `fstat`).
-pub(crate) fn open_nonblocking(path: &Path) -> Result<File, WeightsError> {
-    crate::sys::open_readonly(path)
-        .map(crate::sys::Fd::into_file)
-        .map_err(|e| WeightsError::io(path, "open", e))
 }

@@ -7,9 +7,15 @@ use std::path::{Path, PathBuf};
 use serde::Deserialize;
 use sha2::{Digest, Sha256};
 
-use super::format::canonical_json;
-use super::{Dtype, ManifestKind, Version, WeightsError, MAX_NAME_LEN};
+use super::bytes::open_nonblocking;
+use super::canonical::canonical_json;
+use super::container::Version;
+use super::dtype::Dtype;
+use super::error::{ManifestKind, WeightsError};
 
+/// Longest accepted tensor name (bytes), so a `.map` line stays under the 4096-byte
+/// line buffer of C-Kernel-Engine's C loader.
+pub const MAX_NAME_LEN: usize = 1024;
 /// File name of the JSON sidecar.
 pub const MANIFEST_JSON: &str = "weights_manifest.json";
 /// File name of the line-based sidecar.
@@ -51,7 +57,7 @@ pub struct ManifestEntry {
 /// [`WeightsError::Io`] (also for text that is not UTF-8).
 pub fn read_text_file(path: &Path, max_bytes: u64) -> Result<Option<String>, WeightsError> {
     use std::io::Read as _;
-    let file = match super::file::open_nonblocking(path) {
+    let file = match open_nonblocking(path) {
         Ok(f) => f,
         Err(WeightsError::Io { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => {
             return Ok(None)
@@ -78,17 +84,6 @@ pub fn read_text_file(path: &Path, max_bytes: u64) -> Result<Option<String>, Wei
         .read_to_string(&mut text)
         .map_err(|e| WeightsError::io(path, "read", e))?;
     Ok(Some(text))
-}
-
-/// A shape as `[d0, d1, ...]`, at most 16 dimensions then `... (N dims)`.
-pub(crate) fn shape_text(shape: &[u64]) -> String {
-    const SHOWN: usize = 16;
-    let dims: Vec<String> = shape.iter().take(SHOWN).map(u64::to_string).collect();
-    if shape.len() > SHOWN {
-        format!("[{}, ... ({} dims)]", dims.join(", "), shape.len())
-    } else {
-        format!("[{}]", dims.join(", "))
-    }
 }
 
 /// The tensor-name rule of the `.map` sidecar, which every reader and
@@ -174,7 +169,7 @@ impl ManifestEntry {
     /// The shape as `[d0, d1, ...]` for a report or a message: at most 16
     /// dimensions, then `... (N dims)`. `None` without a shape.
     pub fn shape_text(&self) -> Option<String> {
-        self.shape.as_deref().map(shape_text)
+        self.shape.as_deref().map(super::error::shape_text)
     }
 
     /// The parsed dtype.
@@ -183,6 +178,51 @@ impl ManifestEntry {
     /// [`WeightsError::UnknownDtype`] naming the manifest's spelling.
     pub fn parsed_dtype(&self) -> Result<Dtype, WeightsError> {
         Dtype::from_name(&self.dtype)
+    }
+}
+
+/// The bytes `entry`'s shape and dtype need, `None` without a shape or with
+/// an unknown dtype.
+///
+/// # Errors
+/// [`WeightsError::SizeOverflow`].
+fn shape_bytes(entry: &ManifestEntry) -> Result<Option<u64>, WeightsError> {
+    let (Some(shape), Ok(dtype)) = (&entry.shape, entry.parsed_dtype()) else {
+        return Ok(None);
+    };
+    shape
+        .iter()
+        .try_fold(1u64, |a, &d| a.checked_mul(d))
+        .and_then(|n| dtype.min_bytes(n))
+        .map(Some)
+        .ok_or_else(|| {
+            WeightsError::overflow(format!(
+                "byte size of \"{}\" shape {}",
+                entry.name,
+                super::error::shape_text(shape)
+            ))
+        })
+}
+
+/// Rule 5: an entry stores at least the bytes its shape and dtype need. An
+/// entry with a shape and an unknown dtype cannot be checked and is
+/// refused.
+///
+/// # Errors
+/// [`WeightsError::ShapeMismatch`], [`WeightsError::UnknownDtype`],
+/// [`WeightsError::SizeOverflow`].
+pub(crate) fn check_shape(entry: &ManifestEntry) -> Result<(), WeightsError> {
+    if entry.shape.is_some() {
+        entry.parsed_dtype()?;
+    }
+    match (shape_bytes(entry)?, &entry.shape) {
+        (Some(needed), Some(shape)) if needed > entry.size => Err(WeightsError::ShapeMismatch {
+            name: entry.name.clone(),
+            shape: shape.clone(),
+            expected_bytes: needed,
+            actual_bytes: entry.size,
+        }),
+        _ => Ok(()),
     }
 }
 

@@ -234,33 +234,37 @@
 //! * **Names** are held to the writer's rule on read as well ([`check_name`]),
 //!   where C-Kernel-Engine's C loader takes whatever precedes the first `|`.
 
+// Files in the order they build on each other: each uses only those above it.
+mod binding;
+mod bytes;
+mod canonical;
 mod check;
 mod container;
+mod dims;
 mod dtype;
 mod error;
 mod file;
-mod format;
+mod header;
 mod manifest;
-mod source;
 mod writer;
 
-pub use check::{CheckOptions, CheckedManifest, DtypeTableCheck, ManifestBinding, ManifestWarning};
+pub use binding::ManifestBinding;
+pub use canonical::canonical_json;
+pub use check::{CheckOptions, CheckedManifest, DtypeTableCheck, ManifestWarning};
 pub use container::{
-    Container, LayoutOffsets, LayoutRejection, HEADER_SIZE, L1_OFFSETS, L2_OFFSETS, L3_OFFSETS,
-    L4_OFFSETS,
+    Container, LayoutOffsets, LayoutRejection, Version, HEADER_SIZE, L1_OFFSETS, L2_OFFSETS,
+    L3_OFFSETS, L4_OFFSETS, MAGIC_V3, MAGIC_V4, MAGIC_V5,
 };
+pub use dims::{ModelDims, CACHE_ALIGN};
 pub use dtype::{Dtype, Producer, SlotDtype, EXTENSION_CODE_BASE};
 pub use error::{ManifestKind, WeightsError};
 pub use file::WeightsFile;
-pub use format::{
-    canonical_json, Header, HeaderDims, MetadataFooter, ModelDims, Version, CACHE_ALIGN,
-    CHECKSUM_OFFSET, DATA_START, DTYPE_TABLE_OFFSET, EXT_METADATA_SIZE, FOOTER_MAGIC, FOOTER_SIZE,
-    MAGIC_V3, MAGIC_V4, MAGIC_V5,
-};
+pub use header::{Header, HeaderDims, MetadataFooter, FOOTER_MAGIC, FOOTER_SIZE};
 pub use manifest::{
     check_name, read_text_file, Gap, LayoutReport, Manifest, ManifestEntry, Overlap, MANIFEST_JSON,
-    MANIFEST_MAP, MAX_SIDECAR_BYTES,
+    MANIFEST_MAP, MAX_NAME_LEN, MAX_SIDECAR_BYTES,
 };
 pub use writer::{
-    Plan, WeightsWriter, WriteReport, DEFAULT_ALIGNMENT, MAX_ALIGNMENT, MAX_NAME_LEN, WEIGHTS_FILE,
+    Plan, WeightsWriter, WriteReport, CHECKSUM_OFFSET, DATA_START, DEFAULT_ALIGNMENT,
+    DTYPE_TABLE_OFFSET, EXT_METADATA_SIZE, MAX_ALIGNMENT, WEIGHTS_FILE,
 };

@@ -8,20 +8,29 @@ use std::path::{Path, PathBuf};
 
 use sha2::{Digest, Sha256};
 
-use super::container::HEADER_SIZE;
-use super::format::{
-    canonical_json, DATA_START, DTYPE_TABLE_OFFSET, EXT_METADATA_SIZE, FOOTER_MAGIC,
-};
+use super::canonical::canonical_json;
+use super::container::{Version, HEADER_SIZE, L1_OFFSETS};
+use super::dims::ModelDims;
+use super::dtype::Dtype;
+use super::error::WeightsError;
+use super::header::FOOTER_MAGIC;
 use super::manifest::{check_name, MANIFEST_JSON, MANIFEST_MAP};
-use super::{Dtype, Header, Manifest, ManifestEntry, ModelDims, Version, WeightsError};
+use super::manifest::{Manifest, ManifestEntry};
 
 /// Default tensor alignment (bytes): a cache line, like C-Kernel-Engine's `CACHE_ALIGN`.
 pub const DEFAULT_ALIGNMENT: u64 = 64;
 /// Largest accepted alignment (bytes).
 pub const MAX_ALIGNMENT: u64 = 1 << 30;
-/// Longest accepted tensor name (bytes), so a `.map` line stays under the 4096-byte
-/// line buffer of C-Kernel-Engine's C loader.
-pub const MAX_NAME_LEN: usize = 1024;
+/// Size of L1's zero-filled extension block after the header (bytes), the layout
+/// ckalloc writes.
+pub const EXT_METADATA_SIZE: u64 = L1_OFFSETS.hash_start - HEADER_SIZE;
+/// L1's dtype-table count offset (u32), where its checksum range starts:
+/// [`L1_OFFSETS`]`.dtype_count`. Other layouts: [`Container::offsets`](super::Container::offsets).
+pub const DATA_START: u64 = L1_OFFSETS.dtype_count;
+/// L1's first dtype-table byte: [`L1_OFFSETS`]`.dtype_table()`.
+pub const DTYPE_TABLE_OFFSET: u64 = L1_OFFSETS.dtype_table();
+/// L1's header SHA-256 offset: [`L1_OFFSETS`]`.checksum`.
+pub const CHECKSUM_OFFSET: u64 = L1_OFFSETS.checksum;
 /// File name of the container.
 pub const WEIGHTS_FILE: &str = "weights.bump";
 /// Bytes written between two progress reports.
@@ -195,14 +204,14 @@ impl<'a> WeightsWriter<'a> {
             .ok_or_else(|| {
                 WeightsError::overflow(format!(
                     "element count of \"{name}\" shape {}",
-                    super::manifest::shape_text(shape)
+                    super::error::shape_text(shape)
                 ))
             })?;
         if dtype.element_bits().is_some_and(|b| b % 8 == 0) {
             let expected = dtype.bytes_for(elements).ok_or_else(|| {
                 WeightsError::overflow(format!(
                     "byte size of \"{name}\" shape {}",
-                    super::manifest::shape_text(shape)
+                    super::error::shape_text(shape)
                 ))
             })?;
             if expected != data.len() as u64 {
@@ -365,7 +374,7 @@ impl<'a> WeightsWriter<'a> {
         };
         let meta_len = metadata
             .as_ref()
-            .map_or(0, |m| m.len() as u64 + super::format::FOOTER_SIZE);
+            .map_or(0, |m| m.len() as u64 + super::header::FOOTER_SIZE);
         let file_len = plan
             .data_end
             .checked_add(meta_len)
@@ -477,7 +486,7 @@ impl<'a> WeightsWriter<'a> {
             .into_inner()
             .map_err(|e| WeightsError::io(path, "write", e.into_error()))?;
         file.seek(SeekFrom::Start(0)).map_err(io("seek"))?;
-        file.write_all(&Header::encode_fixed(self.version, &self.dims, &checksum))
+        file.write_all(&encode_fixed_header(self.version, &self.dims, &checksum))
             .map_err(io("write"))?;
         file.sync_all().map_err(io("fsync"))?;
         progress(file_len, file_len);
@@ -486,6 +495,41 @@ impl<'a> WeightsWriter<'a> {
 }
 
 /// Write `bytes` as the pending file `name` in `dir`, synced.
+/// The first [`DATA_START`] bytes of a file with these fields: magic, version,
+/// dims, checksum, then zeros up to offset 152.
+fn encode_fixed_header(version: Version, dims: &ModelDims, checksum: &[u8; 32]) -> Vec<u8> {
+    let mut h = Vec::with_capacity(DATA_START as usize);
+    h.extend_from_slice(&version.magic());
+    for v in [
+        version.number(),
+        dims.model_type,
+        dims.num_layers,
+        dims.vocab_size,
+        dims.embed_dim,
+        dims.intermediate_size,
+        dims.context_len,
+        dims.num_heads,
+        dims.num_kv_heads,
+        dims.head_dim,
+    ] {
+        h.extend_from_slice(&v.to_le_bytes());
+    }
+    for v in [
+        dims.aligned_embed_dim,
+        dims.aligned_head_dim,
+        dims.aligned_intermediate,
+        dims.aligned_context,
+    ] {
+        h.extend_from_slice(&v.to_le_bytes());
+    }
+    h.extend_from_slice(&dims.num_merges.to_le_bytes());
+    h.extend_from_slice(&dims.total_vocab_bytes.to_le_bytes());
+    debug_assert_eq!(h.len() as u64, CHECKSUM_OFFSET);
+    h.extend_from_slice(checksum);
+    h.resize(DATA_START as usize, 0);
+    h
+}
+
 fn write_small(dir: &Path, name: &'static str, bytes: &[u8]) -> Result<PendingFile, WeightsError> {
     let path = dir.join(name);
     let mut f = PendingFile::create(dir, name)?;

@@ -1,16 +1,25 @@
-//! Where the bytes of a `weights.bump` come from: memory (a `Vec` or a
-//! memory map) or an open file read with `pread`. The layout detection and
+//! Byte-level primitives of the reader: little-endian integers at an
+//! offset, and where the bytes of a `weights.bump` come from: memory (a
+//! `Vec` or a memory map) or an open file read with `pread`. The layout detection and
 //! [`WeightsFile`](super::WeightsFile) read through [`Source`], so a file
 //! read with `pread` that shrinks underneath gives a typed error
 //! ([`WeightsError::FileChanged`]) where a mapping would raise `SIGBUS`.
 
+use super::error::WeightsError;
 use std::borrow::Cow;
 use std::fs::File;
 use std::io;
 use std::os::unix::fs::FileExt as _;
 use std::path::Path;
 
-use super::WeightsError;
+/// Open `path` read-only (`O_CLOEXEC | O_NONBLOCK`, so that a FIFO
+/// without a writer does not block `open` forever; the caller rejects it
+/// through `fstat`).
+pub(crate) fn open_nonblocking(path: &Path) -> Result<File, WeightsError> {
+    crate::sys::open_readonly(path)
+        .map(crate::sys::Fd::into_file)
+        .map_err(|e| WeightsError::io(path, "open", e))
+}
 
 /// Bytes of a file of a fixed length.
 pub(crate) trait Source {
@@ -112,4 +121,16 @@ impl Source for Pread<'_> {
         self.read_into(offset, &mut buf)?;
         Ok(Cow::Owned(buf))
     }
+}
+
+pub(crate) fn u32_at(b: &[u8], off: usize) -> u32 {
+    let mut a = [0u8; 4];
+    a.copy_from_slice(&b[off..off + 4]);
+    u32::from_le_bytes(a)
+}
+
+pub(crate) fn u64_at(b: &[u8], off: usize) -> u64 {
+    let mut a = [0u8; 8];
+    a.copy_from_slice(&b[off..off + 8]);
+    u64::from_le_bytes(a)
 }

@@ -1,0 +1,196 @@
+//! Process-wide counters of the huge-page tiers ([`huge_stats`]): mappings
+//! and bytes per tier, fallbacks, unmaps, and the retention cache.
+//!
+//! Counters are relaxed atomics: each is exact, but a snapshot taken while
+//! other threads allocate may mix moments (as any statistics read under
+//! load). Reading them never allocates.
+
+use crate::tier::Backing;
+use crate::units::human_bytes;
+use std::fmt;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
+
+pub(crate) struct Counters {
+    maps: [AtomicU64; 3],
+    map_bytes: [AtomicU64; 3],
+    pub(crate) hugetlb_fallbacks: AtomicU64,
+    pub(crate) hugetlb_skipped: AtomicU64,
+    pub(crate) thp_fallbacks: AtomicU64,
+    pub(crate) remaps: AtomicU64,
+    unmaps: AtomicU64,
+    unmapped_bytes: AtomicU64,
+    pub(crate) retain_hits: AtomicU64,
+    pub(crate) retain_misses: AtomicU64,
+    pub(crate) decayed_bytes: AtomicU64,
+    /// Bytes in the retention cache right now (`retain` keeps it).
+    pub(crate) retained: AtomicUsize,
+}
+
+#[allow(clippy::declare_interior_mutable_const)]
+const Z: AtomicU64 = AtomicU64::new(0);
+
+pub(crate) static COUNTERS: Counters = Counters {
+    maps: [Z; 3],
+    map_bytes: [Z; 3],
+    hugetlb_fallbacks: Z,
+    hugetlb_skipped: Z,
+    thp_fallbacks: Z,
+    remaps: Z,
+    unmaps: Z,
+    unmapped_bytes: Z,
+    retain_hits: Z,
+    retain_misses: Z,
+    decayed_bytes: Z,
+    retained: AtomicUsize::new(0),
+};
+
+fn tier(b: Backing) -> usize {
+    match b {
+        Backing::Hugetlb => 0,
+        Backing::TransparentHuge => 1,
+        Backing::Normal => 2,
+    }
+}
+
+impl Counters {
+    pub(crate) fn record_map(&self, backing: Backing, bytes: usize) {
+        self.maps[tier(backing)].fetch_add(1, Relaxed);
+        self.map_bytes[tier(backing)].fetch_add(bytes as u64, Relaxed);
+    }
+
+    pub(crate) fn record_unmap(&self, bytes: usize) {
+        self.unmaps.fetch_add(1, Relaxed);
+        self.unmapped_bytes.fetch_add(bytes as u64, Relaxed);
+    }
+
+    /// A mapping grew from `old` to `new` bytes by `mremap`; the added bytes
+    /// count as mapped on the books of `backing`, the tier of the grown
+    /// mapping (THP or plain pages: hugetlb never grows this way).
+    pub(crate) fn record_grow(&self, old: usize, new: usize, backing: Backing) {
+        self.remaps.fetch_add(1, Relaxed);
+        self.map_bytes[tier(backing)].fetch_add((new - old) as u64, Relaxed);
+    }
+}
+
+/// Mappings and bytes of one tier.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TierStats {
+    /// Mappings made on this tier.
+    pub mappings: u64,
+    /// Bytes mapped on this tier (including growth by `mremap`).
+    pub bytes: u64,
+}
+
+/// A snapshot of the huge-page counters since the process started.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct HugeStats {
+    /// hugetlb mappings.
+    pub hugetlb: TierStats,
+    /// THP-advised mappings.
+    pub thp: TierStats,
+    /// Plain-page mappings.
+    pub normal: TierStats,
+    /// hugetlb attempts that failed (the ladder fell to THP).
+    pub hugetlb_fallbacks: u64,
+    /// Allocations that skipped hugetlb because of the back-off after a failure.
+    pub hugetlb_skipped: u64,
+    /// `madvise(MADV_HUGEPAGE)` failures (the mapping was kept as plain pages).
+    pub thp_fallbacks: u64,
+    /// Resizes done by `mremap` or a tail `munmap`.
+    pub remaps: u64,
+    /// `munmap` calls that released memory.
+    pub unmaps: u64,
+    /// Bytes released by those calls.
+    pub unmapped_bytes: u64,
+    /// Bytes of freed blocks [`CkHuge`](crate::CkHuge) keeps mapped for
+    /// reuse right now (its retention cache); still mapped, but not live.
+    pub retained_bytes: u64,
+    /// `CkHuge` mapped-path allocations served from the retention cache
+    /// (no system call).
+    pub retention_hits: u64,
+    /// `CkHuge` mapped-path allocations of a retaining value that found no
+    /// block of their length and alignment in the cache and mapped afresh.
+    pub retention_misses: u64,
+    /// Bytes of retained blocks given back to the kernel by decay (also
+    /// counted in `unmapped_bytes`).
+    pub decayed_bytes: u64,
+}
+
+impl HugeStats {
+    /// Bytes mapped on all tiers minus bytes unmapped and bytes retained:
+    /// what this crate's huge-page paths hand out right now.
+    pub fn live_bytes(&self) -> u64 {
+        (self.hugetlb.bytes + self.thp.bytes + self.normal.bytes)
+            .saturating_sub(self.unmapped_bytes)
+            .saturating_sub(self.retained_bytes)
+    }
+}
+
+/// Read the huge-page counters. Never allocates.
+pub fn huge_stats() -> HugeStats {
+    let c = &COUNTERS;
+    let t = |i: usize| TierStats {
+        mappings: c.maps[i].load(Relaxed),
+        bytes: c.map_bytes[i].load(Relaxed),
+    };
+    HugeStats {
+        hugetlb: t(0),
+        thp: t(1),
+        normal: t(2),
+        hugetlb_fallbacks: c.hugetlb_fallbacks.load(Relaxed),
+        hugetlb_skipped: c.hugetlb_skipped.load(Relaxed),
+        thp_fallbacks: c.thp_fallbacks.load(Relaxed),
+        remaps: c.remaps.load(Relaxed),
+        unmaps: c.unmaps.load(Relaxed),
+        unmapped_bytes: c.unmapped_bytes.load(Relaxed),
+        retained_bytes: c.retained.load(Relaxed) as u64,
+        retention_hits: c.retain_hits.load(Relaxed),
+        retention_misses: c.retain_misses.load(Relaxed),
+        decayed_bytes: c.decayed_bytes.load(Relaxed),
+    }
+}
+
+impl fmt::Display for HugeStats {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(
+            f,
+            "{:<10} {:>10} {:>14}",
+            "tier", "mappings", "bytes mapped"
+        )?;
+        for (name, t) in [
+            ("hugetlb", self.hugetlb),
+            ("THP", self.thp),
+            ("normal", self.normal),
+        ] {
+            writeln!(
+                f,
+                "{:<10} {:>10} {:>14}",
+                name,
+                t.mappings,
+                human_bytes(t.bytes)
+            )?;
+        }
+        writeln!(
+            f,
+            "fallbacks: hugetlb {} (skipped by back-off {}), THP advice {}",
+            self.hugetlb_fallbacks, self.hugetlb_skipped, self.thp_fallbacks
+        )?;
+        write!(
+            f,
+            "unmaps: {} ({}), remaps: {}, live: {}",
+            self.unmaps,
+            human_bytes(self.unmapped_bytes),
+            self.remaps,
+            human_bytes(self.live_bytes())
+        )?;
+        write!(
+            f,
+            "\nretained: {} (hits {}, misses {}, given back by decay {})",
+            human_bytes(self.retained_bytes),
+            self.retention_hits,
+            self.retention_misses,
+            human_bytes(self.decayed_bytes)
+        )
+    }
+}
