@@ -7,9 +7,12 @@ use std::path::PathBuf;
 use super::binding::ManifestBinding;
 use super::container::{Container, Version};
 use super::dtype::Producer;
+use super::entry::{check_shape, ManifestEntry};
 use super::error::WeightsError;
 use super::file::{FileIdentity, WeightsFile};
-use super::manifest::{check_shape, Gap, LayoutReport, Manifest, ManifestEntry, MANIFEST_JSON};
+use super::manifest::Manifest;
+use super::report::{Gap, LayoutReport};
+use super::sidecars::MANIFEST_JSON;
 use super::writer::MAX_ALIGNMENT;
 
 /// The padding C-Kernel-Engine's converters may leave between tensors
@@ -481,5 +484,42 @@ impl WeightsFile {
                 checksum: *self.checksum(),
             },
         })
+    }
+}
+
+impl WeightsFile {
+    /// One informational line comparing the dtype table with `manifest`, or
+    /// `None` when the table has one slot per entry (in file order) with the
+    /// code of the entry's dtype.
+    ///
+    /// C-Kernel-Engine's converters fill the table from their own weight list:
+    /// GGUF converters keep a reserved `pos_emb` slot and list no tokenizer
+    /// entries; the HF converters list bias slots the file does not hold; the
+    /// safetensors converter codes i32/u8 tokenizer entries as 0. None of this
+    /// is an error, since offsets and dtypes come from the manifest.
+    pub(crate) fn dtype_table_note(&self, manifest: &Manifest) -> Option<String> {
+        let slots = self.dtype_table().len();
+        let entries = manifest.len();
+        if slots != entries {
+            return Some(format!(
+                "table has {slots} slots, manifest {entries} entries: the converter fills the table \
+                 from its own weight list, so offsets and dtypes come from the manifest"
+            ));
+        }
+        let producer = self.producer(Some(manifest));
+        let mut differ = manifest
+            .sorted_by_offset()
+            .into_iter()
+            .zip(self.dtype_table())
+            .enumerate()
+            .filter(|(_, (e, &code))| !producer.slot_dtype(code).may_be(e.parsed_dtype().ok()));
+        let (i, (first, &code)) = differ.next()?;
+        let n = 1 + differ.count();
+        Some(format!(
+            "table has {slots} slots, manifest {entries} entries: {n} slot code(s) differ from the \
+             manifest dtypes (first: slot {i}, \"{}\" {} coded {code}); the manifest's dtype names win",
+            crate::Escaped::capped(&first.name, 80),
+            crate::Escaped::capped(&first.dtype, 40)
+        ))
     }
 }

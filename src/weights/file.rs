@@ -8,14 +8,15 @@ use std::path::{Path, PathBuf};
 use sha2::{Digest, Sha256};
 
 use super::bytes::{buffer, open_nonblocking, Memory, Pread, Source};
-use super::canonical::canonical_json;
 use super::container::{Container, Version, L1_OFFSETS};
 use super::dtype::{Dtype, Producer, SlotDtype};
+use super::entry::check_shape;
+use super::entry::ManifestEntry;
 use super::error::WeightsError;
-use super::header::{detect, Detected};
+use super::header::{detect, parse_metadata, Detected};
 use super::header::{Header, HeaderDims, MetadataFooter};
-use super::manifest::{check_shape, LayoutReport};
-use super::manifest::{Manifest, ManifestEntry};
+use super::manifest::Manifest;
+use super::report::LayoutReport;
 
 /// Bytes read and hashed at a time in [`WeightsFile::verify_checksum_with`]
 /// (also the progress step).
@@ -135,50 +136,6 @@ fn open_regular(path: &Path) -> Result<(File, u64, FileIdentity), WeightsError> 
         ino: meta.ino(),
     };
     Ok((file, meta.len(), identity))
-}
-
-/// The v5 metadata as JSON, with its recorded hashes checked: it is an
-/// object; `manifest_hash` and `template_hash`, when present, are 64
-/// lowercase hex digits; `template_hash` is the SHA-256 of the canonical
-/// `template`.
-fn parse_metadata(bytes: &[u8]) -> Result<serde_json::Value, WeightsError> {
-    let v: serde_json::Value =
-        serde_json::from_slice(bytes).map_err(|source| WeightsError::Json {
-            what: "BUMPWGT5 metadata",
-            source,
-        })?;
-    let bad = |reason: String| WeightsError::BadMetadata { reason };
-    let obj = v
-        .as_object()
-        .ok_or_else(|| bad("it is not a JSON object".into()))?;
-    let digest = |key: &str| -> Result<Option<&str>, WeightsError> {
-        match obj.get(key) {
-            None => Ok(None),
-            Some(serde_json::Value::String(s))
-                if s.len() == 64 && s.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')) =>
-            {
-                Ok(Some(s))
-            }
-            Some(other) => Err(bad(format!(
-                "{key} is {}, not 64 lowercase hex digits",
-                crate::Escaped::capped(&other.to_string(), 80)
-            ))),
-        }
-    };
-    digest("manifest_hash")?;
-    if let Some(recorded) = digest("template_hash")? {
-        let template = obj
-            .get("template")
-            .ok_or_else(|| bad("it records a template_hash but no template".into()))?;
-        let computed: [u8; 32] = Sha256::digest(canonical_json(template)).into();
-        if super::error::hex32(&computed) != recorded {
-            return Err(WeightsError::TemplateHashMismatch {
-                recorded: recorded.to_string(),
-                computed,
-            });
-        }
-    }
-    Ok(v)
 }
 
 impl WeightsFile {
@@ -617,41 +574,6 @@ impl WeightsFile {
             }),
             r => r,
         }
-    }
-
-    /// One informational line comparing the dtype table with `manifest`, or
-    /// `None` when the table has one slot per entry (in file order) with the
-    /// code of the entry's dtype.
-    ///
-    /// C-Kernel-Engine's converters fill the table from their own weight list:
-    /// GGUF converters keep a reserved `pos_emb` slot and list no tokenizer
-    /// entries; the HF converters list bias slots the file does not hold; the
-    /// safetensors converter codes i32/u8 tokenizer entries as 0. None of this
-    /// is an error, since offsets and dtypes come from the manifest.
-    pub(crate) fn dtype_table_note(&self, manifest: &Manifest) -> Option<String> {
-        let slots = self.dtype_table().len();
-        let entries = manifest.len();
-        if slots != entries {
-            return Some(format!(
-                "table has {slots} slots, manifest {entries} entries: the converter fills the table \
-                 from its own weight list, so offsets and dtypes come from the manifest"
-            ));
-        }
-        let producer = self.producer(Some(manifest));
-        let mut differ = manifest
-            .sorted_by_offset()
-            .into_iter()
-            .zip(self.dtype_table())
-            .enumerate()
-            .filter(|(_, (e, &code))| !producer.slot_dtype(code).may_be(e.parsed_dtype().ok()));
-        let (i, (first, &code)) = differ.next()?;
-        let n = 1 + differ.count();
-        Some(format!(
-            "table has {slots} slots, manifest {entries} entries: {n} slot code(s) differ from the \
-             manifest dtypes (first: slot {i}, \"{}\" {} coded {code}); the manifest's dtype names win",
-            crate::Escaped::capped(&first.name, 80),
-            crate::Escaped::capped(&first.dtype, 40)
-        ))
     }
 }
 

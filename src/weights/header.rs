@@ -5,6 +5,7 @@
 use sha2::{Digest, Sha256};
 
 use super::bytes::{u32_at, u64_at, Memory, Source};
+use super::canonical::canonical_json;
 use super::container::{
     Container, LayoutOffsets, LayoutRejection, Version, HEADER_SIZE, L1_OFFSETS,
 };
@@ -492,4 +493,48 @@ pub(crate) fn detect(file: &dyn Source) -> Result<Detected, WeightsError> {
         }
     }
     Err(WeightsError::NotAKnownLayout { magic, tried })
+}
+
+/// The v5 metadata as JSON, with its recorded hashes checked: it is an
+/// object; `manifest_hash` and `template_hash`, when present, are 64
+/// lowercase hex digits; `template_hash` is the SHA-256 of the canonical
+/// `template`.
+pub(crate) fn parse_metadata(bytes: &[u8]) -> Result<serde_json::Value, WeightsError> {
+    let v: serde_json::Value =
+        serde_json::from_slice(bytes).map_err(|source| WeightsError::Json {
+            what: "BUMPWGT5 metadata",
+            source,
+        })?;
+    let bad = |reason: String| WeightsError::BadMetadata { reason };
+    let obj = v
+        .as_object()
+        .ok_or_else(|| bad("it is not a JSON object".into()))?;
+    let digest = |key: &str| -> Result<Option<&str>, WeightsError> {
+        match obj.get(key) {
+            None => Ok(None),
+            Some(serde_json::Value::String(s))
+                if s.len() == 64 && s.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')) =>
+            {
+                Ok(Some(s))
+            }
+            Some(other) => Err(bad(format!(
+                "{key} is {}, not 64 lowercase hex digits",
+                crate::Escaped::capped(&other.to_string(), 80)
+            ))),
+        }
+    };
+    digest("manifest_hash")?;
+    if let Some(recorded) = digest("template_hash")? {
+        let template = obj
+            .get("template")
+            .ok_or_else(|| bad("it records a template_hash but no template".into()))?;
+        let computed: [u8; 32] = Sha256::digest(canonical_json(template)).into();
+        if super::error::hex32(&computed) != recorded {
+            return Err(WeightsError::TemplateHashMismatch {
+                recorded: recorded.to_string(),
+                computed,
+            });
+        }
+    }
+    Ok(v)
 }

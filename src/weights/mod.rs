@@ -234,7 +234,10 @@
 //! * **Names** are held to the writer's rule on read as well ([`check_name`]),
 //!   where C-Kernel-Engine's C loader takes whatever precedes the first `|`.
 
-// Files in the order they build on each other: each uses only those above it.
+// Each file uses only files before it in this order (and `crate::sys`,
+// `crate::Escaped`): binding, container, error, bytes, canonical, dtype,
+// header, dims, entry, manifest, report, sidecars, writer, placement, write,
+// file, check.
 mod binding;
 mod bytes;
 mod canonical;
@@ -242,10 +245,15 @@ mod check;
 mod container;
 mod dims;
 mod dtype;
+mod entry;
 mod error;
 mod file;
 mod header;
 mod manifest;
+mod placement;
+mod report;
+mod sidecars;
+mod write;
 mod writer;
 
 pub use binding::ManifestBinding;
@@ -257,13 +265,13 @@ pub use container::{
 };
 pub use dims::{ModelDims, CACHE_ALIGN};
 pub use dtype::{Dtype, Producer, SlotDtype, EXTENSION_CODE_BASE};
+pub use entry::{check_name, ManifestEntry, MAX_NAME_LEN};
 pub use error::{ManifestKind, WeightsError};
 pub use file::WeightsFile;
 pub use header::{Header, HeaderDims, MetadataFooter, FOOTER_MAGIC, FOOTER_SIZE};
-pub use manifest::{
-    check_name, read_text_file, Gap, LayoutReport, Manifest, ManifestEntry, Overlap, MANIFEST_JSON,
-    MANIFEST_MAP, MAX_NAME_LEN, MAX_SIDECAR_BYTES,
-};
+pub use manifest::Manifest;
+pub use report::{Gap, LayoutReport, Overlap};
+pub use sidecars::{read_text_file, MANIFEST_JSON, MANIFEST_MAP, MAX_SIDECAR_BYTES};
 pub use writer::{
     Plan, WeightsWriter, WriteReport, CHECKSUM_OFFSET, DATA_START, DEFAULT_ALIGNMENT,
     DTYPE_TABLE_OFFSET, EXT_METADATA_SIZE, MAX_ALIGNMENT, WEIGHTS_FILE,
