@@ -84,6 +84,7 @@ mod tier;
 mod units;
 #[cfg(feature = "weights")]
 pub mod weights;
+mod zero_size;
 
 pub use arena::{
     ArenaBuilder, ArenaCoverage, ArenaError, ArenaMode, BumpArena, Checkpoint, FallbackReason,

@@ -37,17 +37,6 @@ fn at(base: NonNull<u8>, addr: usize) -> NonNull<u8> {
     unsafe { NonNull::new_unchecked(base.as_ptr().with_addr(addr)) }
 }
 
-/// The block of a zero-size request that the arena has no room for: a
-/// dangling pointer aligned to `align` (a zero-size request never fails).
-#[cold]
-pub(super) fn empty_block(align: usize) -> NonNull<[u8]> {
-    // `align` is a non-zero power of two, so the pointer is non-null; it is
-    // never dereferenced (zero bytes).
-    let p = std::ptr::without_provenance_mut::<u8>(align);
-    // SAFETY: non-null, see above.
-    NonNull::slice_from_raw_parts(unsafe { NonNull::new_unchecked(p) }, 0)
-}
-
 /// The block of `size` bytes at `addr`.
 #[inline(always)]
 pub(super) fn block(base: NonNull<u8>, addr: usize, size: usize) -> NonNull<[u8]> {

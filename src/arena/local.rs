@@ -1,8 +1,9 @@
 //! [`LocalArena`]: a single-thread handle that bumps inside chunks taken
 //! from the shared bump pointer, without atomics.
 
-use super::chunk::{block, empty_block, zero_tail, Chunk, ChunkSizes};
+use super::chunk::{block, zero_tail, Chunk, ChunkSizes};
 use super::BumpArena;
+use crate::zero_size::empty_block;
 use allocator_api2::alloc::{AllocError, Allocator, Layout};
 use std::ptr::NonNull;
 

@@ -11,8 +11,9 @@
 //! needs no cleanup. Arenas built with `thread_chunks(false)` skip the table
 //! and move the shared pointer with one compare-and-swap per allocation.
 
-use super::chunk::{block, empty_block, zero_tail, Chunk, ChunkSizes};
+use super::chunk::{block, zero_tail, Chunk, ChunkSizes};
 use super::BumpArena;
+use crate::zero_size::empty_block;
 use allocator_api2::alloc::{AllocError, Allocator, Layout};
 use std::cell::Cell;
 use std::ptr::NonNull;

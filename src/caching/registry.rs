@@ -10,58 +10,13 @@
 //! once per instance (construction) and is undone in `Drop`; the cache hit
 //! and release paths never touch the registry.
 
-use std::ops::{Deref, DerefMut};
 use std::ptr::{self, NonNull};
 
-use super::pool::{Pool, TableShard};
+use super::heap_slice::HeapSlice;
+use super::pool::Pool;
+use super::table::TableShard;
 use crate::fork::{Hooks, Stage};
 use crate::lock::{HeldLock, PoolLock};
-
-/// A boxed slice owned through a raw pointer: the registry keeps pointers to
-/// an instance's pools and table shards while the instance moves, and a
-/// moved `Box` would assert unique access to its contents (invalidating
-/// those pointers under Rust's aliasing rules); a raw pointer asserts
-/// nothing. Derefs to the slice like the `Box` it was made from, and frees
-/// it on drop.
-pub(crate) struct HeapSlice<T>(NonNull<[T]>);
-
-// SAFETY: owns its elements, as `Box<[T]>` does.
-unsafe impl<T: Send> Send for HeapSlice<T> {}
-// SAFETY: `&HeapSlice<T>` gives only `&[T]`, as `&Box<[T]>` does.
-unsafe impl<T: Sync> Sync for HeapSlice<T> {}
-
-impl<T> HeapSlice<T> {
-    pub(crate) fn new(b: Box<[T]>) -> HeapSlice<T> {
-        HeapSlice(NonNull::from(Box::leak(b)))
-    }
-}
-
-impl<T> Deref for HeapSlice<T> {
-    type Target = [T];
-    #[inline]
-    fn deref(&self) -> &[T] {
-        // SAFETY: the slice lives until `drop`; shared access only (plus the
-        // registry's, which only uses the elements' locks).
-        unsafe { self.0.as_ref() }
-    }
-}
-
-impl<T> DerefMut for HeapSlice<T> {
-    #[inline]
-    fn deref_mut(&mut self) -> &mut [T] {
-        // SAFETY: `&mut self` is exclusive; the owner unregisters before it
-        // uses this (`BlockTable`'s drop runs after the registration's).
-        unsafe { self.0.as_mut() }
-    }
-}
-
-impl<T> Drop for HeapSlice<T> {
-    fn drop(&mut self) {
-        // SAFETY: made by `Box::leak` in `new`; no other pointer is used
-        // afterwards (the owner unregistered first).
-        drop(unsafe { Box::from_raw(self.0.as_ptr()) });
-    }
-}
 
 struct Node {
     pools: NonNull<[Pool]>,
@@ -213,55 +168,20 @@ pub(crate) fn hold_registry() -> HeldLock<'static> {
     INSTANCES.hold()
 }
 
+/// Whether the registry holds an entry for pools starting at `pools`
+/// (for the allocator's tests).
 #[cfg(test)]
-mod tests {
-    use super::INSTANCES;
-    use crate::caching::CachingAllocator;
-    use allocator_api2::alloc::Global;
-
-    /// Whether the registry holds an entry for pools starting at `pools`.
-    fn registered(pools: *const u8) -> bool {
-        let list = INSTANCES.lock();
-        let mut n = list.head;
-        while !n.is_null() {
-            // SAFETY: nodes of the list stay alive under the registry lock.
-            unsafe {
-                if (*n).pools.as_ptr().cast::<u8>().cast_const() == pools {
-                    return true;
-                }
-                n = (*n).next;
+pub(super) fn is_registered(pools: *const u8) -> bool {
+    let list = INSTANCES.lock();
+    let mut n = list.head;
+    while !n.is_null() {
+        // SAFETY: nodes of the list stay alive under the registry lock.
+        unsafe {
+            if (*n).pools.as_ptr().cast::<u8>().cast_const() == pools {
+                return true;
             }
+            n = (*n).next;
         }
-        false
     }
-
-    #[test]
-    fn instances_stay_registered_when_moved_and_leave_on_drop() {
-        let a = CachingAllocator::unbounded(Global);
-        let b = CachingAllocator::unbounded(Global);
-        let (pa, pb) = (a.pools.as_ptr().cast::<u8>(), b.pools.as_ptr().cast::<u8>());
-        let moved = vec![a, b];
-        assert!(registered(pa) && registered(pb));
-        let mut moved = moved;
-        let b = moved.pop().unwrap();
-        drop(moved);
-        assert!(!registered(pa), "dropped instance still registered");
-        assert!(registered(pb));
-        drop(b);
-        assert!(!registered(pb));
-    }
-
-    #[test]
-    fn fork_handlers_lock_and_release_every_registered_lock() {
-        let a = CachingAllocator::unbounded(Global);
-        super::lock_instances_for_fork();
-        // SAFETY: this thread took the locks just above.
-        unsafe { super::unlock_instances_after_fork() };
-        // Every lock is free again: the allocator works.
-        let layout = std::alloc::Layout::from_size_align(4096, 8).unwrap();
-        let p = allocator_api2::alloc::Allocator::allocate(&a, layout).unwrap();
-        // SAFETY: allocated above with `layout`.
-        unsafe { allocator_api2::alloc::Allocator::deallocate(&a, p.cast(), layout) };
-        assert_eq!(a.stats().misses, 1);
-    }
+    false
 }

@@ -1,8 +1,7 @@
 //! The pool specification parser (IREE's `--device_allocator=caching:<spec>`
 //! form, parsed strictly) and its result, [`CachingSpec`].
 //!
-//! The grammar is documented on [`CachingSpec`] and in the
-//! [module documentation](super#spec-grammar).
+//! The grammar is documented once, on [`CachingSpec`].
 //!
 //! Unlike IREE's parser this one rejects what IREE silently misreads:
 //! upper-case suffixes, trailing junk, fractions, signs, leading zeros,
@@ -48,10 +47,21 @@ pub struct PoolSpec {
 /// count     := digits                           a decimal u32
 /// ```
 ///
-/// Sizes are bytes (`kb` = 1000, `kib` = 1024, ...) and must fit `u64` and
-/// `usize`. Rejected, unlike IREE: upper-case suffixes (`1GiB`), trailing
-/// junk (`8x`), fractions, signs, leading zeros (`010`), overflow, a fourth
-/// limit field, empty pairs (`a,,b`, trailing `,`) and empty names.
+/// Pools are in priority order, at most [`MAX_POOLS`]; the empty spec is one
+/// unbounded pool. Names are IREE's memory types ([`MemoryType`]) and buffer
+/// usages ([`BufferUsage`]); `*` is the wildcard. The fields:
+///
+/// | field | unit / form | default | rejected (unlike IREE) |
+/// | --- | --- | --- | --- |
+/// | `max_allocation_size` | bytes: decimal and an optional `b kb kib mb mib gb gib tb tib` (lowercase; `kb` = 1000, `kib` = 1024) | the heap's maximum | `1GiB`, `8x`, `123fb`, `1.5gib`, `-1`, `010`, overflow of `u64`/`usize` |
+/// | `max_allocation_capacity` | bytes, as above: live + cached bytes of the pool | unlimited | as above |
+/// | `max_free_allocation_count` | a decimal `u32`: blocks kept on the pool's free list | 64 ([`DEFAULT_MAX_FREE_ALLOCATION_COUNT`](super::DEFAULT_MAX_FREE_ALLOCATION_COUNT)) | suffixes, signs, leading zeros, more than `u32::MAX` |
+/// | memory type (left of `;` in the key) | `*` or names joined by `\|`: `host_local device_local host_visible host_coherent host_cached device_visible optimal` | `*` | unknown or empty names, `*` mixed with names |
+/// | buffer usage (right of `;`) | `*` or names joined by `\|`: `transfer[_source/_target] dispatch dispatch_storage[_read/_write] dispatch_image[_read/_write] dispatch_indirect_params dispatch_uniform_read sharing_{export,replicate,concurrent,immutable} mapping mapping_{scoped,persistent,optional,access_random,access_sequential_write}` | `*` | as above |
+///
+/// Fields are trimmed; an empty field or `*` keeps the default, and missing
+/// trailing fields keep theirs. Also rejected, unlike IREE: a fourth limit
+/// field, empty pairs (`a,,b`, trailing `,`) and empty names.
 ///
 /// ```
 /// use ckalloc::caching::CachingSpec;

@@ -8,6 +8,7 @@ use super::{map_huge, unmap, HugeOptions};
 use crate::env;
 use crate::sys::{self, Advice, HUGE_PAGE_2M};
 use crate::tier::{self, Backing};
+use crate::zero_size::empty_block;
 use allocator_api2::alloc::{AllocError, Allocator, Layout};
 use std::alloc::{GlobalAlloc, System};
 use std::ptr::{self, NonNull};
@@ -602,14 +603,6 @@ unsafe impl<S: GlobalAlloc> GlobalAlloc for CkHuge<S> {
     }
 }
 
-fn dangling(layout: Layout) -> NonNull<[u8]> {
-    // Alignments are non-zero powers of two, so this is a valid, aligned,
-    // non-null address that is never dereferenced for zero-size blocks.
-    let p = ptr::without_provenance_mut::<u8>(layout.align());
-    // SAFETY: `p` is non-null (align >= 1).
-    NonNull::slice_from_raw_parts(unsafe { NonNull::new_unchecked(p) }, 0)
-}
-
 impl<S: GlobalAlloc> CkHuge<S> {
     /// The slice a block of `size` bytes may use: the whole mapping for
     /// mapped blocks (any size in between is valid when freeing, since it
@@ -646,7 +639,7 @@ impl<S: GlobalAlloc> CkHuge<S> {
         if new.size() == 0 {
             // SAFETY: the caller's contract.
             unsafe { self.deallocate(ptr, old) };
-            return Ok(dangling(new));
+            return Ok(empty_block(new.align()));
         }
         if old.align() == new.align() {
             // SAFETY: forwarded contract; sizes are valid for the alignment.
@@ -689,7 +682,7 @@ unsafe impl<S: GlobalAlloc> Allocator for CkHuge<S> {
     #[inline]
     fn allocate(&self, layout: Layout) -> Result<NonNull<[u8]>, AllocError> {
         if layout.size() == 0 {
-            return Ok(dangling(layout));
+            return Ok(empty_block(layout.align()));
         }
         let p = if self.is_mapped(layout.size()) {
             self.map_block(layout.size(), layout.align(), false, false)
@@ -703,7 +696,7 @@ unsafe impl<S: GlobalAlloc> Allocator for CkHuge<S> {
     #[inline]
     fn allocate_zeroed(&self, layout: Layout) -> Result<NonNull<[u8]>, AllocError> {
         if layout.size() == 0 {
-            return Ok(dangling(layout));
+            return Ok(empty_block(layout.align()));
         }
         let p = if self.is_mapped(layout.size()) {
             self.map_block(layout.size(), layout.align(), true, false)
