@@ -3,16 +3,14 @@
 //! retention cache) and small ones from `System` or another allocator.
 
 use super::retain;
-use super::stats::COUNTERS;
 use super::{map_huge, unmap, HugeOptions};
 use crate::env;
 use crate::sys::{self, Advice, HUGE_PAGE_2M};
-use crate::tier::{self, Backing};
+use crate::tier::Backing;
 use crate::zero_size::empty_block;
 use allocator_api2::alloc::{AllocError, Allocator, Layout};
 use std::alloc::{GlobalAlloc, System};
 use std::ptr::{self, NonNull};
-use std::sync::atomic::Ordering;
 
 /// Huge-page allocator usable as `#[global_allocator]` and as an
 /// `allocator_api2` [`Allocator`].
@@ -26,99 +24,12 @@ use std::sync::atomic::Ordering;
 /// path a block takes depends only on its size, so a block is always freed
 /// by the path that served it.
 ///
-/// # Retention
-///
-/// Through [`GlobalAlloc`], a freed huge-page block is not unmapped at once:
-/// it goes to one process-wide retention cache shared by every `CkHuge`
-/// value, and a later request whose 2 MiB-rounded length is the block's
-/// exact length (and whose alignment the block's address meets) gets it back
-/// without a system call, as glibc's `malloc` and mimalloc reuse freed
-/// memory. When no block has the exact length, the shortest longer one that
-/// meets the alignment is trimmed to the request with one `munmap` of its
-/// tail (cheaper than mapping fresh pages the kernel must clear); only when
-/// there is none is a new block mapped. Retained blocks always have the
-/// exact length `dealloc` and `realloc` rebuild from the layout. The cache
-/// is bounded:
-///
-/// - **cap**: at most [`env::retain_bytes`](crate::env::retain_bytes) bytes
-///   (`CKALLOC_RETAIN_BYTES`, default 128 MiB) and 64 blocks are retained,
-///   process-wide; a block that does not fit, or is longer than a quarter
-///   of the cap (one freed buffer must not hold most of it), is unmapped. Per value,
-///   [`retain_max_bytes`](Self::retain_max_bytes) bounds the length of the
-///   blocks it puts into (and takes from) the cache;
-///   [`uncached`](CkHuge::uncached) retains nothing and maps every block
-///   afresh (C-Kernel-Engine's `ck_huge_alloc` behaviour).
-/// - **decay**: a block unused for
-///   [`env::retain_decay_ms`](crate::env::retain_decay_ms)
-///   (`CKALLOC_RETAIN_DECAY_MS`, default 1000 ms; after mimalloc's
-///   `purge_delay` and jemalloc's `dirty_decay_ms`) is unmapped by a later
-///   allocator call: every 256 calls of a thread (mapped-path calls, and
-///   small-path allocations while a block is retained) read the monotonic
-///   clock and give back at most 4 expired blocks. A global allocator has no
-///   thread of its own, so a process that frees large blocks and then makes
-///   no allocator calls (sleeps, waits on I/O) keeps up to the cap mapped
-///   and resident until its next calls; [`release_retained`](crate::release_retained) gives
-///   everything back at once.
-/// - **zeroing**: an `alloc_zeroed` hit of at most 16 MiB is cleared with a
-///   memset (its pages are resident, and clearing them costs less than
-///   faulting them back in for the kernel to clear); a larger hit is given
-///   back with `madvise(MADV_DONTNEED)`, after which its anonymous pages
-///   read as zero and fault in on first touch (memset if `madvise` fails).
-/// - **hugetlb** blocks are retained like the others and count against the
-///   cap: they come from the reserved pool, and retaining one keeps it out
-///   of that pool until it decays or is released.
-/// - **threads**: the cache is 4 shards of 16 slots; a thread claims a slot
-///   with one compare-and-swap and releases it with a store, starting at its
-///   own shard, so no thread ever waits for another (no lock, no convoy).
-///   The thread-local state (shard number, call counter) is `const`
-///   initialised, has no destructor and is reached with `try_with`; the
-///   blocks an exiting thread freed stay in the shared slots for other
-///   threads.
-/// - **fork**: nothing blocks, so the child of `fork()` can allocate whatever
-///   the other threads of the parent were doing; a `pthread_atfork` child
-///   handler (registered on the first retained block) empties slots that
-///   were mid-operation at the fork and recounts the retained bytes.
-/// - [`huge_stats`](crate::huge_stats) reports the retained bytes, hits,
-///   misses and the bytes decay gave back;
-///   [`live_bytes`](crate::HugeStats::live_bytes) excludes retained blocks.
-///
-/// # Short tails
-///
-/// Through [`GlobalAlloc`] the caller owns exactly `layout.size()` bytes, so
-/// when a THP block's last 2 MiB page holds less than 1 MiB of the request
-/// (`size % 2 MiB` is neither 0 nor 1 MiB or more), that page is advised
-/// `MADV_NOHUGEPAGE` (`madvise(2)`) and faults in as 4 KiB pages: a
-/// 2.25 MiB request whose bytes are all written clears and keeps resident
-/// 2.25 MiB, not 4 MiB (a block below 2 MiB, with a lower threshold, is all
-/// 4 KiB pages). Longer tails, sizes that are multiples of 2 MiB, and every
-/// block served through [`Allocator`] (whose slice covers the whole
-/// 2 MiB-rounded length) stay huge. Plain-page blocks (THP off,
-/// `CKALLOC_THP=0`) get no advice, and hugetlb blocks none when mapped
-/// (`realloc` cannot tell them from THP blocks and may advise their last
-/// page, which leaves hugetlb pages as they are).
-///
-/// - **Advice is about future faults.** A page already faulted in keeps
-///   its page size: a huge page stays huge when later advised
-///   `MADV_NOHUGEPAGE`, and 4 KiB pages stay 4 KiB pages when later advised
-///   `MADV_HUGEPAGE` (until khugepaged collapses them).
-/// - **Retained blocks** keep the advice they have: a block mapped for a
-///   short tail and reused for a long tail (same rounded length) serves its
-///   last page as 4 KiB pages; a block mapped for a long tail and reused for
-///   a short tail keeps its whole last page huge (and resident, if it was
-///   touched before).
-/// - **`realloc`** advises the new last page `MADV_NOHUGEPAGE` when the new
-///   size leaves a short tail (growing, shrinking to a shorter mapping, or
-///   within the same length from a long tail), and `MADV_HUGEPAGE` when it
-///   grows past one or, within the same length, goes from a short tail to a
-///   long one.
-/// - **VMAs**: an advised block is two VMAs (two lines of
-///   `/proc/self/maps`, counted against `vm.max_map_count`), more after it
-///   grew; freeing the block unmaps all of them. `mremap` resizes one VMA
-///   only, so `realloc` grows such a block by resizing its last 2 MiB page
-///   in place when the address space after the block is free, and
-///   otherwise copies it into a new block (as mimalloc's `realloc` does
-///   for large blocks). Blocks of one VMA (no short tail) move with
-///   `mremap` as below.
+/// Through [`GlobalAlloc`], freed blocks go to a process-wide retention
+/// cache and serve later requests of the same 2 MiB-rounded length without
+/// a system call (bounded by a byte cap and decay;
+/// [Retention](crate::huge#retention-ckhuge)), and a block whose last 2 MiB
+/// page holds less than 1 MiB of the request keeps that page in base pages
+/// ([Short tails](crate::huge#short-tails-ckhuge)).
 ///
 /// Through the `allocator_api2` [`Allocator`] interface nothing is retained:
 /// every block is mapped and unmapped, so `CachingAllocator<CkHuge>`
@@ -129,14 +40,14 @@ use std::sync::atomic::Ordering;
 /// `realloc` of a mapped block grows in place with `mremap` when the address
 /// space after it is free, else moves it with `mremap(MREMAP_FIXED)` into an
 /// aligned reservation (a plain `MREMAP_MAYMOVE` could lose the alignment;
-/// [Short tails](CkHuge#short-tails) says how blocks of several VMAs grow);
+/// [Short tails](crate::huge#short-tails-ckhuge) says how blocks of several
+/// VMAs grow);
 /// hugetlb blocks cannot grow with `mremap`, so they are copied.
 ///
-/// The mapping path never allocates, takes no lock of its own, never panics
-/// and never prints; configuration is read with `getenv`. The first block
-/// the process retains registers the fork child handler with
-/// `pthread_atfork(3)`, which takes the C library's handler lock once (also
-/// safe from inside another library's fork prepare handler). Thread-safe.
+/// The mapping path never allocates, takes no lock, never panics and never
+/// prints; configuration is read with `getenv`. The retention cache's fork
+/// hook is registered when the library is loaded, never from this path.
+/// Thread-safe.
 ///
 /// `CkHuge<S>` is `Copy` and `Debug` when `S` is: `CkHuge` (with `System`)
 /// is both, `CkHuge<mimalloc::MiMalloc>` is neither (`MiMalloc` derives
@@ -149,9 +60,9 @@ use std::sync::atomic::Ordering;
 /// ```
 #[derive(Clone, Copy, Debug)]
 pub struct CkHuge<S = System> {
-    threshold: usize,
-    retain_max: usize,
-    small: S,
+    pub(super) threshold: usize,
+    pub(super) retain_max: usize,
+    pub(super) small: S,
 }
 
 impl<S> PartialEq for CkHuge<S> {
@@ -170,9 +81,27 @@ impl Default for CkHuge {
 
 const OPTS: HugeOptions = HugeOptions::new();
 
+/// The interface a call came through, which decides two things: only
+/// blocks of `GlobalAlloc` calls are retained (an `Allocator` block's slice
+/// covers its whole length, and `CachingAllocator` is the cache there), and
+/// only they get a short tail (the caller owns exactly `layout.size()`
+/// bytes).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Via {
+    GlobalAlloc,
+    Allocator,
+}
+
+/// Whether the bytes a call hands out must read zero.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Fill {
+    Zeroed,
+    Uninit,
+}
+
 /// A `GlobalAlloc` block whose last 2 MiB page holds fewer bytes of the
 /// request than this keeps that page in 4 KiB pages (see
-/// [Short tails](CkHuge#short-tails)): clearing the tail's 4 KiB pages costs
+/// [Short tails](crate::huge#short-tails-ckhuge)): clearing the tail's 4 KiB pages costs
 /// less than clearing a whole huge page, and the rest of the page stays out
 /// of the resident set.
 const SHORT_TAIL: usize = HUGE_PAGE_2M / 2;
@@ -183,7 +112,7 @@ const ZERO_BY_MEMSET_MAX: usize = 16 << 20;
 
 impl CkHuge {
     /// A `CkHuge` with the default threshold of 2 MiB, retaining freed
-    /// blocks (see [Retention](CkHuge#retention)); small requests go to
+    /// blocks (see [Retention](crate::huge#retention-ckhuge)); small requests go to
     /// `System`.
     pub const fn new() -> CkHuge {
         CkHuge {
@@ -249,24 +178,27 @@ impl<S> CkHuge<S> {
 
 impl<S: GlobalAlloc> CkHuge<S> {
     #[inline]
-    fn is_mapped(&self, size: usize) -> bool {
+    pub(super) fn is_mapped(&self, size: usize) -> bool {
         size >= self.threshold
     }
 
     /// The length of the mapping that serves `size` bytes (always
     /// representable: `Layout` sizes are at most `isize::MAX`).
     #[inline]
-    fn mapped_len(size: usize) -> Option<usize> {
+    pub(super) fn mapped_len(size: usize) -> Option<usize> {
         sys::round_up(size, HUGE_PAGE_2M)
     }
 
-    /// A fresh mapping for `size` bytes; `global`: the call comes through
-    /// `GlobalAlloc`, so a short tail stays in base pages.
+    /// A fresh mapping for `size` bytes; through `GlobalAlloc` a short
+    /// tail stays in base pages.
     #[cold]
-    fn map(size: usize, align: usize, global: bool) -> *mut u8 {
+    pub(super) fn map(size: usize, align: usize, via: Via) -> *mut u8 {
         match map_huge(size, align, &OPTS) {
             Ok(m) => {
-                if global && m.backing == Backing::TransparentHuge && Self::short_tail(size) {
+                if via == Via::GlobalAlloc
+                    && m.backing == Backing::TransparentHuge
+                    && Self::short_tail(size)
+                {
                     Self::advise_tail(m.ptr.as_ptr(), size, m.mapped_len);
                 }
                 m.ptr.as_ptr()
@@ -276,9 +208,9 @@ impl<S: GlobalAlloc> CkHuge<S> {
     }
 
     /// Whether `size` leaves a short tail in its last 2 MiB page (see
-    /// [Short tails](CkHuge#short-tails)).
+    /// [Short tails](crate::huge#short-tails-ckhuge)).
     #[inline]
-    fn short_tail(size: usize) -> bool {
+    pub(super) fn short_tail(size: usize) -> bool {
         let tail = size % HUGE_PAGE_2M;
         tail != 0 && tail < SHORT_TAIL
     }
@@ -286,7 +218,7 @@ impl<S: GlobalAlloc> CkHuge<S> {
     /// Advise the last 2 MiB page of a THP block of `len` bytes for `size`:
     /// `MADV_NOHUGEPAGE` when `size` leaves a short tail in it, else
     /// `MADV_HUGEPAGE`. Advice only: if it fails, the page keeps its advice.
-    fn advise_tail(p: *mut u8, size: usize, len: usize) {
+    pub(super) fn advise_tail(p: *mut u8, size: usize, len: usize) {
         if len < HUGE_PAGE_2M {
             return;
         }
@@ -300,37 +232,36 @@ impl<S: GlobalAlloc> CkHuge<S> {
     }
 
     /// Whether this value uses the retention cache for a block of `len`
-    /// bytes (`retain`: the call comes through `GlobalAlloc`).
+    /// bytes (only through `GlobalAlloc`).
     #[inline]
-    fn retains(&self, len: usize, retain: bool) -> bool {
-        retain && len <= self.retain_max && env::retain_bytes() != 0
+    pub(super) fn retains(&self, len: usize, via: Via) -> bool {
+        via == Via::GlobalAlloc && len <= self.retain_max && env::retain_bytes() != 0
     }
 
     /// A block for `size` bytes aligned to `align`: a retained one when
-    /// `retain` allows (cleared when `zero`), else a fresh mapping (which
-    /// the kernel zero-fills). `retain`: the call comes through
-    /// `GlobalAlloc` (see [`retains`](Self::retains)).
+    /// [`retains`](Self::retains) allows (cleared for `Fill::Zeroed`), else a
+    /// fresh mapping (which the kernel zero-fills).
     #[inline]
-    fn map_block(&self, size: usize, align: usize, zero: bool, retain: bool) -> *mut u8 {
+    pub(super) fn map_block(&self, size: usize, align: usize, fill: Fill, via: Via) -> *mut u8 {
         let Some(len) = Self::mapped_len(size) else {
             return ptr::null_mut();
         };
-        if self.retains(len, retain) {
+        if self.retains(len, via) {
             retain::tick();
             if let Some(p) = retain::take(len, align.max(HUGE_PAGE_2M)) {
-                if zero {
+                if fill == Fill::Zeroed {
                     Self::zero_hit(p.as_ptr(), size, len);
                 }
                 return p.as_ptr();
             }
         }
-        Self::map(size, align, retain)
+        Self::map(size, align, via)
     }
 
     /// Clear the first `size` bytes of a retained block of `len` bytes
-    /// (see [Retention](CkHuge#retention) for the cutoff).
+    /// (see [Retention](crate::huge#retention-ckhuge) for the cutoff).
     #[cold]
-    fn zero_hit(p: *mut u8, size: usize, len: usize) {
+    pub(super) fn zero_hit(p: *mut u8, size: usize, len: usize) {
         if len > ZERO_BY_MEMSET_MAX && sys::madvise(p, len, Advice::DontNeed).is_ok() {
             return;
         }
@@ -339,16 +270,16 @@ impl<S: GlobalAlloc> CkHuge<S> {
     }
 
     /// Free a mapped block of `size` bytes: into the retention cache when
-    /// `retain` allows and it has room, else unmapped.
+    /// [`retains`](Self::retains) allows and it has room, else unmapped.
     ///
     /// # Safety
     /// `ptr` is a mapped block of `mapped_len(size)` bytes, no longer used.
     #[inline]
-    unsafe fn release_block(&self, ptr: *mut u8, size: usize, retain: bool) {
+    pub(super) unsafe fn release_block(&self, ptr: *mut u8, size: usize, via: Via) {
         let (Some(p), Some(len)) = (NonNull::new(ptr), Self::mapped_len(size)) else {
             return;
         };
-        if self.retains(len, retain) {
+        if self.retains(len, via) {
             retain::tick();
             if retain::put(p, len) {
                 return;
@@ -356,215 +287,8 @@ impl<S: GlobalAlloc> CkHuge<S> {
         }
         unmap(p, len);
     }
-
-    /// Resize a block to `new_size` keeping `align`; `zero` asks for the
-    /// bytes from the old size to the new size to read as zero. Returns null
-    /// and leaves the old block intact on failure.
-    ///
-    /// # Safety
-    /// `ptr` was allocated by `self` with `Layout(old_size, align)`, and
-    /// `new_size` is a valid `Layout` size for `align` (non-zero).
-    unsafe fn resize(
-        &self,
-        ptr: *mut u8,
-        old_size: usize,
-        align: usize,
-        new_size: usize,
-        zero: bool,
-        retain: bool,
-    ) -> *mut u8 {
-        let copy = old_size.min(new_size);
-        let zero_tail = |p: *mut u8, from: usize, to: usize| {
-            if zero && to > from {
-                // SAFETY: `p..p+to` is inside the resized block.
-                unsafe { ptr::write_bytes(p.add(from), 0, to - from) };
-            }
-        };
-        match (self.is_mapped(old_size), self.is_mapped(new_size)) {
-            (false, false) => {
-                // SAFETY: the caller's contract is `S`'s for small blocks.
-                let layout = unsafe { Layout::from_size_align_unchecked(old_size, align) };
-                // SAFETY: as above; `S` handles any alignment it gave.
-                let p = unsafe { self.small.realloc(ptr, layout, new_size) };
-                if !p.is_null() {
-                    zero_tail(p, old_size, new_size);
-                }
-                p
-            }
-            (false, true) => {
-                let p = self.map_block(new_size, align, zero, retain);
-                if !p.is_null() {
-                    // SAFETY: both blocks hold at least `copy` bytes and do
-                    // not overlap (another mapping). The tail reads as zero
-                    // when `zero` asked for it (fresh or cleared block).
-                    unsafe {
-                        ptr::copy_nonoverlapping(ptr, p, copy);
-                        self.small
-                            .dealloc(ptr, Layout::from_size_align_unchecked(old_size, align));
-                    }
-                }
-                p
-            }
-            (true, false) => {
-                // SAFETY: new_size is non-zero and valid for `align`.
-                let p = unsafe {
-                    self.small
-                        .alloc(Layout::from_size_align_unchecked(new_size, align))
-                };
-                if !p.is_null() {
-                    // SAFETY: disjoint blocks, `copy` bytes in both; this
-                    // branch only shrinks, so there is no tail to zero.
-                    unsafe {
-                        ptr::copy_nonoverlapping(ptr, p, copy);
-                        self.release_block(ptr, old_size, retain);
-                    }
-                }
-                p
-            }
-            // SAFETY: forwarded contract.
-            (true, true) => unsafe { self.remap(ptr, old_size, align, new_size, zero, retain) },
-        }
-    }
-
-    /// Grow a `GlobalAlloc` THP block of `old_len` bytes at `base` to
-    /// `new_len` bytes with `mremap`, without copying. `mremap` resizes one
-    /// VMA only (`EFAULT` across two), and such a block is two or more VMAs
-    /// once its last 2 MiB page was advised `MADV_NOHUGEPAGE` (a short tail,
-    /// or an earlier one grown past: advice does not merge VMAs whose pages
-    /// were faulted in apart). So the last page is grown on its own, in place
-    /// when the address space after the block is free; else a block of one
-    /// VMA moves whole onto an aligned reservation (`MREMAP_FIXED`), and a
-    /// block of several VMAs fails here and is copied by the caller. On error
-    /// the block is as it was.
-    fn grow_split(
-        base: NonNull<u8>,
-        old_len: usize,
-        new_len: usize,
-        align: usize,
-    ) -> std::io::Result<NonNull<u8>> {
-        let head = old_len - HUGE_PAGE_2M;
-        // `head` is inside the block, so the pointer is never null.
-        let Some(last) = NonNull::new(base.as_ptr().wrapping_add(head)) else {
-            return Err(std::io::ErrorKind::InvalidInput.into());
-        };
-        if sys::mremap(last, HUGE_PAGE_2M, new_len - head, None).is_ok() {
-            return Ok(base);
-        }
-        let dst = sys::reserve_aligned(new_len, align)?;
-        sys::mremap(base, old_len, new_len, Some(dst)).inspect_err(|_| {
-            let _ = sys::munmap_best_effort(dst.as_ptr(), new_len);
-        })
-    }
-
-    /// Mapped-to-mapped resize.
-    ///
-    /// # Safety
-    /// As [`resize`](Self::resize), with both sizes on the mapping path.
-    #[cold]
-    unsafe fn remap(
-        &self,
-        ptr: *mut u8,
-        old_size: usize,
-        align: usize,
-        new_size: usize,
-        zero: bool,
-        retain: bool,
-    ) -> *mut u8 {
-        let (Some(old_len), Some(new_len), Some(base)) = (
-            Self::mapped_len(old_size),
-            Self::mapped_len(new_size),
-            NonNull::new(ptr),
-        ) else {
-            return ptr::null_mut();
-        };
-        // Bytes between the old size and the old mapping's end may hold data
-        // from before an earlier shrink; pages past the old mapping are fresh.
-        let zero_dirty = |p: *mut u8| {
-            let end = new_size.min(old_len);
-            if zero && end > old_size {
-                // SAFETY: `p..p+end` lies inside the resized mapping.
-                unsafe { ptr::write_bytes(p.add(old_size), 0, end - old_size) };
-            }
-        };
-        if new_len == old_len {
-            if retain
-                && Self::short_tail(old_size) != Self::short_tail(new_size)
-                && tier::anon_tier() == Backing::TransparentHuge
-            {
-                Self::advise_tail(ptr, new_size, new_len);
-            }
-            zero_dirty(ptr);
-            return ptr;
-        }
-        if new_len < old_len {
-            // Shrink: give back whole 2 MiB pages at the tail (valid for
-            // hugetlb too). If that fails the block keeps its old length,
-            // so report failure and leave it as it was.
-            // SAFETY: the tail lies inside our mapping.
-            let tail = unsafe { ptr.add(new_len) };
-            return match sys::munmap(tail, old_len - new_len) {
-                Ok(()) => {
-                    COUNTERS.record_unmap(old_len - new_len);
-                    COUNTERS.remaps.fetch_add(1, Ordering::Relaxed);
-                    if retain
-                        && Self::short_tail(new_size)
-                        && tier::anon_tier() == Backing::TransparentHuge
-                    {
-                        Self::advise_tail(ptr, new_size, new_len);
-                    }
-                    ptr
-                }
-                Err(_) => ptr::null_mut(),
-            };
-        }
-        // Grow 1: in place, when the address space after the block is free.
-        // 2: move onto an aligned reservation with MREMAP_FIXED.
-        // hugetlb mappings refuse both (EINVAL), and fall through to 3: map,
-        // copy, unmap. A `GlobalAlloc` block on THP may be two VMAs (see
-        // `grow_split`).
-        let align = align.max(HUGE_PAGE_2M);
-        let grown = if retain && tier::anon_tier() == Backing::TransparentHuge {
-            Self::grow_split(base, old_len, new_len, align)
-        } else {
-            sys::mremap(base, old_len, new_len, None).or_else(|_| {
-                let dst = sys::reserve_aligned(new_len, align)?;
-                sys::mremap(base, old_len, new_len, Some(dst)).inspect_err(|_| {
-                    let _ = sys::munmap_best_effort(dst.as_ptr(), new_len);
-                })
-            })
-        };
-        if let Ok(p) = grown {
-            let backing = tier::anon_tier();
-            if backing == Backing::TransparentHuge {
-                let _ = sys::madvise(p.as_ptr(), new_len, Advice::HugePage);
-                if retain && Self::short_tail(new_size) {
-                    Self::advise_tail(p.as_ptr(), new_size, new_len);
-                }
-            }
-            COUNTERS.record_grow(old_len, new_len, backing);
-            zero_dirty(p.as_ptr());
-            return p.as_ptr();
-        }
-        let p = self.map_block(new_size, align, zero, retain);
-        if !p.is_null() {
-            // SAFETY: disjoint mappings; `old_size` bytes are readable in the
-            // old block and writable in the new one (new_size > old_size);
-            // the old block is no longer used.
-            unsafe {
-                ptr::copy_nonoverlapping(ptr, p, old_size);
-                self.release_block(ptr, old_size, retain);
-            }
-        }
-        p
-    }
 }
 
-// SAFETY: `alloc` returns blocks of at least `layout.size()` bytes aligned to
-// `layout.align()` (`S`'s, a mapping aligned to max(align, 2 MiB), or a
-// retained mapping of the same length whose address meets the alignment), or
-// null; `alloc_zeroed` clears retained blocks; `dealloc` routes by size
-// exactly as `alloc` did; `realloc` keeps the contents up to the smaller size
-// and leaves the block intact on failure.
 unsafe impl<S: GlobalAlloc> GlobalAlloc for CkHuge<S> {
     #[inline]
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
@@ -573,7 +297,12 @@ unsafe impl<S: GlobalAlloc> GlobalAlloc for CkHuge<S> {
             // SAFETY: the caller's contract (non-zero size) is `S`'s.
             return unsafe { self.small.alloc(layout) };
         }
-        self.map_block(layout.size(), layout.align(), false, true)
+        self.map_block(
+            layout.size(),
+            layout.align(),
+            Fill::Uninit,
+            Via::GlobalAlloc,
+        )
     }
 
     #[inline]
@@ -583,7 +312,12 @@ unsafe impl<S: GlobalAlloc> GlobalAlloc for CkHuge<S> {
             // SAFETY: as in `alloc`.
             return unsafe { self.small.alloc_zeroed(layout) };
         }
-        self.map_block(layout.size(), layout.align(), true, true)
+        self.map_block(
+            layout.size(),
+            layout.align(),
+            Fill::Zeroed,
+            Via::GlobalAlloc,
+        )
     }
 
     #[inline]
@@ -593,13 +327,22 @@ unsafe impl<S: GlobalAlloc> GlobalAlloc for CkHuge<S> {
             return unsafe { self.small.dealloc(ptr, layout) };
         }
         // SAFETY: mapped blocks are `mapped_len(size)` long at `ptr`.
-        unsafe { self.release_block(ptr, layout.size(), true) }
+        unsafe { self.release_block(ptr, layout.size(), Via::GlobalAlloc) }
     }
 
     #[inline]
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
         // SAFETY: GlobalAlloc's realloc contract is `resize`'s.
-        unsafe { self.resize(ptr, layout.size(), layout.align(), new_size, false, true) }
+        unsafe {
+            self.resize(
+                ptr,
+                layout.size(),
+                layout.align(),
+                new_size,
+                Fill::Uninit,
+                Via::GlobalAlloc,
+            )
+        }
     }
 }
 
@@ -627,10 +370,10 @@ impl<S: GlobalAlloc> CkHuge<S> {
         ptr: NonNull<u8>,
         old: Layout,
         new: Layout,
-        zero: bool,
+        fill: Fill,
     ) -> Result<NonNull<[u8]>, AllocError> {
         if old.size() == 0 {
-            return if zero {
+            return if fill == Fill::Zeroed {
                 self.allocate_zeroed(new)
             } else {
                 self.allocate(new)
@@ -649,13 +392,13 @@ impl<S: GlobalAlloc> CkHuge<S> {
                     old.size(),
                     old.align(),
                     new.size(),
-                    zero,
-                    false,
+                    fill,
+                    Via::Allocator,
                 )
             };
             return self.usable(p, new.size());
         }
-        let fresh = if zero {
+        let fresh = if fill == Fill::Zeroed {
             self.allocate_zeroed(new)?
         } else {
             self.allocate(new)?
@@ -685,7 +428,7 @@ unsafe impl<S: GlobalAlloc> Allocator for CkHuge<S> {
             return Ok(empty_block(layout.align()));
         }
         let p = if self.is_mapped(layout.size()) {
-            self.map_block(layout.size(), layout.align(), false, false)
+            self.map_block(layout.size(), layout.align(), Fill::Uninit, Via::Allocator)
         } else {
             // SAFETY: non-zero size.
             unsafe { self.small.alloc(layout) }
@@ -699,7 +442,7 @@ unsafe impl<S: GlobalAlloc> Allocator for CkHuge<S> {
             return Ok(empty_block(layout.align()));
         }
         let p = if self.is_mapped(layout.size()) {
-            self.map_block(layout.size(), layout.align(), true, false)
+            self.map_block(layout.size(), layout.align(), Fill::Zeroed, Via::Allocator)
         } else {
             // SAFETY: non-zero size.
             unsafe { self.small.alloc_zeroed(layout) }
@@ -714,7 +457,7 @@ unsafe impl<S: GlobalAlloc> Allocator for CkHuge<S> {
         }
         if self.is_mapped(layout.size()) {
             // SAFETY: a mapped block of `mapped_len(size)` bytes.
-            unsafe { self.release_block(ptr.as_ptr(), layout.size(), false) }
+            unsafe { self.release_block(ptr.as_ptr(), layout.size(), Via::Allocator) }
         } else {
             // SAFETY: small blocks came from `S` with this layout.
             unsafe { self.small.dealloc(ptr.as_ptr(), layout) }
@@ -728,7 +471,7 @@ unsafe impl<S: GlobalAlloc> Allocator for CkHuge<S> {
         new: Layout,
     ) -> Result<NonNull<[u8]>, AllocError> {
         // SAFETY: forwarded contract.
-        unsafe { self.reallocate(ptr, old, new, false) }
+        unsafe { self.reallocate(ptr, old, new, Fill::Uninit) }
     }
 
     unsafe fn grow_zeroed(
@@ -738,7 +481,7 @@ unsafe impl<S: GlobalAlloc> Allocator for CkHuge<S> {
         new: Layout,
     ) -> Result<NonNull<[u8]>, AllocError> {
         // SAFETY: forwarded contract.
-        unsafe { self.reallocate(ptr, old, new, true) }
+        unsafe { self.reallocate(ptr, old, new, Fill::Zeroed) }
     }
 
     unsafe fn shrink(
@@ -748,6 +491,6 @@ unsafe impl<S: GlobalAlloc> Allocator for CkHuge<S> {
         new: Layout,
     ) -> Result<NonNull<[u8]>, AllocError> {
         // SAFETY: forwarded contract.
-        unsafe { self.reallocate(ptr, old, new, false) }
+        unsafe { self.reallocate(ptr, old, new, Fill::Uninit) }
     }
 }

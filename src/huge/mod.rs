@@ -45,7 +45,7 @@
 //! | [`HugeOptions::numa_node`] | `None` | `mbind(MPOL_BIND)` to one node, before prefaulting |
 //! | [`HugeOptions::dont_dump`] | `false` | `MADV_DONTDUMP`: leave the mapping out of core dumps |
 //! | [`CkHuge::with_threshold`] | 2 MiB | requests of at least this many bytes get a mapping of their own |
-//! | [`CkHuge::uncached`], [`CkHuge::retain_max_bytes`] | retain blocks up to the process-wide cap | never retain / retain only blocks up to this length (see [`CkHuge`]'s retention section) |
+//! | [`CkHuge::uncached`], [`CkHuge::retain_max_bytes`] | retain blocks up to the process-wide cap | never retain / retain only blocks up to this length (see [Retention](#retention-ckhuge)) |
 //!
 //! The environment switches of this layer (`CKALLOC_HUGETLB`, `CKALLOC_THP`,
 //! `CKALLOC_HUGETLB_BACKOFF_MS`, and `CkHuge`'s `CKALLOC_RETAIN_BYTES` and
@@ -74,6 +74,102 @@
 //! `/proc/self/smaps` on older kernels
 //! ([`HugeCoverage::exact`](crate::HugeCoverage::exact) says which).
 //!
+//! # Retention (`CkHuge`)
+//!
+//! Through [`GlobalAlloc`](std::alloc::GlobalAlloc), a freed huge-page block is not unmapped at once:
+//! it goes to one process-wide retention cache shared by every `CkHuge`
+//! value, and a later request whose 2 MiB-rounded length is the block's
+//! exact length (and whose alignment the block's address meets) gets it back
+//! without a system call, as glibc's `malloc` and mimalloc reuse freed
+//! memory. When no block has the exact length, the shortest longer one that
+//! meets the alignment is trimmed to the request with one `munmap` of its
+//! tail (cheaper than mapping fresh pages the kernel must clear); only when
+//! there is none is a new block mapped. Retained blocks always have the
+//! exact length `dealloc` and `realloc` rebuild from the layout. The cache
+//! is bounded:
+//!
+//! - **cap**: at most [`env::retain_bytes`](crate::env::retain_bytes) bytes
+//!   (`CKALLOC_RETAIN_BYTES`, default 128 MiB) and 64 blocks are retained,
+//!   process-wide; a block that does not fit, or is longer than a quarter
+//!   of the cap (one freed buffer must not hold most of it), is unmapped. Per value,
+//!   [`retain_max_bytes`](CkHuge::retain_max_bytes) bounds the length of the
+//!   blocks it puts into (and takes from) the cache;
+//!   [`uncached`](CkHuge::uncached) retains nothing and maps every block
+//!   afresh (C-Kernel-Engine's `ck_huge_alloc` behaviour).
+//! - **decay**: a block unused for
+//!   [`env::retain_decay_ms`](crate::env::retain_decay_ms)
+//!   (`CKALLOC_RETAIN_DECAY_MS`, default 1000 ms; after mimalloc's
+//!   `purge_delay` and jemalloc's `dirty_decay_ms`) is unmapped by a later
+//!   allocator call: every 256 calls of a thread (mapped-path calls, and
+//!   small-path allocations while a block is retained) read the monotonic
+//!   clock and give back at most 4 expired blocks. A global allocator has no
+//!   thread of its own, so a process that frees large blocks and then makes
+//!   no allocator calls (sleeps, waits on I/O) keeps up to the cap mapped
+//!   and resident until its next calls; [`release_retained`] gives
+//!   everything back at once.
+//! - **zeroing**: an `alloc_zeroed` hit of at most 16 MiB is cleared with a
+//!   memset (its pages are resident, and clearing them costs less than
+//!   faulting them back in for the kernel to clear); a larger hit is given
+//!   back with `madvise(MADV_DONTNEED)`, after which its anonymous pages
+//!   read as zero and fault in on first touch (memset if `madvise` fails).
+//! - **hugetlb** blocks are retained like the others and count against the
+//!   cap: they come from the reserved pool, and retaining one keeps it out
+//!   of that pool until it decays or is released.
+//! - **threads**: the cache is 4 shards of 16 slots; a thread claims a slot
+//!   with one compare-and-swap and releases it with a store, starting at its
+//!   own shard, so no thread ever waits for another (no lock, no convoy).
+//!   The thread-local state (shard number, call counter) is `const`
+//!   initialised, has no destructor and is reached with `try_with`; the
+//!   blocks an exiting thread freed stay in the shared slots for other
+//!   threads.
+//! - **fork**: nothing blocks, so the child of `fork()` can allocate whatever
+//!   the other threads of the parent were doing; a fork hook of the crate's
+//!   `pthread_atfork` child handler (registered when the library is loaded)
+//!   empties slots that were mid-operation at the fork and recounts the
+//!   retained bytes.
+//! - [`huge_stats`] reports the retained bytes, hits,
+//!   misses and the bytes decay gave back;
+//!   [`live_bytes`](crate::HugeStats::live_bytes) excludes retained blocks.
+//!
+//! # Short tails (`CkHuge`)
+//!
+//! Through [`GlobalAlloc`](std::alloc::GlobalAlloc) the caller owns exactly `layout.size()` bytes, so
+//! when a THP block's last 2 MiB page holds less than 1 MiB of the request
+//! (`size % 2 MiB` is neither 0 nor 1 MiB or more), that page is advised
+//! `MADV_NOHUGEPAGE` (`madvise(2)`) and faults in as 4 KiB pages: a
+//! 2.25 MiB request whose bytes are all written clears and keeps resident
+//! 2.25 MiB, not 4 MiB (a block below 2 MiB, with a lower threshold, is all
+//! 4 KiB pages). Longer tails, sizes that are multiples of 2 MiB, and every
+//! block served through [`Allocator`](allocator_api2::alloc::Allocator) (whose slice covers the whole
+//! 2 MiB-rounded length) stay huge. Plain-page blocks (THP off,
+//! `CKALLOC_THP=0`) get no advice, and hugetlb blocks none when mapped
+//! (`realloc` cannot tell them from THP blocks and may advise their last
+//! page, which leaves hugetlb pages as they are).
+//!
+//! - **Advice is about future faults.** A page already faulted in keeps
+//!   its page size: a huge page stays huge when later advised
+//!   `MADV_NOHUGEPAGE`, and 4 KiB pages stay 4 KiB pages when later advised
+//!   `MADV_HUGEPAGE` (until khugepaged collapses them).
+//! - **Retained blocks** keep the advice they have: a block mapped for a
+//!   short tail and reused for a long tail (same rounded length) serves its
+//!   last page as 4 KiB pages; a block mapped for a long tail and reused for
+//!   a short tail keeps its whole last page huge (and resident, if it was
+//!   touched before).
+//! - **`realloc`** advises the new last page `MADV_NOHUGEPAGE` when the new
+//!   size leaves a short tail (growing, shrinking to a shorter mapping, or
+//!   within the same length from a long tail), and `MADV_HUGEPAGE` when it
+//!   grows past one or, within the same length, goes from a short tail to a
+//!   long one.
+//! - **VMAs**: an advised block is two VMAs (two lines of
+//!   `/proc/self/maps`, counted against `vm.max_map_count`), more after it
+//!   grew; freeing the block unmaps all of them. `mremap` resizes one VMA
+//!   only, so `realloc` grows such a block by resizing its last 2 MiB page
+//!   in place when the address space after the block is free, and
+//!   otherwise copies it into a new block (as mimalloc's `realloc` does
+//!   for large blocks). Blocks of one VMA (no short tail) move with
+//!   `mremap` as below.
+//!
+//!
 //! # Growing
 //!
 //! [`CkHuge`] grows a mapped block with `mremap`: in place when the address
@@ -88,6 +184,7 @@ mod ladder;
 mod options;
 mod prefault;
 mod region;
+mod remap;
 mod retain;
 mod stats;
 

@@ -1,11 +1,12 @@
 //! Building a [`BumpArena`] on a `weights.bump`, shared by `load` and `demo`.
 
+use crate::error::{err, CliError};
+use crate::format::{ms, shown};
+use crate::output::progress;
 use crate::sigbus;
-use crate::util::{err, ms, progress, CliError};
-use crate::weights_file::{file_error, shown};
+use crate::weights_file::file_error;
 use ckalloc::weights::{CheckedManifest, WeightsFile};
 use ckalloc::{ArenaMode, BumpArena, FallbackReason, HugeCoverage, ModePolicy};
-use indicatif::BinaryBytes;
 use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
 use std::path::Path;
@@ -310,57 +311,11 @@ pub fn verify_loaded(
     Ok(v)
 }
 
+/// A huge-page coverage report (of the weights or the runtime region) as JSON.
 pub fn coverage_json(c: &HugeCoverage) -> Value {
     json!({
         "resident_bytes": c.mapped_bytes,
         "huge_bytes": c.huge_bytes,
         "exact": c.exact,
     })
-}
-
-/// Resident memory of this process from `/proc/self/status` (bytes):
-/// `VmRSS`, `RssAnon`, `RssFile`, `HugetlbPages` (not part of `VmRSS`),
-/// `VmHWM`. Missing fields are `None`.
-pub fn resident() -> [(&'static str, Option<u64>); 5] {
-    let text = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
-    let get = |key: &str| {
-        text.lines()
-            .find_map(|l| l.strip_prefix(key))
-            .and_then(|r| r.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
-            .map(|kb| kb * 1024)
-    };
-    [
-        ("rss", get("VmRSS:")),
-        ("rss_anon", get("RssAnon:")),
-        ("rss_file", get("RssFile:")),
-        ("hugetlb", get("HugetlbPages:")),
-        ("peak_rss", get("VmHWM:")),
-    ]
-}
-
-pub fn resident_line() -> String {
-    let r = resident();
-    let f = |v: Option<u64>| {
-        v.map(|b| BinaryBytes(b).to_string())
-            .unwrap_or_else(|| "?".into())
-    };
-    let hugetlb = match r[3].1 {
-        Some(h) if h > 0 => format!(" + hugetlb {}", BinaryBytes(h)),
-        _ => String::new(),
-    };
-    format!(
-        "resident: {} (anonymous {}, file {}){hugetlb}, peak {}",
-        f(r[0].1),
-        f(r[1].1),
-        f(r[2].1),
-        f(r[4].1)
-    )
-}
-
-pub fn resident_json() -> Value {
-    let mut m = serde_json::Map::new();
-    for (k, v) in resident() {
-        m.insert(format!("{k}_bytes"), json!(v));
-    }
-    Value::Object(m)
 }

@@ -15,17 +15,22 @@
 //! See docs/cli.md.
 
 mod arena_load;
+mod args;
 mod commands;
-mod compute;
+mod error;
+mod format;
 mod model;
+mod output;
+mod packing;
+mod resident;
 mod sigbus;
-mod util;
+mod synthetic;
 mod weights_file;
 
 use clap::{Args, Parser, Subcommand};
 use commands::{demo, inspect, load, pack, probe, synth};
+use error::CliError;
 use std::process::ExitCode;
-use util::CliError;
 
 /// Huge-page memory, weights.bump arenas and the caching allocator, from the shell.
 #[derive(Parser, Debug)]
@@ -74,7 +79,7 @@ fn run(cli: Cli) -> Result<(), CliError> {
 }
 
 fn main() -> ExitCode {
-    util::install_panic_hook();
+    error::install_panic_hook();
     // `--json` is global; look for it before parsing so usage errors can be JSON too.
     let json = std::env::args_os()
         .skip(1)
@@ -83,7 +88,7 @@ fn main() -> ExitCode {
     sigbus::set_json(json);
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
-        Err(e) => return util::usage_error(e, json),
+        Err(e) => return error::usage_error(e, json),
     };
     match run(cli) {
         Ok(()) => ExitCode::SUCCESS,

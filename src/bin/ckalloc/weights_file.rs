@@ -1,9 +1,10 @@
 //! Opening a `weights.bump` with its sidecars, checking the manifest and
 //! hashing the file, shared by `inspect`, `load` and `demo`.
 
-use crate::util::{err, progress, CliError};
+use crate::error::{err, CliError};
+use crate::format::shown;
+use crate::output::progress;
 use ckalloc::weights::{CheckOptions, CheckedManifest, ManifestBinding, WeightsError, WeightsFile};
-use ckalloc::Escaped;
 use std::path::{Path, PathBuf};
 
 /// What `inspect` and `load` refuse beyond the rules every file keeps.
@@ -34,11 +35,6 @@ pub fn sidecar_dir(weights: &Path) -> PathBuf {
         Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
         _ => PathBuf::from("."),
     }
-}
-
-/// A path for a message, control characters escaped.
-pub fn shown(path: &Path) -> String {
-    Escaped::new(&path.to_string_lossy()).to_string()
 }
 
 /// A weights error as one line naming `path` once: the errors about a

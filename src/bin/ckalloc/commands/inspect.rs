@@ -1,8 +1,10 @@
 //! `ckalloc inspect`: header, checksum, manifest check, tensor table, gaps
 //! and overlaps.
 
-use crate::util::{emit_json, err_reported, path_json, sha256, CliError};
-use crate::weights_file::{error_line, open_file, shown, sidecar_dir, verify_checksum, CheckArgs};
+use crate::error::{err_reported, CliError};
+use crate::format::{path_json, shown, DigestHex};
+use crate::output::emit_json;
+use crate::weights_file::{error_line, open_file, sidecar_dir, verify_checksum, CheckArgs};
 use crate::{outln, Global};
 use ckalloc::weights::{
     CheckedManifest, DtypeTableCheck, LayoutReport, Manifest, SlotDtype, WeightsError, WeightsFile,
@@ -179,7 +181,7 @@ pub fn run(g: Global, a: InspectArgs) -> Result<(), CliError> {
                 "version": h.version.number(),
                 "model_type": d.model_type,
                 "dims": d.to_json(),
-                "checksum": format!("{:x}", sha256(&h.checksum)),
+                "checksum": DigestHex(&h.checksum).to_string(),
                 "dtype_table_len": h.dtype_table_len,
                 "dtype_table": slot_summary(&file, manifest),
                 "tensor_data_start": h.tensor_data_start,
@@ -269,7 +271,7 @@ pub fn run(g: Global, a: InspectArgs) -> Result<(), CliError> {
             hash_start,
             hash_end
         );
-        outln!("  sha256 {:x} ({checksum_state})", sha256(&h.checksum));
+        outln!("  sha256 {} ({checksum_state})", DigestHex(&h.checksum));
         match &state {
             ManifestState::Absent(e) => outln!("  manifest: none ({e})"),
             ManifestState::Unreadable(e) => outln!("  manifest: INVALID: {e}"),

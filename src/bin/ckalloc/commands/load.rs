@@ -1,8 +1,12 @@
 //! `ckalloc load`: build the arena on a `weights.bump` and verify it.
 
 use crate::arena_load::{self, coverage_json, ModeArg};
-use crate::util::{emit_json, err_reported, ms, parse_size, path_json, sha256, CliError};
-use crate::weights_file::{binding_words, open_checked, shown, CheckArgs};
+use crate::args::parse_size_arg;
+use crate::error::{err_reported, CliError};
+use crate::format::{ms, path_json, shown, DigestHex};
+use crate::output::emit_json;
+use crate::resident::Resident;
+use crate::weights_file::{binding_words, open_checked, CheckArgs};
 use crate::{outln, Global};
 use ckalloc::weights::DtypeTableCheck;
 use ckalloc::Escaped;
@@ -18,7 +22,7 @@ pub struct LoadArgs {
     #[arg(long, value_enum, default_value_t = ModeArg::Auto)]
     pub mode: ModeArg,
     /// Size of the runtime region after the weights (bytes; suffixes k, m, g, KiB, MiB, GiB).
-    #[arg(long, default_value = "64MiB", value_parser = parse_size, value_name = "SIZE")]
+    #[arg(long, default_value = "64MiB", value_parser = parse_size_arg, value_name = "SIZE")]
     pub activations: u64,
     #[command(flatten)]
     pub check: CheckArgs,
@@ -37,10 +41,10 @@ pub fn run(g: Global, a: LoadArgs) -> Result<(), CliError> {
     let warnings: Vec<String> = checked.warnings().iter().map(|w| w.to_string()).collect();
     let checksum_ok = v.ok();
     let closing = format!(
-        "checked: {} of the loaded bytes [{hash_start:#x}, {hash_end:#x}) {} the header's ({:.16x}…); {}{}",
+        "checked: {} of the loaded bytes [{hash_start:#x}, {hash_end:#x}) {} the header's ({:.16}…); {}{}",
         "sha256",
         if checksum_ok { "equals" } else { "DIFFERS from" },
-        sha256(file.checksum()),
+        DigestHex(file.checksum()),
         binding_words(checked.binding()),
         if table_checked {
             "; dtype table checked"
@@ -56,7 +60,7 @@ pub fn run(g: Global, a: LoadArgs) -> Result<(), CliError> {
             "tensor_bytes": manifest.total_bytes(),
             "checksum": {
                 "ok": checksum_ok,
-                "sha256": format!("{:x}", sha256(file.checksum())),
+                "sha256": DigestHex(file.checksum()).to_string(),
                 "range": [hash_start, hash_end],
                 "over": "loaded bytes",
             },
@@ -72,7 +76,7 @@ pub fn run(g: Global, a: LoadArgs) -> Result<(), CliError> {
                 "weights": coverage_json(&c.weights),
                 "runtime": coverage_json(&c.runtime),
             })),
-            "resident": arena_load::resident_json(),
+            "resident": Resident::read().json(),
             "exit_code": i32::from(!checksum_ok),
         }));
     } else {
@@ -114,7 +118,7 @@ pub fn run(g: Global, a: LoadArgs) -> Result<(), CliError> {
             }
             None => outln!("coverage: unavailable (/proc/self/pagemap and smaps unreadable)"),
         }
-        outln!("{}", arena_load::resident_line());
+        outln!("{}", Resident::read().line());
         outln!("{closing}");
     }
     if !checksum_ok {

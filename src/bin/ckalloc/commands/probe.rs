@@ -1,7 +1,9 @@
 //! `ckalloc probe`: the system's huge-page state, and what each tier does
 //! when actually tried.
 
-use crate::util::{emit_json, ms, CliError};
+use crate::error::CliError;
+use crate::format::ms;
+use crate::output::emit_json;
 use crate::{outln, Global};
 use ckalloc::{
     huge_page_coverage, probe, reset_hugetlb_backoff, Backing, HugeCoverage, HugeOptions,

@@ -1,7 +1,10 @@
 //! `ckalloc synth`: write the demo's synthetic model into a directory.
 
-use crate::model::{write_synth, Model};
-use crate::util::{emit_json, path_json, CliError};
+use crate::error::CliError;
+use crate::format::path_json;
+use crate::model::Model;
+use crate::output::emit_json;
+use crate::synthetic::write_synth;
 use crate::{outln, Global};
 use indicatif::BinaryBytes;
 use serde_json::json;

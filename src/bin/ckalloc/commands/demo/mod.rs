@@ -6,19 +6,23 @@
 //! arena (`Vec::new_in(&arena)`) and the scratch buffers from a
 //! `CachingAllocator<CkHuge>`.
 
+mod compute;
+
 use crate::arena_load::{self, coverage_json, ModeArg};
-use crate::commands::pack;
-use crate::compute::{self, Checksum};
-use crate::model::{self, Model};
-use crate::util::{
-    emit_json, err, err_reported, ms, parse_size, parse_write_version, path_json, sha256, CliError,
-};
+use crate::args::{parse_size_arg, parse_write_version};
+use crate::error::{err, err_reported, CliError};
+use crate::format::{ms, path_json, DigestHex};
+use crate::model::Model;
+use crate::output::emit_json;
+use crate::packing::{pack, packed_json};
+use crate::resident::Resident;
+use crate::synthetic::write_synth;
 use crate::weights_file::{binding_words, open_checked, verify_checksum, CheckArgs};
 use crate::{outln, Global};
-use allocator_api2::vec::Vec as AVec;
 use ckalloc::caching::{CacheStats, CachingAllocator};
-use ckalloc::weights::{Dtype, Manifest, Version};
-use ckalloc::{BumpArena, CkHuge};
+use ckalloc::weights::Version;
+use ckalloc::CkHuge;
+use compute::{compute_all, matrices, output_bytes};
 use indicatif::BinaryBytes;
 use serde_json::{json, Value};
 use std::path::PathBuf;
@@ -36,12 +40,10 @@ pub struct DemoArgs {
     #[arg(long, default_value = "5", value_parser = parse_write_version, value_name = "4|5")]
     pub version: Version,
     /// Runtime region per arena beyond what the outputs need (bytes; k, m, g, KiB, MiB, GiB).
-    #[arg(long, default_value = "8MiB", value_parser = parse_size, value_name = "SIZE")]
+    #[arg(long, default_value = "8MiB", value_parser = parse_size_arg, value_name = "SIZE")]
     pub activations: u64,
 }
 
-/// The model cache folder: `CKALLOC_MODEL_CACHE`, else `.cache/models` in
-/// the source tree (where scripts/fetch-model puts the model).
 /// The real model, when scripts/fetch-model has cached it.
 fn cached_model() -> Option<PathBuf> {
     let p = ckalloc::env::model_cache_dir().join("all-minilm-l6-v2/model.safetensors");
@@ -62,72 +64,7 @@ fn temp_dir(tag: &str) -> Result<TempDir, CliError> {
         })
 }
 
-/// The outcome of the compute step in one arena.
-struct Work {
-    matrices: usize,
-    outputs: u64,
-    checksum: Checksum,
-    /// Runtime-region bytes the outputs took (bump high-water mark).
-    arena_bytes: usize,
-}
-
-/// The 2-D F32 weights with at least one element, in file order: (entry
-/// name, rows, cols). Empty matrices are skipped: a shape such as
-/// `[1 << 40, 0]` has no bytes in the file but would need `rows` outputs.
-fn matrices(manifest: &Manifest) -> Vec<(String, usize, usize)> {
-    manifest
-        .sorted_by_offset()
-        .into_iter()
-        .filter(|e| e.size > 0)
-        .filter(|e| e.parsed_dtype().is_ok_and(|d| d == Dtype::F32))
-        .filter_map(|e| match e.shape.as_deref() {
-            Some(&[r, c]) => Some((
-                e.name.clone(),
-                usize::try_from(r).ok()?,
-                usize::try_from(c).ok()?,
-            )),
-            _ => None,
-        })
-        .collect()
-}
-
-/// Runtime bytes the outputs need: every output vector plus alignment slack.
-fn output_bytes(mats: &[(String, usize, usize)]) -> Option<u64> {
-    mats.iter().try_fold(0u64, |acc, (_, rows, _)| {
-        acc.checked_add((*rows as u64).checked_mul(4)?.checked_add(64)?)
-    })
-}
-
-/// `y = W x` for every matrix, weights read in place from the arena, outputs
-/// allocated in the arena, scratch from the cache.
-fn compute_all(
-    arena: &BumpArena,
-    mats: &[(String, usize, usize)],
-    cache: &CachingAllocator<CkHuge>,
-) -> Result<Work, CliError> {
-    let mut outputs: Vec<AVec<f32, &BumpArena>> = Vec::with_capacity(mats.len());
-    let mut ck = Checksum::default();
-    let mut n = 0u64;
-    for (name, rows, cols) in mats {
-        let w = arena
-            .tensor(name)
-            .ok_or_else(|| err(format!("tensor '{name}' is not in the arena")))?;
-        let y = compute::matvec(w, *rows, *cols, cache, arena)
-            .map_err(|e| err(format!("tensor '{name}': {e}")))?;
-        ck.update(&y);
-        n += y.len() as u64;
-        outputs.push(y);
-    }
-    let arena_bytes = arena.used();
-    drop(outputs);
-    Ok(Work {
-        matrices: mats.len(),
-        outputs: n,
-        checksum: ck,
-        arena_bytes,
-    })
-}
-
+/// The scratch cache's statistics as JSON (`cache` in `demo --json`).
 fn cache_json(s: &CacheStats) -> Value {
     json!({
         "hits": s.hits,
@@ -157,7 +94,7 @@ pub fn run(g: Global, a: DemoArgs) -> Result<(), CliError> {
         (None, Some(p)) => (p, false),
         (None, None) => {
             let d = temp_dir("synth")?;
-            let p = model::write_synth(d.path())?;
+            let p = write_synth(d.path())?;
             _synth_dir = Some(d);
             (p, true)
         }
@@ -191,7 +128,7 @@ pub fn run(g: Global, a: DemoArgs) -> Result<(), CliError> {
         }
     };
     let version = a.version;
-    let packed = pack::pack(
+    let packed = pack(
         &model,
         &out_dir,
         version,
@@ -200,11 +137,11 @@ pub fn run(g: Global, a: DemoArgs) -> Result<(), CliError> {
     )?;
     let wpath = packed.report.weights_path.clone();
     text(format!(
-        "packed: {} ({} bytes, BUMPWGT{}, sha256 {:.16x}…)",
+        "packed: {} ({} bytes, BUMPWGT{}, sha256 {:.16}…)",
         wpath.display(),
         packed.report.file_len,
         version.number(),
-        sha256(&packed.report.checksum)
+        DigestHex(&packed.report.checksum)
     ));
     // The packed file is read back as any other: the manifest through the
     // one check, the checksum with pread.
@@ -271,7 +208,8 @@ pub fn run(g: Global, a: DemoArgs) -> Result<(), CliError> {
             BinaryBytes(work.arena_bytes as u64),
             work.checksum
         ));
-        text(format!("  {}", arena_load::resident_line()));
+        let resident = Resident::read();
+        text(format!("  {}", resident.line()));
         if !v.mismatches.is_empty() {
             failures.push(format!(
                 "{label}: {} of {} tensors differ (first: {})",
@@ -295,7 +233,7 @@ pub fn run(g: Global, a: DemoArgs) -> Result<(), CliError> {
                 "arena_bytes": work.arena_bytes,
                 "checksum": work.checksum.to_string(),
             },
-            "resident": arena_load::resident_json(),
+            "resident": resident.json(),
         }));
     }
     let equal = checksums.windows(2).all(|w| w[0] == w[1]);
@@ -326,7 +264,7 @@ pub fn run(g: Global, a: DemoArgs) -> Result<(), CliError> {
             "synthetic": synthetic,
             "tensors": originals.len(),
             "tensor_bytes": original_bytes,
-            "pack": pack::packed_json(&packed, version, ckalloc::weights::DEFAULT_ALIGNMENT),
+            "pack": packed_json(&packed, version, ckalloc::weights::DEFAULT_ALIGNMENT),
             "modes": modes,
             "checksums_equal": equal,
             "checksum": checksums[0].to_string(),

@@ -1,9 +1,16 @@
 //! The demo's real work: matrix-vector products over F32 weights read in
 //! place (from `&[u8]`, as they lie in the arena), with a checksum of the
 //! outputs that must be identical whichever way the weights were loaded.
+//! [`compute_all`] runs them for every 2-D F32 weight of one arena, the
+//! outputs allocated in the arena and the scratch buffers from a
+//! `CachingAllocator<CkHuge>`.
 
+use crate::error::{err, CliError};
 use allocator_api2::alloc::Allocator;
 use allocator_api2::vec::Vec as AVec;
+use ckalloc::caching::CachingAllocator;
+use ckalloc::weights::{Dtype, Manifest};
+use ckalloc::{BumpArena, CkHuge};
 
 /// Element `j` of the deterministic input vector: values in `[-1, 1]` that
 /// do not repeat with a short period.
@@ -118,6 +125,72 @@ impl std::fmt::Display for Checksum {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "{:016x}", self.0)
     }
+}
+
+/// The outcome of the compute step in one arena.
+pub struct Work {
+    pub matrices: usize,
+    pub outputs: u64,
+    pub checksum: Checksum,
+    /// Runtime-region bytes the outputs took (bump high-water mark).
+    pub arena_bytes: usize,
+}
+
+/// The 2-D F32 weights with at least one element, in file order: (entry
+/// name, rows, cols). Empty matrices are skipped: a shape such as
+/// `[1 << 40, 0]` has no bytes in the file but would need `rows` outputs.
+pub fn matrices(manifest: &Manifest) -> Vec<(String, usize, usize)> {
+    manifest
+        .sorted_by_offset()
+        .into_iter()
+        .filter(|e| e.size > 0)
+        .filter(|e| e.parsed_dtype().is_ok_and(|d| d == Dtype::F32))
+        .filter_map(|e| match e.shape.as_deref() {
+            Some(&[r, c]) => Some((
+                e.name.clone(),
+                usize::try_from(r).ok()?,
+                usize::try_from(c).ok()?,
+            )),
+            _ => None,
+        })
+        .collect()
+}
+
+/// Runtime bytes the outputs need: every output vector plus alignment slack.
+pub fn output_bytes(mats: &[(String, usize, usize)]) -> Option<u64> {
+    mats.iter().try_fold(0u64, |acc, (_, rows, _)| {
+        acc.checked_add((*rows as u64).checked_mul(4)?.checked_add(64)?)
+    })
+}
+
+/// `y = W x` for every matrix, weights read in place from the arena, outputs
+/// allocated in the arena, scratch from the cache.
+pub fn compute_all(
+    arena: &BumpArena,
+    mats: &[(String, usize, usize)],
+    cache: &CachingAllocator<CkHuge>,
+) -> Result<Work, CliError> {
+    let mut outputs: Vec<AVec<f32, &BumpArena>> = Vec::with_capacity(mats.len());
+    let mut ck = Checksum::default();
+    let mut n = 0u64;
+    for (name, rows, cols) in mats {
+        let w = arena
+            .tensor(name)
+            .ok_or_else(|| err(format!("tensor '{name}' is not in the arena")))?;
+        let y = matvec(w, *rows, *cols, cache, arena)
+            .map_err(|e| err(format!("tensor '{name}': {e}")))?;
+        ck.update(&y);
+        n += y.len() as u64;
+        outputs.push(y);
+    }
+    let arena_bytes = arena.used();
+    drop(outputs);
+    Ok(Work {
+        matrices: mats.len(),
+        outputs: n,
+        checksum: ck,
+        arena_bytes,
+    })
 }
 
 #[cfg(test)]

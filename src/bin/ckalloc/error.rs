@@ -1,0 +1,144 @@
+//! A failed command as one line on stderr: [`CliError`] and its exit
+//! status, usage errors (exit 2), and the panic hook (exit 101).
+
+use crate::output::emit_json_line;
+use std::fmt;
+use std::io::Write;
+use std::process::ExitCode;
+
+/// A failed command: one line for the user. Exit status 1.
+#[derive(Debug)]
+pub struct CliError {
+    msg: String,
+    /// The command already printed its JSON document (which carries the failure).
+    json_done: bool,
+}
+
+impl CliError {
+    /// Print the error as one line on stderr (and as `{"error": ...}` on
+    /// stdout under `--json`) and return exit status 1.
+    pub fn report(self, json: bool) -> ExitCode {
+        let line = ckalloc::Escaped::new(&one_line(&self.msg)).to_string();
+        if json && !self.json_done {
+            emit_json_line(&serde_json::json!({ "error": line, "exit_code": 1 }));
+        }
+        eprintln!("ckalloc: error: {line}");
+        ExitCode::from(1)
+    }
+}
+
+impl fmt::Display for CliError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.msg)
+    }
+}
+
+/// A `CliError` from anything printable.
+pub fn err(msg: impl fmt::Display) -> CliError {
+    CliError {
+        msg: msg.to_string(),
+        json_done: false,
+    }
+}
+
+/// A failure whose JSON report was already printed: under `--json` only the
+/// stderr line follows.
+pub fn err_reported(msg: impl fmt::Display) -> CliError {
+    CliError {
+        msg: msg.to_string(),
+        json_done: true,
+    }
+}
+
+/// `Err(CliError)` from a format string.
+#[macro_export]
+macro_rules! fail {
+    ($($t:tt)*) => { return Err($crate::error::err(format!($($t)*))) };
+}
+
+/// Join the lines of a message (errors from libraries may carry line
+/// breaks) with single spaces; spaces inside a line are kept.
+fn one_line(s: &str) -> String {
+    s.lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// Report a command-line parsing error: `--help` and `--version` print and
+/// exit 0; anything else is one line and exit status 2.
+pub fn usage_error(e: clap::Error, json: bool) -> ExitCode {
+    use clap::error::ErrorKind;
+    if matches!(
+        e.kind(),
+        ErrorKind::DisplayHelp
+            | ErrorKind::DisplayVersion
+            | ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand
+    ) {
+        let _ = e.print();
+        return if e.kind() == ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand {
+            ExitCode::from(2)
+        } else {
+            ExitCode::SUCCESS
+        };
+    }
+    // clap renders "error: ...", optional detail lines, "tip: ...", then
+    // "Usage: ..."; keep the message and its detail, joined on one line.
+    let text = e.render().to_string();
+    let mut parts = Vec::new();
+    for line in text.lines() {
+        let t = line.trim();
+        if t.starts_with("Usage:") || t.starts_with("For more information") {
+            break;
+        }
+        if t.is_empty() || t.starts_with("tip:") {
+            continue;
+        }
+        parts.push(t.strip_prefix("error:").unwrap_or(t).trim().to_string());
+    }
+    let line = format!(
+        "{} (see `ckalloc --help`)",
+        ckalloc::Escaped::new(&parts.join(" "))
+    );
+    if json {
+        let _ = writeln!(
+            std::io::stdout(),
+            "{}",
+            serde_json::json!({ "error": line, "exit_code": 2 })
+        );
+    }
+    eprintln!("ckalloc: error: {line}");
+    ExitCode::from(2)
+}
+
+/// Replace the panic message (and backtrace hint) with one line. A panic is
+/// a bug in ckalloc; the exit status stays 101.
+pub fn install_panic_hook() {
+    std::panic::set_hook(Box::new(|info| {
+        let msg = info
+            .payload()
+            .downcast_ref::<&str>()
+            .map(|s| s.to_string())
+            .or_else(|| info.payload().downcast_ref::<String>().cloned())
+            .unwrap_or_else(|| "panic".into());
+        let at = info
+            .location()
+            .map(|l| format!(" at {}:{}", l.file(), l.line()))
+            .unwrap_or_default();
+        eprintln!(
+            "ckalloc: internal error: {}{at} (please report this)",
+            ckalloc::Escaped::new(&one_line(&msg))
+        );
+    }));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn joins_lines_and_keeps_spaces_inside_them() {
+        assert_eq!(one_line("a\n  b\tc \r\n\n d  e"), "a b\tc d  e");
+    }
+}
