@@ -7,7 +7,7 @@
 //!    [`CkHuge`] allocator (`#[global_allocator]` and
 //!    `allocator_api2::alloc::Allocator`). Each mapping walks a tier ladder —
 //!    hugetlb (`MAP_HUGETLB`), then 2 MiB-aligned THP memory
-//!    (`MADV_HUGEPAGE`), then plain pages — and reports the tier it got
+//!    (`MADV_HUGEPAGE`), then normal pages — and reports the tier it got
 //!    ([`Backing`]); [`huge_page_coverage`] measures what the kernel actually
 //!    gave, [`probe`] what the system offers, [`huge_stats`] the counters.
 //! 2. **Bump arena** — [`BumpArena`]: one contiguous range holding a model's

@@ -1,9 +1,9 @@
 //! Seeing what you got: the system's huge-page state ([`probe`]) and how much
 //! of a range is backed by huge pages ([`huge_page_coverage`]).
 
-use crate::stats::human_bytes;
 use crate::sys;
 use crate::tier::{self, THP_DEFRAG, THP_ENABLED};
+use crate::units::human_bytes;
 use std::ffi::CStr;
 use std::fmt;
 use std::io;

@@ -80,7 +80,7 @@ pub(crate) fn thp_enabled() -> bool {
 }
 
 /// The tier a mapping made of anonymous memory without hugetlb has: THP when
-/// [`thp_enabled`], else plain pages.
+/// [`thp_enabled`], else normal pages.
 pub(crate) fn anon_tier() -> Backing {
     if thp_enabled() {
         Backing::TransparentHuge

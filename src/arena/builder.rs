@@ -1,7 +1,7 @@
 //! [`ArenaBuilder`]: the layout, the weights file and the mode policy of a
 //! new [`BumpArena`], and the choice between anonymous and mixed mode.
 
-use super::map::{self, Plan, Storage};
+use super::map::{self, Geometry, Storage};
 use super::{ArenaError, ArenaMode, BumpArena, FallbackReason, Parts};
 use crate::env;
 use crate::huge::HugeOptions;
@@ -113,7 +113,7 @@ impl ArenaBuilder {
     /// Preferences ([`hugetlb`](HugeOptions::hugetlb),
     /// [`allow_1gib`](HugeOptions::allow_1gib)) may fall back; the tier got
     /// is [`BumpArena::backing`]. In mixed mode the runtime region gets
-    /// hugetlb (2 MiB) pages only when required, else THP or plain pages.
+    /// hugetlb (2 MiB) pages only when required, else THP or normal pages.
     /// The table of every option in each mode is in `docs/arena.md`.
     /// Default [`HugeOptions::new`].
     pub fn huge(mut self, opts: HugeOptions) -> Self {
@@ -202,13 +202,13 @@ impl ArenaBuilder {
                 total_size: total,
             });
         }
-        let plan = Plan::new(total, wb, ab)?;
+        let geometry = Geometry::new(total, wb, ab)?;
         #[cfg(feature = "weights")]
         if let Some(m) = &self.manifest {
             manifest_fits(m, wb as u64, ab as u64)?;
         }
         let source = match &self.weights_file {
-            Some(path) => Some(open_weights(path, &plan)?),
+            Some(path) => Some(open_weights(path, &geometry)?),
             None => None,
         };
         #[cfg(feature = "weights")]
@@ -217,14 +217,14 @@ impl ArenaBuilder {
         }
 
         let (storage, mode, fallback) = match self.policy {
-            ModePolicy::AnonOnly => (map::anon(&plan, &self.huge)?, ArenaMode::Anon, None),
+            ModePolicy::AnonOnly => (map::anon(&geometry, &self.huge)?, ArenaMode::Anon, None),
             ModePolicy::MixedOnly => {
                 let src = source.as_ref().ok_or(ArenaError::NoWeightsFile)?;
-                let s = map::mixed(&plan, &src.fd, src.size, &self.huge)?;
+                let s = map::mixed(&geometry, &src.fd, src.size, &self.huge)?;
                 (s, ArenaMode::MixedFileBacked, None)
             }
             ModePolicy::Auto => self.auto(
-                &plan,
+                &geometry,
                 source.as_ref(),
                 env::force_mixed(),
                 env::disable_mixed(),
@@ -269,14 +269,14 @@ impl ArenaBuilder {
 
     fn auto(
         &self,
-        plan: &Plan,
+        geometry: &Geometry,
         source: Option<&WeightsSource>,
         force_mixed: bool,
         disable_mixed: bool,
     ) -> Result<(Storage, ArenaMode, Option<FallbackReason>), ArenaError> {
         let mut anon_err = None;
         if !force_mixed {
-            match map::anon(plan, &self.huge) {
+            match map::anon(geometry, &self.huge) {
                 Ok(s) => return Ok((s, ArenaMode::Anon, None)),
                 Err(e) => anon_err = Some(e),
             }
@@ -289,7 +289,7 @@ impl ArenaBuilder {
                 (None, false) => ArenaError::NoWeightsFile,
             });
         };
-        let mixed = map::mixed(plan, &src.fd, src.size, &self.huge);
+        let mixed = map::mixed(geometry, &src.fd, src.size, &self.huge);
         match mixed {
             Ok(s) => {
                 let why = match anon_err {
@@ -310,7 +310,7 @@ impl ArenaBuilder {
 }
 
 /// Open the weights file and check it once through the descriptor.
-pub(super) fn open_weights(path: &Path, plan: &Plan) -> Result<WeightsSource, ArenaError> {
+pub(super) fn open_weights(path: &Path, geometry: &Geometry) -> Result<WeightsSource, ArenaError> {
     let fd = sys::open_readonly(path).map_err(|source| ArenaError::OpenWeights {
         path: path.to_owned(),
         source,
@@ -324,19 +324,19 @@ pub(super) fn open_weights(path: &Path, plan: &Plan) -> Result<WeightsSource, Ar
             path: path.to_owned(),
         });
     }
-    if plan.activations_base > plan.weights_base {
+    if geometry.activations_base > geometry.weights_base {
         // C-Kernel-Engine's V3 rule: the file rounded up to a page must reach
         // activations_base. A mapped page that the file covers only in part
         // reads zeros past the end; a page wholly past the end would SIGBUS,
         // which this check rules out.
-        let page = plan.page as u64;
+        let page = geometry.page as u64;
         let covered = st.size.checked_add(page - 1).map(|n| n & !(page - 1));
-        if covered.is_none_or(|c| c < plan.activations_base as u64) {
+        if covered.is_none_or(|c| c < geometry.activations_base as u64) {
             return Err(ArenaError::WeightsFileTooSmall {
                 path: path.to_owned(),
                 file_size: st.size,
-                activations_base: plan.activations_base,
-                page_size: plan.page,
+                activations_base: geometry.activations_base,
+                page_size: geometry.page,
             });
         }
     }

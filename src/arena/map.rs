@@ -18,7 +18,7 @@ use std::ptr::NonNull;
 /// stays page aligned, so every offset keeps its alignment up to the page
 /// size.
 #[derive(Clone, Copy, Debug)]
-pub(super) struct Plan {
+pub(super) struct Geometry {
     pub total: usize,
     pub weights_base: usize,
     pub activations_base: usize,
@@ -29,12 +29,12 @@ pub(super) struct Plan {
     pub map_len: usize,
 }
 
-impl Plan {
+impl Geometry {
     pub(super) fn new(
         total: usize,
         weights_base: usize,
         activations_base: usize,
-    ) -> Result<Plan, ArenaError> {
+    ) -> Result<Geometry, ArenaError> {
         let page = sys::page_size();
         let ab_floor = activations_base & !(page - 1);
         let shift = (HUGE_PAGE_2M - ab_floor % HUGE_PAGE_2M) % HUGE_PAGE_2M;
@@ -44,7 +44,7 @@ impl Plan {
             .and_then(|n| sys::round_up(n, HUGE_PAGE_2M))
             .filter(|&n| n <= isize::MAX as usize)
             .ok_or(too_large)?;
-        Ok(Plan {
+        Ok(Geometry {
             total,
             weights_base,
             activations_base,
@@ -117,33 +117,34 @@ fn offset_ptr(p: NonNull<u8>, off: usize) -> NonNull<u8> {
 }
 
 /// Anonymous mode: the whole range from the huge-page ladder.
-pub(super) fn anon(plan: &Plan, opts: &HugeOptions) -> Result<Storage, ArenaError> {
-    let m = huge::map_huge(plan.shift + plan.total, HUGE_PAGE_2M, opts).map_err(|source| {
-        ArenaError::Anon {
-            total_size: plan.total,
-            source,
-        }
-    })?;
+pub(super) fn anon(geometry: &Geometry, opts: &HugeOptions) -> Result<Storage, ArenaError> {
+    let m =
+        huge::map_huge(geometry.shift + geometry.total, HUGE_PAGE_2M, opts).map_err(|source| {
+            ArenaError::Anon {
+                total_size: geometry.total,
+                source,
+            }
+        })?;
     let storage = Storage {
         map_ptr: m.ptr,
         map_len: m.mapped_len,
-        base: offset_ptr(m.ptr, plan.shift),
+        base: offset_ptr(m.ptr, geometry.shift),
         backing: m.backing,
         page_size: m.page_size,
         kind: Kind::Huge,
     };
-    check_address_bound(storage, plan)
+    check_address_bound(storage, geometry)
 }
 
 /// The bump arithmetic relies on `base + total <= isize::MAX` (see
 /// `local::bump`); user-space addresses satisfy this on every 64-bit target.
-fn check_address_bound(storage: Storage, plan: &Plan) -> Result<Storage, ArenaError> {
+fn check_address_bound(storage: Storage, geometry: &Geometry) -> Result<Storage, ArenaError> {
     let end = (storage.map_ptr.as_ptr() as usize).checked_add(storage.map_len);
     match end {
         Some(e) if e <= isize::MAX as usize => Ok(storage),
         // `storage` drops here and releases the mapping.
         _ => Err(ArenaError::TooLarge {
-            total_size: plan.total,
+            total_size: geometry.total,
         }),
     }
 }
@@ -153,16 +154,16 @@ fn check_address_bound(storage: Storage, plan: &Plan) -> Result<Storage, ArenaEr
 /// partial boundary page with `pread`. On error the reservation is released.
 #[cfg(target_os = "linux")]
 pub(super) fn mixed(
-    plan: &Plan,
+    geometry: &Geometry,
     fd: &sys::Fd,
     file_size: u64,
     opts: &HugeOptions,
 ) -> Result<Storage, ArenaError> {
-    let res = sys::reserve_aligned(plan.map_len, HUGE_PAGE_2M).map_err(|source| {
+    let res = sys::reserve_aligned(geometry.map_len, HUGE_PAGE_2M).map_err(|source| {
         ArenaError::MixedMap {
             step: "reserve",
             offset: 0,
-            len: plan.map_len,
+            len: geometry.map_len,
             source,
         }
     })?;
@@ -170,10 +171,10 @@ pub(super) fn mixed(
     // with it every fixed mapping made inside it.
     let mut storage = Storage {
         map_ptr: res,
-        map_len: plan.map_len,
-        base: offset_ptr(res, plan.shift),
+        map_len: geometry.map_len,
+        base: offset_ptr(res, geometry.shift),
         backing: Backing::Normal,
-        page_size: plan.page,
+        page_size: geometry.page,
         kind: Kind::Reserved,
     };
     let base = storage.base;
@@ -185,17 +186,17 @@ pub(super) fn mixed(
             source,
         }
     };
-    let has_weights = plan.activations_base > plan.weights_base;
+    let has_weights = geometry.activations_base > geometry.weights_base;
     // Whole pages below the weights stay anonymous and writable (C-Kernel-Engine's
     // "prefix"); whole file pages of the weights region are mapped read-only;
     // everything from the page holding `activations_base` on is anonymous.
     let (file_start, file_end) = if has_weights {
         (
-            plan.page_floor(plan.weights_base),
-            plan.page_floor(plan.activations_base),
+            geometry.page_floor(geometry.weights_base),
+            geometry.page_floor(geometry.activations_base),
         )
     } else {
-        let a = plan.page_floor(plan.activations_base);
+        let a = geometry.page_floor(geometry.activations_base);
         (a, a)
     };
     if file_start > 0 {
@@ -211,10 +212,10 @@ pub(super) fn mixed(
         )
         .map_err(map_err("weights", file_start, len))?;
     }
-    let runtime_len = plan.map_len - plan.shift - file_end;
+    let runtime_len = geometry.map_len - geometry.shift - file_end;
     let runtime = offset_ptr(base, file_end);
     // `base + file_end` is 2 MiB aligned and `runtime_len` a multiple of
-    // 2 MiB (see `Plan`), so the runtime region can hold 2 MiB hugetlb pages.
+    // 2 MiB (see `Geometry`), so the runtime region can hold 2 MiB hugetlb pages.
     let hugetlb = opts.required_tier() == Backing::Hugetlb;
     if runtime_len > 0 && hugetlb {
         sys::map_hugetlb_fixed(runtime, runtime_len).map_err(|e| ArenaError::MixedOptions {
@@ -235,9 +236,9 @@ pub(super) fn mixed(
     }
     // The partial last weights page: private anonymous, filled from the file.
     // Bytes past the end of the file stay zero.
-    if has_weights && plan.activations_base > file_end {
-        let from = plan.weights_base.max(file_end);
-        let to = (plan.activations_base as u64).min(file_size) as usize;
+    if has_weights && geometry.activations_base > file_end {
+        let from = geometry.weights_base.max(file_end);
+        let to = (geometry.activations_base as u64).min(file_size) as usize;
         if to > from {
             // SAFETY: `from..to` lies in the runtime mapping just made
             // (read-write, owned by `storage`, no other reference exists).
@@ -281,12 +282,12 @@ pub(super) fn mixed(
         huge::apply_options(runtime, runtime_len, opts)
             .map_err(|source| ArenaError::MixedOptions { source })?;
     }
-    check_address_bound(storage, plan)
+    check_address_bound(storage, geometry)
 }
 
 #[cfg(not(target_os = "linux"))]
 pub(super) fn mixed(
-    _plan: &Plan,
+    _plan: &Geometry,
     _fd: &sys::Fd,
     _file_size: u64,
     _opts: &HugeOptions,
@@ -296,17 +297,17 @@ pub(super) fn mixed(
 
 /// Heap-backed storage for unit tests (Miri cannot run `madvise`).
 #[cfg(test)]
-pub(super) fn heap(plan: &Plan) -> Storage {
-    let layout = std::alloc::Layout::from_size_align(plan.map_len, plan.page).unwrap();
+pub(super) fn heap(geometry: &Geometry) -> Storage {
+    let layout = std::alloc::Layout::from_size_align(geometry.map_len, geometry.page).unwrap();
     // SAFETY: non-zero size.
     let p = unsafe { std::alloc::alloc_zeroed(layout) };
     let p = NonNull::new(p).expect("test allocation");
     Storage {
         map_ptr: p,
-        map_len: plan.map_len,
-        base: offset_ptr(p, plan.shift),
+        map_len: geometry.map_len,
+        base: offset_ptr(p, geometry.shift),
         backing: Backing::Normal,
-        page_size: plan.page,
+        page_size: geometry.page,
         kind: Kind::Heap(layout),
     }
 }

@@ -6,7 +6,7 @@
 //! is compared with the size checked at build time before and after reading.
 
 use super::builder::open_weights;
-use super::{ArenaError, ArenaMode, BumpArena, Plan};
+use super::{ArenaError, ArenaMode, BumpArena, Geometry};
 use crate::par::{SendPtr, Workers};
 use crate::sys;
 use std::path::Path;
@@ -107,12 +107,12 @@ impl BumpArena {
         {
             return Ok(());
         }
-        let plan = Plan::new(
+        let geometry = Geometry::new(
             self.parts.total_size,
             self.parts.weights_base,
             self.parts.activations_base,
         )?;
-        let src = open_weights(path, &plan)?;
+        let src = open_weights(path, &geometry)?;
         self.parts.weights_file_size = Some(src.size);
         self.parts.source = Some(src);
         self.materialize_weights()

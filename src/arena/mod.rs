@@ -18,7 +18,7 @@ use builder::WeightsSource;
 use crate::huge::Backing;
 use crate::probe::{huge_page_coverage, HugeCoverage};
 use crate::sys;
-use map::{Plan, Storage};
+use map::{Geometry, Storage};
 use std::fmt;
 use std::io;
 use std::path::Path;
@@ -639,8 +639,8 @@ impl BumpArena {
 
     #[cfg(test)]
     pub(crate) fn heap_for_tests(total: usize, activations_base: usize) -> BumpArena {
-        let plan = Plan::new(total, 0, activations_base).unwrap();
-        let storage = map::heap(&plan);
+        let geometry = Geometry::new(total, 0, activations_base).unwrap();
+        let storage = map::heap(&geometry);
         BumpArena::from_parts(
             Parts {
                 storage,

@@ -44,7 +44,7 @@ use crate::lock::PoolLock;
 
 /// Slow-path counters of a shard (wrapping; summed on read).
 #[derive(Default)]
-pub(crate) struct Counters {
+pub(crate) struct ShardCounters {
     pub misses: AtomicU64,
     pub bypasses: AtomicU64,
     pub evictions: AtomicU64,
@@ -94,7 +94,7 @@ pub(crate) struct ShardState {
 #[derive(Default)]
 pub(crate) struct Shard {
     pub state: PoolLock<ShardState>,
-    pub counters: Counters,
+    pub counters: ShardCounters,
 }
 
 pub(crate) struct Pool {
@@ -129,7 +129,7 @@ impl Pool {
     }
 
     /// Sum of one slow-path counter over all shards.
-    pub fn sum(&self, f: impl Fn(&Counters) -> &AtomicU64) -> u64 {
+    pub fn sum(&self, f: impl Fn(&ShardCounters) -> &AtomicU64) -> u64 {
         self.shards.iter().fold(0u64, |acc, s| {
             acc.wrapping_add(f(&s.counters).load(Relaxed))
         })

@@ -4,7 +4,7 @@ use std::fmt;
 
 use super::spec::fmt_size;
 
-/// Counters of one pool. All sizes are in bytes of blocks as allocated from
+/// ShardCounters of one pool. All sizes are in bytes of blocks as allocated from
 /// the inner allocator (after rounding).
 ///
 /// Each counter is exact; a snapshot taken while other threads allocate may

@@ -9,7 +9,7 @@ use std::ptr::NonNull;
 /// Allocate `bytes` of zeroed huge-page memory (C-Kernel-Engine's `ck_huge_alloc`).
 ///
 /// The size is rounded up to 2 MiB; the block is 2 MiB aligned. Tiers:
-/// hugetlb, then THP, then plain pages (see the [module docs](super)). Returns
+/// hugetlb, then THP, then normal pages (see the [module docs](super)). Returns
 /// `None` for 0 bytes, a size whose rounding overflows or exceeds
 /// `isize::MAX`, or when the kernel refuses the mapping. Thread-safe; never
 /// allocates on the heap. Release with [`huge_free`] and the same `bytes`.

@@ -16,7 +16,7 @@ use std::ptr::{self, NonNull};
 /// `allocator_api2` [`Allocator`].
 ///
 /// Requests of at least [`threshold`](Self::threshold) bytes (default 2 MiB)
-/// get a block of their own from the tier ladder (hugetlb, THP, plain pages),
+/// get a block of their own from the tier ladder (hugetlb, THP, normal pages),
 /// rounded up to 2 MiB and aligned to at least 2 MiB (larger alignments are
 /// honoured by over-reserving). Smaller requests go to the small allocator
 /// `S`, [`std::alloc::System`] by default

@@ -1,4 +1,4 @@
-//! The tier ladder: [`map_huge`] walks hugetlb, THP and plain pages, one
+//! The tier ladder: [`map_huge`] walks hugetlb, THP and normal pages, one
 //! function per rung; [`finish`] applies the options and counts the mapping;
 //! [`unmap`] releases it. Nothing here allocates, locks, panics or prints
 //! (the global allocator maps through it), except a parallel prefault asked
@@ -91,9 +91,9 @@ impl Request {
     }
 }
 
-/// Map `bytes` (rounded up to 2 MiB, or 1 GiB for gigantic pages) aligned to
+/// Map `bytes` (rounded up to 2 MiB, or 1 GiB for 1 GiB hugetlb pages) aligned to
 /// at least `align` bytes, walking the tier ladder: hugetlb, then THP, then
-/// plain pages (see the [module docs](super)). Never allocates.
+/// normal pages (see the [module docs](super)). Never allocates.
 pub(crate) fn map_huge(
     bytes: usize,
     align: usize,
@@ -128,7 +128,7 @@ fn hugetlb_rung(req: &Request, opts: &HugeOptions) -> Rung {
         return Continue(None);
     }
     let mut err = None;
-    if opts.gigantic && req.align <= HUGE_PAGE_1G {
+    if opts.allow_1gib && req.align <= HUGE_PAGE_1G {
         if let Some(len_1g) =
             sys::round_up(req.bytes, HUGE_PAGE_1G).filter(|&l| l <= isize::MAX as usize)
         {
@@ -163,7 +163,7 @@ fn hugetlb_rung(req: &Request, opts: &HugeOptions) -> Rung {
 }
 
 /// Rungs 2 and 3: one 2 MiB-aligned anonymous mapping, advised
-/// `MADV_HUGEPAGE` when THP is enabled (rung 2), else left as plain pages
+/// `MADV_HUGEPAGE` when THP is enabled (rung 2), else left as normal pages
 /// (rung 3). Only the advice differs, so a failed mapping here is final.
 fn thp_or_plain_rung(req: &Request, opts: &HugeOptions) -> Result<Mapping, HugeError> {
     let len = req.len_2m;
@@ -186,7 +186,7 @@ fn thp_or_plain_rung(req: &Request, opts: &HugeOptions) -> Result<Mapping, HugeE
 
 /// `MADV_HUGEPAGE` on a fresh anonymous mapping when THP is enabled: the
 /// tier it then has, and the error when the advice failed (the mapping
-/// stays, as plain pages).
+/// stays, as normal pages).
 fn advise_thp(ptr: NonNull<u8>, len: usize) -> (Backing, Option<io::Error>) {
     if !tier::thp_enabled() {
         return (Backing::Normal, None);

@@ -18,7 +18,7 @@
 //!    whole, aligned 2 MiB extents). [`Backing::TransparentHuge`] means the range
 //!    is eligible; [`huge_page_coverage`](crate::huge_page_coverage) measures
 //!    what the kernel actually gave.
-//! 3. **plain pages** — the same aligned mapping without THP advice (THP is
+//! 3. **normal pages** — the same aligned mapping without THP advice (THP is
 //!    `never`, turned off with `CKALLOC_THP=0`, or `madvise` failed).
 //!
 //! By default the ladder goes all the way down; [`HugeOptions::require`] turns a
@@ -141,7 +141,7 @@
 //! 2.25 MiB, not 4 MiB (a block below 2 MiB, with a lower threshold, is all
 //! 4 KiB pages). Longer tails, sizes that are multiples of 2 MiB, and every
 //! block served through [`Allocator`](allocator_api2::alloc::Allocator) (whose slice covers the whole
-//! 2 MiB-rounded length) stay huge. Plain-page blocks (THP off,
+//! 2 MiB-rounded length) stay huge. Normal-page blocks (THP off,
 //! `CKALLOC_THP=0`) get no advice, and hugetlb blocks none when mapped
 //! (`realloc` cannot tell them from THP blocks and may advise their last
 //! page, which leaves hugetlb pages as they are).

@@ -15,7 +15,7 @@ use crate::tier::Backing;
 pub struct HugeOptions {
     pub(super) require: Backing,
     pub(super) hugetlb: bool,
-    pub(super) gigantic: bool,
+    pub(super) allow_1gib: bool,
     pub(super) populate: bool,
     pub(super) populate_threads: usize,
     pub(super) mlock: bool,
@@ -30,14 +30,14 @@ impl Default for HugeOptions {
 }
 
 impl HugeOptions {
-    /// Defaults: try hugetlb (2 MiB), then THP, then plain pages; no 1 GiB
+    /// Defaults: try hugetlb (2 MiB), then THP, then normal pages; no 1 GiB
     /// pages, no prefault (one thread when enabled), no `mlock`, no NUMA
     /// binding.
     pub const fn new() -> Self {
         HugeOptions {
             require: Backing::Normal,
             hugetlb: true,
-            gigantic: false,
+            allow_1gib: false,
             populate: false,
             populate_threads: 1,
             mlock: false,
@@ -62,7 +62,7 @@ impl HugeOptions {
     /// Allow 1 GiB hugetlb pages (`MAP_HUGE_1GB`, tried before 2 MiB pages);
     /// the mapping is then rounded up to 1 GiB. Default `false`.
     pub const fn allow_1gib(mut self, yes: bool) -> Self {
-        self.gigantic = yes;
+        self.allow_1gib = yes;
         self
     }
 

@@ -40,7 +40,7 @@ unsafe impl Sync for HugeRegion {}
 
 impl HugeRegion {
     /// Map `bytes` of zeroed memory with the default options (hugetlb, then
-    /// THP, then plain pages).
+    /// THP, then normal pages).
     ///
     /// # Errors
     /// [`HugeError::ZeroSize`] for 0, [`HugeError::TooLarge`] when rounding up

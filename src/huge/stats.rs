@@ -65,7 +65,7 @@ impl Counters {
 
     /// A mapping grew from `old` to `new` bytes by `mremap`; the added bytes
     /// count as mapped on the books of `backing`, the tier of the grown
-    /// mapping (THP or plain pages: hugetlb never grows this way).
+    /// mapping (THP or normal pages: hugetlb never grows this way).
     pub(crate) fn record_grow(&self, old: usize, new: usize, backing: Backing) {
         self.remaps.fetch_add(1, Relaxed);
         self.map_bytes[tier(backing)].fetch_add((new - old) as u64, Relaxed);
@@ -89,13 +89,13 @@ pub struct HugeStats {
     pub hugetlb: TierStats,
     /// THP-advised mappings.
     pub thp: TierStats,
-    /// Plain-page mappings.
+    /// Normal-page mappings.
     pub normal: TierStats,
     /// hugetlb attempts that failed (the ladder fell to THP).
     pub hugetlb_fallbacks: u64,
     /// Allocations that skipped hugetlb because of the back-off after a failure.
     pub hugetlb_skipped: u64,
-    /// `madvise(MADV_HUGEPAGE)` failures (the mapping was kept as plain pages).
+    /// `madvise(MADV_HUGEPAGE)` failures (the mapping was kept as normal pages).
     pub thp_fallbacks: u64,
     /// Resizes done by `mremap` or a tail `munmap`.
     pub remaps: u64,

@@ -30,7 +30,7 @@ pub(crate) struct FileIdentity {
     pub(crate) ino: u64,
 }
 
-enum Storage {
+enum Contents {
     /// An open regular file, read with `pread` ([`WeightsFile::open`]).
     File(File),
     /// A read-only shared mapping ([`WeightsFile::open_mapped`]).
@@ -88,7 +88,7 @@ enum Storage {
 /// another process truncating it makes a later access raise `SIGBUS`
 /// (POSIX `mmap`), which nothing in a library can turn into an error.
 pub struct WeightsFile {
-    storage: Storage,
+    storage: Contents,
     header: Header,
     path: Option<PathBuf>,
     table: Vec<u8>,
@@ -100,9 +100,9 @@ pub struct WeightsFile {
 impl std::fmt::Debug for WeightsFile {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let storage = match self.storage {
-            Storage::File(_) => "pread",
-            Storage::Mapped(_) => "mapped",
-            Storage::Owned(_) => "memory",
+            Contents::File(_) => "pread",
+            Contents::Mapped(_) => "mapped",
+            Contents::Owned(_) => "memory",
         };
         f.debug_struct("WeightsFile")
             .field("path", &self.path)
@@ -140,7 +140,7 @@ fn open_regular(path: &Path) -> Result<(File, u64, FileIdentity), WeightsError> 
 
 impl WeightsFile {
     fn build(
-        storage: Storage,
+        storage: Contents,
         detected: Detected,
         path: Option<PathBuf>,
         identity: Option<FileIdentity>,
@@ -185,7 +185,7 @@ impl WeightsFile {
             len,
         })?;
         WeightsFile::build(
-            Storage::File(file),
+            Contents::File(file),
             detected,
             Some(path.to_path_buf()),
             Some(identity),
@@ -219,7 +219,7 @@ impl WeightsFile {
             .map_err(|e| WeightsError::io(path, "mmap", e))?;
         let detected = detect(&Memory(&map))?;
         WeightsFile::build(
-            Storage::Mapped(map),
+            Contents::Mapped(map),
             detected,
             Some(path.to_path_buf()),
             Some(identity),
@@ -232,7 +232,7 @@ impl WeightsFile {
     /// As [`Header::parse`], and the metadata errors of [`open`](Self::open).
     pub fn from_vec(bytes: Vec<u8>) -> Result<WeightsFile, WeightsError> {
         let detected = detect(&Memory(&bytes))?;
-        WeightsFile::build(Storage::Owned(bytes), detected, None, None)
+        WeightsFile::build(Contents::Owned(bytes), detected, None, None)
     }
 
     /// Parse a copy of `bytes`.
@@ -250,16 +250,16 @@ impl WeightsFile {
 
     /// True when backed by a memory map ([`open_mapped`](Self::open_mapped)).
     pub fn is_mapped(&self) -> bool {
-        matches!(self.storage, Storage::Mapped(_))
+        matches!(self.storage, Contents::Mapped(_))
     }
 
     /// The whole file, when it is mapped or in memory; `None` for a file
     /// read with `pread` ([`open`](Self::open)).
     pub fn as_bytes(&self) -> Option<&[u8]> {
         match &self.storage {
-            Storage::File(_) => None,
-            Storage::Mapped(m) => Some(m),
-            Storage::Owned(v) => Some(v),
+            Contents::File(_) => None,
+            Contents::Mapped(m) => Some(m),
+            Contents::Owned(v) => Some(v),
         }
     }
 
@@ -270,13 +270,13 @@ impl WeightsFile {
     /// The byte source behind the file.
     fn source(&self) -> SourceRef<'_> {
         match &self.storage {
-            Storage::File(file) => SourceRef::Pread(Pread {
+            Contents::File(file) => SourceRef::Pread(Pread {
                 file,
                 path: self.path.as_deref().unwrap_or(Path::new("weights.bump")),
                 len: self.header.file_len,
             }),
-            Storage::Mapped(m) => SourceRef::Memory(m),
-            Storage::Owned(v) => SourceRef::Memory(v),
+            Contents::Mapped(m) => SourceRef::Memory(m),
+            Contents::Owned(v) => SourceRef::Memory(v),
         }
     }
 

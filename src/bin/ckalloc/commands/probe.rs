@@ -104,7 +104,7 @@ fn short_error(s: &str) -> String {
     s.split(';').next().unwrap_or(s).trim().to_string()
 }
 
-/// Plain pages: `System` memory with no huge-page advice (under THP
+/// Normal pages: `System` memory with no huge-page advice (under THP
 /// `always` the kernel may still back it with huge pages; coverage shows it).
 fn try_plain(page: usize) -> Trial {
     let Ok(layout) = Layout::from_size_align(TOUCH_BYTES, page) else {
