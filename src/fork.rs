@@ -48,7 +48,9 @@ pub(crate) struct Hooks {
 /// A position in the order of the module documentation.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Stage {
+    #[cfg_attr(not(feature = "capi"), allow(dead_code))]
     CArenas = 0,
+    #[cfg_attr(not(feature = "capi"), allow(dead_code))]
     CBlocks = 1,
     CachingAllocators = 2,
     Retention = 3,

@@ -27,13 +27,24 @@
 //! (feature `capi`; header in `include/`). Every environment variable the
 //! crate reads is listed, and read, in [`env`](mod@env).
 //!
-//! Modules form a stack; each uses only modules below it. At the bottom
-//! `sys` (the OS calls), `par` (work split over threads) and the `weights`
-//! file format, which needs none of the others; then [`env`](mod@env) (environment
-//! variables), `tier` ([`Backing`], the kernel's THP mode), `stats`
-//! ([`huge_stats`]), `probe` ([`probe()`], [`huge_page_coverage`]), [`huge`]
-//! (the tier ladder), the arena ([`BumpArena`]) and [`caching`]; on top the
-//! `capi` module and the `ckalloc` CLI.
+//! Modules form a stack; each uses only modules below it:
+//!
+//! | module | uses |
+//! | --- | --- |
+//! | `sys` (the OS calls), `par` (work split over threads), `lock` (the spin lock), `escape` ([`Escaped`]), `units` ([`human_bytes`]), `zero_size` (the block of a zero-size request) | nothing of the crate |
+//! | [`env`](mod@env) (environment variables), `fork` (the `pthread_atfork` registrar) | `sys` |
+//! | `tier` ([`Backing`], the kernel's THP mode) | `env`, `sys` |
+//! | `probe` ([`probe()`], [`huge_page_coverage`]) | `sys`, `tier`, `units` |
+//! | [`weights`] (the `weights.bump` format) | `sys`, `escape` |
+//! | [`huge`] (the tier ladder, [`CkHuge`], [`huge_stats`]) | `env`, `fork`, `par`, `probe`, `sys`, `tier`, `units`, `zero_size` |
+//! | the arena ([`BumpArena`]) | `env`, `huge`, `par`, `probe`, `sys`, `tier`, `weights`, `zero_size` |
+//! | [`caching`] | `env`, `escape`, `fork`, `lock`, `zero_size` |
+//! | `capi` | `arena`, `fork`, `huge`, `lock`, `sys` |
+//!
+//! On top, this file's re-exports and test hooks, and the `ckalloc` CLI
+//! (`src/bin/ckalloc`), which uses the public API only. Subsystems that must
+//! act around `fork()` add their hooks to `fork`'s table when the library
+//! is loaded; `fork` knows none of them.
 //!
 //! ```
 //! use allocator_api2::vec::Vec;

@@ -78,8 +78,12 @@ fn check_layout_invariants(a: &BumpArena) {
     assert!(mp as usize <= base && base + a.mapped_len() == mp as usize + ml);
 }
 
-/// The file kinds of issue 3, as (name, weights_base, activations_base,
-/// file length). All pass the size check.
+/// Weights files of every shape the arena must accept, as (name,
+/// weights_base, activations_base, file length): `activations_base` on a
+/// page boundary or not, the file longer than the weights (padding after
+/// them), shorter (the rest reads zero) or all within one page, and
+/// `weights_base` at 0, past a header, unaligned or on a page boundary. All
+/// pass the size check.
 fn file_cases() -> Vec<(&'static str, usize, usize, usize)> {
     vec![
         ("page-aligned", 0, 3 * PAGE, 3 * PAGE),
@@ -694,24 +698,30 @@ fn grow_and_shrink_in_place_for_the_last_block() {
     let p = a.allocate(l(64)).unwrap().cast::<u8>();
     // SAFETY: fresh 64-byte block.
     unsafe { p.as_ptr().write_bytes(7, 64) };
-    // SAFETY: p is live with layout l(64), and so on below.
+    // SAFETY: `p` is live with layout `l(64)`; 4096 is not smaller.
     let g = unsafe { a.grow(p, l(64), l(4096)) }.unwrap();
     assert_eq!(g.cast::<u8>(), p);
     assert_eq!(arena.used(), 4096);
+    // SAFETY: the grow kept the block at `p` (asserted), now with layout
+    // `l(4096)`; 100 is not larger.
     let s = unsafe { a.shrink(p, l(4096), l(100)) }.unwrap();
     assert_eq!(s.cast::<u8>(), p);
     assert_eq!(arena.used(), 100);
     let other = a.allocate(l(8)).unwrap().cast::<u8>();
     // No longer the last block: growing moves and copies.
+    // SAFETY: `p` is live with layout `l(100)` after the shrink.
     let moved = unsafe { a.grow(p, l(100), l(200)) }.unwrap().cast::<u8>();
     assert_ne!(moved, p);
-    // SAFETY: the moved block holds the first 64 bytes copied.
+    // SAFETY: `moved` is a live block of 200 bytes; the arena's memory is a
+    // zero-filled mapping, so every byte is initialised.
     assert!(unsafe { std::slice::from_raw_parts(moved.as_ptr(), 64) }
         .iter()
         .all(|&b| b == 7));
+    // SAFETY: `moved` is live with layout `l(200)`; 300 is not smaller.
     let z = unsafe { a.grow_zeroed(moved, l(200), l(300)) }.unwrap();
-    // SAFETY: 300 bytes, the tail zeroed.
     assert!(
+        // SAFETY: `z` is a live block of at least 300 bytes in the arena's
+        // zero-filled mapping.
         unsafe { std::slice::from_raw_parts(z.cast::<u8>().as_ptr(), 300) }[200..]
             .iter()
             .all(|&b| b == 0)

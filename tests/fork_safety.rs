@@ -271,3 +271,33 @@ fn every_child_of_a_fork_storm_completes() {
     assert!(forks >= 1);
     eprintln!("{forks} forks, every child completed");
 }
+
+/// The crate's `pthread_atfork` handlers are registered when the library is
+/// loaded, before any caching allocator, C arena or retained block exists
+/// (so never from inside `malloc` or `free`). A fresh process (this test
+/// binary run again, for this test alone) checks it before touching
+/// anything else of the crate.
+#[test]
+fn fork_handlers_are_registered_when_the_library_loads() {
+    const FRESH: &str = "CKALLOC_TEST_FRESH_PROCESS";
+    if std::env::var_os(FRESH).is_some() {
+        assert!(ckalloc::fork_hooks::fork_handlers_registered());
+        return;
+    }
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "fork_handlers_are_registered_when_the_library_loads",
+            "--test-threads=1",
+        ])
+        .env(FRESH, "1")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).contains("1 passed"));
+}

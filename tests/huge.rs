@@ -215,17 +215,22 @@ fn ckhuge_allocator_api_vec_and_zero_size() {
     assert_eq!(&v[..3], &[0, 3, 6]);
 }
 
+/// Write every 4093rd byte and the last of the `n`-byte block at `p`, which
+/// the caller owns.
 fn fill(p: NonNull<u8>, n: usize, seed: u8) {
     for i in (0..n).step_by(4093).chain(n.saturating_sub(1)..n) {
-        // SAFETY: i < n within the block.
+        // SAFETY: `i < n`, inside the caller's live block of `n` bytes.
         unsafe { *p.as_ptr().add(i) = seed.wrapping_add(i as u8) };
     }
 }
 
+/// Check the bytes [`fill`] wrote into the first `n` bytes of the block at
+/// `p`.
 fn check(p: NonNull<u8>, n: usize, seed: u8) {
     for i in (0..n).step_by(4093) {
-        // SAFETY: i < n within the block.
         assert_eq!(
+            // SAFETY: `i < n`, inside the caller's live block, at a byte
+            // `fill` wrote (every 4093rd), so it is initialised.
             unsafe { *p.as_ptr().add(i) },
             seed.wrapping_add(i as u8),
             "byte {i}"
@@ -281,29 +286,34 @@ fn grow_zeroed_zeroes_the_tail_even_after_shrink() {
     let a = CkHuge::new();
     let l8 = Layout::from_size_align(8 * MIB, 8).unwrap();
     let p = a.allocate(l8).unwrap().cast::<u8>();
-    // SAFETY: 8 MiB block.
+    // SAFETY: `p` is a fresh block of 8 MiB.
     unsafe { p.as_ptr().write_bytes(0xFF, 8 * MIB) };
     let l5 = Layout::from_size_align(5 * MIB + 1, 8).unwrap();
-    // SAFETY: shrink then grow_zeroed of our block.
+    // SAFETY: `p` is live with layout `l8`; `l5` is not larger.
     let p = unsafe { a.shrink(p, l8, l5) }.unwrap().cast::<u8>();
     let l20 = Layout::from_size_align(20 * MIB, 8).unwrap();
+    // SAFETY: the shrunk `p` is live with layout `l5`; `l20` is not smaller.
     let q = unsafe { a.grow_zeroed(p, l5, l20) }.unwrap().cast::<u8>();
-    // SAFETY: reading our 20 MiB block.
+    // SAFETY: `q` is a live block of 20 MiB: the first `l5.size()` bytes
+    // were written, the rest zeroed by `grow_zeroed`.
     let s = unsafe { std::slice::from_raw_parts(q.as_ptr(), 20 * MIB) };
     assert!(s[..5 * MIB + 1].iter().all(|&b| b == 0xFF));
     assert!(s[5 * MIB + 1..].iter().all(|&b| b == 0), "tail not zeroed");
-    // SAFETY: our block.
+    // SAFETY: `q` is live with layout `l20`; `s` is not used after.
     unsafe { a.deallocate(q, l20) };
 
     // Small path too.
     let ls = Layout::from_size_align(100, 1).unwrap();
     let p = a.allocate(ls).unwrap().cast::<u8>();
-    // SAFETY: 100-byte block.
+    // SAFETY: `p` is a fresh block of 100 bytes.
     unsafe { p.as_ptr().write_bytes(7, 100) };
     let lb = Layout::from_size_align(1000, 1).unwrap();
+    // SAFETY: `p` is live with layout `ls`; `lb` is not smaller.
     let q = unsafe { a.grow_zeroed(p, ls, lb) }.unwrap().cast::<u8>();
+    // SAFETY: `q` is a live block of 1000 bytes: 100 written, 900 zeroed.
     let s = unsafe { std::slice::from_raw_parts(q.as_ptr(), 1000) };
     assert!(s[..100].iter().all(|&b| b == 7) && s[100..].iter().all(|&b| b == 0));
+    // SAFETY: `q` is live with layout `lb`; `s` is not used after.
     unsafe { a.deallocate(q, lb) };
 }
 
@@ -340,11 +350,11 @@ fn realloc_moves_keep_alignment_above_huge_page() {
     // Block the in-place path so the move is forced.
     let _blocker = HugeRegion::new(2 * MIB);
     let l2 = Layout::from_size_align(300 * MIB, 64 * MIB).unwrap();
-    // SAFETY: our block.
+    // SAFETY: `p` is live with layout `l`; `l2` is not smaller.
     let q = unsafe { a.grow(p, l, l2) }.unwrap().cast::<u8>();
     assert_eq!(q.as_ptr() as usize % (64 * MIB), 0);
     check(q, 4 * MIB, 5);
-    // SAFETY: our block.
+    // SAFETY: `q` is the grown block, live with layout `l2`.
     unsafe { a.deallocate(q, l2) };
 }
 
@@ -357,13 +367,14 @@ fn threshold_routes_small_requests_to_system() {
     let l = Layout::from_size_align(8 * MIB, 8).unwrap();
     let b = a.allocate(l).unwrap();
     assert_eq!(b.len(), 8 * MIB, "System gives exactly the size");
-    // SAFETY: ours.
+    // SAFETY: `b` is the live block allocated with `l` (8 MiB) above.
     unsafe { a.deallocate(b.cast(), l) };
     let l = Layout::from_size_align(64 * MIB, 8).unwrap();
     let b = a.allocate(l).unwrap();
     let after = huge_stats();
     let mapped = |s: &HugeStats| s.hugetlb.mappings + s.thp.mappings + s.normal.mappings;
     assert!(mapped(&after) > mapped(&before));
+    // SAFETY: `b` is the live block allocated with `l` (64 MiB) above.
     unsafe { a.deallocate(b.cast(), l) };
 }
 
@@ -458,92 +469,4 @@ fn populate_threads_prefaults_every_page() {
         drop(r);
         assert_unmapped(p, len);
     }
-}
-
-/// The `/proc/self/maps` lines of mappings at least `min` bytes long.
-#[cfg(ckalloc_fault_injection)]
-fn big_mappings(min: usize) -> Vec<String> {
-    mappings_overlapping(0, usize::MAX >> 1)
-        .into_iter()
-        .filter(|l| {
-            let (a, b) = l
-                .split_whitespace()
-                .next()
-                .unwrap()
-                .split_once('-')
-                .unwrap();
-            let (a, b) = (
-                usize::from_str_radix(a, 16).unwrap(),
-                usize::from_str_radix(b, 16).unwrap(),
-            );
-            b - a >= min
-        })
-        .collect()
-}
-
-#[cfg(ckalloc_fault_injection)]
-#[test]
-fn populate_threads_one_failed_chunk_fails_and_releases_all() {
-    use ckalloc::fault::{self, Op};
-    let _serial = serial();
-    fault::reset();
-    let bytes = 64 * MIB;
-    let opts = HugeOptions::new().hugetlb(false).populate_threads(2);
-    // A successful mapping shows how many madvise calls it makes: the THP
-    // advice (if THP is on), then one MADV_POPULATE_WRITE per 8 MiB chunk
-    // when 2 threads share the work (one call in all on a 1-core machine).
-    // Chunks are cut at multiples of 8 MiB in address space, so a mapping
-    // that is only 2 MiB aligned spans one chunk more.
-    let before = fault::calls(Op::Madvise);
-    let r = HugeRegion::with_options(bytes, &opts).unwrap();
-    let calls = fault::calls(Op::Madvise) - before;
-    let (start, end) = (r.as_ptr() as usize, r.as_ptr() as usize + r.mapped_len());
-    drop(r);
-    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let spanned = (end.div_ceil(8 * MIB) - start / (8 * MIB)) as u64;
-    let advice = u64::from(thp_available());
-    let expected = if cores >= 2 { spanned } else { 1 };
-    assert_eq!(calls, advice + expected, "THP advice + one call per chunk");
-    // Every later mapping has at least this many chunks, whatever its address.
-    let chunks = if cores >= 2 {
-        (bytes / (8 * MIB)) as u64
-    } else {
-        1
-    };
-
-    let start = huge_stats().live_bytes();
-    let maps_before = big_mappings(bytes);
-    // The first, second, a middle and the last MADV_POPULATE_WRITE call
-    // (whichever thread makes it) fail in turn.
-    let mut which: Vec<u64> = [1, 2, chunks / 2 + 1, chunks]
-        .into_iter()
-        .filter(|&k| k <= chunks)
-        .collect();
-    which.dedup();
-    for chunk in which {
-        fault::fail_nth(Op::Madvise, advice + chunk, libc::ENOMEM);
-        let err = HugeRegion::with_options(bytes, &opts).unwrap_err();
-        let fired = !fault::pending(Op::Madvise);
-        fault::reset();
-        assert!(fired, "chunk {chunk}: the fault was reached");
-        match &err {
-            HugeError::Populate { bytes: b, source } => {
-                assert_eq!(*b, bytes, "the error names the whole mapping");
-                assert_eq!(source.raw_os_error(), Some(libc::ENOMEM));
-            }
-            other => panic!("chunk {chunk}: {other}"),
-        }
-        assert!(err.to_string().contains("MADV_POPULATE_WRITE"), "{err}");
-        assert_eq!(huge_stats().live_bytes(), start, "chunk {chunk}: counted");
-        if !under_asan() {
-            assert_eq!(
-                big_mappings(bytes),
-                maps_before,
-                "chunk {chunk}: the mapping was released"
-            );
-        }
-    }
-    // The same options work again once the fault is gone.
-    let r = HugeRegion::with_options(bytes, &opts).unwrap();
-    assert_eq!(r.coverage().unwrap().mapped_bytes, bytes as u64);
 }

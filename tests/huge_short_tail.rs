@@ -159,8 +159,9 @@ fn check_prefix(p: *const u8, n: usize, filled: usize, seed: u8) {
         );
     }
     if n >= filled {
-        // SAFETY: as above.
         assert_eq!(
+            // SAFETY: `filled - 1 < n`: inside the caller's `n` readable
+            // bytes, the last byte `fill` wrote.
             unsafe { p.add(filled - 1).read_volatile() },
             seed,
             "last byte"
@@ -645,6 +646,9 @@ fn child_fork_churn() {
                 s.fill(3);
                 // SAFETY: `p` came from `A` with `l`.
                 let q = unsafe { A.realloc(p, l, size + 2 * MIB) };
+                // SAFETY: read only when `q` is not null: then it is a live
+                // block of `size + 2 MiB` bytes whose first `size` bytes
+                // `realloc` copied from `s` (all 3).
                 ok &= !q.is_null() && unsafe { *q.add(size - 1) } == 3;
                 if !q.is_null() {
                     // SAFETY: `q` came from `A` with this layout.

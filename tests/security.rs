@@ -2,7 +2,8 @@
 //!
 //! * The file is opened once and checked once through its descriptor
 //!   (`fstat` on the fd, not the path): replacing the path afterwards changes
-//!   neither what mixed mode mapped nor what anon mode materializes.
+//!   neither what mixed mode mapped nor what anon mode materializes. (The
+//!   `open` and `fstat` calls are counted in `tests/faults/security.rs`.)
 //! * The documented `SIGBUS`: in mixed mode the weights pages come from the
 //!   file, so when another process truncates it while it is mapped, the next
 //!   touch of a dropped page raises `SIGBUS` (shown in a child process). Anon
@@ -78,25 +79,6 @@ fn replacing_the_path_after_build_changes_nothing() {
     a.materialize_weights().unwrap();
     assert_eq!(a.weights(), &orig[..]);
     assert_ne!(std::fs::read(&path).unwrap(), orig, "the path did change");
-}
-
-/// One `open` and one `fstat` per build: the file is checked once.
-#[cfg(ckalloc_fault_injection)]
-#[test]
-fn the_weights_file_is_opened_and_checked_once() {
-    let _g = serial();
-    use ckalloc::fault::{self, Op};
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("w");
-    let ab = 3 * PAGE + 5;
-    std::fs::write(&path, pattern(ab, 2)).unwrap();
-    for policy in [ModePolicy::AnonOnly, ModePolicy::MixedOnly] {
-        let (o, f) = (fault::calls(Op::Open), fault::calls(Op::Fstat));
-        let a = arena(policy, &path, ab);
-        assert_eq!(fault::calls(Op::Open) - o, 1, "{policy:?}: opens");
-        assert_eq!(fault::calls(Op::Fstat) - f, 1, "{policy:?}: fstats");
-        drop(a);
-    }
 }
 
 /// Run `child` (an ignored test of this binary) with stdin/stdout piped:

@@ -1587,3 +1587,34 @@ fn seeds() {
     ));
     common::write_weights_reader_seeds(&seeds);
 }
+
+/// Two writers writing into one folder at once (here two threads of one
+/// process, replacing the same three files over and over) never share a
+/// temporary name, so neither removes or renames the other's file: every
+/// write succeeds, and whatever writer finished last, each file is whole.
+#[test]
+#[cfg_attr(miri, ignore)] // file system
+fn two_writers_in_one_folder_keep_their_temporary_files_apart() {
+    let dir = tempfile::tempdir().unwrap();
+    let write = |fill: u8| {
+        let data = vec![fill; 64 << 10];
+        let mut w = WeightsWriter::new(Version::V5);
+        w.add_tensor("t", Dtype::U8, &data[..]).unwrap();
+        for _ in 0..40 {
+            w.write_dir(dir.path()).unwrap();
+        }
+    };
+    std::thread::scope(|s| {
+        s.spawn(|| write(1));
+        s.spawn(|| write(2));
+    });
+    let f = WeightsFile::open(dir.path().join(WEIGHTS_FILE)).unwrap();
+    f.verify_checksum().unwrap();
+    Manifest::load_sidecars(dir.path()).unwrap();
+    let left: Vec<_> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .filter(|n| n.starts_with('.'))
+        .collect();
+    assert!(left.is_empty(), "temporary files left: {left:?}");
+}

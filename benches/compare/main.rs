@@ -1,18 +1,23 @@
 //! Wall-clock comparisons of ckalloc against what users would otherwise pick.
 //!
-//! `cargo bench --bench compare` runs the quick set (under 3 minutes on 2
-//! cores); `cargo bench --bench compare -- --full` runs the heavy rows at
-//! full size (1 GiB first touch, 4 GiB random reads, 1 GiB weights).
+//! `cargo bench -p ckalloc-benches --bench compare` runs the quick set (under
+//! 3 minutes on 2 cores); `... --bench compare -- --full` runs the heavy rows
+//! at full size (1 GiB first touch, 4 GiB random reads, 1 GiB weights).
 //! `-- --json FILE` also writes the rows as JSON; `-- --plot FILE` also runs
 //! the first-touch sweep and writes it as an SVG (both used by
-//! `scripts/perf-report`). Arguments without `--` select rows by substring
-//! (`bump`, `first_touch`, `random_reads`, `cache_loop`, `weights`,
-//! `threads`, `pool_lock`, `trace`; `sweep` runs only the plot data).
+//! `scripts/perf-report`); a relative FILE is taken from the repository root
+//! (cargo runs benches in the package's directory, `benches/compare`).
+//! Arguments without `--` select rows by substring (`bump`, `first_touch`,
+//! `random_reads`, `cache_loop`, `weights`, `threads`, `pool_lock`, `trace`;
+//! `sweep` runs only the plot data).
 //!
 //! Each row measures ckalloc and its peer alternately in the same process,
-//! several repetitions, and reports the median of the per-repetition ratios.
+//! several repetitions, and reports the medians of each side's times and the
+//! median of the per-repetition ratios (which is not, in general, the ratio
+//! of the two medians); the table's header says so.
 
 use std::hint::black_box;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 mod alloc;
@@ -45,6 +50,18 @@ impl Row {
             "met": self.met,
         })
     }
+}
+
+/// `path` taken from the repository root when it is relative: cargo runs a
+/// bench in its package's directory (`benches/compare`), not where it was
+/// called from.
+pub fn repo_path(path: &str) -> PathBuf {
+    let package = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let root = package
+        .parent()
+        .and_then(Path::parent)
+        .expect("benches/compare");
+    root.join(path)
 }
 
 /// Measure `f` once.
@@ -102,7 +119,7 @@ fn main() {
         }
     };
     if let Some(p) = &plot {
-        let _ = plot::PATH.set(p.clone());
+        let _ = plot::PATH.set(repo_path(p).display().to_string());
     }
 
     println!(
@@ -127,7 +144,10 @@ fn main() {
         }
     }
     println!();
-    println!("| row | ckalloc | peer | ratio (higher is better) | target | met |");
+    println!(
+        "| row | ckalloc (median) | peer (median) \
+         | ratio (median of per-repetition ratios; higher is better) | target | met |"
+    );
     println!("| --- | --- | --- | --- | --- | --- |");
     for r in &table {
         println!(
@@ -143,7 +163,7 @@ fn main() {
     if let Some(path) = json {
         let rows: Vec<serde_json::Value> = table.iter().map(Row::json).collect();
         let text = serde_json::to_string_pretty(&rows).expect("rows serialize");
-        std::fs::write(&path, text + "\n").expect("write json");
+        std::fs::write(repo_path(&path), text + "\n").expect("write json");
     }
 }
 

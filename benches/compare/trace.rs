@@ -22,11 +22,10 @@ use crate::{fmt_dur, median, Row};
 use ckalloc::CkHuge;
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::io::Read;
-use std::path::Path;
 use std::ptr;
 use std::time::Instant;
 
-/// The trace file, relative to the crate root.
+/// The trace file, relative to the repository root.
 pub const TRACE: &str = "benches/data/minilm-trace.bin.gz";
 
 /// One request of the trace; blocks are named by allocation order.
@@ -150,7 +149,7 @@ fn decode(data: &[u8]) -> Result<Trace, String> {
 }
 
 fn load() -> Result<Trace, String> {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join(TRACE);
+    let path = crate::repo_path(TRACE);
     let file = std::fs::File::open(&path).map_err(|e| format!("{}: {e}", path.display()))?;
     let mut raw = Vec::new();
     flate2::read::GzDecoder::new(file)

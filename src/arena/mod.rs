@@ -91,7 +91,7 @@ fn new_token() -> u64 {
 ///  |  (zero, RW)      |   == file bytes at the      |   bump-allocated:          |
 ///  |                  |      same offsets           |   activations, KV, scratch |
 ///  +------------------+-----------------------------+----------------------------+
-///  ^ as_ptr()                                       ^ cursor starts here ->
+///  ^ as_ptr()                                       ^ the bump pointer starts here ->
 ///
 ///  anon mode:   [ one huge-page mapping (hugetlb, THP or 4 KiB pages), read-write      ]
 ///  mixed mode:  [ anon RW | file pages, read-only, MAP_PRIVATE | boundary page (anon,   ]

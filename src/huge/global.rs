@@ -289,6 +289,12 @@ impl<S: GlobalAlloc> CkHuge<S> {
     }
 }
 
+// SAFETY: `alloc` returns blocks of at least `layout.size()` bytes aligned to
+// `layout.align()` (`S`'s, a mapping aligned to max(align, 2 MiB), or a
+// retained mapping of the same length whose address meets the alignment), or
+// null; `alloc_zeroed` clears retained blocks; `dealloc` routes by size
+// exactly as `alloc` did; `realloc` keeps the contents up to the smaller size
+// and leaves the block intact on failure.
 unsafe impl<S: GlobalAlloc> GlobalAlloc for CkHuge<S> {
     #[inline]
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {

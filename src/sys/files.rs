@@ -20,6 +20,7 @@ impl Fd {
     }
 
     /// The descriptor as a `std::fs::File`, which then owns and closes it.
+    #[cfg_attr(not(feature = "weights"), allow(dead_code))]
     pub(crate) fn into_file(self) -> std::fs::File {
         use std::os::fd::FromRawFd as _;
         let fd = self.0;

@@ -335,13 +335,9 @@ pub(crate) fn shape_text(shape: &[u64]) -> String {
     }
 }
 
+/// A SHA-256 digest as 64 lowercase hex digits (sha2's own `{:x}`).
 pub(crate) fn hex32(b: &[u8; 32]) -> String {
-    use std::fmt::Write as _;
-    let mut s = String::with_capacity(64);
-    for x in b {
-        let _ = write!(s, "{x:02x}");
-    }
-    s
+    format!("{:x}", sha2::digest::Output::<sha2::Sha256>::from(*b))
 }
 
 fn show_magic(m: &[u8; 8]) -> String {

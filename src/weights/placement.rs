@@ -38,6 +38,7 @@ fn with_fresh_name<T>(
     dir: &Path,
     name: &str,
     kind: &str,
+    op: &'static str,
     mut make: impl FnMut(&Path) -> std::io::Result<T>,
 ) -> Result<(T, PathBuf), WeightsError> {
     loop {
@@ -46,7 +47,7 @@ fn with_fresh_name<T>(
             Ok(v) => return Ok((v, p)),
             // A file left by a process that had this pid before: next name.
             Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
-            Err(e) => return Err(WeightsError::io(&p, "create", e)),
+            Err(e) => return Err(WeightsError::io(&p, op, e)),
         }
     }
 }
@@ -56,7 +57,7 @@ impl PendingFile {
         let (file, temp) = match crate::sys::open_unnamed_in(dir) {
             Ok(f) => (f, None),
             Err(e) if crate::sys::unnamed_unsupported(&e) => {
-                let (f, p) = with_fresh_name(dir, name, "tmp", |p| {
+                let (f, p) = with_fresh_name(dir, name, "tmp", "create", |p| {
                     std::fs::OpenOptions::new()
                         .write(true)
                         .create_new(true)
@@ -94,7 +95,7 @@ impl PendingFile {
             Err(e) => return Err(WeightsError::io(dest, "link", e)),
         }
         // A fresh name: never one another writer is about to rename.
-        let ((), link) = with_fresh_name(&self.dir, self.name, "new", |p| {
+        let ((), link) = with_fresh_name(&self.dir, self.name, "new", "link", |p| {
             crate::sys::link_unnamed(&self.file, p)
         })?;
         rename(&link)

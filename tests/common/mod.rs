@@ -1,5 +1,9 @@
-//! Helpers shared by the integration tests.
+//! Helpers shared by the integration tests. Each test binary includes this
+//! module (`mod common;`, or `#[path = "../common/mod.rs"] mod common;` from
+//! a binary in a directory of its own) and uses a subset of it.
 #![allow(dead_code)]
+
+pub mod caching;
 
 /// The mappings of this process that overlap `start..start+len`, as
 /// `/proc/self/maps` lines. Counting lines misses leaks (neighbouring

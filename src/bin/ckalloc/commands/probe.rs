@@ -106,10 +106,10 @@ fn short_error(s: &str) -> String {
 
 /// Normal pages: `System` memory with no huge-page advice (under THP
 /// `always` the kernel may still back it with huge pages; coverage shows it).
-fn try_plain(page: usize) -> Trial {
+fn try_normal(page: usize) -> Trial {
     let Ok(layout) = Layout::from_size_align(TOUCH_BYTES, page) else {
         return Trial {
-            tier: "plain",
+            tier: "normal",
             backing: None,
             touch: None,
             coverage: None,
@@ -120,7 +120,7 @@ fn try_plain(page: usize) -> Trial {
     let p = unsafe { System.alloc(layout) };
     if p.is_null() {
         return Trial {
-            tier: "plain",
+            tier: "normal",
             backing: None,
             touch: None,
             coverage: None,
@@ -133,7 +133,7 @@ fn try_plain(page: usize) -> Trial {
     // SAFETY: p came from System.alloc with this layout and is freed once.
     unsafe { System.dealloc(p, layout) };
     Trial {
-        tier: "plain",
+        tier: "normal",
         backing: Some(Backing::Normal),
         touch: Some(touch),
         coverage,
@@ -240,7 +240,7 @@ pub fn run(g: Global, a: ProbeArgs) -> Result<(), CliError> {
                     .require(Backing::TransparentHuge),
                 page,
             ),
-            try_plain(page),
+            try_normal(page),
         ];
         // A failed hugetlb attempt starts the library's back-off; forget it.
         reset_hugetlb_backoff();

@@ -1,7 +1,6 @@
 //! `ck_bump_alloc_materialize_weights(alloc, path)` on an arena built
 //! without a weights file: after success the struct's `weights_file_size` is
 //! the `st_size` of the file the weights were copied from.
-#![cfg(feature = "capi")]
 
 use ckalloc::capi::*;
 use std::ffi::CString;

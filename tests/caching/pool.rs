@@ -2,16 +2,13 @@
 //! capacity and eviction, free count, trim order, failure + retry,
 //! alignment, grow/shrink, Drop, statistics.
 
-#[path = "caching_common.rs"]
-mod common;
-
 use std::alloc::Layout;
 use std::ptr::NonNull;
 
+use crate::common::caching::{Counting, Event};
 use allocator_api2::alloc::{Allocator, Global};
 use allocator_api2::vec::Vec as AVec;
 use ckalloc::caching::{CachingAllocator, Heap, PoolParams, RoundUp};
-use common::{Counting, Event};
 
 const KIB: usize = 1024;
 
@@ -23,7 +20,13 @@ fn alloc<A: Allocator>(a: &A, size: usize) -> NonNull<u8> {
     a.allocate(l(size)).unwrap().cast()
 }
 
+/// Give `p` back to `a`.
+///
+/// # Safety
+///
+/// `p` came from `alloc(a, size)` (layout `l(size)`) and was not freed since.
 unsafe fn free<A: Allocator>(a: &A, p: NonNull<u8>, size: usize) {
+    // SAFETY: the caller's contract: a live block of `a` with layout `l(size)`.
     unsafe { a.deallocate(p, l(size)) }
 }
 
@@ -33,6 +36,7 @@ fn reuse_same_size_most_recent_first() {
     let c = CachingAllocator::unbounded(&inner);
     let a = alloc(&c, 4 * KIB);
     let b = alloc(&c, 4 * KIB);
+    // SAFETY: `a` and `b` are live 4 KiB blocks of `c`, each freed once.
     unsafe {
         free(&c, a, 4 * KIB);
         free(&c, b, 4 * KIB);
@@ -48,6 +52,8 @@ fn reuse_same_size_most_recent_first() {
     assert_eq!(s.live_bytes, (16 * KIB) as u64);
     assert_eq!(s.cached_bytes, 0);
     assert_eq!(s.peak_bytes, (16 * KIB) as u64);
+    // SAFETY: `a` and `b` were handed out again by the two 4 KiB requests
+    // above and `d` by the 8 KiB one; each is freed once, with its size.
     unsafe {
         free(&c, a, 4 * KIB);
         free(&c, b, 4 * KIB);
@@ -71,9 +77,11 @@ fn size_bands_choose_first_pool_by_size() {
     let small: Vec<_> = (0..12).map(|_| alloc(&c, 10 * KIB)).collect();
     let big: Vec<_> = (0..3).map(|_| alloc(&c, 200 * KIB)).collect();
     for p in &small {
+        // SAFETY: each 10 KiB block of `c` is freed once.
         unsafe { free(&c, *p, 10 * KIB) };
     }
     for p in &big {
+        // SAFETY: each 200 KiB block of `c` is freed once.
         unsafe { free(&c, *p, 200 * KIB) };
     }
     let s = c.stats();
@@ -87,6 +95,7 @@ fn size_bands_choose_first_pool_by_size() {
     // Exactly the band edge goes to the first pool.
     let e = alloc(&c, 100 * KIB);
     assert_eq!(c.stats().pools[0].misses, 13);
+    // SAFETY: `e` is the live 100 KiB block allocated just above.
     unsafe { free(&c, e, 100 * KIB) };
     assert_eq!(c.stats().pools[0].cached_blocks, 10, "free count holds");
 }
@@ -99,6 +108,7 @@ fn no_matching_pool_bypasses() {
     let s = c.stats();
     assert_eq!((s.bypasses, s.misses, s.pools[0].bypasses), (1, 0, 0));
     assert_eq!(s.live_bytes, (2 * KIB) as u64);
+    // SAFETY: `p` is the live 2 KiB block allocated above.
     unsafe { free(&c, p, 2 * KIB) };
     assert_eq!(inner.live_blocks(), 0, "unpooled blocks go straight back");
     assert_eq!(c.stats().live_bytes, 0);
@@ -110,6 +120,7 @@ fn capacity_evicts_oldest_then_bypasses() {
     let c = CachingAllocator::from_spec(&inner, "*=*;10kib;*").unwrap();
     let a = alloc(&c, 3 * KIB);
     let b = alloc(&c, 4 * KIB);
+    // SAFETY: `a` (3 KiB) and `b` (4 KiB) are live blocks of `c`, freed once.
     unsafe {
         free(&c, a, 3 * KIB);
         free(&c, b, 4 * KIB);
@@ -138,6 +149,8 @@ fn capacity_evicts_oldest_then_bypasses() {
     let f = alloc(&c, 11 * KIB);
     assert_eq!(c.stats().bypasses, 2);
     assert!(c.stats().pools[0].peak_bytes <= (10 * KIB) as u64);
+    // SAFETY: `d`, `e` and `f` are live blocks of `c` of the sizes they were
+    // allocated with, each freed once.
     unsafe {
         free(&c, d, 5 * KIB);
         free(&c, e, 6 * KIB);
@@ -154,6 +167,7 @@ fn free_count_zero_caches_nothing() {
     let inner = Counting::new();
     let c = CachingAllocator::from_spec(&inner, "*=*;*;0").unwrap();
     let p = alloc(&c, KIB);
+    // SAFETY: `p` is the live 1 KiB block allocated above.
     unsafe { free(&c, p, KIB) };
     assert_eq!(inner.live_blocks(), 0);
     assert_eq!(c.stats().cached_blocks, 0);
@@ -168,6 +182,8 @@ fn trim_returns_oldest_first_across_pools() {
     // Free in a scrambled order; trim must follow free order.
     let order = [3, 0, 4, 1, 2];
     for &i in &order {
+        // SAFETY: `order` names each index once, so every block is freed once,
+        // with the size it was allocated with.
         unsafe { free(&c, ptrs[i], sizes[i]) };
     }
     inner.clear_events();
@@ -194,6 +210,7 @@ fn inner_failure_trims_and_retries_once() {
     let inner = Counting::new();
     let c = CachingAllocator::unbounded(&inner);
     let a = alloc(&c, 16 * KIB);
+    // SAFETY: `a` is the live 16 KiB block allocated above.
     unsafe { free(&c, a, 16 * KIB) };
     inner.clear_events();
     inner.fail(1);
@@ -223,6 +240,7 @@ fn inner_failure_trims_and_retries_once() {
     inner.fail(1);
     let p = alloc(&d, KIB);
     assert_eq!(d.stats().inner_failures, 1);
+    // SAFETY: `p` is `d`'s live 1 KiB block, `b` is `c`'s live 32 KiB block.
     unsafe {
         free(&d, p, KIB);
         free(&c, b, 32 * KIB);
@@ -235,22 +253,27 @@ fn alignment_reuse_keeps_original_layout() {
     let c = CachingAllocator::unbounded(&inner);
     let big = Layout::from_size_align(4 * KIB, 4 * KIB).unwrap();
     let p = c.allocate(big).unwrap().cast::<u8>();
+    // SAFETY: `p` is the live block allocated with `big` just above.
     unsafe { c.deallocate(p, big) };
     // A smaller alignment is satisfied by the 4 KiB-aligned block.
     let small = Layout::from_size_align(4 * KIB, 16).unwrap();
     let q = c.allocate(small).unwrap().cast::<u8>();
     assert_eq!(p, q);
     assert_eq!(c.stats().hits, 1);
+    // SAFETY: `q` was allocated with `small`: the caller's layout is the one
+    // to free with, whatever block the cache served it from.
     unsafe { c.deallocate(q, small) };
     // A larger alignment than the block has is a miss unless the address happens to satisfy it.
     let small_block = c
         .allocate(Layout::from_size_align(64, 8).unwrap())
         .unwrap()
         .cast::<u8>();
+    // SAFETY: `small_block` is live and was allocated with this layout.
     unsafe { c.deallocate(small_block, Layout::from_size_align(64, 8).unwrap()) };
     let huge_align = Layout::from_size_align(64, 1 << 16).unwrap();
     let r = c.allocate(huge_align).unwrap().cast::<u8>();
     assert_eq!(r.as_ptr() as usize % (1 << 16), 0);
+    // SAFETY: `r` is live and was allocated with `huge_align`.
     unsafe { c.deallocate(r, huge_align) };
     drop(c);
     // Counting asserts every block went back with its original layout.
@@ -265,6 +288,7 @@ fn zero_size_never_reaches_inner() {
     let p = c.allocate(z).unwrap();
     assert_eq!(p.len(), 0);
     assert_eq!(p.cast::<u8>().as_ptr() as usize % 64, 0);
+    // SAFETY: the zero-size block `c` handed out for `z`, freed with `z`.
     unsafe { c.deallocate(p.cast(), z) };
     assert!(inner.events().is_empty());
 }
@@ -311,28 +335,38 @@ fn grow_zeroed_and_rounding_in_place() {
     let p = c.allocate(l(1100)).unwrap();
     assert_eq!(p.len(), 1280, "rounded block is returned whole");
     let p = p.cast::<u8>();
+    // SAFETY: the block is 1280 bytes long (`p.len()` above) and ours.
     unsafe { p.as_ptr().write_bytes(0xAB, 1100) };
     // 1100 -> 1200 rounds to the same block: in place, tail zeroed.
+    // SAFETY: `p` is live with layout `l(1100)`; 1200 is not smaller.
     let q = unsafe { c.grow_zeroed(p, l(1100), l(1200)) }.unwrap();
     assert_eq!(q.cast::<u8>(), p);
+    // SAFETY: the grown block is still at `p` (asserted above) and
+    // `grow_zeroed` hands out the whole rounded block, 1280 bytes, with
+    // every byte past the old 1100 zeroed, so all of it is initialised.
     let bytes = unsafe { std::slice::from_raw_parts(p.as_ptr(), 1280) };
     assert!(bytes[..1100].iter().all(|&b| b == 0xAB));
     assert!(bytes[1100..].iter().all(|&b| b == 0));
     // 1200 -> 3000 moves to a new block (3072), contents kept.
+    // SAFETY: `p` is live with layout `l(1200)` after the grow above, and
+    // `bytes` is not used past this point.
     let r = unsafe { c.grow(p, l(1200), l(3000)) }.unwrap();
     assert_eq!(r.len(), 3072);
     let r = r.cast::<u8>();
+    // SAFETY: `r` is live and its first 1100 bytes were copied from `p`.
     assert!(unsafe { std::slice::from_raw_parts(r.as_ptr(), 1100) }
         .iter()
         .all(|&b| b == 0xAB));
     // The old block went to the cache.
     assert_eq!(c.stats().cached_blocks, 1);
+    // SAFETY: `r` is live with layout `l(3000)`; 1100 is not larger.
     let s = unsafe { c.shrink(r, l(3000), l(1100)) }.unwrap();
     assert_eq!(
         s.cast::<u8>(),
         p,
         "shrink reuses the cached 1280-byte block"
     );
+    // SAFETY: `s` is live with layout `l(1100)` after the shrink.
     unsafe { c.deallocate(s.cast(), l(1100)) };
     let st = c.stats();
     assert_eq!((st.live_bytes, st.cached_bytes), (0, 1280 + 3072));
@@ -349,6 +383,8 @@ fn per_pool_round_up() {
     assert_eq!(a.len(), 3000, "pool 0 does not round");
     let b = c.allocate(l(5000)).unwrap();
     assert_eq!(b.len(), 8192, "pool 1 rounds to a power of two");
+    // SAFETY: `a` and `b` are live blocks of `c`, freed once with the layouts
+    // they were requested with.
     unsafe {
         c.deallocate(a.cast(), l(3000));
         c.deallocate(b.cast(), l(5000));
@@ -360,6 +396,7 @@ fn per_pool_round_up() {
 fn stats_display_is_a_table() {
     let c = CachingAllocator::from_spec(Global, "*=1mib;64mib;8,*").unwrap();
     let a = c.allocate(l(4 * KIB)).unwrap();
+    // SAFETY: `a` is the live block allocated with `l(4 * KIB)` above.
     unsafe { c.deallocate(a.cast(), l(4 * KIB)) };
     let b = c.allocate(l(4 * KIB)).unwrap();
     let text = c.stats().to_string();
@@ -373,6 +410,7 @@ fn stats_display_is_a_table() {
         2,
         "{text}"
     );
+    // SAFETY: `b` is the live block allocated with `l(4 * KIB)` above.
     unsafe { c.deallocate(b.cast(), l(4 * KIB)) };
 }
 

@@ -1,11 +1,9 @@
-//! Fault injection under the C ABI: a refused OS call makes `ck_huge_alloc`
+//! Under the C ABI (feature `capi`): a refused OS call makes `ck_huge_alloc`
 //! return NULL and `ck_bump_alloc_init` / `ck_bump_alloc_materialize_weights`
 //! return -1, with a reason in `ck_last_error()`, the struct left zeroed
 //! (mode UNINITIALIZED), nothing mapped and the statistics unchanged.
-//!
-//! Run with `scripts/test` (or `RUSTFLAGS="--cfg ckalloc_fault_injection" cargo test --features capi --test capi_faults`).
-#![cfg(all(feature = "capi", ckalloc_fault_injection))]
 
+use crate::serial;
 use ckalloc::capi::*;
 use ckalloc::fault::{self, Op};
 use ckalloc::{huge_stats, reset_hugetlb_backoff};
@@ -33,9 +31,9 @@ fn zeroed_struct() -> CkBumpAlloc {
     }
 }
 
-/// One test: the fault state is process-global.
 #[test]
 fn c_entry_points_report_failures_and_leak_nothing() {
+    let _g = serial();
     let start = huge_stats().live_bytes();
 
     // ck_huge_alloc: every mmap refused -> NULL and a reason.

@@ -1,13 +1,14 @@
-//! Fault injection into the OS layer under the huge-page paths: every
-//! failure gives a typed error (or null / `AllocError`), nothing panics,
-//! nothing stays mapped, and the counters return to where they started.
-#![cfg(ckalloc_fault_injection)]
+//! Under the huge-page paths (`HugeRegion`, `huge_alloc`, `CkHuge` through
+//! `allocator_api2` and `GlobalAlloc`, the retention cache, populating on
+//! several threads): every failure gives a typed error (or null /
+//! `AllocError`), nothing panics, nothing stays mapped, and the counters
+//! return to where they started.
 
-mod common;
+use crate::common::*;
+use crate::serial;
 use allocator_api2::alloc::{Allocator, Layout};
 use ckalloc::fault::{self, Op};
 use ckalloc::*;
-use common::*;
 
 const MIB: usize = 1 << 20;
 
@@ -94,13 +95,13 @@ fn ckhuge_grow_failure_keeps_the_block() {
             let start = huge_stats().live_bytes();
             let l = Layout::from_size_align(4 * MIB, 8).unwrap();
             let p = a.allocate(l).unwrap().cast::<u8>();
-            // SAFETY: 4 MiB block.
+            // SAFETY: `p` is a fresh block of 4 MiB.
             unsafe { p.as_ptr().write_bytes(0x3C, 4 * MIB) };
             // Occupy the address space after the block so growth must move.
             let blocker = HugeRegion::new(2 * MIB).ok();
             fault::fail_nth(op, n, libc::ENOMEM);
             let l2 = Layout::from_size_align(40 * MIB, 8).unwrap();
-            // SAFETY: our block.
+            // SAFETY: `p` is live with layout `l`; `l2` is not smaller.
             let r = unsafe { a.grow(p, l, l2) };
             fault::reset();
             let (q, lq) = match r {
@@ -110,7 +111,8 @@ fn ckhuge_grow_failure_keeps_the_block() {
             // SAFETY: q holds at least 4 MiB.
             let s = unsafe { std::slice::from_raw_parts(q.as_ptr(), 4 * MIB) };
             assert!(s.iter().all(|&b| b == 0x3C), "{op:?} #{n}: contents lost");
-            // SAFETY: our block with its current layout.
+            // SAFETY: `q` is the live block (moved or kept) and `lq` its
+            // layout; `s` is not used after.
             unsafe { a.deallocate(q, lq) };
             drop(blocker);
             assert_eq!(huge_stats().live_bytes(), start, "{op:?} #{n} leaked");
@@ -140,7 +142,7 @@ fn global_short_tail_grow_failure_keeps_the_block() {
                 unsafe { p.write_bytes(0x5A, l.size()) };
                 // A page right after the block (or whatever is mapped there
                 // already) keeps it from growing in place.
-                let blocker = common::map_blocker_page(p.wrapping_add(6 * MIB));
+                let blocker = map_blocker_page(p.wrapping_add(6 * MIB));
                 if sticky {
                     fault::fail_from(op, n, libc::ENOMEM);
                 } else {
@@ -167,7 +169,7 @@ fn global_short_tail_grow_failure_keeps_the_block() {
                     assert_unmapped(p as usize, 6 * MIB);
                 }
                 if let Some(b) = blocker {
-                    common::unmap_blocker_page(b);
+                    unmap_blocker_page(b);
                 }
                 assert_eq!(
                     huge_stats().live_bytes(),
@@ -189,17 +191,22 @@ fn global_alloc_returns_null_when_mmap_is_refused() {
     let start = huge_stats().live_bytes();
     reset_hugetlb_backoff();
     fault::fail_from(Op::Mmap, 1, libc::ENOMEM);
-    // SAFETY: non-zero layouts.
+    // SAFETY: `GlobalAlloc::alloc` needs a non-zero size: 8 MiB.
     let p = unsafe { a.alloc(l) };
+    // SAFETY: as above.
     let z = unsafe { a.alloc_zeroed(l) };
     // The small path is System's and unaffected.
     let small = std::alloc::Layout::from_size_align(64, 8).unwrap();
+    // SAFETY: a non-zero size: 64 bytes.
     let s = unsafe { a.alloc(small) };
     fault::reset();
     assert!(p.is_null() && z.is_null());
     assert!(!s.is_null());
+    // SAFETY: `s` is not null (asserted), so a live block of `a` from `small`.
     unsafe { a.dealloc(s, small) };
     assert!(huge_alloc(4 * MIB)
+        // SAFETY: the block `huge_alloc(4 MiB)` just returned, freed once
+        // with the same length.
         .map(|p| unsafe { huge_free(p, 4 * MIB) })
         .is_some());
     assert_eq!(huge_stats().live_bytes(), start);
@@ -213,19 +220,20 @@ fn retention_hits_make_no_system_call_and_survive_failures() {
     release_retained();
     let l = std::alloc::Layout::from_size_align(4 * MIB, 8).unwrap();
     let start = huge_stats().live_bytes();
-    // SAFETY: non-zero layout; freed with it.
+    // SAFETY: a non-zero size (4 MiB).
     let p = unsafe { a.alloc(l) };
     assert!(!p.is_null());
-    // SAFETY: blocks of `a` with their layouts; reads within the block.
+    // SAFETY: `p` is a live block of `a` allocated with `l`.
     unsafe { a.dealloc(p, l) };
     let calls: Vec<u64> = OPS.iter().map(|&op| fault::calls(op)).collect();
     for op in OPS {
         fault::fail_from(op, 1, libc::ENOMEM);
     }
     // A hit and a free back into the cache, with every call armed to fail.
-    // SAFETY: blocks of `a` with their layouts; reads within the block.
+    // SAFETY: a non-zero size.
     let q = unsafe { a.alloc(l) };
-    // SAFETY: blocks of `a` with their layouts; reads within the block.
+    assert!(!q.is_null());
+    // SAFETY: `q` is a live block of `a` (not null) allocated with `l`.
     unsafe { a.dealloc(q, l) };
     fault::reset();
     assert_eq!(q, p, "served from the cache");
@@ -235,42 +243,143 @@ fn retention_hits_make_no_system_call_and_survive_failures() {
     // A zeroed hit above the memset cutoff whose MADV_DONTNEED fails is
     // cleared by memset instead.
     let big = std::alloc::Layout::from_size_align(32 * MIB, 8).unwrap();
-    // SAFETY: blocks of `a` with their layouts; reads within the block.
+    // SAFETY: a non-zero size (32 MiB).
     let b = unsafe { a.alloc(big) };
     assert!(!b.is_null());
-    // SAFETY: blocks of `a` with their layouts; reads within the block.
+    // SAFETY: `b` is a live block of `big.size()` bytes.
     unsafe { b.write_bytes(0xAB, 32 * MIB) };
-    // SAFETY: blocks of `a` with their layouts; reads within the block.
+    // SAFETY: `b` is a live block of `a` allocated with `big`.
     unsafe { a.dealloc(b, big) };
     fault::fail_from(Op::Madvise, 1, libc::EINVAL);
-    // SAFETY: blocks of `a` with their layouts; reads within the block.
+    // SAFETY: a non-zero size.
     let z = unsafe { a.alloc_zeroed(big) };
     fault::reset();
     assert_eq!(z, b);
-    // SAFETY: blocks of `a` with their layouts; reads within the block.
+    // SAFETY: `z` (equal to `b`, so not null) is a live block of 32 MiB, and
+    // `alloc_zeroed` initialised every byte.
     let s = unsafe { std::slice::from_raw_parts(z, 32 * MIB) };
     assert!(s.iter().all(|&x| x == 0), "not zeroed");
-    // SAFETY: blocks of `a` with their layouts; reads within the block.
+    // SAFETY: `z` is a live block of `a` allocated with `big`; `s` is not used
+    // after.
     unsafe { a.dealloc(z, big) };
 
     // A miss that would trim a longer block keeps it whole when the trim
     // fails, and maps afresh.
     release_retained();
     let l8 = std::alloc::Layout::from_size_align(8 * MIB, 8).unwrap();
-    // SAFETY: blocks of `a` with their layouts; reads within the block.
+    // SAFETY: a non-zero size (8 MiB).
     let c = unsafe { a.alloc(l8) };
-    // SAFETY: blocks of `a` with their layouts; reads within the block.
+    assert!(!c.is_null());
+    // SAFETY: `c` is a live block of `a` allocated with `l8`.
     unsafe { a.dealloc(c, l8) };
     fault::fail_nth(Op::Munmap, 1, libc::ENOMEM);
-    // SAFETY: blocks of `a` with their layouts; reads within the block.
+    // SAFETY: a non-zero size.
     let d = unsafe { a.alloc(l) };
     fault::reset();
     assert!(!d.is_null());
     assert_ne!(d, c, "the trim failed, so the request was mapped afresh");
     assert_eq!(huge_stats().retained_bytes, 8 * MIB as u64);
-    // SAFETY: blocks of `a` with their layouts; reads within the block.
+    // SAFETY: `d` is a live block of `a` allocated with `l`.
     unsafe { a.dealloc(d, l) };
     release_retained();
     assert_eq!(huge_stats().live_bytes(), start);
     assert_eq!(huge_stats().retained_bytes, 0);
+}
+
+/// The `/proc/self/maps` lines of mappings at least `min` bytes long.
+fn big_mappings(min: usize) -> Vec<String> {
+    mappings_overlapping(0, usize::MAX >> 1)
+        .into_iter()
+        .filter(|l| {
+            let (a, b) = l
+                .split_whitespace()
+                .next()
+                .unwrap()
+                .split_once('-')
+                .unwrap();
+            let (a, b) = (
+                usize::from_str_radix(a, 16).unwrap(),
+                usize::from_str_radix(b, 16).unwrap(),
+            );
+            b - a >= min
+        })
+        .collect()
+}
+
+/// Runs its body, [`child_populate_threads_one_failed_chunk`], in a child
+/// process of this binary: the body compares every mapping of 64 MiB or more
+/// before and after, and in a process that has run the other tests the heaps
+/// of the C library's `malloc` (reserved 64 MiB at a time, their unused parts
+/// merged into larger `---p` mappings) can grow meanwhile and change those
+/// lines.
+#[test]
+fn populate_threads_one_failed_chunk_fails_and_releases_all() {
+    let _serial = serial();
+    run_child("huge::child_populate_threads_one_failed_chunk", &[]);
+}
+
+#[test]
+#[ignore = "run by populate_threads_one_failed_chunk_fails_and_releases_all in a child process"]
+fn child_populate_threads_one_failed_chunk() {
+    let _serial = serial();
+    fault::reset();
+    let bytes = 64 * MIB;
+    let opts = HugeOptions::new().hugetlb(false).populate_threads(2);
+    // A successful mapping shows how many madvise calls it makes: the THP
+    // advice (if THP is on), then one MADV_POPULATE_WRITE per 8 MiB chunk
+    // when 2 threads share the work (one call in all on a 1-core machine).
+    // Chunks are cut at multiples of 8 MiB in address space, so a mapping
+    // that is only 2 MiB aligned spans one chunk more.
+    let before = fault::calls(Op::Madvise);
+    let r = HugeRegion::with_options(bytes, &opts).unwrap();
+    let calls = fault::calls(Op::Madvise) - before;
+    let (start, end) = (r.as_ptr() as usize, r.as_ptr() as usize + r.mapped_len());
+    drop(r);
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let spanned = (end.div_ceil(8 * MIB) - start / (8 * MIB)) as u64;
+    let advice = u64::from(thp_available());
+    let expected = if cores >= 2 { spanned } else { 1 };
+    assert_eq!(calls, advice + expected, "THP advice + one call per chunk");
+    // Every later mapping has at least this many chunks, whatever its address.
+    let chunks = if cores >= 2 {
+        (bytes / (8 * MIB)) as u64
+    } else {
+        1
+    };
+
+    let start = huge_stats().live_bytes();
+    let maps_before = big_mappings(bytes);
+    // The first, second, a middle and the last MADV_POPULATE_WRITE call
+    // (whichever thread makes it) fail in turn.
+    let mut which: Vec<u64> = [1, 2, chunks / 2 + 1, chunks]
+        .into_iter()
+        .filter(|&k| k <= chunks)
+        .collect();
+    which.dedup();
+    for chunk in which {
+        fault::fail_nth(Op::Madvise, advice + chunk, libc::ENOMEM);
+        let err = HugeRegion::with_options(bytes, &opts).unwrap_err();
+        let fired = !fault::pending(Op::Madvise);
+        fault::reset();
+        assert!(fired, "chunk {chunk}: the fault was reached");
+        match &err {
+            HugeError::Populate { bytes: b, source } => {
+                assert_eq!(*b, bytes, "the error names the whole mapping");
+                assert_eq!(source.raw_os_error(), Some(libc::ENOMEM));
+            }
+            other => panic!("chunk {chunk}: {other}"),
+        }
+        assert!(err.to_string().contains("MADV_POPULATE_WRITE"), "{err}");
+        assert_eq!(huge_stats().live_bytes(), start, "chunk {chunk}: counted");
+        if !under_asan() {
+            assert_eq!(
+                big_mappings(bytes),
+                maps_before,
+                "chunk {chunk}: the mapping was released"
+            );
+        }
+    }
+    // The same options work again once the fault is gone.
+    let r = HugeRegion::with_options(bytes, &opts).unwrap();
+    assert_eq!(r.coverage().unwrap().mapped_bytes, bytes as u64);
 }

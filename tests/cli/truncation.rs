@@ -14,16 +14,13 @@
 //!
 //!   Both truncate after the first large read of the file whichever way it
 //!   is read (`TRUNC_AFTER=any`: a `pread` of at least 1 MiB or a mapping),
-//!   so a reader that maps the file again dies of `SIGBUS` here and fails
-//!   the test (as `WeightsFile::open` did when it mapped the file).
+//!   so a reader that maps the file (`WeightsFile::open` must not) dies of
+//!   `SIGBUS` here and fails the test.
 //! - `load --mode mixed` maps the file: reading a page past the new end
 //!   raises `SIGBUS`, which the tool's handler turns into its error line.
 //!   A `SIGBUS` outside the watched mapping keeps its default action.
-#![cfg(feature = "cli")]
 
-mod cli_support;
-
-use cli_support::{assert_one_line_error, ok, run_with, s, Out, TIME_LIMIT};
+use crate::support::{assert_one_line_error, ok, run_with, s, Out, TIME_LIMIT};
 use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -103,7 +100,7 @@ fn packed_big(dir: &Path, version: &str) -> PathBuf {
             r#"{{"w":{{"dtype":"F32","shape":[{}],"data_offsets":[0,{TENSOR_BYTES}]}}}}"#,
             TENSOR_BYTES / 4
         );
-        let head = cli_support::raw_safetensors(&header, &[]);
+        let head = crate::support::raw_safetensors(&header, &[]);
         std::fs::write(&model, &head).unwrap();
         let f = std::fs::OpenOptions::new()
             .write(true)

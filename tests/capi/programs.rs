@@ -3,7 +3,6 @@
 //! `include/ckernel_alloc.h`, links each against the static and the shared
 //! library, runs them, and runs them (all but the fork storm) under
 //! `valgrind --error-exitcode=1` when valgrind is installed.
-#![cfg(all(feature = "capi", feature = "weights"))]
 
 use ckalloc::weights::{Dtype, Version, WeightsWriter};
 use std::path::{Path, PathBuf};

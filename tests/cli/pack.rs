@@ -1,15 +1,10 @@
-//! `ckalloc pack` interrupted while writing (run with `--features cli`):
-//! `SIGINT`, `SIGTERM` and `SIGHUP` leave no temporary file in the output
-//! directory and the previous output as it was. The files are unnamed
-//! (`O_TMPFILE`) until complete, so no handler is needed; `SIGKILL` leaves
-//! nothing either.
-#![cfg(all(feature = "cli", target_os = "linux"))]
+//! `ckalloc pack` interrupted while writing (Linux): `SIGINT`, `SIGTERM` and
+//! `SIGHUP` leave no temporary file in the output directory and the previous
+//! output as it was. The files are unnamed (`O_TMPFILE`) until complete, so
+//! no handler is needed; `SIGKILL` leaves nothing either.
 
-mod cli_support;
-mod common;
-
-use cli_support::{ok, s, synth};
-use common::dir_contents;
+use crate::common::dir_contents;
+use crate::support::{ok, s, synth};
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::Path;
 use std::process::{Command, Stdio};

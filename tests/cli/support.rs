@@ -1,6 +1,6 @@
 //! Running the `ckalloc` binary (`CARGO_BIN_EXE_ckalloc`) from the CLI
 //! integration tests, and the inputs they share.
-// Each test file uses a subset of these helpers.
+// Each module uses a subset of these helpers.
 #![allow(dead_code)]
 
 use serde_json::Value;

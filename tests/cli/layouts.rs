@@ -1,6 +1,6 @@
 //! `ckalloc inspect` and `ckalloc load` on the `weights.bump` files
 //! C-Kernel-Engine's converters write (`tests/data/cke/`), one per layout.
-#![cfg(feature = "cli")]
+//! (The library's reader on the same files: `tests/weights_layouts.rs`.)
 
 use serde_json::Value;
 use std::path::{Path, PathBuf};

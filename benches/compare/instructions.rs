@@ -1,8 +1,8 @@
 //! Instruction counts (callgrind, through gungraun) of the hot paths, next to
 //! the peers a user would otherwise pick.
 //!
-//! Run with `cargo bench --bench instructions` (needs valgrind and
-//! `cargo install gungraun-runner --version 0.20.0 --locked`).
+//! Run with `cargo bench -p ckalloc-benches --bench instructions` (needs
+//! valgrind and `cargo install gungraun-runner --version 0.20.0 --locked`).
 //!
 //! Each benchmark sets its state up, then calls one `#[inline(never)]`
 //! function `op_*` exactly once; the callgrind entry point is that function,
@@ -332,7 +332,7 @@ library_benchmark_group!(
 // ---- pool lock variants --------------------------------------------------
 // The lock traffic of a cache hit and its release (two uncontended critical
 // sections with the hot counter updates) under each lock the pool lock is
-// measured against (`benches/compare`, row 7).
+// measured against (the `compare` bench, row 7).
 
 #[derive(Default)]
 struct ShardModel {

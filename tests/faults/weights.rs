@@ -1,18 +1,12 @@
-//! Fault injection into the weights writer's file placement: with no
+//! The weights writer's file placement (feature `weights`): with no
 //! `O_TMPFILE` (a filesystem without it) the writer falls back to named
 //! temporary files and still leaves exactly the three outputs; a failing
 //! `linkat` or `open` is a typed error that leaves the directory as it was.
-//!
-//! Run with `scripts/test` (or `RUSTFLAGS="--cfg ckalloc_fault_injection"
-//! cargo test --test weights_faults`). The fault state is process-global, so
-//! this file holds a single test.
-#![cfg(all(ckalloc_fault_injection, feature = "weights"))]
 
-mod common;
-
+use crate::common::dir_contents;
+use crate::serial;
 use ckalloc::fault::{self, Op};
 use ckalloc::weights::*;
-use common::dir_contents;
 
 fn writer(fill: u8) -> WeightsWriter<'static> {
     let mut w = WeightsWriter::new(Version::V5);
@@ -22,6 +16,7 @@ fn writer(fill: u8) -> WeightsWriter<'static> {
 
 #[test]
 fn file_placement_faults() {
+    let _g = serial();
     let dir = tempfile::tempdir().unwrap();
     let names = [WEIGHTS_FILE, MANIFEST_JSON, MANIFEST_MAP];
 

@@ -1,12 +1,9 @@
-//! Fault injection into every OS call of the arena's constructors and of
-//! materialization: a typed error (or a successful lower tier), no panic, no
-//! leaked mapping, huge-page statistics back to their starting values, and
-//! the arena still usable after a failed materialization.
-//!
-//! Run with `scripts/test` (or `RUSTFLAGS="--cfg ckalloc_fault_injection" cargo test --test arena_faults`). The
-//! fault state is process-global, so this file holds a single test.
-#![cfg(ckalloc_fault_injection)]
+//! Every OS call of the arena's constructors and of materialization failing
+//! in turn: a typed error (or a successful lower tier), no panic, no leaked
+//! mapping, huge-page statistics back to their starting values, and the
+//! arena still usable after a failed materialization.
 
+use crate::serial;
 use ckalloc::fault::{self, Op};
 use ckalloc::*;
 use std::collections::BTreeSet;
@@ -61,6 +58,7 @@ fn build(policy: ModePolicy, path: &Path) -> Result<BumpArena, ArenaError> {
 
 #[test]
 fn every_failed_os_call_is_a_typed_error_without_leaks() {
+    let _g = serial();
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("w");
     std::fs::write(&path, vec![7u8; 8 * MIB + 100]).unwrap();

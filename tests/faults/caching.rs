@@ -1,20 +1,16 @@
-//! Fault injection under the caching allocator over `CkHuge`: every failed
-//! OS call on the allocation and resize paths gives `AllocError` (never a
-//! panic), the caller's block is intact after a failed grow, the cache is
-//! trimmed before the failure is reported, a cache hit needs no OS call, and
-//! afterwards the caching statistics and the huge-page statistics return to
-//! their starting values (nothing stays mapped).
-//!
-//! Run with `scripts/test` (or `RUSTFLAGS="--cfg ckalloc_fault_injection" cargo test --test caching_faults`).
-//! The fault state is process-global, so the tests take a lock.
-#![cfg(ckalloc_fault_injection)]
+//! Under the caching allocator over `CkHuge`: every failed OS call on the
+//! allocation and resize paths gives `AllocError` (never a panic), the
+//! caller's block is intact after a failed grow, the cache is trimmed before
+//! the failure is reported, a cache hit needs no OS call, and afterwards the
+//! caching statistics and the huge-page statistics return to their starting
+//! values (nothing stays mapped).
 
-mod common;
+use crate::common::assert_unmapped;
+use crate::serial;
 use allocator_api2::alloc::{Allocator, Layout};
 use ckalloc::caching::{CachingAllocator, RoundUp};
 use ckalloc::fault::{self, Op};
 use ckalloc::{huge_stats, reset_hugetlb_backoff, CkHuge};
-use common::{assert_unmapped, serial};
 use std::ptr::NonNull;
 
 const MIB: usize = 1 << 20;

@@ -1,12 +1,9 @@
-//! The `ckalloc` binary's failures (run with `--features cli`): missing,
-//! wrong, corrupt and hostile inputs, bad arguments and a failing stdout.
-//! Each ends with exactly one `ckalloc: error:` line on stderr, a non-zero
-//! exit status (1, or 2 for a usage error) and no panic or hang.
-#![cfg(feature = "cli")]
+//! The `ckalloc` binary's failures: missing, wrong, corrupt and hostile
+//! inputs, bad arguments and a failing stdout. Each ends with exactly one
+//! `ckalloc: error:` line on stderr, a non-zero exit status (1, or 2 for a
+//! usage error) and no panic or hang.
 
-mod cli_support;
-
-use cli_support::{
+use crate::support::{
     assert_one_line_error, ckalloc, fails, json, packed, raw_safetensors, run_with, s, synth,
 };
 use serde_json::Value;
@@ -445,10 +442,10 @@ fn a_map_without_its_json_is_reported_unchecked_and_refused_on_request() {
     let c = Sidecars::new("5");
     c.swap_two_tensors();
     std::fs::remove_file(c.path("weights_manifest.json")).unwrap();
-    let out = cli_support::ok(&["inspect", c.w()]);
+    let out = crate::support::ok(&["inspect", c.w()]);
     assert!(out.contains("manifest binding: NOT checked"), "{out}");
     assert!(!out.contains("bound by"), "{out}");
-    let out = cli_support::ok(&["load", c.w()]);
+    let out = crate::support::ok(&["load", c.w()]);
     let last = out.lines().last().unwrap();
     assert!(last.starts_with("checked: "), "{out}");
     assert!(last.contains("NOT checked"), "{last}");
@@ -513,9 +510,9 @@ fn load_refuses_what_inspect_refuses() {
     let c = Sidecars::new("4");
     relabel(&c);
     c.json(|v| v["generator"] = "someone else".into());
-    let out = cli_support::ok(&["inspect", c.w()]);
+    let out = crate::support::ok(&["inspect", c.w()]);
     assert!(out.contains("warning: the dtype table disagrees"), "{out}");
-    let out = cli_support::ok(&["load", c.w()]);
+    let out = crate::support::ok(&["load", c.w()]);
     assert!(out.contains("warning: the dtype table disagrees"), "{out}");
     for cmd in ["inspect", "load"] {
         fails(&[cmd, c.w(), "--strict"], 1, "dtype table disagrees");
@@ -539,7 +536,7 @@ fn load_refuses_what_inspect_refuses() {
         .map(|l| format!("{l}\n"))
         .collect();
     std::fs::write(&p, kept).unwrap();
-    let out = cli_support::ok(&["inspect", c.w()]);
+    let out = crate::support::ok(&["inspect", c.w()]);
     assert!(out.contains("are covered by no tensor"), "{out}");
     let i = json(&["inspect", c.w()]);
     assert_eq!(
@@ -657,10 +654,10 @@ fn names_are_escaped_and_forged_report_lines_refused() {
     )
     .unwrap();
     let out = dir.path().join("out");
-    cli_support::ok(&["pack", s(&model), "-o", s(&out)]);
+    crate::support::ok(&["pack", s(&model), "-o", s(&out)]);
     let w = out.join("weights.bump");
     for args in [vec!["inspect", s(&w)], vec!["load", s(&w)]] {
-        let text = cli_support::ok(&args);
+        let text = crate::support::ok(&args);
         assert!(!text.contains('\u{1b}'), "{args:?}: {text:?}");
         if args[0] == "inspect" {
             assert!(text.contains("red\\u{1b}[31mtext"), "{text}");
@@ -756,7 +753,7 @@ fn without_sidecars_inspect_refuses_only_when_asked() {
     for f in ["weights_manifest.json", "weights_manifest.map"] {
         std::fs::remove_file(c.path(f)).unwrap();
     }
-    let out = cli_support::ok(&["inspect", c.w()]);
+    let out = crate::support::ok(&["inspect", c.w()]);
     assert!(out.contains("manifest: none"), "{out}");
     for opt in ["--require-manifest-hash", "--strict"] {
         fails(&["inspect", c.w(), opt], 1, "weights_manifest");

@@ -1,11 +1,8 @@
-//! End-to-end tests of the `ckalloc` binary (run with `--features cli`):
-//! each subcommand's text and `--json` output, the synth -> pack -> inspect
-//! -> load round trip, and the demo. Failures are in `tests/cli_errors.rs`.
-#![cfg(feature = "cli")]
+//! Each subcommand of the `ckalloc` binary: its text and `--json` output,
+//! the synth -> pack -> inspect -> load round trip, and the demo. Failures
+//! are in `errors.rs`.
 
-mod cli_support;
-
-use cli_support::{ckalloc_env, json, ok, packed, raw_safetensors, run_with, s};
+use crate::support::{ckalloc_env, json, ok, packed, raw_safetensors, run_with, s};
 use serde_json::Value;
 use std::time::Duration;
 
@@ -23,17 +20,17 @@ fn probe_reports_system_and_tiers() {
     let text = ok(&["probe"]);
     assert!(text.contains("THP enabled:"), "{text}");
     assert!(text.contains("RLIMIT_MEMLOCK"), "{text}");
-    for tier in ["hugetlb", "THP", "plain"] {
+    for tier in ["hugetlb", "THP", "normal"] {
         assert!(text.lines().any(|l| l.starts_with(tier)), "{tier}: {text}");
     }
     let j = json(&["probe"]);
     let tiers = j["tiers"].as_array().unwrap();
     assert_eq!(tiers.len(), 3);
-    // Plain pages always work, and their first touch was timed.
-    let plain = tiers.iter().find(|t| t["tier"] == "plain").unwrap();
-    assert_eq!(plain["works"], true);
-    assert!(plain["first_touch_ms"].as_f64().unwrap() > 0.0);
-    assert_eq!(plain["resident_bytes"], 64 << 20);
+    // Normal pages always work, and their first touch was timed.
+    let normal = tiers.iter().find(|t| t["tier"] == "normal").unwrap();
+    assert_eq!(normal["works"], true);
+    assert!(normal["first_touch_ms"].as_f64().unwrap() > 0.0);
+    assert_eq!(normal["resident_bytes"], 64 << 20);
     // A tier that does not work says why.
     for t in tiers {
         assert_eq!(t["works"] == false, t["error"].is_string(), "{t}");

@@ -2,18 +2,13 @@
 //! `madvise(MADV_DONTNEED)` failing, `reset()` and `rewind_to()` of an arena
 //! built with `release_on_reset(true)` clear the freed runtime bytes with a
 //! memset, in both modes.
-//!
-//! Run with `scripts/test` (or `RUSTFLAGS="--cfg ckalloc_fault_injection" cargo test --test arena_zeroing_faults`).
-//! The fault state is process-global, so this file holds a single test.
+//! (Every backing without injected faults: `tests/arena_zeroing.rs`.)
 
-#![cfg(ckalloc_fault_injection)]
-
-mod common;
-
+use crate::common::{fill_runtime, nonzero_from};
+use crate::serial;
 use allocator_api2::alloc::{Allocator, Layout};
 use ckalloc::fault::{self, Op};
 use ckalloc::*;
-use common::{fill_runtime, nonzero_from};
 use std::io::Write;
 
 const MIB: usize = 1 << 20;
@@ -50,6 +45,7 @@ fn check(mut arena: BumpArena, what: &str) {
 
 #[test]
 fn reset_and_rewind_clear_by_hand_when_madvise_fails() {
+    let _g = serial();
     let anon = BumpArena::builder(TOTAL)
         .activations_base(AB)
         .policy(ModePolicy::AnonOnly)

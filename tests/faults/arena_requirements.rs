@@ -1,11 +1,9 @@
 //! A required hugetlb tier whose `mmap` the kernel refuses (injected here,
 //! so the case holds on machines with free hugetlb pages too): each mode
 //! fails with `HugeError::TierUnavailable`, never a lower tier.
-//!
-//! Run with `scripts/test` (or `RUSTFLAGS="--cfg ckalloc_fault_injection" cargo test --test arena_requirements_faults`).
-//! The fault state is process-global, so this file holds a single test.
-#![cfg(ckalloc_fault_injection)]
+//! (The requirements without injected faults: `tests/arena_requirements.rs`.)
 
+use crate::serial;
 use ckalloc::fault::{self, Op};
 use ckalloc::*;
 use std::io::Write;
@@ -25,6 +23,7 @@ fn tier_unavailable(e: &HugeError) -> bool {
 
 #[test]
 fn refused_hugetlb_mmap_fails_each_mode_with_tier_unavailable() {
+    let _g = serial();
     let mut f = tempfile::NamedTempFile::new().unwrap();
     f.write_all(&[0x42; AB]).unwrap();
     f.flush().unwrap();

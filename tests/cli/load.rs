@@ -1,11 +1,7 @@
-//! What `ckalloc load` says about the arena it built (run with `--features
-//! cli`): the mode's reason, how the weights became readable, and errors that
-//! name the path once.
-#![cfg(feature = "cli")]
+//! What `ckalloc load` says about the arena it built: the mode's reason, how
+//! the weights became readable, and errors that name the path once.
 
-mod cli_support;
-
-use cli_support::{ckalloc_env, fails, ok, packed, raw_safetensors, s};
+use crate::support::{ckalloc_env, fails, ok, packed, raw_safetensors, s};
 use serde_json::Value;
 
 /// An anon arena over a file with no tensors has an empty weights region:

@@ -2,17 +2,14 @@
 //! block is handed out twice, none is lost, contents survive, and the
 //! statistics balance at the end.
 
-#[path = "caching_common.rs"]
-mod common;
-
 use std::alloc::Layout;
 use std::collections::BTreeMap;
 use std::ptr::NonNull;
 use std::sync::{mpsc, Mutex};
 
+use crate::common::caching::Counting;
 use allocator_api2::alloc::Allocator;
 use ckalloc::caching::CachingAllocator;
-use common::Counting;
 
 const OPS: usize = if cfg!(miri) { 60 } else { 20_000 };
 // Miri checks every byte it fills and compares: keep blocks small there.
@@ -22,8 +19,13 @@ const SIZES: [usize; 4] = if cfg!(miri) {
     [64, 256, 4096, 24 * 1024]
 };
 
+/// A live block of the shared pool: its address, its size (allocated with
+/// `Layout::from_size_align(size, 8)`) and the byte it is filled with. Whoever
+/// holds the `Block` owns the block; [`check_and_free`] consumes it.
 struct Block(NonNull<u8>, usize, u8);
-// SAFETY: a test-owned block moved to the thread that frees it.
+// SAFETY: a `Block` is the only handle to its bytes, and the caching
+// allocator (`Sync`) may free a block on any thread, so moving the handle to
+// the thread that frees it is sound.
 unsafe impl Send for Block {}
 
 /// Live ranges over both threads: inserting an overlapping range fails the test.
@@ -52,12 +54,16 @@ impl Registry {
 
 fn check_and_free(c: &CachingAllocator<&Counting>, reg: &Registry, b: Block) {
     let Block(p, size, tag) = b;
+    // SAFETY: `b` owns a live block of `size` bytes, all written with `tag`
+    // when it was allocated; no one else reads or writes it.
     let bytes = unsafe { std::slice::from_raw_parts(p.as_ptr(), size) };
     assert!(
         bytes.iter().all(|&x| x == tag),
         "block contents changed while live"
     );
     reg.remove(p.as_ptr() as usize);
+    // SAFETY: the block came from `c` with this layout and `b` was its only
+    // handle, consumed here, so it is freed once; `bytes` is not used after.
     unsafe { c.deallocate(p, Layout::from_size_align(size, 8).unwrap()) };
 }
 
@@ -90,6 +96,7 @@ fn two_threads_one_pool_no_lost_or_shared_blocks() {
                             .unwrap();
                         reg.insert(p.cast::<u8>().as_ptr() as usize, p.len());
                         let p = p.cast::<u8>();
+                        // SAFETY: a fresh block of at least `size` bytes.
                         unsafe { p.as_ptr().write_bytes(tag, size) };
                         mine.push(Block(p, size, tag));
                     } else if !mine.is_empty() {
@@ -146,12 +153,15 @@ fn concurrent_capacity_is_never_exceeded() {
                     held.push((c.allocate(l).unwrap().cast::<u8>(), l));
                     if held.len() > 4 {
                         let (p, l) = held.remove(0);
+                        // SAFETY: `held` holds live blocks of `c` with their
+                        // layouts; removed from it, this one is freed once.
                         unsafe { c.deallocate(p, l) };
                     }
                     let p = c.stats().pools[0].peak_bytes;
                     assert!(p <= cap, "pool peak {p} over capacity");
                 }
                 for (p, l) in held {
+                    // SAFETY: as above, each block left in `held` once.
                     unsafe { c.deallocate(p, l) };
                 }
             });
