@@ -24,26 +24,29 @@ use std::sync::atomic::{
 ///
 /// Against `std::sync::Mutex` (futex) and `parking_lot::Mutex`, on the lock
 /// traffic of a cache hit + release of 4 MiB (two critical sections with the
-/// hot counter updates; `benches/compare/alloc.rs`, row 7), all three
-/// interleaved in each repetition; medians of 9 repetitions, 3 runs of
-/// `cargo bench --bench compare -- pool_lock` on 2 cores with a load average
-/// of about 10 (other builds running), so absolute times are inflated and
-/// noisy (single repetitions ranged from 21 to 259 ns for `PoolLock` and
-/// from 34 to 299 ns for the others); the median ratios were stable across
-/// runs:
+/// hot counter updates; `benches/compare/alloc.rs`, row 7), the three
+/// interleaved in every repetition; medians of 9 repetitions, 4 runs of
+/// `cargo bench -p ckalloc-benches --bench compare -- pool_lock` on the
+/// 2-core development machine with no other work running (load average
+/// about 1.5; ranges over the runs):
 ///
 /// | per hit + release | `PoolLock` | `std::sync::Mutex` | `parking_lot::Mutex` |
 /// | --- | --- | --- | --- |
-/// | 1 thread | 44-56 ns | 72-92 ns (1.47-1.67x) | 74-104 ns (1.60-1.76x) |
-/// | 2 threads, a shard each | 88-99 ns | 150-175 ns (1.52-1.85x) | 160-166 ns (1.73-1.80x) |
-/// | 2 threads, one shard | 90-123 ns | 176-224 ns (1.57-1.65x) | 206-232 ns (1.54-2.09x) |
+/// | 1 thread | 12.9-14.5 ns | 23.0-26.4 ns (1.76-1.81x) | 22.6-25.2 ns (1.70-1.78x) |
+/// | 2 threads, a shard each | 13.4-15.1 ns | 23.0-26.6 ns (1.68-1.83x) | 23.8-27.4 ns (1.69-1.81x) |
+/// | 2 threads, one shared shard | 95.9-109.2 ns | 116.2-120.5 ns (1.04-1.21x) | 79.7-86.5 ns (0.74-0.85x) |
 ///
 /// (ratio = the other lock's time / `PoolLock`'s, median of per-repetition
-/// ratios.) Instruction counts of the same sequence, uncontended
-/// (`cargo bench --bench instructions`, group `pool_lock`): `PoolLock` 38,
+/// ratios.) `PoolLock` is kept: it is 1.7x faster in the cases the caching
+/// allocator is built for (threads spread over the shards), while
+/// `parking_lot::Mutex` is 1.2-1.35x faster only when two threads hammer one
+/// shard, the worst case of that design; both can be released by force in
+/// a fork child, so the fork constraint does not decide. Instruction counts
+/// of the same sequence, uncontended (`cargo bench -p ckalloc-benches
+/// --bench instructions`, group `pool_lock`): `PoolLock` 38,
 /// `parking_lot::Mutex` 38, `std::sync::Mutex` 69 (poison bookkeeping). The
 /// release is a plain store here and a read-modify-write (a locked
-/// instruction) in both others, the likely source of the wall-clock gap.
+/// instruction) in both others, the likely source of the uncontended gap.
 pub struct PoolLock<T> {
     locked: AtomicBool,
     value: UnsafeCell<T>,

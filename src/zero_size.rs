@@ -5,8 +5,10 @@
 use std::ptr::NonNull;
 
 /// An empty block at the address `align` (a non-zero power of two, so the
-/// pointer is non-null and aligned); no memory is behind it.
-#[inline]
+/// pointer is non-null and aligned); no memory is behind it. Cold: a
+/// zero-size request is rare, and keeping this out of line keeps the
+/// allocators' hot paths as they are.
+#[cold]
 pub(crate) fn empty_block(align: usize) -> NonNull<[u8]> {
     let p = std::ptr::without_provenance_mut::<u8>(align);
     // SAFETY: `align` is non-zero (every `Layout` alignment is), so `p` is

@@ -442,6 +442,14 @@ pub fn pool_lock(full: bool) -> Vec<Row> {
             spread(&pl)
         );
         let sm = median(spin.clone());
+        // The caching allocator spreads threads over its shards: one shard
+        // shared by two busy threads is its worst case, reported; the cases
+        // it is built for must favour PoolLock.
+        let (target, min) = if shared {
+            ("(report: the worst case, one shard for two busy threads)", 0.0)
+        } else {
+            (">= 1.0x (keep PoolLock)", 1.0)
+        };
         for (peer_name, peer) in [(Std::NAME, &std_m), (Pl::NAME, &pl)] {
             let ratios: Vec<f64> = peer.iter().zip(&spin).map(|(p, o)| p / o).collect();
             rows.push(row(
@@ -452,8 +460,8 @@ pub fn pool_lock(full: bool) -> Vec<Row> {
                 sm,
                 median(peer.clone()),
                 ratios,
-                "(report: keep PoolLock if >= 1.0x)",
-                0.0,
+                target,
+                min,
             ));
         }
     }
