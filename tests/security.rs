@@ -17,8 +17,8 @@
 #![cfg(target_os = "linux")]
 
 mod common;
-use ckalloc::{ArenaMode, BumpArena, ModePolicy};
-use common::serial;
+use ckalloc::{ArenaMode, ModePolicy};
+use common::{pattern, serial, weights_arena as arena};
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
@@ -27,24 +27,6 @@ use std::sync::mpsc;
 use std::time::Duration;
 
 const PAGE: usize = 4096;
-
-const MIB: usize = 1 << 20;
-
-fn pattern(len: usize, salt: u8) -> Vec<u8> {
-    (0..len)
-        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(salt))
-        .collect()
-}
-
-fn arena(policy: ModePolicy, path: &Path, ab: usize) -> BumpArena {
-    BumpArena::builder(4 * MIB)
-        .weights_file(path)
-        .weights_base(0)
-        .activations_base(ab)
-        .policy(policy)
-        .build()
-        .unwrap()
-}
 
 /// Replace `path` with a file of the same size and other bytes (a new
 /// inode, as an atomic `rename` deployment would).

@@ -446,7 +446,10 @@ pub fn pool_lock(full: bool) -> Vec<Row> {
         // shared by two busy threads is its worst case, reported; the cases
         // it is built for must favour PoolLock.
         let (target, min) = if shared {
-            ("(report: the worst case, one shard for two busy threads)", 0.0)
+            (
+                "(report: the worst case, one shard for two busy threads)",
+                0.0,
+            )
         } else {
             (">= 1.0x (keep PoolLock)", 1.0)
         };

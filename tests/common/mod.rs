@@ -223,3 +223,25 @@ pub fn unmap_blocker_page(p: *mut libc::c_void) {
     // SAFETY: our page from `map_blocker_page`.
     assert_eq!(unsafe { libc::munmap(p, 4096) }, 0);
 }
+
+/// `len` bytes of a pattern that differs with `salt`.
+pub fn pattern(len: usize, salt: u8) -> Vec<u8> {
+    (0..len)
+        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(salt))
+        .collect()
+}
+
+/// A 4 MiB arena over the weights file `path`, weights region `[0, ab)`.
+pub fn weights_arena(
+    policy: ckalloc::ModePolicy,
+    path: &std::path::Path,
+    ab: usize,
+) -> ckalloc::BumpArena {
+    ckalloc::BumpArena::builder(4 << 20)
+        .weights_file(path)
+        .weights_base(0)
+        .activations_base(ab)
+        .policy(policy)
+        .build()
+        .unwrap()
+}

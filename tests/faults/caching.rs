@@ -6,7 +6,7 @@
 //! values (nothing stays mapped).
 
 use crate::common::assert_unmapped;
-use crate::serial;
+use crate::{serial, OPS};
 use allocator_api2::alloc::{Allocator, Layout};
 use ckalloc::caching::{CachingAllocator, RoundUp};
 use ckalloc::fault::{self, Op};
@@ -14,15 +14,6 @@ use ckalloc::{huge_stats, reset_hugetlb_backoff, CkHuge};
 use std::ptr::NonNull;
 
 const MIB: usize = 1 << 20;
-
-const OPS: [Op; 6] = [
-    Op::Mmap,
-    Op::Munmap,
-    Op::Madvise,
-    Op::Mremap,
-    Op::Mbind,
-    Op::Mlock,
-];
 
 fn cache() -> CachingAllocator<CkHuge> {
     CachingAllocator::builder(CkHuge::new())

@@ -5,21 +5,12 @@
 //! return to where they started.
 
 use crate::common::*;
-use crate::serial;
+use crate::{serial, OPS};
 use allocator_api2::alloc::{Allocator, Layout};
 use ckalloc::fault::{self, Op};
 use ckalloc::*;
 
 const MIB: usize = 1 << 20;
-
-const OPS: [Op; 6] = [
-    Op::Mmap,
-    Op::Munmap,
-    Op::Madvise,
-    Op::Mremap,
-    Op::Mbind,
-    Op::Mlock,
-];
 
 #[test]
 fn region_constructor_under_every_fault() {

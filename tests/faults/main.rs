@@ -40,7 +40,18 @@ mod security;
 #[cfg(feature = "weights")]
 mod weights;
 
-use ckalloc::fault;
+use ckalloc::fault::{self, Op};
+
+/// The memory calls of the huge-page layer, each failed in turn by the
+/// `huge` and `caching` modules.
+pub const OPS: [Op; 6] = [
+    Op::Mmap,
+    Op::Munmap,
+    Op::Madvise,
+    Op::Mremap,
+    Op::Mbind,
+    Op::Mlock,
+];
 
 /// The binary's lock, held for the whole of a test (see the module docs).
 pub struct Serial {

@@ -2,30 +2,12 @@
 //! descriptor: one `open` and one `fstat` per arena build, in each mode (the
 //! rest of these properties are in `tests/security.rs`).
 
+use crate::common::{pattern, weights_arena as arena};
 use crate::serial;
 use ckalloc::fault::{self, Op};
-use ckalloc::{BumpArena, ModePolicy};
-use std::path::Path;
+use ckalloc::ModePolicy;
 
 const PAGE: usize = 4096;
-
-const MIB: usize = 1 << 20;
-
-fn pattern(len: usize, salt: u8) -> Vec<u8> {
-    (0..len)
-        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(salt))
-        .collect()
-}
-
-fn arena(policy: ModePolicy, path: &Path, ab: usize) -> BumpArena {
-    BumpArena::builder(4 * MIB)
-        .weights_file(path)
-        .weights_base(0)
-        .activations_base(ab)
-        .policy(policy)
-        .build()
-        .unwrap()
-}
 
 /// One `open` and one `fstat` per build: the file is checked once.
 #[test]
