@@ -25,7 +25,7 @@ extern "C" {
 /*
  * Map `bytes` of zeroed memory, rounded up to a multiple of 2 MiB and 2 MiB
  * aligned. Tries explicit hugetlb pages, then transparent huge pages
- * (madvise(MADV_HUGEPAGE)), then plain pages. Returns NULL when `bytes` is 0,
+ * (madvise(MADV_HUGEPAGE)), then normal pages. Returns NULL when `bytes` is 0,
  * when rounding it up would overflow, or when the kernel refuses the mapping.
  */
 void *ck_huge_alloc(size_t bytes);

@@ -12,7 +12,8 @@
 //! # Fork safety
 //!
 //! The registries of live blocks and arenas are spin locks that the
-//! crate's `pthread_atfork` handlers (installed on first use) take before
+//! crate's `pthread_atfork` handlers (registered when the library is
+//! loaded) take before
 //! `fork()` and release after it in parent and child, so a child forked
 //! while another thread is inside `ck_huge_alloc` or `ck_bump_alloc_init`
 //! can call every function of the C ABI. The guarantee, the lock order and

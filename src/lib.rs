@@ -37,7 +37,7 @@
 //! | `probe` ([`probe()`], [`huge_page_coverage`]) | `sys`, `tier`, `units` |
 //! | [`weights`] (the `weights.bump` format) | `sys`, `escape` |
 //! | [`huge`] (the tier ladder, [`CkHuge`], [`huge_stats`]) | `env`, `fork`, `par`, `probe`, `sys`, `tier`, `units`, `zero_size` |
-//! | the arena ([`BumpArena`]) | `env`, `huge`, `par`, `probe`, `sys`, `tier`, `weights`, `zero_size` |
+//! | the arena ([`BumpArena`]) | `env`, `escape`, `huge`, `par`, `probe`, `sys`, `tier`, `weights`, `zero_size` |
 //! | [`caching`] | `env`, `escape`, `fork`, `lock`, `zero_size` |
 //! | `capi` | `arena`, `fork`, `huge`, `lock`, `sys` |
 //!

@@ -316,7 +316,7 @@ fn hugetlb_preference_in_anon_mode_falls_back_and_reports_the_tier() {
 }
 
 #[test]
-fn hugetlb_preference_in_mixed_mode_falls_back_to_thp_or_plain_pages() {
+fn hugetlb_preference_in_mixed_mode_falls_back_to_thp_or_normal_pages() {
     let f = weights_file();
     let a = arena(
         8 * MIB,
@@ -348,7 +348,7 @@ fn allow_1gib_preference_in_anon_mode_falls_back_and_reports_the_tier() {
 }
 
 #[test]
-fn allow_1gib_preference_in_mixed_mode_falls_back_to_thp_or_plain_pages() {
+fn allow_1gib_preference_in_mixed_mode_falls_back_to_thp_or_normal_pages() {
     let f = weights_file();
     let opts = HugeOptions::new().allow_1gib(true);
     let a = arena(8 * MIB, ModePolicy::MixedOnly, opts, &f)

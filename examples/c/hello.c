@@ -15,7 +15,7 @@
 #include <sys/stat.h>
 
 int main(int argc, char **argv) {
-    /* 1. 64 MiB of zeroed memory: hugetlb, THP or plain pages, 2 MiB aligned. */
+    /* 1. 64 MiB of zeroed memory: hugetlb, THP or normal pages, 2 MiB aligned. */
     size_t bytes = (size_t)64 << 20;
     unsigned char *buf = ck_huge_alloc(bytes);
     if (buf == NULL) {

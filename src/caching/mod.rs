@@ -135,10 +135,10 @@
 //! live blocks are the parent's, copied on write. The guarantee, the lock
 //! order and its limits are in `docs/reliability.md`, section "Fork safety".
 
-// Each file uses only files before it in this order (and `crate::lock`,
-// `crate::fork`, `crate::zero_size`, `crate::Escaped`): error, flags, heap,
-// spec, params, heap_slice, clock, table, pool, registry, stats, allocator,
-// builder.
+// Each file uses only files before it in this order (and `crate::env`,
+// `crate::lock`, `crate::fork`, `crate::zero_size`, `crate::Escaped`):
+// error, flags, heap, spec, params, heap_slice, clock, table, pool, registry,
+// stats, allocator, builder.
 mod allocator;
 mod builder;
 mod clock;

@@ -111,7 +111,7 @@ pub(crate) fn map_huge(
             source: hugetlb_err,
         });
     }
-    thp_or_plain_rung(&req, opts)
+    thp_or_normal_rung(&req, opts)
 }
 
 /// Rung 1: hugetlb pages, 1 GiB pages first when allowed, then 2 MiB pages.
@@ -165,7 +165,7 @@ fn hugetlb_rung(req: &Request, opts: &HugeOptions) -> Rung {
 /// Rungs 2 and 3: one 2 MiB-aligned anonymous mapping, advised
 /// `MADV_HUGEPAGE` when THP is enabled (rung 2), else left as normal pages
 /// (rung 3). Only the advice differs, so a failed mapping here is final.
-fn thp_or_plain_rung(req: &Request, opts: &HugeOptions) -> Result<Mapping, HugeError> {
+fn thp_or_normal_rung(req: &Request, opts: &HugeOptions) -> Result<Mapping, HugeError> {
     let len = req.len_2m;
     let ptr = sys::map_anon_aligned(len, req.align).map_err(|source| HugeError::Map {
         requested: req.bytes,

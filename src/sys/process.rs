@@ -169,10 +169,10 @@ pub(crate) fn pagemap_scan(start: u64, end: u64, mut f: impl FnMut(PageRun)) -> 
 /// the child just after it. POSIX runs the prepare handlers in the reverse
 /// order of registration and the other two in the order of registration, so a
 /// module that registers after another takes its locks first and releases
-/// them last. Handlers stay registered for the life of the process; callers
-/// register once (`fork::ensure_handlers`, an atomic state rather than a
-/// `std::sync::Once`, which a `fork()` mid-registration would leave running
-/// forever in the child). `fork()` runs the handlers;
+/// them last. Handlers stay registered for the life of the process; the
+/// crate registers one set, once (`fork::ensure_registered`, an atomic state
+/// rather than a `std::sync::Once`, which a `fork()` mid-registration would
+/// leave running forever in the child). `fork()` runs the handlers;
 /// `vfork()` and `clone()` without `SIGCHLD` semantics do not.
 ///
 /// `pthread_atfork` itself may allocate through the C library's `malloc`

@@ -44,7 +44,7 @@ impl WeightsWriter<'_> {
     /// them.
     ///
     /// On a filesystem without `O_TMPFILE` (NFS, FUSE, older kernels) each file
-    /// is written under a temporary name `.NAME.tmp-PID` in `dir` and renamed
+    /// is written under a temporary name `.NAME.tmp-PID-N` in `dir` and renamed
     /// into place; those names are removed on error, but a process killed while
     /// writing leaves them.
     ///

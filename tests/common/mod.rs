@@ -1,6 +1,6 @@
-//! Helpers shared by the integration tests. Each test binary includes this
-//! module (`mod common;`, or `#[path = "../common/mod.rs"] mod common;` from
-//! a binary in a directory of its own) and uses a subset of it.
+//! Helpers shared by the integration tests. A test binary that needs them
+//! includes this module (`mod common;`, or `#[path = "../common/mod.rs"] mod
+//! common;` from a binary in a directory of its own) and uses a subset of it.
 #![allow(dead_code)]
 
 pub mod caching;

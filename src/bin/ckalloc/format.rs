@@ -28,15 +28,10 @@ pub struct DigestHex<'a>(pub &'a [u8; 32]);
 
 impl fmt::Display for DigestHex<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        const DIGITS: &[u8; 16] = b"0123456789abcdef";
-        let mut hex = [0u8; 64];
-        for (pair, b) in hex.chunks_exact_mut(2).zip(self.0) {
-            pair[0] = DIGITS[usize::from(b >> 4)];
-            pair[1] = DIGITS[usize::from(b & 0xf)];
-        }
-        let n = f.precision().unwrap_or(hex.len()).min(hex.len());
-        // Only ASCII hex digits were written.
-        f.write_str(std::str::from_utf8(&hex[..n]).unwrap_or_default())
+        // sha2's digest type prints as lowercase hex and honours a precision
+        // as a number of digits.
+        let digest = sha2::digest::Output::<sha2::Sha256>::from_slice(self.0);
+        fmt::LowerHex::fmt(digest, f)
     }
 }
 
@@ -62,10 +57,9 @@ mod tests {
         assert!(hex.starts_with("ab00"), "{hex}");
         assert!(hex.ends_with("000f"), "{hex}");
         assert_eq!(format!("{:.16}", DigestHex(&c)), "ab00000000000000");
-        // The same text as sha2's digest type printed with `{:x}`.
         let all: [u8; 32] = std::array::from_fn(|i| (i * 37 + 5) as u8);
-        let sha2_hex = format!("{:x}", sha2::digest::Output::<sha2::Sha256>::from(all));
-        assert_eq!(DigestHex(&all).to_string(), sha2_hex);
-        assert_eq!(format!("{:.16}", DigestHex(&all)), &sha2_hex[..16]);
+        let hex: String = all.iter().map(|b| format!("{b:02x}")).collect();
+        assert_eq!(DigestHex(&all).to_string(), hex);
+        assert_eq!(format!("{:.15}", DigestHex(&all)), &hex[..15]);
     }
 }
