@@ -7,18 +7,32 @@
 
 use super::error::WeightsError;
 use std::borrow::Cow;
-use std::fs::File;
+use std::fs::{File, Metadata};
 use std::io;
 use std::os::unix::fs::FileExt as _;
 use std::path::Path;
 
-/// Open `path` read-only (`O_CLOEXEC | O_NONBLOCK`, so that a FIFO
-/// without a writer does not block `open` forever; the caller rejects it
-/// through `fstat`).
-pub(crate) fn open_nonblocking(path: &Path) -> Result<File, WeightsError> {
-    crate::sys::open_readonly(path)
+/// Open `path` read-only as a regular file and return it with its
+/// metadata. The open is `O_CLOEXEC | O_NONBLOCK`, so that a FIFO without a
+/// writer does not block it forever; `fstat` then refuses anything but a
+/// regular file (a FIFO, a directory, a device such as `/dev/zero`).
+///
+/// # Errors
+/// [`WeightsError::Io`] from `open` or `fstat` (`NotFound` for a missing
+/// file), [`WeightsError::NotARegularFile`].
+pub(crate) fn open_regular_file(path: &Path) -> Result<(File, Metadata), WeightsError> {
+    let file = crate::sys::open_readonly(path)
         .map(crate::sys::Fd::into_file)
-        .map_err(|e| WeightsError::io(path, "open", e))
+        .map_err(|e| WeightsError::io(path, "open", e))?;
+    let meta = file
+        .metadata()
+        .map_err(|e| WeightsError::io(path, "fstat", e))?;
+    if !meta.is_file() {
+        return Err(WeightsError::NotARegularFile {
+            path: path.to_path_buf(),
+        });
+    }
+    Ok((file, meta))
 }
 
 /// Bytes of a file of a fixed length.

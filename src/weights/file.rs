@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 
 use sha2::{Digest, Sha256};
 
-use super::bytes::{buffer, open_nonblocking, Memory, Pread, Source};
+use super::bytes::{buffer, open_regular_file, Memory, Pread, Source};
 use super::container::{Container, Version, L1_OFFSETS};
 use super::dtype::{Dtype, Producer, SlotDtype};
 use super::entry::check_shape;
@@ -115,15 +115,7 @@ impl std::fmt::Debug for WeightsFile {
 /// Open `path` read-only as a regular file of a length that fits `usize`;
 /// returns the file, its length and its identity.
 fn open_regular(path: &Path) -> Result<(File, u64, FileIdentity), WeightsError> {
-    let file = open_nonblocking(path)?;
-    let meta = file
-        .metadata()
-        .map_err(|e| WeightsError::io(path, "fstat", e))?;
-    if !meta.is_file() {
-        return Err(WeightsError::NotARegularFile {
-            path: path.to_path_buf(),
-        });
-    }
+    let (file, meta) = open_regular_file(path)?;
     if usize::try_from(meta.len()).is_err() {
         return Err(WeightsError::overflow(format!(
             "reading {} ({} bytes)",

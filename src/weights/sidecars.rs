@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use serde::Deserialize;
 use sha2::{Digest, Sha256};
 
-use super::bytes::open_nonblocking;
+use super::bytes::open_regular_file;
 use super::canonical::canonical_json;
 use super::container::Version;
 use super::entry::{check_name, ManifestEntry};
@@ -35,21 +35,13 @@ pub const MAX_SIDECAR_BYTES: u64 = 256 << 20;
 /// [`WeightsError::Io`] (also for text that is not UTF-8).
 pub fn read_text_file(path: &Path, max_bytes: u64) -> Result<Option<String>, WeightsError> {
     use std::io::Read as _;
-    let file = match open_nonblocking(path) {
-        Ok(f) => f,
+    let (file, meta) = match open_regular_file(path) {
+        Ok(opened) => opened,
         Err(WeightsError::Io { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => {
             return Ok(None)
         }
         Err(e) => return Err(e),
     };
-    let meta = file
-        .metadata()
-        .map_err(|e| WeightsError::io(path, "fstat", e))?;
-    if !meta.is_file() {
-        return Err(WeightsError::NotARegularFile {
-            path: path.to_path_buf(),
-        });
-    }
     if meta.len() > max_bytes {
         return Err(WeightsError::SidecarTooLarge {
             path: path.to_path_buf(),
