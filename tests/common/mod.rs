@@ -24,25 +24,31 @@ pub fn mappings_overlapping(start: usize, len: usize) -> Vec<String> {
         .collect()
 }
 
-/// Whether this process runs under AddressSanitizer (x86_64 Linux): ASan
-/// maps its shadow memory as one range of terabytes that covers 16 TiB,
-/// where a normal process never maps anything. Under ASan the sanitizer's
-/// own allocator maps and splits address space at any time (and may reuse a
-/// range ckalloc just unmapped), so `/proc/self/maps` checks for leaked
-/// ranges are meaningless there; the statistics checks still run.
+/// Whether this process runs under AddressSanitizer (x86_64 Linux). ASan
+/// reserves its shadow gap, `[0x00008fff7000, 0x02008fff7000)`, as one
+/// inaccessible (`---p`) mapping of 2 TiB that nothing ever touches, where
+/// a normal process maps nothing. (The shadow itself is no reliable sign:
+/// ASan remaps parts of it as it clears shadow for unmapped memory, which
+/// splits its mapping.) Under ASan the sanitizer's own allocator maps and
+/// splits address space at any time (and may reuse a range ckalloc just
+/// unmapped), so `/proc/self/maps` checks for leaked ranges are meaningless
+/// there, and its `mlock` interceptor locks nothing; the statistics checks
+/// still run.
 pub fn under_asan() -> bool {
     static ASAN: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *ASAN.get_or_init(detect_asan)
 }
 
 fn detect_asan() -> bool {
-    const PROBE: usize = 0x1000_0000_0000;
-    mappings_overlapping(PROBE, 1).iter().any(|l| {
-        let range = l.split_whitespace().next().unwrap_or("");
+    const SHADOW_GAP: usize = 0x0100_0000_0000;
+    mappings_overlapping(SHADOW_GAP, 1).iter().any(|l| {
+        let mut fields = l.split_whitespace();
+        let range = fields.next().unwrap_or("");
+        let inaccessible = fields.next() == Some("---p");
         let (a, b) = range.split_once('-').unwrap_or(("0", "0"));
         let a = usize::from_str_radix(a, 16).unwrap_or(0);
         let b = usize::from_str_radix(b, 16).unwrap_or(0);
-        b - a >= 1 << 40
+        inaccessible && b - a >= 1 << 40
     })
 }
 

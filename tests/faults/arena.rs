@@ -3,6 +3,7 @@
 //! mapping, huge-page statistics back to their starting values, and the
 //! arena still usable after a failed materialization.
 
+use crate::common::under_asan;
 use crate::serial;
 use ckalloc::fault::{self, Op};
 use ckalloc::*;
@@ -26,23 +27,6 @@ fn big_mappings() -> BTreeSet<(usize, usize)> {
             (b - a >= MIB).then_some((a, b))
         })
         .collect()
-}
-
-/// Under AddressSanitizer (its shadow covers 16 TiB) the sanitizer's own
-/// allocator maps and splits address space during the test, so the mapping
-/// comparisons are skipped there; the statistics checks still run.
-fn under_asan() -> bool {
-    std::fs::read_to_string("/proc/self/maps")
-        .unwrap()
-        .lines()
-        .filter_map(|l| {
-            let (a, b) = l.split_whitespace().next()?.split_once('-')?;
-            Some((
-                usize::from_str_radix(a, 16).ok()?,
-                usize::from_str_radix(b, 16).ok()?,
-            ))
-        })
-        .any(|(a, b)| a <= 0x1000_0000_0000 && b > 0x1000_0000_0000 && b - a >= 1 << 40)
 }
 
 fn build(policy: ModePolicy, path: &Path) -> Result<BumpArena, ArenaError> {
