@@ -11,17 +11,18 @@
 //!
 //! # Fork safety
 //!
-//! The registries of live blocks and arenas are spin locks that the
-//! crate's `pthread_atfork` handlers (registered when the library is
-//! loaded) take before
-//! `fork()` and release after it in parent and child, so a child forked
+//! The registry of live arenas is a spin lock that the crate's
+//! `pthread_atfork` handlers (registered when the library is loaded) take
+//! before `fork()` and release after it in parent and child; live
+//! `ck_huge_alloc` blocks are in the huge-page engine's block registry,
+//! which takes no lock, so a child forked
 //! while another thread is inside `ck_huge_alloc` or `ck_bump_alloc_init`
 //! can call every function of the C ABI. The guarantee, the lock order and
 //! its limits (`vfork`, `clone`) are in `docs/reliability.md`, section "Fork
 //! safety".
 
 use crate::fork::{Hooks, Stage};
-use crate::huge::{map_huge, unmap, HugeOptions};
+use crate::huge::{map_huge, registry, unmap, HugeOptions};
 use crate::lock::{HeldLock, PoolLock, PoolLockGuard};
 use crate::sys::HUGE_PAGE_2M;
 use std::cell::RefCell;
@@ -52,16 +53,14 @@ pub(crate) fn guard<T>(on_panic: T, f: impl FnOnce() -> T) -> T {
     }
 }
 
-/// Takes a registry lock. Nothing under these locks panics: a `BTreeMap`
+/// Takes the arena registry's lock. Nothing under it panics: a `BTreeMap`
 /// insert or remove (an allocation failure aborts, it does not unwind).
-/// The fork hooks that take both registries around `fork()` are added when
-/// the library is loaded (below).
+/// The fork hooks that take it around `fork()` are added when the library
+/// is loaded (below). Live `ck_huge_alloc` blocks are in the huge-page
+/// engine's block registry, which has no lock.
 pub(crate) fn lock<T>(m: &PoolLock<T>) -> PoolLockGuard<'_, T> {
     m.lock()
 }
-
-/// Live `ck_huge_alloc` blocks: address -> mapped length.
-static BLOCKS: PoolLock<BTreeMap<usize, usize>> = PoolLock::new(BTreeMap::new());
 
 /// The reason for the last failure on the calling thread, `""` if none. The
 /// pointer stays valid until the next failure on the same thread.
@@ -75,10 +74,14 @@ pub extern "C" fn ck_last_error() -> *const c_char {
 pub extern "C" fn ck_huge_alloc(bytes: usize) -> *mut c_void {
     guard(std::ptr::null_mut(), || {
         match map_huge(bytes, HUGE_PAGE_2M, &HugeOptions::new()) {
-            Ok(m) => {
-                lock(&BLOCKS).insert(m.ptr.as_ptr() as usize, m.mapped_len);
-                m.ptr.as_ptr().cast()
-            }
+            Ok(m) => match registry::register(m.ptr, m.mapped_len) {
+                Ok(()) => m.ptr.as_ptr().cast(),
+                Err(e) => {
+                    unmap(m.ptr, m.mapped_len);
+                    set_last_error(format!("ck_huge_alloc: {e}"));
+                    std::ptr::null_mut()
+                }
+            },
             Err(e) => {
                 set_last_error(format!("ck_huge_alloc: {e}"));
                 std::ptr::null_mut()
@@ -97,7 +100,7 @@ pub unsafe extern "C" fn ck_huge_free(ptr: *mut c_void, bytes: usize) {
         let Some(p) = NonNull::new(ptr.cast::<u8>()) else {
             return;
         };
-        let Some(len) = lock(&BLOCKS).remove(&(p.as_ptr() as usize)) else {
+        let Some(len) = registry::remove(p.as_ptr()) else {
             set_last_error(format!(
                 "ck_huge_free: {ptr:p} ({bytes} bytes) was not returned by ck_huge_alloc or is already freed"
             ));
@@ -159,20 +162,13 @@ mod layout_checks {
 /// the base pointer is the key (it is unique while the arena lives).
 static ARENAS: PoolLock<BTreeMap<usize, BumpArena>> = PoolLock::new(BTreeMap::new());
 
-/// The fork hooks of the two registries (stages `CArenas` and `CBlocks` of
-/// `crate::fork`): each takes its lock before `fork()` and releases it in
-/// parent and child.
+/// The fork hooks of the arena registry (stage `CArenas` of `crate::fork`):
+/// take its lock before `fork()`, release it in parent and child.
 static ARENA_FORK_HOOKS: Hooks = Hooks {
     prepare: lock_arenas,
     parent: unlock_arenas,
     child: unlock_arenas,
 };
-static BLOCK_FORK_HOOKS: Hooks = Hooks {
-    prepare: lock_blocks,
-    parent: unlock_blocks,
-    child: unlock_blocks,
-};
-
 fn lock_arenas() {
     ARENAS.raw_lock();
 }
@@ -185,26 +181,9 @@ unsafe fn unlock_arenas() {
     unsafe { ARENAS.force_unlock() }
 }
 
-fn lock_blocks() {
-    BLOCKS.raw_lock();
-}
-
-/// # Safety
-/// As [`unlock_arenas`], for [`lock_blocks`].
-unsafe fn unlock_blocks() {
-    // SAFETY: the caller holds the lock.
-    unsafe { BLOCKS.force_unlock() }
-}
-
 crate::fork::at_load!(ADD_C_ABI_FORK_HOOKS, {
     crate::fork::add(Stage::CArenas, &ARENA_FORK_HOOKS);
-    crate::fork::add(Stage::CBlocks, &BLOCK_FORK_HOOKS);
 });
-
-/// Holds the `ck_huge_alloc` block registry lock (test hook).
-pub fn hold_block_registry() -> HeldLock<'static> {
-    BLOCKS.hold()
-}
 
 /// Holds the `ck_bump_alloc_*` arena registry lock (test hook).
 pub fn hold_arena_registry() -> HeldLock<'static> {

@@ -4,15 +4,15 @@
 //! |---|---|---|---|---|
 //! | `CKALLOC_HUGETLB` | on / off switch | on | the tier ladder ([`HugeRegion`](crate::HugeRegion), [`CkHuge`](crate::CkHuge), [`huge_alloc`](crate::huge_alloc), the arena): off skips the hugetlb tier unless a caller requires it | `CKALLOC_*` switch, read once per process ([`hugetlb_allowed`]) |
 //! | `CKALLOC_THP` | on / off switch | on | the tier ladder and `mremap` growth: off skips `MADV_HUGEPAGE` | `CKALLOC_*` switch, read once per process ([`thp_allowed`]) |
-//! | `CKALLOC_HUGETLB_BACKOFF_MS` | decimal milliseconds | 1000 | the tier ladder: how long hugetlb is skipped after a failed hugetlb `mmap` | trimmed decimal `u64`; anything else gives the default; read once per process ([`hugetlb_backoff_ms`]) |
-//! | `CKALLOC_RETAIN_BYTES` | decimal bytes | 134217728 (128 MiB) | [`CkHuge`](crate::CkHuge)'s retention cache: the most bytes of freed huge-page blocks kept mapped for reuse, process-wide (a block longer than a quarter of it is not kept); 0 turns retention off | trimmed decimal `u64`; anything else gives the default; read once per process ([`retain_bytes`]) |
-//! | `CKALLOC_RETAIN_DECAY_MS` | decimal milliseconds | 1000 | the same cache: how long a retained block stays unused before a later allocator call gives it back to the kernel | trimmed decimal `u64`; anything else gives the default; read once per process ([`retain_decay_ms`]) |
+//! | `CKALLOC_HUGETLB_BACKOFF_MS` | decimal milliseconds | 1000 | the tier ladder: how long hugetlb is skipped after a failed hugetlb `mmap` | trimmed decimal `u64`; read once per process ([`hugetlb_backoff_ms`]); a value that does not parse gives the default and is reported ([`settings`]) |
+//! | `CKALLOC_RETAIN_BYTES` | a size: bytes, or with a unit (`512mib`, `1GiB`, `2gb`) | 128 MiB | [`CkHuge`](crate::CkHuge)'s retention cache: the most bytes of freed huge-page blocks kept mapped for reuse, process-wide; 0 turns retention off | trimmed; the caching spec's size syntax with the unit in any case; read once per process ([`retain_bytes`]); a value that does not parse gives the default and is reported ([`settings`]) |
+//! | `CKALLOC_RETAIN_DECAY_MS` | decimal milliseconds | 1000 | the same cache: how long a retained block stays unused before a later allocator call gives it back to the kernel | trimmed decimal `u64`; read once per process ([`retain_decay_ms`]); a value that does not parse gives the default and is reported ([`settings`]) |
 //! | `CK_BUMP_FORCE_MIXED` | flag | unset | [`ArenaBuilder::build`](crate::ArenaBuilder::build) under [`ModePolicy::Auto`](crate::ModePolicy::Auto): skip anonymous mode | C-Kernel-Engine's `env_flag_enabled`, read at every build ([`force_mixed`]) |
 //! | `CK_BUMP_DISABLE_MIXED` | flag | unset | the same: no fallback to mixed mode | C-Kernel-Engine's `env_flag_enabled`, read at every build ([`disable_mixed`]) |
 //! | `CKALLOC_MODEL_CACHE` | directory | `.cache/models` in the crate's source directory | the `ckalloc` CLI's demo and `scripts/fetch-model`: where the downloaded model is cached | path, not parsed ([`model_cache_dir`]) |
 //! | any name given to [`CachingAllocator::from_env`](crate::caching::CachingAllocator::from_env) | IREE caching-allocator spec | unbounded pools | `from_env` | the spec grammar of [`caching`](crate::caching); must be Unicode; a name no variable can have (empty, holding `=` or NUL) is an error, not "unset" |
 //!
-//! The two parsing rules:
+//! The parsing rules:
 //!
 //! - **`CKALLOC_*` switch**: unset means on. A set value is trimmed of
 //!   ASCII white space; it means off when it is then empty, `0`, `false`,
@@ -21,6 +21,14 @@
 //!   as C-Kernel-Engine reads them): unset means not set. A value is set
 //!   unless it is empty, `0`, `false` or `no` (ASCII case-insensitive), with
 //!   no trimming; `off` and ` 0` therefore count as set.
+//! - **Numbers** (`CKALLOC_RETAIN_BYTES`, `CKALLOC_*_MS`): trimmed of ASCII
+//!   white space, then a decimal number, or for bytes the size syntax of
+//!   the caching spec (`0` or digits without a leading zero, then an
+//!   optional unit `b`, `kb`, `kib`, `mb`, `mib`, `gb`, `gib`, `tb`, `tib`)
+//!   with the unit in any case. A value that does not parse is never taken
+//!   silently: the default is used, and [`settings`] (and so
+//!   [`huge_stats`](crate::huge_stats) and `ckalloc probe`) reports it as
+//!   [`Source::Unparsed`].
 //!
 //! The switches on the allocation paths are read with `getenv` without
 //! allocating and cached in atomics, so changing them after the first
@@ -29,7 +37,9 @@
 //! a concurrent `setenv` in another thread.
 
 use crate::sys;
+use crate::units::{self, human_bytes, SuffixCase};
 use std::ffi::{CStr, OsString};
+use std::fmt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 
@@ -116,13 +126,167 @@ pub fn thp_allowed() -> bool {
     cached_switch(&CACHE, c"CKALLOC_THP")
 }
 
+/// Where the value of a numeric `CKALLOC_*` setting came from.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Source {
+    /// The variable is unset: the default.
+    #[default]
+    Default,
+    /// The variable is set and parsed.
+    Environment,
+    /// The variable is set but does not parse: the default is used.
+    Unparsed,
+}
+
+/// A numeric `CKALLOC_*` setting as this process uses it ([`settings`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Setting {
+    /// The variable's name.
+    pub name: &'static str,
+    /// The value in use, in the variable's unit ([`Setting::unit`]).
+    pub value: u64,
+    /// Where it came from.
+    pub source: Source,
+    /// The unit of `value`.
+    pub unit: Unit,
+}
+
+/// The unit of a [`Setting`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Unit {
+    /// Bytes.
+    #[default]
+    Bytes,
+    /// Milliseconds.
+    Milliseconds,
+}
+
+impl fmt::Display for Setting {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let value = match self.unit {
+            Unit::Bytes => human_bytes(self.value),
+            Unit::Milliseconds => format!("{} ms", self.value),
+        };
+        match self.source {
+            Source::Default => write!(f, "{} {value} (default)", self.name),
+            Source::Environment => write!(f, "{} {value}", self.name),
+            Source::Unparsed => write!(
+                f,
+                "{} does not parse: the default {value} is used",
+                self.name
+            ),
+        }
+    }
+}
+
+/// A numeric variable, read once and cached.
+struct Number {
+    name: &'static CStr,
+    default: u64,
+    unit: Unit,
+    /// The value; `u64::MAX`: not read yet.
+    value: AtomicU64,
+    source: AtomicU8,
+}
+
+impl Number {
+    const fn new(name: &'static CStr, default: u64, unit: Unit) -> Number {
+        Number {
+            name,
+            default,
+            unit,
+            value: AtomicU64::new(u64::MAX),
+            source: AtomicU8::new(0),
+        }
+    }
+
+    /// The setting, reading the variable the first time. Never allocates.
+    #[inline]
+    fn get(&self) -> Setting {
+        let mut value = self.value.load(Ordering::Acquire);
+        if value == u64::MAX {
+            value = self.read();
+        }
+        let source = match self.source.load(Ordering::Relaxed) {
+            1 => Source::Environment,
+            2 => Source::Unparsed,
+            _ => Source::Default,
+        };
+        Setting {
+            name: self.name.to_str().unwrap_or(""),
+            value,
+            source,
+            unit: self.unit,
+        }
+    }
+
+    #[cold]
+    fn read(&self) -> u64 {
+        let (value, source) = match sys::getenv(self.name) {
+            None => (self.default, 0),
+            Some(text) => {
+                let text = text.trim_ascii();
+                let parsed = match self.unit {
+                    Unit::Bytes => units::parse_size(text, SuffixCase::Any),
+                    Unit::Milliseconds => parse_u64(text),
+                };
+                match parsed {
+                    Some(v) => (v, 1),
+                    None => (self.default, 2),
+                }
+            }
+        };
+        // `u64::MAX` marks "not read".
+        let value = value.min(u64::MAX - 1);
+        // Racing first readers store the same pair.
+        self.source.store(source, Ordering::Relaxed);
+        self.value.store(value, Ordering::Release);
+        value
+    }
+
+    #[inline]
+    fn value(&self) -> u64 {
+        let v = self.value.load(Ordering::Acquire);
+        if v != u64::MAX {
+            v
+        } else {
+            self.read()
+        }
+    }
+}
+
+static HUGETLB_BACKOFF_MS: Number =
+    Number::new(c"CKALLOC_HUGETLB_BACKOFF_MS", 1000, Unit::Milliseconds);
+static RETAIN_BYTES: Number = Number::new(
+    c"CKALLOC_RETAIN_BYTES",
+    DEFAULT_RETAIN_BYTES as u64,
+    Unit::Bytes,
+);
+static RETAIN_DECAY_MS: Number = Number::new(
+    c"CKALLOC_RETAIN_DECAY_MS",
+    DEFAULT_RETAIN_DECAY_MS,
+    Unit::Milliseconds,
+);
+
+/// The numeric settings (`CKALLOC_RETAIN_BYTES`, `CKALLOC_RETAIN_DECAY_MS`,
+/// `CKALLOC_HUGETLB_BACKOFF_MS`), each with its value and where it came
+/// from; a variable that does not parse shows as [`Source::Unparsed`].
+/// Reads each variable the first time; never allocates.
+pub fn settings() -> [Setting; 3] {
+    [
+        RETAIN_BYTES.get(),
+        RETAIN_DECAY_MS.get(),
+        HUGETLB_BACKOFF_MS.get(),
+    ]
+}
+
 /// How long, in milliseconds, the tier ladder skips hugetlb after a failed
 /// hugetlb `mmap`: `CKALLOC_HUGETLB_BACKOFF_MS` as a decimal number (ASCII
 /// white space trimmed), else 1000. Read once per process, then cached;
 /// never allocates.
 pub fn hugetlb_backoff_ms() -> u64 {
-    static CACHE: AtomicU64 = AtomicU64::new(u64::MAX);
-    cached_u64(&CACHE, c"CKALLOC_HUGETLB_BACKOFF_MS", 1000)
+    HUGETLB_BACKOFF_MS.value()
 }
 
 /// The default of [`retain_bytes`]: 128 MiB.
@@ -130,32 +294,14 @@ pub const DEFAULT_RETAIN_BYTES: usize = 128 << 20;
 /// The default of [`retain_decay_ms`]: 1000 ms.
 pub const DEFAULT_RETAIN_DECAY_MS: u64 = 1000;
 
-/// A trimmed decimal `u64` from `name`, else `default`, read once and cached
-/// in `cache` (`u64::MAX`: unread). Never allocates.
-#[inline]
-fn cached_u64(cache: &AtomicU64, name: &CStr, default: u64) -> u64 {
-    let cached = cache.load(Ordering::Relaxed);
-    if cached != u64::MAX {
-        return cached;
-    }
-    let v = sys::getenv(name)
-        .and_then(parse_u64)
-        .unwrap_or(default)
-        .min(u64::MAX - 1);
-    cache.store(v, Ordering::Relaxed);
-    v
-}
-
 /// The most bytes of freed huge-page blocks [`CkHuge`](crate::CkHuge) keeps
-/// mapped for reuse, process-wide: `CKALLOC_RETAIN_BYTES` as a decimal
-/// number of bytes (ASCII white space trimmed), else
+/// mapped for reuse, process-wide: `CKALLOC_RETAIN_BYTES` as a size
+/// (`134217728`, `512mib`, `1GiB`; the [rules](self)), else
 /// [`DEFAULT_RETAIN_BYTES`]; `0` turns retention off. Read once per process,
 /// then cached; never allocates.
 #[inline]
 pub fn retain_bytes() -> usize {
-    static CACHE: AtomicU64 = AtomicU64::new(u64::MAX);
-    let v = cached_u64(&CACHE, c"CKALLOC_RETAIN_BYTES", DEFAULT_RETAIN_BYTES as u64);
-    usize::try_from(v).unwrap_or(usize::MAX)
+    usize::try_from(RETAIN_BYTES.value()).unwrap_or(usize::MAX)
 }
 
 /// How long, in milliseconds, a retained huge-page block of
@@ -164,8 +310,7 @@ pub fn retain_bytes() -> usize {
 /// (ASCII white space trimmed), else [`DEFAULT_RETAIN_DECAY_MS`]. Read once
 /// per process, then cached; never allocates.
 pub fn retain_decay_ms() -> u64 {
-    static CACHE: AtomicU64 = AtomicU64::new(u64::MAX);
-    cached_u64(&CACHE, c"CKALLOC_RETAIN_DECAY_MS", DEFAULT_RETAIN_DECAY_MS)
+    RETAIN_DECAY_MS.value()
 }
 
 /// Whether `CK_BUMP_FORCE_MIXED` is set by C-Kernel-Engine's

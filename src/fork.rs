@@ -16,11 +16,10 @@
 //! taken in one order and released in the other. The stages, in order:
 //!
 //! 1. [`Stage::CArenas`]: the C ABI's arena registry (`ck_bump_alloc_*`);
-//! 2. [`Stage::CBlocks`]: the C ABI's block registry (`ck_huge_alloc`);
-//! 3. [`Stage::CachingAllocators`]: the registry of live caching
+//! 2. [`Stage::CachingAllocators`]: the registry of live caching
 //!    allocators, then each one's pool shard locks (pool order, shard order)
 //!    and block-table shard locks;
-//! 4. [`Stage::Retention`]: `CkHuge`'s retention cache, which takes no lock
+//! 3. [`Stage::Retention`]: `CkHuge`'s retention cache, which takes no lock
 //!    and only repairs, in the child, slots a thread of the parent held mid
 //!    operation.
 //!
@@ -50,13 +49,11 @@ pub(crate) struct Hooks {
 pub(crate) enum Stage {
     #[cfg_attr(not(feature = "capi"), allow(dead_code))]
     CArenas = 0,
-    #[cfg_attr(not(feature = "capi"), allow(dead_code))]
-    CBlocks = 1,
-    CachingAllocators = 2,
-    Retention = 3,
+    CachingAllocators = 1,
+    Retention = 2,
 }
 
-const STAGES: usize = 4;
+const STAGES: usize = 3;
 
 static TABLE: [AtomicPtr<Hooks>; STAGES] = [const { AtomicPtr::new(std::ptr::null_mut()) }; STAGES];
 

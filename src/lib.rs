@@ -31,14 +31,15 @@
 //!
 //! | module | uses |
 //! | --- | --- |
-//! | `sys` (the OS calls), `par` (work split over threads), `lock` (the spin lock), `escape` ([`Escaped`]), `units` ([`human_bytes`]), `zero_size` (the block of a zero-size request) | nothing of the crate |
-//! | [`env`](mod@env) (environment variables), `fork` (the `pthread_atfork` registrar) | `sys` |
+//! | `sys` (the OS calls), `par` (work split over threads), `lock` (the spin lock), `escape` ([`Escaped`]), `units` ([`human_bytes`], the size syntax), `zero_size` (the block of a zero-size request) | nothing of the crate |
+//! | `fork` (the `pthread_atfork` registrar) | `sys` |
+//! | [`env`](mod@env) (environment variables) | `sys`, `units` |
 //! | `tier` ([`Backing`], the kernel's THP mode) | `env`, `sys` |
 //! | `probe` ([`probe()`], [`huge_page_coverage`]) | `sys`, `tier`, `units` |
 //! | [`weights`] (the `weights.bump` format) | `sys`, `escape` |
-//! | [`huge`] (the tier ladder, [`CkHuge`], [`huge_stats`]) | `env`, `fork`, `par`, `probe`, `sys`, `tier`, `units`, `zero_size` |
+//! | [`huge`] (the tier ladder, [`CkHuge`], its retention cache, the block registry, [`huge_stats`]) | `env`, `fork`, `par`, `probe`, `sys`, `tier`, `units`, `zero_size` |
 //! | the arena ([`BumpArena`]) | `env`, `escape`, `huge`, `par`, `probe`, `sys`, `tier`, `weights`, `zero_size` |
-//! | [`caching`] | `env`, `escape`, `fork`, `lock`, `zero_size` |
+//! | [`caching`] | `env`, `escape`, `fork`, `lock`, `units`, `zero_size` |
 //! | `capi` | `arena`, `fork`, `huge`, `lock`, `sys` |
 //!
 //! On top, this file's re-exports and test hooks, and the `ckalloc` CLI
@@ -125,12 +126,6 @@ pub mod fork_hooks {
     /// Holds the lock of the registry of live caching allocators.
     pub fn hold_caching_registry() -> HeldLock<'static> {
         crate::caching::hold_registry()
-    }
-
-    /// Holds the C ABI's `ck_huge_alloc` block registry lock.
-    #[cfg(feature = "capi")]
-    pub fn hold_c_block_registry() -> HeldLock<'static> {
-        crate::capi::hold_block_registry()
     }
 
     /// Holds the C ABI's `ck_bump_alloc_*` arena registry lock.

@@ -145,6 +145,20 @@ pub struct SystemHugePages {
     pub memlock_soft: Option<u64>,
     /// `RLIMIT_MEMLOCK` hard limit in bytes (`None`: unlimited or unknown).
     pub memlock_hard: Option<u64>,
+    /// Whether this machine reports free memory to a host: a virtio-balloon
+    /// device bound to its driver negotiated free page reporting
+    /// (`VIRTIO_BALLOON_F_REPORTING`, feature bit 5 in
+    /// `/sys/bus/virtio/drivers/virtio_balloon/*/features`). The guest then
+    /// hands free blocks of at least `2^page_reporting_order` base pages
+    /// back to the host (Linux's `mm/page_reporting.c`), and a page taken
+    /// from such a block faults on the host too: fresh huge pages cost more
+    /// to touch than on bare metal.
+    pub free_page_reporting: bool,
+    /// The smallest order of blocks reported
+    /// (`/sys/module/page_reporting/parameters/page_reporting_order`; 9 is
+    /// 2 MiB with 4 KiB pages), `None` when the kernel has no free page
+    /// reporting.
+    pub page_reporting_order: Option<u32>,
 }
 
 impl SystemHugePages {
@@ -163,8 +177,22 @@ fn read_u64(path: &std::path::Path) -> Option<u64> {
     std::fs::read_to_string(path).ok()?.trim().parse().ok()
 }
 
+/// Whether a virtio-balloon device negotiated `VIRTIO_BALLOON_F_REPORTING`
+/// (bit 5 of the `features` string of 0s and 1s, bit 0 first).
+fn balloon_reports_free_pages() -> bool {
+    const VIRTIO_BALLOON_F_REPORTING: usize = 5;
+    let Ok(dir) = std::fs::read_dir("/sys/bus/virtio/drivers/virtio_balloon") else {
+        return false;
+    };
+    dir.flatten().any(|e| {
+        std::fs::read(e.path().join("features"))
+            .is_ok_and(|f| f.get(VIRTIO_BALLOON_F_REPORTING) == Some(&b'1'))
+    })
+}
+
 /// Read the system's huge-page state: THP modes, hugetlb pools per page size,
-/// the base page size and `RLIMIT_MEMLOCK`. Reads sysfs; changes nothing.
+/// the base page size, `RLIMIT_MEMLOCK` and free page reporting. Reads
+/// sysfs; changes nothing.
 pub fn probe() -> SystemHugePages {
     let mut hugetlb = Vec::new();
     if let Ok(dir) = std::fs::read_dir("/sys/kernel/mm/hugepages") {
@@ -195,6 +223,11 @@ pub fn probe() -> SystemHugePages {
         base_page_size: sys::page_size() as u64,
         memlock_soft,
         memlock_hard,
+        free_page_reporting: balloon_reports_free_pages(),
+        page_reporting_order: read_u64(std::path::Path::new(
+            "/sys/module/page_reporting/parameters/page_reporting_order",
+        ))
+        .and_then(|o| u32::try_from(o).ok()),
     }
 }
 
@@ -217,11 +250,19 @@ impl fmt::Display for SystemHugePages {
             writeln!(f, "hugetlb:         unsupported")?;
         }
         let lim = |v: Option<u64>| v.map(human_bytes).unwrap_or_else(|| "unlimited".into());
-        write!(
+        writeln!(
             f,
             "RLIMIT_MEMLOCK:  soft {}, hard {}",
             lim(self.memlock_soft),
             lim(self.memlock_hard)
-        )
+        )?;
+        match (self.free_page_reporting, self.page_reporting_order) {
+            (true, Some(o)) => write!(
+                f,
+                "free page reporting: on (virtio-balloon, blocks of order {o} and up go back to the host)"
+            ),
+            (true, None) => write!(f, "free page reporting: on (virtio-balloon)"),
+            (false, _) => write!(f, "free page reporting: off"),
+        }
     }
 }

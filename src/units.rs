@@ -1,4 +1,5 @@
-//! Byte counts for people: [`human_bytes`].
+//! Byte counts for people: [`human_bytes`] writes them, `parse_size` reads
+//! the size syntax of the caching spec and the `CKALLOC_*` size variables.
 
 /// Format a byte count with a binary unit: whole bytes below 1 KiB
 /// (`512 B`), else two decimals of the largest unit from KiB to PiB that
@@ -20,5 +21,95 @@ pub fn human_bytes(bytes: u64) -> String {
         format!("{bytes} B")
     } else {
         format!("{v:.2} {}", UNITS[u])
+    }
+}
+
+/// How the unit suffix of a size may be written.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum SuffixCase {
+    /// Lowercase only (`64mib`): the caching spec, which rejects what IREE
+    /// silently misreads.
+    Lower,
+    /// ASCII case-insensitive (`64MiB`, `1GiB`): the `CKALLOC_*` variables.
+    Any,
+}
+
+/// Parses a size: `0` or decimal digits without a leading zero, then an
+/// optional unit suffix `b`, `kb`, `kib`, `mb`, `mib`, `gb`, `gib`, `tb` or
+/// `tib` (decimal units of 1000, binary units of 1024). `None` on any other
+/// text (white space included), or when the value overflows `u64` or
+/// `usize`. Never allocates.
+pub(crate) fn parse_size(s: &[u8], case: SuffixCase) -> Option<u64> {
+    let digits_end = s
+        .iter()
+        .position(|b| !b.is_ascii_digit())
+        .unwrap_or(s.len());
+    let (digits, suffix) = s.split_at(digits_end);
+    if digits.is_empty() || (digits.len() > 1 && digits[0] == b'0') {
+        return None;
+    }
+    const UNITS: [(&[u8], u64); 9] = [
+        (b"b", 1),
+        (b"kb", 1000),
+        (b"kib", 1 << 10),
+        (b"mb", 1000 * 1000),
+        (b"mib", 1 << 20),
+        (b"gb", 1000 * 1000 * 1000),
+        (b"gib", 1 << 30),
+        (b"tb", 1000 * 1000 * 1000 * 1000),
+        (b"tib", 1 << 40),
+    ];
+    let mult = if suffix.is_empty() {
+        1
+    } else {
+        UNITS
+            .iter()
+            .find(|(name, _)| match case {
+                SuffixCase::Lower => *name == suffix,
+                SuffixCase::Any => name.eq_ignore_ascii_case(suffix),
+            })?
+            .1
+    };
+    let value = digits.iter().try_fold(0u64, |acc, &b| {
+        acc.checked_mul(10)?.checked_add(u64::from(b - b'0'))
+    })?;
+    let value = value.checked_mul(mult)?;
+    usize::try_from(value).ok()?;
+    Some(value)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_in_lowercase() {
+        let p = |s: &str| parse_size(s.as_bytes(), SuffixCase::Lower);
+        assert_eq!(p("0"), Some(0));
+        assert_eq!(p("1gib"), Some(1 << 30));
+        assert_eq!(p("2kb"), Some(2000));
+        assert_eq!(p("7b"), Some(7));
+        assert_eq!(p("010"), None);
+        assert_eq!(p("1GiB"), None);
+        assert_eq!(p(""), None);
+        assert_eq!(p("gib"), None);
+        assert_eq!(p(" 1"), None);
+        assert_eq!(p("1 gib"), None);
+        assert_eq!(p("1.5gib"), None);
+        assert_eq!(p("-1"), None);
+        assert_eq!(p("18446744073709551615"), Some(u64::MAX));
+        assert_eq!(p("18446744073709551616"), None);
+        assert_eq!(p("16777216tib"), None);
+    }
+
+    #[test]
+    fn sizes_in_any_case() {
+        let p = |s: &str| parse_size(s.as_bytes(), SuffixCase::Any);
+        assert_eq!(p("1GiB"), Some(1 << 30));
+        assert_eq!(p("1gib"), Some(1 << 30));
+        assert_eq!(p("64MB"), Some(64_000_000));
+        assert_eq!(p("512KiB"), Some(512 << 10));
+        assert_eq!(p("1G"), None);
+        assert_eq!(p("1GiBs"), None);
     }
 }

@@ -123,12 +123,28 @@ mod c_abi {
     }
 
     #[test]
-    fn child_allocates_huge_blocks_while_the_parent_held_the_block_registry() {
-        fork_while_held(
-            "block registry",
-            |tx| keep(fork_hooks::hold_c_block_registry(), tx),
-            huge_round_trip,
-        );
+    fn child_allocates_huge_blocks_while_a_parent_thread_allocates_and_frees_them() {
+        let stop = Arc::new(AtomicBool::new(false));
+        let churn = {
+            let stop = Arc::clone(&stop);
+            thread::spawn(move || {
+                let mut rounds = 0u64;
+                while !stop.load(Ordering::Relaxed) || rounds == 0 {
+                    assert!(huge_round_trip(), "parent round trip");
+                    rounds += 1;
+                }
+                rounds
+            })
+        };
+        let mut statuses = Vec::new();
+        for _ in 0..20 {
+            statuses.push(fork_child(|| (0..3).all(|_| huge_round_trip())));
+        }
+        stop.store(true, Ordering::Relaxed);
+        assert!(churn.join().expect("churn thread") > 0);
+        for status in statuses {
+            assert_clean_exit(status, "ck_huge_alloc in the child");
+        }
     }
 
     #[test]

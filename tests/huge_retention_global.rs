@@ -181,6 +181,76 @@ fn a_free_with_another_size_of_the_same_rounded_length_is_retained_whole() {
     );
 }
 
+/// Mappings made on any tier so far.
+fn mappings() -> u64 {
+    let s = huge_stats();
+    s.hugetlb.mappings + s.thp.mappings + s.normal.mappings
+}
+
+#[test]
+fn a_freed_buffer_is_carved_for_shorter_requests_and_merged_back_whole() {
+    let _s = serial();
+    release_retained();
+    let before = huge_stats();
+    // A buffer read whole and freed (a model file, say): 90 MB, more than a
+    // quarter of the default cap, is retained.
+    let big = layout(90_000_000, 8);
+    let p = alloc(big);
+    fill(p, 90_000_000, 31);
+    free(p, big);
+    let len = 90_000_000usize.next_multiple_of(2 * MIB);
+    assert_eq!(huge_stats().retained_bytes, len as u64);
+    let maps = mappings();
+    // Shorter requests take consecutive pieces from its front, and what
+    // they hold is theirs to write.
+    let sizes = [6 * MIB, 4 * MIB + 1, 2 * MIB, 12 * MIB - 3];
+    let mut at = p;
+    let mut pieces = Vec::new();
+    for (i, &size) in sizes.iter().enumerate() {
+        let q = alloc(layout(size, 8));
+        assert_eq!(q, at, "piece {i} is carved from the front");
+        fill(q, size, i as u8);
+        at = at.wrapping_add(size.next_multiple_of(2 * MIB));
+        pieces.push((q, size));
+    }
+    assert_eq!(mappings(), maps, "no mapping was made");
+    let taken: usize = sizes.iter().map(|s| s.next_multiple_of(2 * MIB)).sum();
+    assert_eq!(huge_stats().retained_bytes, (len - taken) as u64);
+    for (i, &(q, size)) in pieces.iter().enumerate() {
+        assert!(holds(q, size, i as u8), "piece {i} kept its bytes");
+    }
+    // Freed in a scattered order, the pieces merge with each other and the
+    // rest into the one block again, which serves the whole length.
+    for &i in &[2, 0, 3, 1] {
+        let (q, size) = pieces[i];
+        free(q, layout(size, 8));
+    }
+    assert_eq!(huge_stats().retained_bytes, len as u64);
+    let whole = alloc(big);
+    assert_eq!(whole, p, "one block again");
+    assert_eq!(mappings(), maps, "no mapping was made");
+    free(whole, big);
+    release_retained();
+    let after = huge_stats();
+    assert_eq!(after.retained_bytes, 0);
+    assert_eq!(after.live_bytes(), before.live_bytes());
+    assert!(after.retention_carves >= before.retention_carves + sizes.len() as u64);
+}
+
+#[test]
+fn a_block_longer_than_the_cap_is_unmapped_on_free() {
+    let _s = serial();
+    release_retained();
+    let before = huge_stats();
+    let l = layout(env::retain_bytes() + 1, 8);
+    let p = alloc(l);
+    free(p, l);
+    let after = huge_stats();
+    assert_eq!(after.retained_bytes, 0);
+    assert!(after.unmapped_bytes > before.unmapped_bytes);
+    assert_eq!(after.live_bytes(), before.live_bytes());
+}
+
 #[test]
 fn alloc_zeroed_after_a_dirty_free_reads_zero_around_16_mib() {
     let _s = serial();
@@ -478,6 +548,11 @@ fn retain_bytes_from_the_environment_follow_the_parsing_rule() {
         (" 8388608\n", 8 * MIB),
         ("garbage", env::DEFAULT_RETAIN_BYTES),
         ("8 MiB", env::DEFAULT_RETAIN_BYTES),
+        ("8mib", 8 * MIB),
+        (" 40MiB ", 40 * MIB),
+        ("1GiB", 1 << 30),
+        ("1.5GiB", env::DEFAULT_RETAIN_BYTES),
+        ("08mib", env::DEFAULT_RETAIN_BYTES),
         ("-1", env::DEFAULT_RETAIN_BYTES),
         ("99999999999999999999999", env::DEFAULT_RETAIN_BYTES),
         ("18446744073709551615", usize::MAX - 1),
@@ -498,6 +573,27 @@ fn retain_bytes_from_the_environment_follow_the_parsing_rule() {
 fn child_cap() {
     let want: usize = std::env::var("WANT_RETAIN_BYTES").unwrap().parse().unwrap();
     assert_eq!(env::retain_bytes(), want);
+    let set = std::env::var("CKALLOC_RETAIN_BYTES").unwrap();
+    let setting = huge_stats().settings[0];
+    assert_eq!(setting.name, "CKALLOC_RETAIN_BYTES");
+    assert_eq!(setting.value, want as u64);
+    let unparsed = want == env::DEFAULT_RETAIN_BYTES && set.trim() != "134217728";
+    assert_eq!(
+        setting.source,
+        if unparsed {
+            env::Source::Unparsed
+        } else {
+            env::Source::Environment
+        },
+        "{set:?}"
+    );
+    assert_eq!(
+        huge_stats()
+            .to_string()
+            .contains("CKALLOC_RETAIN_BYTES does not parse"),
+        unparsed,
+        "{set:?}"
+    );
     let before = huge_stats();
     for size in [2 * MIB, 4 * MIB, 40 * MIB] {
         let l = layout(size, 8);
@@ -505,7 +601,7 @@ fn child_cap() {
         free(p, l);
         let retained = huge_stats().retained_bytes as usize;
         assert!(retained <= want, "{size}: {retained} > {want}");
-        let kept = want != 0 && size <= want / 4;
+        let kept = want != 0 && size <= want;
         assert_eq!(retained == size, kept, "{size} under a cap of {want}");
         release_retained();
     }

@@ -25,8 +25,9 @@ use std::ptr::{self, NonNull};
 /// by the path that served it.
 ///
 /// Through [`GlobalAlloc`], freed blocks go to a process-wide retention
-/// cache and serve later requests of the same 2 MiB-rounded length without
-/// a system call (bounded by a byte cap and decay;
+/// cache and serve later requests of any length without a system call (a
+/// shorter request is carved from a longer block; bounded by a byte cap and
+/// decay;
 /// [Retention](crate::huge#retention-ckhuge)), and a block whose last 2 MiB
 /// page holds less than 1 MiB of the request keeps that page in base pages
 /// ([Short tails](crate::huge#short-tails-ckhuge)).
@@ -290,9 +291,10 @@ impl<S: GlobalAlloc> CkHuge<S> {
 }
 
 // SAFETY: `alloc` returns blocks of at least `layout.size()` bytes aligned to
-// `layout.align()` (`S`'s, a mapping aligned to max(align, 2 MiB), or a
-// retained mapping of the same length whose address meets the alignment), or
-// null; `alloc_zeroed` clears retained blocks; `dealloc` routes by size
+// `layout.align()` (`S`'s, a mapping aligned to max(align, 2 MiB), or
+// retained memory of the request's 2 MiB-rounded length, a whole block or
+// the front of a longer one, whose address meets the alignment), or null;
+// `alloc_zeroed` clears retained blocks; `dealloc` routes by size
 // exactly as `alloc` did; `realloc` keeps the contents up to the smaller size
 // and leaves the block intact on failure.
 unsafe impl<S: GlobalAlloc> GlobalAlloc for CkHuge<S> {

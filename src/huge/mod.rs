@@ -78,20 +78,25 @@
 //!
 //! Through [`GlobalAlloc`](std::alloc::GlobalAlloc), a freed huge-page block is not unmapped at once:
 //! it goes to one process-wide retention cache shared by every `CkHuge`
-//! value, and a later request whose 2 MiB-rounded length is the block's
-//! exact length (and whose alignment the block's address meets) gets it back
-//! without a system call, as glibc's `malloc` and mimalloc reuse freed
-//! memory. When no block has the exact length, the shortest longer one that
-//! meets the alignment is trimmed to the request with one `munmap` of its
-//! tail (cheaper than mapping fresh pages the kernel must clear); only when
-//! there is none is a new block mapped. Retained blocks always have the
-//! exact length `dealloc` and `realloc` rebuild from the layout. The cache
-//! is bounded:
+//! value, and later requests get its memory back without a system call, as
+//! glibc's `malloc` and mimalloc reuse freed memory:
 //!
+//! - **any length serves**: a request takes a retained block of exactly its
+//!   2 MiB-rounded length when there is one (and its alignment the block's
+//!   address meets); else it carves its length from the front of the
+//!   shortest longer block, whose rest stays retained. A freed block merges
+//!   with the retained blocks right before and after it, so the pieces of a
+//!   carved block become one again. Carving and merging are bookkeeping
+//!   only (no `munmap`, no `mremap`): a buffer read whole and freed (a
+//!   model file, say) serves the tensors and activations that follow from
+//!   memory that is already faulted in, instead of pages the kernel must
+//!   find and clear. Only when no retained block is long enough is a new
+//!   block mapped. Every block handed out has exactly the length `dealloc`
+//!   and `realloc` rebuild from the layout.
 //! - **cap**: at most [`env::retain_bytes`](crate::env::retain_bytes) bytes
-//!   (`CKALLOC_RETAIN_BYTES`, default 128 MiB) and 64 blocks are retained,
-//!   process-wide; a block that does not fit, or is longer than a quarter
-//!   of the cap (one freed buffer must not hold most of it), is unmapped. Per value,
+//!   (`CKALLOC_RETAIN_BYTES`, default 128 MiB; `1gib`-style sizes accepted)
+//!   and 64 blocks are retained, process-wide; a freed block that does not
+//!   fit is unmapped. Per value,
 //!   [`retain_max_bytes`](CkHuge::retain_max_bytes) bounds the length of the
 //!   blocks it puts into (and takes from) the cache;
 //!   [`uncached`](CkHuge::uncached) retains nothing and maps every block
@@ -127,8 +132,8 @@
 //!   `pthread_atfork` child handler (registered when the library is loaded)
 //!   empties slots that were mid-operation at the fork and recounts the
 //!   retained bytes.
-//! - [`huge_stats`] reports the retained bytes, hits,
-//!   misses and the bytes decay gave back;
+//! - [`huge_stats`] reports the retained bytes, hits (and how many were
+//!   carved), misses, the bytes decay gave back and the settings in use;
 //!   [`live_bytes`](crate::HugeStats::live_bytes) excludes retained blocks.
 //!
 //! # Short tails (`CkHuge`)
@@ -184,6 +189,8 @@ mod ladder;
 mod options;
 mod prefault;
 mod region;
+#[cfg_attr(not(feature = "capi"), allow(dead_code))]
+pub(crate) mod registry;
 mod remap;
 mod retain;
 mod stats;

@@ -16,11 +16,19 @@
 //! slots; the thread-local state (a shard number and a call counter) is two
 //! `Cell`s without destructors.
 //!
-//! # Keys and alignment
+//! # Lengths, carving and coalescing
 //!
-//! A block serves only a request whose 2 MiB-rounded length equals the
-//! block's length, because `dealloc` and `realloc` rebuild a block's length
-//! from its layout. Its address must also meet the request's alignment.
+//! A request takes a block of exactly its 2 MiB-rounded length when one is
+//! retained. Else it carves the shortest longer block whose address meets
+//! its alignment: the request gets the block's first bytes, and the rest
+//! stays in the same slot as a shorter block, all without a system call (a
+//! block is an address range: carving it needs no `munmap`, and the kernel
+//! splits the VMA only when a piece is unmapped or advised on its own).
+//! Every block handed out therefore has exactly the length `dealloc` and
+//! `realloc` rebuild from the layout. When a block comes back, `put` merges
+//! it with a retained block that ends where it starts or starts where it
+//! ends, so the pieces of a carved block become one block again and serve
+//! long requests.
 //!
 //! # Decay
 //!
@@ -52,9 +60,6 @@ pub(crate) const SHARDS: usize = 4;
 pub(crate) const SLOTS: usize = 16;
 /// Allocator calls of one thread between two decay steps.
 pub(crate) const TICK_EVERY: u32 = 256;
-/// A block longer than the cap divided by this is not retained: one freed
-/// buffer (a file read whole, say) must not hold most of the cap.
-pub(crate) const MAX_BLOCK_SHARE: usize = 4;
 /// Blocks one decay step gives back at most.
 pub(crate) const DECAY_PER_STEP: usize = 4;
 
@@ -140,11 +145,12 @@ pub(crate) fn tick_small() {
 }
 
 /// A retained block of exactly `len` bytes aligned to `align`, removed from
-/// the cache; `None` when there is none. Never makes a system call.
+/// the cache, or carved from a longer one; `None` when there is none. Never
+/// makes a system call.
 #[inline]
 pub(crate) fn take(len: usize, align: usize) -> Option<NonNull<u8>> {
-    if len > env::retain_bytes() / MAX_BLOCK_SHARE {
-        // No retained block is this long (`put` refuses them), nor longer.
+    if len > RETAINED.load(Relaxed) {
+        // Fewer bytes are retained than the request needs.
         COUNTERS.retain_misses.fetch_add(1, Relaxed);
         return None;
     }
@@ -162,7 +168,8 @@ pub(crate) fn take(len: usize, align: usize) -> Option<NonNull<u8>> {
                     .is_ok()
             {
                 // The slot is ours: its length may have changed since the
-                // first look (the block was taken, resized and put back).
+                // first look (the block was taken, carved or merged and put
+                // back).
                 if slot.len.load(Relaxed) == len {
                     slot.word.store(EMPTY, Release);
                     RETAINED.fetch_sub(len, Relaxed);
@@ -173,16 +180,15 @@ pub(crate) fn take(len: usize, align: usize) -> Option<NonNull<u8>> {
             }
         }
     }
-    take_longer(len, align, home)
+    carve(len, align, home)
 }
 
-/// The miss path of [`take`]: the shortest retained block longer than
-/// `len` that meets `align`, trimmed to `len` bytes by unmapping its tail
-/// (one `munmap`, instead of mapping `len` fresh bytes the kernel must
-/// clear). `None` (a miss) when there is none or the trim fails (the
-/// block then stays retained, whole).
+/// The second try of [`take`]: the first `len` bytes of the shortest
+/// retained block longer than `len` that meets `align`; the rest of the
+/// block stays retained in the same slot. `None` (a miss) when there is
+/// none.
 #[cold]
-fn take_longer(len: usize, align: usize, home: usize) -> Option<NonNull<u8>> {
+fn carve(len: usize, align: usize, home: usize) -> Option<NonNull<u8>> {
     let mask = align - 1;
     loop {
         let mut best: Option<(&Slot, usize, usize)> = None;
@@ -211,29 +217,25 @@ fn take_longer(len: usize, align: usize, home: usize) -> Option<NonNull<u8>> {
             slot.word.store(w, Release);
             continue;
         }
-        // SAFETY: `len < l`, inside the block.
-        let tail = unsafe { (w as *mut u8).add(len) };
-        if sys::munmap(tail, l - len).is_err() {
-            // The block keeps its length and stays retained.
-            slot.word.store(w, Release);
-            COUNTERS.retain_misses.fetch_add(1, Relaxed);
-            return None;
-        }
-        slot.word.store(EMPTY, Release);
-        RETAINED.fetch_sub(l, Relaxed);
-        COUNTERS.record_unmap(l - len);
+        // The rest, `w + len .. w + l`, is 2 MiB aligned (both lengths are
+        // multiples of 2 MiB) and keeps the block's decay stamp.
+        slot.len.store(l - len, Relaxed);
+        slot.word.store(w + len, Release);
+        RETAINED.fetch_sub(len, Relaxed);
         COUNTERS.retain_hits.fetch_add(1, Relaxed);
+        COUNTERS.retain_carves.fetch_add(1, Relaxed);
         return NonNull::new(w as *mut u8);
     }
 }
 
-/// Keep the block `ptr` of `len` bytes (a whole ladder mapping, 2 MiB
-/// aligned) for reuse; `false` when the cap or a full cache refuses it (the
-/// caller then unmaps it). Never makes a system call.
+/// Keep the block `ptr` of `len` bytes (2 MiB aligned, a multiple of 2 MiB)
+/// for reuse, merged with the retained blocks right before and after it;
+/// `false` when the cap or a full cache refuses it (the caller then unmaps
+/// it). Never makes a system call.
 #[inline]
 pub(crate) fn put(ptr: NonNull<u8>, len: usize) -> bool {
     let cap = env::retain_bytes();
-    if len > cap / MAX_BLOCK_SHARE {
+    if len > cap {
         return false;
     }
     if RETAINED.fetch_add(len, Relaxed) + len > cap {
@@ -249,15 +251,55 @@ pub(crate) fn put(ptr: NonNull<u8>, len: usize) -> bool {
                     .compare_exchange(EMPTY, BUSY, Acquire, Relaxed)
                     .is_ok()
             {
+                let (start, len) = coalesce(ptr.as_ptr() as usize, len);
                 slot.len.store(len, Relaxed);
                 slot.stamp.store(0, Relaxed);
-                slot.word.store(ptr.as_ptr() as usize, Release);
+                slot.word.store(start, Release);
                 return true;
             }
         }
     }
     RETAINED.fetch_sub(len, Relaxed);
     false
+}
+
+/// The block `start..start+len` grown by the retained blocks that end where
+/// it starts and start where it ends (each taken out of its slot, its bytes
+/// staying counted in [`RETAINED`]). One pass over the slots finds at most
+/// one of each: retained blocks never overlap.
+fn coalesce(mut start: usize, mut len: usize) -> (usize, usize) {
+    for shard in &CACHE {
+        for slot in &shard.slots {
+            let w = slot.word.load(Relaxed);
+            if w <= BUSY {
+                continue;
+            }
+            let l = slot.len.load(Relaxed);
+            let after = w == start + len;
+            let before = w.checked_add(l) == Some(start);
+            if !(after || before)
+                || slot
+                    .word
+                    .compare_exchange(w, BUSY, Acquire, Relaxed)
+                    .is_err()
+            {
+                continue;
+            }
+            // The slot is ours; recheck its block against ours.
+            let l = slot.len.load(Relaxed);
+            if w == start + len {
+                len += l;
+            } else if w + l == start {
+                start = w;
+                len += l;
+            } else {
+                slot.word.store(w, Release);
+                continue;
+            }
+            slot.word.store(EMPTY, Release);
+        }
+    }
+    (start, len)
 }
 
 /// Take the block in `slot` if it holds one that `keep` rejects; returns its

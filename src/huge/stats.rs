@@ -5,6 +5,7 @@
 //! other threads allocate may mix moments (as any statistics read under
 //! load). Reading them never allocates.
 
+use crate::env::{self, Setting, Source};
 use crate::tier::Backing;
 use crate::units::human_bytes;
 use std::fmt;
@@ -21,6 +22,7 @@ pub(crate) struct Counters {
     unmapped_bytes: AtomicU64,
     pub(crate) retain_hits: AtomicU64,
     pub(crate) retain_misses: AtomicU64,
+    pub(crate) retain_carves: AtomicU64,
     pub(crate) decayed_bytes: AtomicU64,
     /// Bytes in the retention cache right now (`retain` keeps it).
     pub(crate) retained: AtomicUsize,
@@ -40,6 +42,7 @@ pub(crate) static COUNTERS: Counters = Counters {
     unmapped_bytes: Z,
     retain_hits: Z,
     retain_misses: Z,
+    retain_carves: Z,
     decayed_bytes: Z,
     retained: AtomicUsize::new(0),
 };
@@ -112,12 +115,28 @@ pub struct HugeStats {
     /// `CkHuge` mapped-path allocations of a retaining value that found no
     /// block of their length and alignment in the cache and mapped afresh.
     pub retention_misses: u64,
+    /// Of the hits, those carved from a longer retained block (the rest of
+    /// it stays retained).
+    pub retention_carves: u64,
     /// Bytes of retained blocks given back to the kernel by decay (also
     /// counted in `unmapped_bytes`).
     pub decayed_bytes: u64,
+    /// The numeric `CKALLOC_*` settings in use ([`env::settings`]): the
+    /// retention cap, the decay delay and the hugetlb back-off, each with
+    /// where it came from. A variable that does not parse shows as
+    /// [`Source::Unparsed`] (its default is used) and is named on the last
+    /// line of this snapshot's `Display`.
+    pub settings: [Setting; 3],
 }
 
 impl HugeStats {
+    /// The settings whose variable is set but does not parse.
+    pub fn unparsed_settings(&self) -> impl Iterator<Item = &Setting> {
+        self.settings
+            .iter()
+            .filter(|s| s.source == Source::Unparsed)
+    }
+
     /// Bytes mapped on all tiers minus bytes unmapped and bytes retained:
     /// what this crate's huge-page paths hand out right now.
     pub fn live_bytes(&self) -> u64 {
@@ -147,7 +166,9 @@ pub fn huge_stats() -> HugeStats {
         retained_bytes: c.retained.load(Relaxed) as u64,
         retention_hits: c.retain_hits.load(Relaxed),
         retention_misses: c.retain_misses.load(Relaxed),
+        retention_carves: c.retain_carves.load(Relaxed),
         decayed_bytes: c.decayed_bytes.load(Relaxed),
+        settings: env::settings(),
     }
 }
 
@@ -186,11 +207,17 @@ impl fmt::Display for HugeStats {
         )?;
         write!(
             f,
-            "\nretained: {} (hits {}, misses {}, given back by decay {})",
+            "\nretained: {} (hits {} of which carved {}, misses {}, given back by decay {})",
             human_bytes(self.retained_bytes),
             self.retention_hits,
+            self.retention_carves,
             self.retention_misses,
             human_bytes(self.decayed_bytes)
-        )
+        )?;
+        write!(f, "\nsettings: {}", self.settings[0])?;
+        for s in &self.settings[1..] {
+            write!(f, ", {s}")?;
+        }
+        Ok(())
     }
 }

@@ -254,8 +254,9 @@ fn retention_hits_make_no_system_call_and_survive_failures() {
     // after.
     unsafe { a.dealloc(z, big) };
 
-    // A miss that would trim a longer block keeps it whole when the trim
-    // fails, and maps afresh.
+    // A request carved from a longer retained block makes no system call
+    // (every call armed to fail), and the freed piece merges back into one
+    // block with the rest.
     release_retained();
     let l8 = std::alloc::Layout::from_size_align(8 * MIB, 8).unwrap();
     // SAFETY: a non-zero size (8 MiB).
@@ -263,15 +264,28 @@ fn retention_hits_make_no_system_call_and_survive_failures() {
     assert!(!c.is_null());
     // SAFETY: `c` is a live block of `a` allocated with `l8`.
     unsafe { a.dealloc(c, l8) };
-    fault::fail_nth(Op::Munmap, 1, libc::ENOMEM);
+    let calls: Vec<u64> = OPS.iter().map(|&op| fault::calls(op)).collect();
+    for op in OPS {
+        fault::fail_from(op, 1, libc::ENOMEM);
+    }
     // SAFETY: a non-zero size.
     let d = unsafe { a.alloc(l) };
-    fault::reset();
-    assert!(!d.is_null());
-    assert_ne!(d, c, "the trim failed, so the request was mapped afresh");
-    assert_eq!(huge_stats().retained_bytes, 8 * MIB as u64);
-    // SAFETY: `d` is a live block of `a` allocated with `l`.
+    let carved = huge_stats().retained_bytes;
+    // SAFETY: `d` (checked below) is a live block of `a` allocated with `l`.
     unsafe { a.dealloc(d, l) };
+    fault::reset();
+    assert_eq!(d, c, "carved from the front of the longer block");
+    assert_eq!(
+        carved,
+        (8 * MIB - l.size().next_multiple_of(2 * MIB)) as u64
+    );
+    let after: Vec<u64> = OPS.iter().map(|&op| fault::calls(op)).collect();
+    assert_eq!(after, calls, "no system call to carve or to merge");
+    // SAFETY: a non-zero size.
+    let e = unsafe { a.alloc(l8) };
+    assert_eq!(e, c, "the pieces merged back into one 8 MiB block");
+    // SAFETY: `e` is a live block of `a` allocated with `l8`.
+    unsafe { a.dealloc(e, l8) };
     release_retained();
     assert_eq!(huge_stats().live_bytes(), start);
     assert_eq!(huge_stats().retained_bytes, 0);

@@ -27,12 +27,14 @@ use candle_transformers::models::bert::{BertModel, Config};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-/// Sequences per batch.
+/// Sequences per batch unless `--batch` says otherwise.
 pub const BATCH: usize = 16;
 /// Token ids per sequence.
 pub const SEQ_LEN: usize = 128;
 /// Forward passes unless `--passes` says otherwise.
-pub const DEFAULT_PASSES: usize = 5;
+pub const DEFAULT_PASSES: usize = 6;
+/// The first forward passes, which count toward the time to serve.
+pub const SERVE_PASSES: usize = 3;
 
 /// The model folder `scripts/fetch-model` fills (holds `model.safetensors`
 /// and `config.json`), unless `CKALLOC_MODEL_CACHE` names another cache.
@@ -52,6 +54,8 @@ pub struct Options {
     pub passes: usize,
     /// Where `minilm-record` writes the trace (`--out FILE`).
     pub out: Option<PathBuf>,
+    /// Sequences per batch (1 to [`BATCH`]).
+    pub batch: usize,
 }
 
 impl Options {
@@ -61,6 +65,7 @@ impl Options {
             model_dir: default_model_dir(),
             passes: DEFAULT_PASSES,
             out: None,
+            batch: BATCH,
         };
         let mut args = std::env::args().skip(1);
         while let Some(a) = args.next() {
@@ -84,12 +89,21 @@ impl Options {
                         .filter(|&n| n >= 1)
                         .ok_or_else(|| format!("--passes: not a positive number: {v}"))?;
                 }
+                "--batch" => {
+                    let v = args.next().ok_or("--batch needs a number")?;
+                    o.batch = v
+                        .parse()
+                        .ok()
+                        .filter(|n| (1..=BATCH).contains(n))
+                        .ok_or_else(|| format!("--batch: not a number from 1 to {BATCH}: {v}"))?;
+                }
                 "--out" => {
                     o.out = Some(PathBuf::from(args.next().ok_or("--out needs a file")?));
                 }
                 "-h" | "--help" => {
                     return Err(
-                        "usage: minilm-ALLOCATOR [--model DIR] [--passes N] [--out TRACE]".into(),
+                        "usage: minilm-ALLOCATOR [--model DIR] [--passes N] [--batch N] [--out TRACE]"
+                            .into(),
                     );
                 }
                 other => return Err(format!("unknown argument {other:?}")),
@@ -102,9 +116,16 @@ impl Options {
 /// What one run measured.
 #[derive(Debug, Clone)]
 pub struct Report {
+    /// Load plus the first [`SERVE_PASSES`] forward passes.
+    pub serve: Duration,
     pub load: Duration,
     pub forward_first: Duration,
+    /// The median of the passes after the first [`SERVE_PASSES`] (of all
+    /// passes when there are no more).
     pub forward_median: Duration,
+    /// CPU time of the process in the kernel and in user space, whole run.
+    pub sys: Duration,
+    pub user: Duration,
     pub minor_faults: u64,
     pub hwm_kib: u64,
     pub anon_huge_kib: u64,
@@ -115,10 +136,13 @@ impl Report {
     /// The machine-readable line the driver parses.
     pub fn result_line(&self, allocator: &str) -> String {
         format!(
-            "RESULT allocator={allocator} load_ms={:.3} forward_first_ms={:.3} forward_median_ms={:.3} minor_faults={} hwm_kib={} anon_huge_kib={} checksum={:016x}",
+            "RESULT allocator={allocator} serve_ms={:.3} load_ms={:.3} forward_first_ms={:.3} forward_median_ms={:.3} sys_ms={:.3} user_ms={:.3} minor_faults={} hwm_kib={} anon_huge_kib={} checksum={:016x}",
+            ms(self.serve),
             ms(self.load),
             ms(self.forward_first),
             ms(self.forward_median),
+            ms(self.sys),
+            ms(self.user),
             self.minor_faults,
             self.hwm_kib,
             self.anon_huge_kib,
@@ -143,13 +167,17 @@ pub enum Phase {
     End,
 }
 
-/// The fixed batch: `BATCH` sequences of `SEQ_LEN` ids in `[0, vocab)`,
+/// The fixed batch: `n` sequences (at most [`BATCH`]) of `SEQ_LEN` ids in `[0, vocab)`,
 /// starting with `[CLS]` (101) and ending with `[SEP]` (102); sequence `b`
 /// has its last `4 * b` positions masked as padding.
-pub fn batch(vocab: usize, device: &Device) -> candle_core::Result<(Tensor, Tensor, Tensor)> {
-    let mut ids = Vec::with_capacity(BATCH * SEQ_LEN);
-    let mut mask = Vec::with_capacity(BATCH * SEQ_LEN);
-    for b in 0..BATCH {
+pub fn batch(
+    n: usize,
+    vocab: usize,
+    device: &Device,
+) -> candle_core::Result<(Tensor, Tensor, Tensor)> {
+    let mut ids = Vec::with_capacity(n * SEQ_LEN);
+    let mut mask = Vec::with_capacity(n * SEQ_LEN);
+    for b in 0..n {
         let len = SEQ_LEN - 4 * b;
         for t in 0..SEQ_LEN {
             let id = if t == 0 {
@@ -165,9 +193,9 @@ pub fn batch(vocab: usize, device: &Device) -> candle_core::Result<(Tensor, Tens
             mask.push(u32::from(t < len));
         }
     }
-    let ids = Tensor::from_vec(ids, (BATCH, SEQ_LEN), device)?;
+    let ids = Tensor::from_vec(ids, (n, SEQ_LEN), device)?;
     let types = ids.zeros_like()?;
-    let mask = Tensor::from_vec(mask, (BATCH, SEQ_LEN), device)?;
+    let mask = Tensor::from_vec(mask, (n, SEQ_LEN), device)?;
     Ok((ids, types, mask))
 }
 
@@ -204,7 +232,7 @@ pub fn run(opts: &Options, mark: &dyn Fn(Phase)) -> Result<Report, String> {
             "vocab_size {vocab} is too small for the fixed batch"
         ));
     }
-    let (ids, types, mask) = batch(vocab, &device).map_err(|e| e.to_string())?;
+    let (ids, types, mask) = batch(opts.batch, vocab, &device).map_err(|e| e.to_string())?;
 
     mark(Phase::Load);
     let t = Instant::now();
@@ -236,10 +264,20 @@ pub fn run(opts: &Options, mark: &dyn Fn(Phase)) -> Result<Report, String> {
     let out = out.ok_or("no forward pass ran")?;
     let checksum = checksum(&out).map_err(|e| e.to_string())?;
     let forward_first = times[0];
-    times.sort();
-    let forward_median = times[times.len() / 2];
+    let serve = load + times.iter().take(SERVE_PASSES).sum::<Duration>();
+    let mut steady = if times.len() > SERVE_PASSES {
+        times[SERVE_PASSES..].to_vec()
+    } else {
+        times
+    };
+    steady.sort();
+    let forward_median = steady[steady.len() / 2];
     let (hwm_kib, anon_huge_kib) = memory_kib();
+    let (sys, user) = cpu_times();
     let report = Report {
+        serve,
+        sys,
+        user,
         load,
         forward_first,
         forward_median,
@@ -250,6 +288,21 @@ pub fn run(opts: &Options, mark: &dyn Fn(Phase)) -> Result<Report, String> {
     };
     drop(model);
     Ok(report)
+}
+
+/// CPU time of this process so far in the kernel and in user space
+/// (`getrusage(RUSAGE_SELF)`).
+pub fn cpu_times() -> (Duration, Duration) {
+    // SAFETY: `getrusage` fills the zeroed struct we own.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: valid pointer to a `rusage`.
+    if unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) } != 0 {
+        return (Duration::ZERO, Duration::ZERO);
+    }
+    let d = |t: libc::timeval| {
+        Duration::from_secs(t.tv_sec.max(0) as u64) + Duration::from_micros(t.tv_usec.max(0) as u64)
+    };
+    (d(ru.ru_stime), d(ru.ru_utime))
 }
 
 /// Minor page faults of this process so far (`getrusage(RUSAGE_SELF)`).
@@ -308,12 +361,26 @@ pub fn main(allocator: &str) -> std::process::ExitCode {
 /// Human-readable lines, then the `RESULT` line.
 pub fn print_report(allocator: &str, opts: &Options, r: &Report) {
     println!(
-        "all-MiniLM-L6-v2, batch {BATCH} x {SEQ_LEN}, {} forward passes, global allocator {allocator}",
+        "{}, batch {} x {SEQ_LEN}, {} forward passes, global allocator {allocator}",
+        opts.model_dir.display(),
+        opts.batch,
         opts.passes
+    );
+    println!(
+        "time to serve     {:10.1} ms (load and the first {SERVE_PASSES} passes)",
+        ms(r.serve)
     );
     println!("load              {:10.1} ms", ms(r.load));
     println!("forward, first    {:10.1} ms", ms(r.forward_first));
-    println!("forward, median   {:10.1} ms", ms(r.forward_median));
+    println!(
+        "forward, median   {:10.1} ms (after the first {SERVE_PASSES})",
+        ms(r.forward_median)
+    );
+    println!(
+        "CPU, kernel/user  {:10.1} / {:.1} ms",
+        ms(r.sys),
+        ms(r.user)
+    );
     println!("minor page faults {:10}", r.minor_faults);
     println!("peak RSS (VmHWM)  {:10.1} MiB", r.hwm_kib as f64 / 1024.0);
     println!(

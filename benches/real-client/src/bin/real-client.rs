@@ -1,17 +1,21 @@
 //! The driver: runs the `minilm-*` binaries interleaved, `--rounds` rounds
 //! in rotating order (round `r` starts with the `r`-th allocator), each run
-//! preceded by the same preparation (map, touch and unmap `--prep-mib` MiB),
-//! so that no contender inherits another's warm or cold memory (see
-//! [`DEFAULT_PREP_MIB`] for its size). Prints every
+//! preceded by the same preparation of the chosen memory state (`--state`,
+//! see [`State`]), so that no contender inherits another's warm or cold
+//! memory. Prints every
 //! run, then the medians per allocator and the ratios of each `CkHuge`
 //! configuration to the best peer (`System` or mimalloc, whichever is lower
 //! on that column). Exits with status 1 if any run fails or the output
 //! checksums differ.
 //!
 //! ```text
-//! real-client [--rounds N] [--quick] [--passes N] [--prep-mib M] [--model DIR]
-//!             [--only system,mimalloc,...]
+//! real-client [--rounds N] [--quick] [--passes N] [--batch N] [--state thp|4k|none]
+//!             [--prep-mib M] [--model DIR] [--only system,mimalloc,...]
 //! ```
+//!
+//! Peers: `System` (glibc), `System` with glibc's own huge-page mode
+//! (`GLIBC_TUNABLES=glibc.malloc.hugetlb=1`, glibc 2.35 and later: THP
+//! advice on the heap and on `mmap`ed chunks, no code change) and mimalloc.
 //!
 //! `--quick` is one round (one run per allocator), for CI.
 
@@ -19,22 +23,32 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
 use std::time::Instant;
 
-/// Allocator name and binary; the first two are the peers.
-const CONTENDERS: &[(&str, &str)] = &[
-    ("system", "minilm-system"),
-    ("mimalloc", "minilm-mimalloc"),
-    ("ckhuge", "minilm-ckhuge"),
-    ("ckhuge-16m", "minilm-ckhuge-16m"),
-    ("ckhuge-mimalloc", "minilm-ckhuge-mimalloc"),
+/// Environment variables set for one contender's runs.
+type Envs = &'static [(&'static str, &'static str)];
+
+/// Allocator name, binary and environment; the first three are the peers.
+const CONTENDERS: &[(&str, &str, Envs)] = &[
+    ("system", "minilm-system", &[]),
+    (
+        "system-thp",
+        "minilm-system",
+        &[("GLIBC_TUNABLES", "glibc.malloc.hugetlb=1")],
+    ),
+    ("mimalloc", "minilm-mimalloc", &[]),
+    ("ckhuge", "minilm-ckhuge", &[]),
+    ("ckhuge-16m", "minilm-ckhuge-16m", &[]),
+    ("ckhuge-mimalloc", "minilm-ckhuge-mimalloc", &[]),
 ];
-const PEERS: &[&str] = &["system", "mimalloc"];
+const PEERS: &[&str] = &["system", "system-thp", "mimalloc"];
 
 /// The columns, in `RESULT` keys; all are lower-is-better costs except the
 /// last numeric one (AnonHugePages), which is reported without a ratio.
 const COLUMNS: &[(&str, &str)] = &[
+    ("serve_ms", "time to serve (ms)"),
     ("load_ms", "load (ms)"),
     ("forward_first_ms", "forward, first (ms)"),
-    ("forward_median_ms", "forward, median (ms)"),
+    ("forward_median_ms", "forward, steady median (ms)"),
+    ("sys_ms", "CPU in kernel (ms)"),
     ("minor_faults", "minor page faults"),
     ("hwm_kib", "peak RSS, VmHWM (MiB)"),
     ("anon_huge_kib", "AnonHugePages (MiB)"),
@@ -63,9 +77,42 @@ const COLUMNS: &[(&str, &str)] = &[
 /// 5 trials (139-298 ms).
 const DEFAULT_PREP_MIB: usize = 512;
 
+/// The memory state every run starts in (`--state`).
+///
+/// - `thp`: [`DEFAULT_PREP_MIB`] MiB advised `MADV_HUGEPAGE`, touched and
+///   unmapped before each run: host-backed 2 MiB blocks on the guest's free
+///   lists, the state in which fresh huge pages are cheap.
+/// - `4k`: once, at the start, most of the guest's memory (`MemAvailable`
+///   minus 4 GiB) touched in 4 KiB pages and unmapped; then before each run
+///   4 GiB of 4 KiB pages touched and unmapped. Free 2 MiB blocks are
+///   scarce or reported to the host, so a fresh huge page faults on the
+///   host too, while 4 KiB faults reuse backed fragments.
+/// - `none`: no preparation; whatever the previous run left.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum State {
+    Thp,
+    Base4k,
+    None,
+}
+
+impl State {
+    fn name(self) -> &'static str {
+        match self {
+            State::Thp => "thp",
+            State::Base4k => "4k",
+            State::None => "none",
+        }
+    }
+}
+
+/// Bytes of 4 KiB pages touched and freed before each run in the `4k` state.
+const STATE_4K_PER_RUN_MIB: usize = 4096;
+
 struct Args {
     rounds: usize,
     passes: Option<String>,
+    batch: Option<String>,
+    state: State,
     prep_mib: usize,
     model: Option<String>,
     only: Option<Vec<String>>,
@@ -75,6 +122,8 @@ fn parse_args() -> Result<Args, String> {
     let mut a = Args {
         rounds: 3,
         passes: None,
+        batch: None,
+        state: State::Thp,
         prep_mib: DEFAULT_PREP_MIB,
         model: None,
         only: None,
@@ -92,6 +141,15 @@ fn parse_args() -> Result<Args, String> {
             }
             "--quick" => a.rounds = 1,
             "--passes" => a.passes = Some(val("--passes")?),
+            "--batch" => a.batch = Some(val("--batch")?),
+            "--state" => {
+                a.state = match val("--state")?.as_str() {
+                    "thp" => State::Thp,
+                    "4k" => State::Base4k,
+                    "none" => State::None,
+                    other => return Err(format!("--state: {other:?} is not thp, 4k or none")),
+                }
+            }
             "--prep-mib" => {
                 a.prep_mib = val("--prep-mib")?
                     .parse()
@@ -108,7 +166,7 @@ fn parse_args() -> Result<Args, String> {
             }
             "-h" | "--help" => {
                 return Err("usage: real-client [--rounds N] [--quick] [--passes N] \
-                            [--prep-mib M] [--model DIR] [--only a,b]"
+                            [--batch N] [--state thp|4k|none] [--prep-mib M] [--model DIR] [--only a,b]"
                     .into())
             }
             other => return Err(format!("unknown argument {other:?}")),
@@ -117,9 +175,49 @@ fn parse_args() -> Result<Args, String> {
     Ok(a)
 }
 
-/// Map `mib` MiB of private anonymous memory advised `MADV_HUGEPAGE`, write
-/// one byte per 4 KiB page, unmap it (see [`DEFAULT_PREP_MIB`]).
-fn prepare(mib: usize) {
+/// The page size a preparation touches memory in.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Pages {
+    /// Advised `MADV_HUGEPAGE`.
+    Huge,
+    /// Advised `MADV_NOHUGEPAGE`.
+    Base,
+}
+
+/// The preparation of `state` before one run.
+fn prepare(state: State, prep_mib: usize) {
+    match state {
+        State::Thp => touch_and_free(prep_mib, Pages::Huge),
+        State::Base4k => touch_and_free(STATE_4K_PER_RUN_MIB, Pages::Base),
+        State::None => {}
+    }
+}
+
+/// The preparation of `state` once, before the first run.
+fn prepare_once(state: State) {
+    if state == State::Base4k {
+        let available = meminfo_mib("MemAvailable:").unwrap_or(0);
+        touch_and_free(available.saturating_sub(4096), Pages::Base);
+    }
+}
+
+/// A `/proc/meminfo` field in MiB.
+fn meminfo_mib(key: &str) -> Option<usize> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let kib: usize = text
+        .lines()
+        .find_map(|l| l.strip_prefix(key))?
+        .trim()
+        .trim_end_matches("kB")
+        .trim()
+        .parse()
+        .ok()?;
+    Some(kib / 1024)
+}
+
+/// Map `mib` MiB of private anonymous memory advised for `pages`, write one
+/// byte per 4 KiB page, unmap it (see [`DEFAULT_PREP_MIB`] and [`State`]).
+fn touch_and_free(mib: usize, pages: Pages) {
     if mib == 0 {
         return;
     }
@@ -140,7 +238,11 @@ fn prepare(mib: usize) {
             return;
         }
         // Advice only: without THP the preparation stays in 4 KiB pages.
-        libc::madvise(p, len, libc::MADV_HUGEPAGE);
+        let advice = match pages {
+            Pages::Huge => libc::MADV_HUGEPAGE,
+            Pages::Base => libc::MADV_NOHUGEPAGE,
+        };
+        libc::madvise(p, len, advice);
         let p = p.cast::<u8>();
         let mut i = 0;
         while i < len {
@@ -157,13 +259,17 @@ struct Run {
     checksum: String,
 }
 
-fn run_one(bin: &Path, args: &Args) -> Result<Run, String> {
+fn run_one(bin: &Path, envs: Envs, args: &Args) -> Result<Run, String> {
     let mut cmd = Command::new(bin);
+    cmd.envs(envs.iter().copied());
     if let Some(m) = &args.model {
         cmd.args(["--model", m]);
     }
     if let Some(p) = &args.passes {
         cmd.args(["--passes", p]);
+    }
+    if let Some(b) = &args.batch {
+        cmd.args(["--batch", b]);
     }
     let out = cmd
         .output()
@@ -201,15 +307,23 @@ fn run_one(bin: &Path, args: &Args) -> Result<Run, String> {
     })
 }
 
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(|a, b| a.total_cmp(b));
-    let n = v.len();
-    if n % 2 == 1 {
-        v[n / 2]
-    } else {
-        (v[n / 2 - 1] + v[n / 2]) / 2.0
-    }
+fn median(v: Vec<f64>) -> f64 {
+    quantile(v, 0.5)
 }
+
+/// The `q` quantile of `v` (linear between the two nearest ranks).
+fn quantile(mut v: Vec<f64>, q: f64) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    if v.is_empty() {
+        return f64::NAN;
+    }
+    let pos = q * (v.len() - 1) as f64;
+    let (lo, hi) = (pos.floor() as usize, pos.ceil() as usize);
+    v[lo] + (v[hi] - v[lo]) * (pos - lo as f64)
+}
+
+/// Columns whose interquartile range the medians table shows.
+const WITH_IQR: &[&str] = &["serve_ms", "load_ms", "forward_median_ms"];
 
 /// A column's value for display (KiB columns in MiB).
 fn show(col: usize, v: f64) -> String {
@@ -232,14 +346,14 @@ fn main() -> ExitCode {
         .ok()
         .and_then(|p| p.parent().map(Path::to_path_buf))
         .unwrap_or_default();
-    let contenders: Vec<(&str, PathBuf)> = CONTENDERS
+    let contenders: Vec<(&str, PathBuf, Envs)> = CONTENDERS
         .iter()
-        .filter(|(name, _)| {
+        .filter(|(name, _, _)| {
             args.only
                 .as_ref()
                 .is_none_or(|o| o.iter().any(|x| x == name))
         })
-        .map(|&(name, bin)| (name, dir.join(bin)))
+        .map(|&(name, bin, envs)| (name, dir.join(bin), envs))
         .collect();
     if contenders.is_empty() {
         eprintln!("real-client: --only selects no allocator");
@@ -248,32 +362,47 @@ fn main() -> ExitCode {
     let thp =
         std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/enabled").unwrap_or_default();
     println!(
-        "real-client: {} rounds x {} allocators, preparation {} MiB, THP {}, \
+        "real-client: {} rounds x {} allocators, memory state {} (preparation {} MiB), THP {}, \
          free page reporting {}, load average {}",
         args.rounds,
         contenders.len(),
-        args.prep_mib,
+        args.state.name(),
+        match args.state {
+            State::Thp => args.prep_mib,
+            State::Base4k => STATE_4K_PER_RUN_MIB,
+            State::None => 0,
+        },
         thp.trim(),
         page_reporting(),
         loadavg()
     );
     println!(
-        "{:<5} {:<10} {:>9} {:>11} {:>12} {:>9} {:>9} {:>9}  checksum",
-        "round", "allocator", "load ms", "fwd1 ms", "fwd med ms", "faults", "RSS MiB", "THP MiB"
+        "{:<5} {:<15} {:>9} {:>9} {:>9} {:>10} {:>9} {:>9} {:>9} {:>9}  checksum",
+        "round",
+        "allocator",
+        "serve ms",
+        "load ms",
+        "fwd1 ms",
+        "fwd med ms",
+        "sys ms",
+        "faults",
+        "RSS MiB",
+        "THP MiB"
     );
     let mut runs: Vec<Vec<Run>> = contenders.iter().map(|_| Vec::new()).collect();
     let started = Instant::now();
+    prepare_once(args.state);
     let mut failed = false;
     for round in 0..args.rounds {
         for k in 0..contenders.len() {
             let i = (round + k) % contenders.len();
-            let (name, bin) = &contenders[i];
-            prepare(args.prep_mib);
-            match run_one(bin, &args) {
+            let (name, bin, envs) = &contenders[i];
+            prepare(args.state, args.prep_mib);
+            match run_one(bin, envs, &args) {
                 Ok(r) => {
                     let v = &r.values;
                     println!(
-                        "{:<5} {:<10} {:>9} {:>11} {:>12} {:>9} {:>9} {:>9}  {}",
+                        "{:<5} {:<15} {:>9} {:>9} {:>9} {:>10} {:>9} {:>9} {:>9} {:>9}  {}",
                         round + 1,
                         name,
                         show(0, v[0]),
@@ -282,6 +411,8 @@ fn main() -> ExitCode {
                         show(3, v[3]),
                         show(4, v[4]),
                         show(5, v[5]),
+                        show(6, v[6]),
+                        show(7, v[7]),
                         r.checksum
                     );
                     runs[i].push(r);
@@ -316,9 +447,25 @@ fn main() -> ExitCode {
     let header: Vec<&str> = COLUMNS.iter().map(|c| c.1).collect();
     println!("| global allocator | {} | checksum |", header.join(" | "));
     println!("|{}", " --- |".repeat(COLUMNS.len() + 2));
-    for (i, (name, _)) in contenders.iter().enumerate() {
+    for (i, (name, _, _)) in contenders.iter().enumerate() {
         let Some(m) = &med[i] else { continue };
-        let cells: Vec<String> = m.iter().enumerate().map(|(c, &v)| show(c, v)).collect();
+        let cells: Vec<String> = m
+            .iter()
+            .enumerate()
+            .map(|(c, &v)| {
+                if WITH_IQR.contains(&COLUMNS[c].0) && runs[i].len() > 1 {
+                    let col = || runs[i].iter().map(|r| r.values[c]).collect::<Vec<_>>();
+                    format!(
+                        "{} (IQR {}-{})",
+                        show(c, v),
+                        show(c, quantile(col(), 0.25)),
+                        show(c, quantile(col(), 0.75))
+                    )
+                } else {
+                    show(c, v)
+                }
+            })
+            .collect();
         println!(
             "| {} | {} | {} |",
             label(name),
@@ -331,7 +478,7 @@ fn main() -> ExitCode {
     let peer_idx: Vec<usize> = contenders
         .iter()
         .enumerate()
-        .filter(|(i, (n, _))| PEERS.contains(n) && med[*i].is_some())
+        .filter(|(i, (n, _, _))| PEERS.contains(n) && med[*i].is_some())
         .map(|(i, _)| i)
         .collect();
     if !peer_idx.is_empty() {
@@ -342,7 +489,7 @@ fn main() -> ExitCode {
         let header: Vec<&str> = COLUMNS[..cost_cols].iter().map(|c| c.1).collect();
         println!("| configuration | {} |", header.join(" | "));
         println!("|{}", " --- |".repeat(cost_cols + 1));
-        for (i, (name, _)) in contenders.iter().enumerate() {
+        for (i, (name, _, _)) in contenders.iter().enumerate() {
             if PEERS.contains(name) {
                 continue;
             }
@@ -389,6 +536,7 @@ fn main() -> ExitCode {
 fn label(name: &str) -> &str {
     match name {
         "system" => "`System` (glibc)",
+        "system-thp" => "`System`, `glibc.malloc.hugetlb=1`",
         "mimalloc" => "`mimalloc::MiMalloc`",
         "ckhuge" => "`CkHuge::new()`",
         "ckhuge-16m" => "`CkHuge::with_threshold(16 MiB)`",

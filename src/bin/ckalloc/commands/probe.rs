@@ -5,9 +5,10 @@ use crate::error::CliError;
 use crate::format::ms;
 use crate::output::emit_json;
 use crate::{outln, Global};
+use ckalloc::env::{Source, Unit};
 use ckalloc::{
-    huge_page_coverage, probe, reset_hugetlb_backoff, Backing, HugeCoverage, HugeOptions,
-    HugeRegion, SystemHugePages,
+    huge_page_coverage, huge_stats, probe, reset_hugetlb_backoff, Backing, HugeCoverage,
+    HugeOptions, HugeRegion, SystemHugePages,
 };
 use indicatif::BinaryBytes;
 use serde_json::{json, Value};
@@ -196,6 +197,23 @@ fn hints(sys: &SystemHugePages, trials: &[Trial]) -> Vec<String> {
             }
         }
     }
+    if sys.free_page_reporting {
+        h.push(
+            "free page reporting: this VM hands free 2 MiB blocks back to its host, so fresh huge \
+             pages fault on the host too; first touch below is this machine's cost"
+                .into(),
+        );
+    }
+    for s in huge_stats().unparsed_settings() {
+        let syntax = match s.unit {
+            Unit::Bytes => "a number of bytes or a size such as `512mib` or `1GiB`",
+            Unit::Milliseconds => "a decimal number of milliseconds",
+        };
+        h.push(format!(
+            "{}: set but does not parse, so the default is used; write {syntax}",
+            s.name
+        ));
+    }
     if sys.memlock_soft.is_some_and(|l| l < TOUCH_BYTES as u64) {
         h.push(format!(
             "mlock: RLIMIT_MEMLOCK is {}; HugeOptions::mlock needs more: `ulimit -l unlimited` or CAP_IPC_LOCK",
@@ -215,7 +233,33 @@ fn system_json(sys: &SystemHugePages) -> Value {
         })).collect::<Vec<_>>(),
         "memlock_soft": sys.memlock_soft,
         "memlock_hard": sys.memlock_hard,
+        "free_page_reporting": sys.free_page_reporting,
+        "page_reporting_order": sys.page_reporting_order,
     })
+}
+
+fn settings_json() -> Value {
+    Value::Array(
+        huge_stats()
+            .settings
+            .iter()
+            .map(|s| {
+                json!({
+                    "name": s.name,
+                    "value": s.value,
+                    "unit": match s.unit {
+                        Unit::Bytes => "bytes",
+                        Unit::Milliseconds => "ms",
+                    },
+                    "source": match s.source {
+                        Source::Default => "default",
+                        Source::Environment => "environment",
+                        Source::Unparsed => "unparsed",
+                    },
+                })
+            })
+            .collect(),
+    )
 }
 
 pub fn run(g: Global, a: ProbeArgs) -> Result<(), CliError> {
@@ -250,12 +294,18 @@ pub fn run(g: Global, a: ProbeArgs) -> Result<(), CliError> {
     if g.json {
         emit_json(&json!({
             "system": system_json(&sys),
+            "settings": settings_json(),
             "tiers": trials.iter().map(Trial::json).collect::<Vec<_>>(),
             "hints": hints,
         }));
         return Ok(());
     }
     outln!("{sys}");
+    let settings = huge_stats().settings;
+    outln!("settings:        {}", settings[0]);
+    for s in &settings[1..] {
+        outln!("                 {s}");
+    }
     if !trials.is_empty() {
         outln!();
         outln!(

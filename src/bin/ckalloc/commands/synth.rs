@@ -4,7 +4,7 @@ use crate::error::CliError;
 use crate::format::path_json;
 use crate::model::Model;
 use crate::output::emit_json;
-use crate::synthetic::write_synth;
+use crate::synthetic::{write_synth, SynthShape};
 use crate::{outln, Global};
 use indicatif::BinaryBytes;
 use serde_json::json;
@@ -14,10 +14,40 @@ use std::path::PathBuf;
 pub struct SynthArgs {
     /// Directory to write model.safetensors and config.json into (created if missing).
     pub dir: PathBuf,
+    /// Encoder layers.
+    #[arg(long, default_value_t = SynthShape::default().layers, value_parser = |s: &str| parse_in(s, 1, 512))]
+    pub layers: usize,
+    /// Hidden size (a multiple of 32; the feed-forward size is 4x, a head is 32 wide).
+    #[arg(long, default_value_t = SynthShape::default().hidden, value_parser = parse_hidden)]
+    pub hidden: usize,
+    /// Vocabulary size (at least 1001: the real-client batch draws ids up to 1000).
+    #[arg(long, default_value_t = SynthShape::default().vocab, value_parser = |s: &str| parse_in(s, 1001, 1_000_000))]
+    pub vocab: usize,
+}
+
+/// A decimal number from `lo` to `hi`.
+fn parse_in(s: &str, lo: usize, hi: usize) -> Result<usize, String> {
+    s.parse::<usize>()
+        .ok()
+        .filter(|v| (lo..=hi).contains(v))
+        .ok_or_else(|| format!("{s:?}: a number from {lo} to {hi}"))
+}
+
+fn parse_hidden(s: &str) -> Result<usize, String> {
+    let h = parse_in(s, 32, 16384)?;
+    if h % 32 != 0 {
+        return Err(format!("{h}: a multiple of 32"));
+    }
+    Ok(h)
 }
 
 pub fn run(g: Global, a: SynthArgs) -> Result<(), CliError> {
-    let path = write_synth(&a.dir)?;
+    let shape = SynthShape {
+        layers: a.layers,
+        hidden: a.hidden,
+        vocab: a.vocab,
+    };
+    let path = write_synth(&a.dir, shape)?;
     let model = Model::open(&path)?;
     let tensors = model.tensors()?;
     let bytes: usize = tensors.iter().map(|t| t.data.len()).sum();

@@ -16,7 +16,7 @@ use crate::model::Model;
 use crate::output::emit_json;
 use crate::packing::{pack, packed_json};
 use crate::resident::Resident;
-use crate::synthetic::write_synth;
+use crate::synthetic::{write_synth, SynthShape};
 use crate::weights_file::{binding_words, open_checked, verify_checksum, CheckArgs};
 use crate::{outln, Global};
 use ckalloc::caching::{CacheStats, CachingAllocator};
@@ -94,7 +94,7 @@ pub fn run(g: Global, a: DemoArgs) -> Result<(), CliError> {
         (None, Some(p)) => (p, false),
         (None, None) => {
             let d = temp_dir("synth")?;
-            let p = write_synth(d.path())?;
+            let p = write_synth(d.path(), SynthShape::default())?;
             _synth_dir = Some(d);
             (p, true)
         }
