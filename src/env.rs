@@ -4,6 +4,7 @@
 //! |---|---|---|---|---|
 //! | `CKALLOC_HUGETLB` | on / off switch | on | the tier ladder ([`HugeRegion`](crate::HugeRegion), [`CkHuge`](crate::CkHuge), [`huge_alloc`](crate::huge_alloc), the arena): off skips the hugetlb tier unless a caller requires it | `CKALLOC_*` switch, read once per process ([`hugetlb_allowed`]) |
 //! | `CKALLOC_THP` | on / off switch | on | the tier ladder and `mremap` growth: off skips `MADV_HUGEPAGE` | `CKALLOC_*` switch, read once per process ([`thp_allowed`]) |
+//! | `CKALLOC_FIRST_TOUCH_PROBE` | on / off switch | on | [`CkHuge`](crate::CkHuge)'s fresh THP blocks: off skips the first-touch probe ([First touch](crate::huge#first-touch-ckhuge)), so every THP block stays THP | `CKALLOC_*` switch, read once per process ([`first_touch_probe`]) |
 //! | `CKALLOC_HUGETLB_BACKOFF_MS` | decimal milliseconds | 1000 | the tier ladder: how long hugetlb is skipped after a failed hugetlb `mmap` | trimmed decimal `u64`; read once per process ([`hugetlb_backoff_ms`]); a value that does not parse gives the default and is reported ([`settings`]) |
 //! | `CKALLOC_RETAIN_BYTES` | a size: bytes, or with a unit (`512mib`, `1GiB`, `2gb`) | 128 MiB | [`CkHuge`](crate::CkHuge)'s retention cache: the most bytes of freed huge-page blocks kept mapped for reuse, process-wide; 0 turns retention off | trimmed; the caching spec's size syntax with the unit in any case; read once per process ([`retain_bytes`]); a value that does not parse gives the default and is reported ([`settings`]) |
 //! | `CKALLOC_RETAIN_DECAY_MS` | decimal milliseconds | 1000 | the same cache: how long a retained block stays unused before a later allocator call gives it back to the kernel | trimmed decimal `u64`; read once per process ([`retain_decay_ms`]); a value that does not parse gives the default and is reported ([`settings`]) |
@@ -124,6 +125,15 @@ pub fn hugetlb_allowed() -> bool {
 pub fn thp_allowed() -> bool {
     static CACHE: AtomicU8 = AtomicU8::new(UNREAD);
     cached_switch(&CACHE, c"CKALLOC_THP")
+}
+
+/// Whether `CKALLOC_FIRST_TOUCH_PROBE` lets [`CkHuge`](crate::CkHuge) probe
+/// how fast a fresh THP block faults in and send slow ones to base pages:
+/// `true` unless it is set to an off value by the `CKALLOC_*` switch rule.
+/// Read once per process, then cached; never allocates.
+pub fn first_touch_probe() -> bool {
+    static CACHE: AtomicU8 = AtomicU8::new(UNREAD);
+    cached_switch(&CACHE, c"CKALLOC_FIRST_TOUCH_PROBE")
 }
 
 /// Where the value of a numeric `CKALLOC_*` setting came from.

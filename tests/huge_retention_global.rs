@@ -237,6 +237,135 @@ fn a_freed_buffer_is_carved_for_shorter_requests_and_merged_back_whole() {
     assert!(after.retention_carves >= before.retention_carves + sizes.len() as u64);
 }
 
+/// Whether this process maps `CkHuge` blocks as THP (no hugetlb pages
+/// reserved, or `CKALLOC_HUGETLB=0`, and THP not off).
+fn maps_thp() -> bool {
+    let before = huge_stats().thp.mappings;
+    let l = layout(2 * MIB, 8);
+    let p = alloc(l);
+    let thp = huge_stats().thp.mappings > before;
+    free(p, l);
+    release_retained();
+    thp
+}
+
+#[test]
+fn a_fresh_thp_block_has_its_first_page_probed_and_resident() {
+    run_child("child_first_touch_probe", &[("CKALLOC_HUGETLB", "0")]);
+}
+
+#[test]
+#[ignore = "run by a_fresh_thp_block_has_its_first_page_probed_and_resident"]
+fn child_first_touch_probe() {
+    if !maps_thp() {
+        eprintln!("no THP here: skipped");
+        return;
+    }
+    let before = huge_stats();
+    let l = layout(16 * MIB, 8);
+    let p = alloc(l);
+    let after = huge_stats();
+    assert_eq!(after.first_touch_probes, before.first_touch_probes + 1);
+    assert!(after.first_touch_probe_ns > before.first_touch_probe_ns);
+    // The probed page is resident before the caller writes a byte.
+    let first = ckalloc::huge_page_coverage(p, 2 * MIB).unwrap();
+    assert_eq!(first.mapped_bytes, 2 * MIB as u64, "{first:?}");
+    let slow = after.first_touch_slow_probes > before.first_touch_slow_probes;
+    assert_eq!(
+        after.first_touch_base_blocks > before.first_touch_base_blocks,
+        slow,
+        "{after:?}"
+    );
+    fill(p, 16 * MIB, 3);
+    assert!(holds(p, 16 * MIB, 3));
+    free(p, l);
+    release_retained();
+    // A block of one 2 MiB page is not probed.
+    let before = huge_stats();
+    let l = layout(2 * MIB, 8);
+    let p = alloc(l);
+    assert_eq!(huge_stats().first_touch_probes, before.first_touch_probes);
+    free(p, l);
+    release_retained();
+}
+
+#[test]
+fn after_a_slow_probe_fresh_blocks_fault_in_as_base_pages() {
+    run_child("child_first_touch_window", &[("CKALLOC_HUGETLB", "0")]);
+}
+
+#[test]
+#[ignore = "run by after_a_slow_probe_fresh_blocks_fault_in_as_base_pages"]
+fn child_first_touch_window() {
+    if !maps_thp() {
+        eprintln!("no THP here: skipped");
+        return;
+    }
+    ckalloc::huge::hold_first_touch_base_pages(true);
+    let before = huge_stats();
+    let l = layout(16 * MIB, 8);
+    let p = alloc(l);
+    fill(p, 16 * MIB, 5);
+    let after = huge_stats();
+    assert_eq!(
+        after.first_touch_probes, before.first_touch_probes,
+        "no probe in the window"
+    );
+    assert_eq!(
+        after.first_touch_base_blocks,
+        before.first_touch_base_blocks + 1
+    );
+    assert_eq!(
+        after.first_touch_base_bytes,
+        before.first_touch_base_bytes + 16 * MIB as u64
+    );
+    let c = ckalloc::huge_page_coverage(p, 16 * MIB).unwrap();
+    assert_eq!(c.mapped_bytes, 16 * MIB as u64);
+    assert_eq!(c.huge_bytes, 0, "base pages only: {c:?}");
+    assert!(holds(p, 16 * MIB, 5));
+    free(p, l);
+    release_retained();
+    ckalloc::huge::hold_first_touch_base_pages(false);
+    let p = alloc(l);
+    assert_eq!(
+        huge_stats().first_touch_probes,
+        after.first_touch_probes + 1,
+        "probed again"
+    );
+    free(p, l);
+    release_retained();
+}
+
+#[test]
+fn the_first_touch_probe_switch_turns_the_policy_off() {
+    run_child(
+        "child_first_touch_off",
+        &[
+            ("CKALLOC_HUGETLB", "0"),
+            ("CKALLOC_FIRST_TOUCH_PROBE", "off"),
+        ],
+    );
+}
+
+#[test]
+#[ignore = "run by the_first_touch_probe_switch_turns_the_policy_off"]
+fn child_first_touch_off() {
+    ckalloc::huge::hold_first_touch_base_pages(true);
+    let before = huge_stats();
+    let l = layout(16 * MIB, 8);
+    let p = alloc(l);
+    let after = huge_stats();
+    assert_eq!(after.first_touch_probes, before.first_touch_probes);
+    assert_eq!(
+        after.first_touch_base_blocks,
+        before.first_touch_base_blocks
+    );
+    let c = ckalloc::huge_page_coverage(p, 16 * MIB).unwrap();
+    assert_eq!(c.mapped_bytes, 0, "nothing faulted in by the allocator");
+    free(p, l);
+    release_retained();
+}
+
 #[test]
 fn a_block_longer_than_the_cap_is_unmapped_on_free() {
     let _s = serial();

@@ -4,7 +4,10 @@
 //! longer tails, blocks served through `allocator_api2`, and blocks grown by
 //! `realloc` to a longer tail stay huge. Measured page by page with
 //! `huge_page_coverage` (`PAGEMAP_SCAN`), in a child process without hugetlb
-//! pages (`CKALLOC_HUGETLB=0`), since hugetlb blocks have no THP advice.
+//! pages (`CKALLOC_HUGETLB=0`), since hugetlb blocks have no THP advice,
+//! and without the first-touch probe, which sends whole blocks to base pages
+//! when THP faults are slow and so would decide the head's page size by the
+//! machine's memory state.
 
 mod common;
 
@@ -12,6 +15,9 @@ use allocator_api2::alloc::Allocator;
 use ckalloc::{huge_page_coverage, CkHuge, HugeCoverage};
 use common::{run_child, thp_available};
 use std::alloc::{GlobalAlloc, Layout};
+
+/// The child's environment entry that turns the first-touch probe off.
+const NO_PROBE: (&str, &str) = ("CKALLOC_FIRST_TOUCH_PROBE", "off");
 
 const MIB: usize = 1 << 20;
 const KIB: usize = 1 << 10;
@@ -46,7 +52,7 @@ fn thp_blocks_possible() -> bool {
 
 #[test]
 fn global_alloc_keeps_short_tails_in_base_pages() {
-    run_child("child_short_tails", &[("CKALLOC_HUGETLB", "0")]);
+    run_child("child_short_tails", &[("CKALLOC_HUGETLB", "0"), NO_PROBE]);
 }
 
 #[test]
@@ -195,7 +201,7 @@ fn assert_tail_pages(p: *mut u8, size: usize, what: &str) {
 
 #[test]
 fn short_tails_at_size_boundaries_and_large_alignments() {
-    run_child("child_boundaries", &[("CKALLOC_HUGETLB", "0")]);
+    run_child("child_boundaries", &[("CKALLOC_HUGETLB", "0"), NO_PROBE]);
 }
 
 #[test]
@@ -233,7 +239,10 @@ fn child_boundaries() {
 
 #[test]
 fn realloc_grows_short_tail_blocks_in_place_or_copies_them() {
-    run_child("child_grow_short_tail", &[("CKALLOC_HUGETLB", "0")]);
+    run_child(
+        "child_grow_short_tail",
+        &[("CKALLOC_HUGETLB", "0"), NO_PROBE],
+    );
 }
 
 #[test]
@@ -291,7 +300,10 @@ fn child_grow_short_tail() {
 
 #[test]
 fn realloc_copies_short_tail_blocks_that_cannot_grow_in_place() {
-    run_child("child_move_short_tail", &[("CKALLOC_HUGETLB", "0")]);
+    run_child(
+        "child_move_short_tail",
+        &[("CKALLOC_HUGETLB", "0"), NO_PROBE],
+    );
 }
 
 #[test]
@@ -336,7 +348,10 @@ fn child_move_short_tail() {
 
 #[test]
 fn realloc_copies_grown_short_tail_blocks_that_cannot_grow_in_place() {
-    run_child("child_move_grown_short_tail", &[("CKALLOC_HUGETLB", "0")]);
+    run_child(
+        "child_move_grown_short_tail",
+        &[("CKALLOC_HUGETLB", "0"), NO_PROBE],
+    );
 }
 
 #[test]
@@ -391,7 +406,10 @@ fn child_move_grown_short_tail() {
 
 #[test]
 fn realloc_to_a_short_tail_advises_the_new_last_page() {
-    run_child("child_shrink_short_tail", &[("CKALLOC_HUGETLB", "0")]);
+    run_child(
+        "child_shrink_short_tail",
+        &[("CKALLOC_HUGETLB", "0"), NO_PROBE],
+    );
 }
 
 #[test]
@@ -424,7 +442,10 @@ fn child_shrink_short_tail() {
 
 #[test]
 fn retained_short_tail_blocks_serve_long_tails_and_zeroed_requests() {
-    run_child("child_retained_short_tail", &[("CKALLOC_HUGETLB", "0")]);
+    run_child(
+        "child_retained_short_tail",
+        &[("CKALLOC_HUGETLB", "0"), NO_PROBE],
+    );
 }
 
 #[test]
@@ -497,10 +518,10 @@ fn child_retained_short_tail() {
 
 #[test]
 fn short_tail_blocks_split_one_vma_and_unmap_whole() {
-    run_child("child_vmas", &[("CKALLOC_HUGETLB", "0")]);
+    run_child("child_vmas", &[("CKALLOC_HUGETLB", "0"), NO_PROBE]);
     run_child(
         "child_vmas",
-        &[("CKALLOC_HUGETLB", "0"), ("CKALLOC_THP", "0")],
+        &[("CKALLOC_HUGETLB", "0"), NO_PROBE, ("CKALLOC_THP", "0")],
     );
 }
 
@@ -592,7 +613,7 @@ fn child_hugetlb() {
 
 #[test]
 fn fork_while_threads_churn_short_tails() {
-    run_child("child_fork_churn", &[("CKALLOC_HUGETLB", "0")]);
+    run_child("child_fork_churn", &[("CKALLOC_HUGETLB", "0"), NO_PROBE]);
 }
 
 #[test]

@@ -2,6 +2,7 @@
 //! large requests from huge-page mappings (kept for reuse by a process-wide
 //! retention cache) and small ones from `System` or another allocator.
 
+use super::first_touch;
 use super::retain;
 use super::{map_huge, unmap, HugeOptions};
 use crate::env;
@@ -190,17 +191,18 @@ impl<S: GlobalAlloc> CkHuge<S> {
         sys::round_up(size, HUGE_PAGE_2M)
     }
 
-    /// A fresh mapping for `size` bytes; through `GlobalAlloc` a short
-    /// tail stays in base pages.
+    /// A fresh mapping for `size` bytes, its first touch settled by the
+    /// first-touch policy; through `GlobalAlloc` a short tail stays in base
+    /// pages.
     #[cold]
     pub(super) fn map(size: usize, align: usize, via: Via) -> *mut u8 {
         match map_huge(size, align, &OPTS) {
             Ok(m) => {
-                if via == Via::GlobalAlloc
-                    && m.backing == Backing::TransparentHuge
-                    && Self::short_tail(size)
-                {
-                    Self::advise_tail(m.ptr.as_ptr(), size, m.mapped_len);
+                if m.backing == Backing::TransparentHuge {
+                    first_touch::settle(m.ptr.as_ptr(), m.mapped_len);
+                    if via == Via::GlobalAlloc && Self::short_tail(size) {
+                        Self::advise_tail(m.ptr.as_ptr(), size, m.mapped_len);
+                    }
                 }
                 m.ptr.as_ptr()
             }

@@ -24,6 +24,11 @@ pub(crate) struct Counters {
     pub(crate) retain_misses: AtomicU64,
     pub(crate) retain_carves: AtomicU64,
     pub(crate) decayed_bytes: AtomicU64,
+    pub(crate) first_touch_probes: AtomicU64,
+    pub(crate) first_touch_slow_probes: AtomicU64,
+    pub(crate) first_touch_probe_ns: AtomicU64,
+    pub(crate) first_touch_base_blocks: AtomicU64,
+    pub(crate) first_touch_base_bytes: AtomicU64,
     /// Bytes in the retention cache right now (`retain` keeps it).
     pub(crate) retained: AtomicUsize,
 }
@@ -44,6 +49,11 @@ pub(crate) static COUNTERS: Counters = Counters {
     retain_misses: Z,
     retain_carves: Z,
     decayed_bytes: Z,
+    first_touch_probes: Z,
+    first_touch_slow_probes: Z,
+    first_touch_probe_ns: Z,
+    first_touch_base_blocks: Z,
+    first_touch_base_bytes: Z,
     retained: AtomicUsize::new(0),
 };
 
@@ -121,6 +131,18 @@ pub struct HugeStats {
     /// Bytes of retained blocks given back to the kernel by decay (also
     /// counted in `unmapped_bytes`).
     pub decayed_bytes: u64,
+    /// Fresh `CkHuge` THP blocks whose first 2 MiB page the first-touch
+    /// policy faulted in and timed ([First touch](crate::huge#first-touch-ckhuge)).
+    pub first_touch_probes: u64,
+    /// Of those, probes slower than 1 ms: the block went to base pages.
+    pub first_touch_slow_probes: u64,
+    /// Time spent in probes, in nanoseconds.
+    pub first_touch_probe_ns: u64,
+    /// Blocks (or their part after the probed page) the policy advised
+    /// `MADV_NOHUGEPAGE`, after a slow probe or in the window after one.
+    pub first_touch_base_blocks: u64,
+    /// Bytes of those blocks.
+    pub first_touch_base_bytes: u64,
     /// The numeric `CKALLOC_*` settings in use ([`env::settings`]): the
     /// retention cap, the decay delay and the hugetlb back-off, each with
     /// where it came from. A variable that does not parse shows as
@@ -168,6 +190,11 @@ pub fn huge_stats() -> HugeStats {
         retention_misses: c.retain_misses.load(Relaxed),
         retention_carves: c.retain_carves.load(Relaxed),
         decayed_bytes: c.decayed_bytes.load(Relaxed),
+        first_touch_probes: c.first_touch_probes.load(Relaxed),
+        first_touch_slow_probes: c.first_touch_slow_probes.load(Relaxed),
+        first_touch_probe_ns: c.first_touch_probe_ns.load(Relaxed),
+        first_touch_base_blocks: c.first_touch_base_blocks.load(Relaxed),
+        first_touch_base_bytes: c.first_touch_base_bytes.load(Relaxed),
         settings: env::settings(),
     }
 }
@@ -213,6 +240,15 @@ impl fmt::Display for HugeStats {
             self.retention_carves,
             self.retention_misses,
             human_bytes(self.decayed_bytes)
+        )?;
+        write!(
+            f,
+            "\nfirst touch: {} probes ({} slow, {:.1} ms), {} blocks ({}) sent to base pages",
+            self.first_touch_probes,
+            self.first_touch_slow_probes,
+            self.first_touch_probe_ns as f64 / 1e6,
+            self.first_touch_base_blocks,
+            human_bytes(self.first_touch_base_bytes)
         )?;
         write!(f, "\nsettings: {}", self.settings[0])?;
         for s in &self.settings[1..] {

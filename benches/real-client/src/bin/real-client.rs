@@ -9,7 +9,7 @@
 //! checksums differ.
 //!
 //! ```text
-//! real-client [--rounds N] [--quick] [--passes N] [--batch N] [--state thp|4k|none]
+//! real-client [--rounds N] [--quick] [--passes N] [--batch N] [--state thp,4k,none]
 //!             [--prep-mib M] [--model DIR] [--only system,mimalloc,...]
 //! ```
 //!
@@ -112,7 +112,7 @@ struct Args {
     rounds: usize,
     passes: Option<String>,
     batch: Option<String>,
-    state: State,
+    states: Vec<State>,
     prep_mib: usize,
     model: Option<String>,
     only: Option<Vec<String>>,
@@ -123,7 +123,7 @@ fn parse_args() -> Result<Args, String> {
         rounds: 3,
         passes: None,
         batch: None,
-        state: State::Thp,
+        states: vec![State::Thp],
         prep_mib: DEFAULT_PREP_MIB,
         model: None,
         only: None,
@@ -143,12 +143,15 @@ fn parse_args() -> Result<Args, String> {
             "--passes" => a.passes = Some(val("--passes")?),
             "--batch" => a.batch = Some(val("--batch")?),
             "--state" => {
-                a.state = match val("--state")?.as_str() {
-                    "thp" => State::Thp,
-                    "4k" => State::Base4k,
-                    "none" => State::None,
-                    other => return Err(format!("--state: {other:?} is not thp, 4k or none")),
-                }
+                a.states = val("--state")?
+                    .split(',')
+                    .map(|s| match s {
+                        "thp" => Ok(State::Thp),
+                        "4k" => Ok(State::Base4k),
+                        "none" => Ok(State::None),
+                        other => Err(format!("--state: {other:?} is not thp, 4k or none")),
+                    })
+                    .collect::<Result<_, _>>()?
             }
             "--prep-mib" => {
                 a.prep_mib = val("--prep-mib")?
@@ -166,7 +169,7 @@ fn parse_args() -> Result<Args, String> {
             }
             "-h" | "--help" => {
                 return Err("usage: real-client [--rounds N] [--quick] [--passes N] \
-                            [--batch N] [--state thp|4k|none] [--prep-mib M] [--model DIR] [--only a,b]"
+                            [--batch N] [--state thp,4k,none] [--prep-mib M] [--model DIR] [--only a,b]"
                     .into())
             }
             other => return Err(format!("unknown argument {other:?}")),
@@ -359,15 +362,30 @@ fn main() -> ExitCode {
         eprintln!("real-client: --only selects no allocator");
         return ExitCode::from(2);
     }
+    let mut failed = false;
+    for &state in &args.states {
+        failed |= run_state(state, &args, &contenders);
+    }
+    if failed {
+        ExitCode::FAILURE
+    } else {
+        ExitCode::SUCCESS
+    }
+}
+
+/// Every round of one memory state, then its medians, ratios and checksum
+/// check; `true` when a run failed or checksums differ.
+fn run_state(state: State, args: &Args, contenders: &[(&str, PathBuf, Envs)]) -> bool {
     let thp =
         std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/enabled").unwrap_or_default();
+    println!();
     println!(
         "real-client: {} rounds x {} allocators, memory state {} (preparation {} MiB), THP {}, \
          free page reporting {}, load average {}",
         args.rounds,
         contenders.len(),
-        args.state.name(),
-        match args.state {
+        state.name(),
+        match state {
             State::Thp => args.prep_mib,
             State::Base4k => STATE_4K_PER_RUN_MIB,
             State::None => 0,
@@ -391,14 +409,14 @@ fn main() -> ExitCode {
     );
     let mut runs: Vec<Vec<Run>> = contenders.iter().map(|_| Vec::new()).collect();
     let started = Instant::now();
-    prepare_once(args.state);
+    prepare_once(state);
     let mut failed = false;
     for round in 0..args.rounds {
         for k in 0..contenders.len() {
             let i = (round + k) % contenders.len();
             let (name, bin, envs) = &contenders[i];
-            prepare(args.state, args.prep_mib);
-            match run_one(bin, envs, &args) {
+            prepare(state, args.prep_mib);
+            match run_one(bin, envs, args) {
                 Ok(r) => {
                     let v = &r.values;
                     println!(
@@ -438,7 +456,8 @@ fn main() -> ExitCode {
         .collect();
     println!();
     println!(
-        "Medians of {} round(s) ({:.0} s in all, load average at the end {}):",
+        "Memory state {}: medians of {} round(s) ({:.0} s in all, load average at the end {}):",
+        state.name(),
         args.rounds,
         started.elapsed().as_secs_f64(),
         loadavg()
@@ -525,11 +544,7 @@ fn main() -> ExitCode {
             println!("checksums: all {} runs agree ({first})", sums.len());
         }
     }
-    if failed {
-        ExitCode::FAILURE
-    } else {
-        ExitCode::SUCCESS
-    }
+    failed
 }
 
 /// How an allocator is written in the tables.
