@@ -119,6 +119,9 @@ pub struct Report {
     /// Load plus the first [`SERVE_PASSES`] forward passes.
     pub serve: Duration,
     pub load: Duration,
+    /// The part of `load` spent in `std::fs::read` of the file (the rest
+    /// builds the tensors: copies out of the buffer into their own storage).
+    pub read: Duration,
     pub forward_first: Duration,
     /// The median of the passes after the first [`SERVE_PASSES`] (of all
     /// passes when there are no more).
@@ -136,9 +139,10 @@ impl Report {
     /// The machine-readable line the driver parses.
     pub fn result_line(&self, allocator: &str) -> String {
         format!(
-            "RESULT allocator={allocator} serve_ms={:.3} load_ms={:.3} forward_first_ms={:.3} forward_median_ms={:.3} sys_ms={:.3} user_ms={:.3} minor_faults={} hwm_kib={} anon_huge_kib={} checksum={:016x}",
+            "RESULT allocator={allocator} serve_ms={:.3} load_ms={:.3} read_ms={:.3} forward_first_ms={:.3} forward_median_ms={:.3} sys_ms={:.3} user_ms={:.3} minor_faults={} hwm_kib={} anon_huge_kib={} checksum={:016x}",
             ms(self.serve),
             ms(self.load),
+            ms(self.read),
             ms(self.forward_first),
             ms(self.forward_median),
             ms(self.sys),
@@ -242,6 +246,7 @@ pub fn run(opts: &Options, mark: &dyn Fn(Phase)) -> Result<Report, String> {
             weights_path.display()
         )
     })?;
+    let read = t.elapsed();
     let vb = VarBuilder::from_buffered_safetensors(bytes, DType::F32, &device)
         .map_err(|e| e.to_string())?;
     let model = BertModel::load(vb, &config).map_err(|e| e.to_string())?;
@@ -276,6 +281,7 @@ pub fn run(opts: &Options, mark: &dyn Fn(Phase)) -> Result<Report, String> {
     let (sys, user) = cpu_times();
     let report = Report {
         serve,
+        read,
         sys,
         user,
         load,
@@ -348,6 +354,10 @@ pub fn main(allocator: &str) -> std::process::ExitCode {
     };
     match run(&opts, &|_| {}) {
         Ok(r) => {
+            if allocator.starts_with("ckhuge") {
+                // What CkHuge did: tiers, retention, first-touch policy.
+                println!("{}", ckalloc::huge_stats());
+            }
             print_report(allocator, &opts, &r);
             std::process::ExitCode::SUCCESS
         }
@@ -370,7 +380,12 @@ pub fn print_report(allocator: &str, opts: &Options, r: &Report) {
         "time to serve     {:10.1} ms (load and the first {SERVE_PASSES} passes)",
         ms(r.serve)
     );
-    println!("load              {:10.1} ms", ms(r.load));
+    println!(
+        "load              {:10.1} ms (read {:.1} ms, tensor build {:.1} ms)",
+        ms(r.load),
+        ms(r.read),
+        ms(r.load.saturating_sub(r.read))
+    );
     println!("forward, first    {:10.1} ms", ms(r.forward_first));
     println!(
         "forward, median   {:10.1} ms (after the first {SERVE_PASSES})",
