@@ -67,7 +67,10 @@ pub(crate) fn settle(p: *mut u8, len: usize) {
         return;
     }
     COUNTERS.first_touch_slow_probes.fetch_add(1, Relaxed);
-    BASE_PAGES_UNTIL.store(now.saturating_add(took + SLOW_WINDOW_NS), Relaxed);
+    BASE_PAGES_UNTIL.store(
+        now.saturating_add(took.saturating_add(SLOW_WINDOW_NS)),
+        Relaxed,
+    );
     // `HUGE_PAGE_2M < len`: the rest is inside the block.
     let rest = p.wrapping_add(HUGE_PAGE_2M);
     if sys::madvise(rest, len - HUGE_PAGE_2M, Advice::NoHugePage).is_ok() {
