@@ -7,7 +7,7 @@
 //! | `CKALLOC_FIRST_TOUCH_PROBE` | on / off switch | on | [`CkHuge`](crate::CkHuge)'s fresh THP blocks: off skips the first-touch probe ([First touch](crate::huge#first-touch-ckhuge)), so every THP block stays THP | `CKALLOC_*` switch, read once per process ([`first_touch_probe`]) |
 //! | `CKALLOC_HUGETLB_BACKOFF_MS` | decimal milliseconds | 1000 | the tier ladder: how long hugetlb is skipped after a failed hugetlb `mmap` | trimmed decimal `u64`; read once per process ([`hugetlb_backoff_ms`]); a value that does not parse gives the default and is reported ([`settings`]) |
 //! | `CKALLOC_RETAIN_BYTES` | a size: bytes, or with a unit (`512mib`, `1GiB`, `2gb`) | 128 MiB | [`CkHuge`](crate::CkHuge)'s retention cache: the most bytes of freed huge-page blocks kept mapped for reuse, process-wide; 0 turns retention off | trimmed; the caching spec's size syntax with the unit in any case; read once per process ([`retain_bytes`]); a value that does not parse gives the default and is reported ([`settings`]) |
-//! | `CKALLOC_RETAIN_DECAY_MS` | decimal milliseconds | 1000 | the same cache: how long a retained block stays unused before a later allocator call gives it back to the kernel | trimmed decimal `u64`; read once per process ([`retain_decay_ms`]); a value that does not parse gives the default and is reported ([`settings`]) |
+//! | `CKALLOC_RETAIN_DECAY_MS` | decimal milliseconds | 1000 | the same cache: how long a retained block stays unused before a later allocator call gives it back to the kernel (decay steps run every 256 allocator calls of a thread, so `0` gives blocks back at the next step, not at once) | trimmed decimal `u64`; read once per process ([`retain_decay_ms`]); a value that does not parse gives the default and is reported ([`settings`]) |
 //! | `CK_BUMP_FORCE_MIXED` | flag | unset | [`ArenaBuilder::build`](crate::ArenaBuilder::build) under [`ModePolicy::Auto`](crate::ModePolicy::Auto): skip anonymous mode | C-Kernel-Engine's `env_flag_enabled`, read at every build ([`force_mixed`]) |
 //! | `CK_BUMP_DISABLE_MIXED` | flag | unset | the same: no fallback to mixed mode | C-Kernel-Engine's `env_flag_enabled`, read at every build ([`disable_mixed`]) |
 //! | `CKALLOC_MODEL_CACHE` | directory | `.cache/models` in the crate's source directory | the `ckalloc` CLI's demo and `scripts/fetch-model`: where the downloaded model is cached | path, not parsed ([`model_cache_dir`]) |
@@ -17,7 +17,11 @@
 //!
 //! - **`CKALLOC_*` switch**: unset means on. A set value is trimmed of
 //!   ASCII white space; it means off when it is then empty, `0`, `false`,
-//!   `no` or `off` (ASCII case-insensitive), and on otherwise.
+//!   `no` or `off` (ASCII case-insensitive), and on otherwise. A value
+//!   other than those and `1`, `true`, `yes`, `on` is taken as on and
+//!   reported as [`Source::Unparsed`] by [`settings`] (and so by
+//!   [`huge_stats`](crate::huge_stats) and `ckalloc probe`), so a typo such
+//!   as `offf` is never taken silently.
 //! - **C-Kernel-Engine's `env_flag_enabled`** (for `CK_BUMP_*`, kept exactly
 //!   as C-Kernel-Engine reads them): unset means not set. A value is set
 //!   unless it is empty, `0`, `false` or `no` (ASCII case-insensitive), with
@@ -44,19 +48,24 @@ use std::fmt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 
-/// The `CKALLOC_*` switch rule (see the [module docs](self)): `true` (on)
-/// when unset, `false` when the trimmed value is empty, `0`, `false`, `no`
-/// or `off` (ASCII case-insensitive).
-fn ckalloc_switch(value: Option<&[u8]>) -> bool {
+/// The `CKALLOC_*` switch rule (see the [module docs](self)): on when
+/// unset, off when the trimmed value is empty, `0`, `false`, `no` or `off`
+/// (ASCII case-insensitive), on otherwise; with where the answer came from:
+/// `1`, `true`, `yes` and `on` are the values that say "on", any other is
+/// taken as on and reported as [`Source::Unparsed`].
+fn ckalloc_switch(value: Option<&[u8]>) -> (bool, Source) {
     let Some(v) = value else {
-        return true;
+        return (true, Source::Default);
     };
     let v = v.trim_ascii();
-    !(v.is_empty()
-        || v == b"0"
-        || v.eq_ignore_ascii_case(b"false")
-        || v.eq_ignore_ascii_case(b"no")
-        || v.eq_ignore_ascii_case(b"off"))
+    let is = |word: &[u8]| v.eq_ignore_ascii_case(word);
+    if v.is_empty() || is(b"0") || is(b"false") || is(b"no") || is(b"off") {
+        (false, Source::Environment)
+    } else if is(b"1") || is(b"true") || is(b"yes") || is(b"on") {
+        (true, Source::Environment)
+    } else {
+        (true, Source::Unparsed)
+    }
 }
 
 /// C-Kernel-Engine's `env_flag_enabled` rule (see the [module docs](self)):
@@ -90,31 +99,68 @@ fn parse_u64(v: &[u8]) -> Option<u64> {
     })
 }
 
-const UNREAD: u8 = 0;
-const OFF: u8 = 1;
-const ON: u8 = 2;
+/// A `CKALLOC_*` switch, read once and cached. Never allocates.
+struct Switch {
+    name: &'static CStr,
+    /// 0: not read yet; else 1 | on << 1 | source << 2.
+    state: AtomicU8,
+}
 
-/// A `CKALLOC_*` switch, read once and cached in `cache`. Never allocates.
-#[inline]
-fn cached_switch(cache: &AtomicU8, name: &CStr) -> bool {
-    match cache.load(Ordering::Relaxed) {
-        ON => true,
-        OFF => false,
-        _ => {
-            let on = ckalloc_switch(sys::getenv(name));
-            cache.store(if on { ON } else { OFF }, Ordering::Relaxed);
-            on
+impl Switch {
+    const fn new(name: &'static CStr) -> Switch {
+        Switch {
+            name,
+            state: AtomicU8::new(0),
+        }
+    }
+
+    #[inline]
+    fn get(&self) -> (bool, Source) {
+        let mut s = self.state.load(Ordering::Relaxed);
+        if s == 0 {
+            let (on, source) = ckalloc_switch(sys::getenv(self.name));
+            let code = match source {
+                Source::Default => 0,
+                Source::Environment => 1,
+                Source::Unparsed => 2,
+            };
+            s = 1 | (u8::from(on) << 1) | (code << 2);
+            self.state.store(s, Ordering::Relaxed);
+        }
+        let source = match s >> 2 {
+            1 => Source::Environment,
+            2 => Source::Unparsed,
+            _ => Source::Default,
+        };
+        (s & 2 != 0, source)
+    }
+
+    #[inline]
+    fn on(&self) -> bool {
+        self.get().0
+    }
+
+    fn setting(&self) -> Setting {
+        let (on, source) = self.get();
+        Setting {
+            name: self.name.to_str().unwrap_or(""),
+            value: u64::from(on),
+            source,
+            unit: Unit::Switch,
         }
     }
 }
+
+static HUGETLB: Switch = Switch::new(c"CKALLOC_HUGETLB");
+static THP: Switch = Switch::new(c"CKALLOC_THP");
+static FIRST_TOUCH_PROBE: Switch = Switch::new(c"CKALLOC_FIRST_TOUCH_PROBE");
 
 /// Whether `CKALLOC_HUGETLB` lets the tier ladder try hugetlb pages: `true`
 /// unless it is set to an off value by the `CKALLOC_*` switch rule (trimmed;
 /// empty, `0`, `false`, `no`, `off`). Read once per process, then cached;
 /// never allocates.
 pub fn hugetlb_allowed() -> bool {
-    static CACHE: AtomicU8 = AtomicU8::new(UNREAD);
-    cached_switch(&CACHE, c"CKALLOC_HUGETLB")
+    HUGETLB.on()
 }
 
 /// Whether `CKALLOC_THP` lets ckalloc advise `MADV_HUGEPAGE`: `true` unless
@@ -123,8 +169,7 @@ pub fn hugetlb_allowed() -> bool {
 /// allocates. THP is used only when this is `true` and the kernel's THP
 /// mode is not `never`.
 pub fn thp_allowed() -> bool {
-    static CACHE: AtomicU8 = AtomicU8::new(UNREAD);
-    cached_switch(&CACHE, c"CKALLOC_THP")
+    THP.on()
 }
 
 /// Whether `CKALLOC_FIRST_TOUCH_PROBE` lets [`CkHuge`](crate::CkHuge) probe
@@ -132,11 +177,10 @@ pub fn thp_allowed() -> bool {
 /// `true` unless it is set to an off value by the `CKALLOC_*` switch rule.
 /// Read once per process, then cached; never allocates.
 pub fn first_touch_probe() -> bool {
-    static CACHE: AtomicU8 = AtomicU8::new(UNREAD);
-    cached_switch(&CACHE, c"CKALLOC_FIRST_TOUCH_PROBE")
+    FIRST_TOUCH_PROBE.on()
 }
 
-/// Where the value of a numeric `CKALLOC_*` setting came from.
+/// Where the value of a `CKALLOC_*` setting came from.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum Source {
     /// The variable is unset: the default.
@@ -144,11 +188,12 @@ pub enum Source {
     Default,
     /// The variable is set and parsed.
     Environment,
-    /// The variable is set but does not parse: the default is used.
+    /// The variable is set but does not parse: the default is used (for a
+    /// switch: a value other than the on and off words, taken as on).
     Unparsed,
 }
 
-/// A numeric `CKALLOC_*` setting as this process uses it ([`settings`]).
+/// A `CKALLOC_*` setting as this process uses it ([`settings`]).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct Setting {
@@ -170,6 +215,8 @@ pub enum Unit {
     Bytes,
     /// Milliseconds.
     Milliseconds,
+    /// A switch: 1 on, 0 off.
+    Switch,
 }
 
 impl fmt::Display for Setting {
@@ -177,6 +224,8 @@ impl fmt::Display for Setting {
         let value = match self.unit {
             Unit::Bytes => human_bytes(self.value),
             Unit::Milliseconds => format!("{} ms", self.value),
+            Unit::Switch if self.value == 0 => "off".to_string(),
+            Unit::Switch => "on".to_string(),
         };
         match self.source {
             Source::Default => write!(f, "{} {value} (default)", self.name),
@@ -239,7 +288,7 @@ impl Number {
                 let text = text.trim_ascii();
                 let parsed = match self.unit {
                     Unit::Bytes => units::parse_size(text, SuffixCase::Any),
-                    Unit::Milliseconds => parse_u64(text),
+                    Unit::Milliseconds | Unit::Switch => parse_u64(text),
                 };
                 match parsed {
                     Some(v) => (v, 1),
@@ -279,15 +328,20 @@ static RETAIN_DECAY_MS: Number = Number::new(
     Unit::Milliseconds,
 );
 
-/// The numeric settings (`CKALLOC_RETAIN_BYTES`, `CKALLOC_RETAIN_DECAY_MS`,
-/// `CKALLOC_HUGETLB_BACKOFF_MS`), each with its value and where it came
-/// from; a variable that does not parse shows as [`Source::Unparsed`].
-/// Reads each variable the first time; never allocates.
-pub fn settings() -> [Setting; 3] {
+/// The `CKALLOC_*` settings of the huge-page engine, each with its value
+/// and where it came from, in this order: `CKALLOC_RETAIN_BYTES`,
+/// `CKALLOC_RETAIN_DECAY_MS`, `CKALLOC_HUGETLB_BACKOFF_MS`,
+/// `CKALLOC_HUGETLB`, `CKALLOC_THP`, `CKALLOC_FIRST_TOUCH_PROBE`. A
+/// variable that does not parse shows as [`Source::Unparsed`]. Reads each
+/// variable the first time; never allocates.
+pub fn settings() -> [Setting; 6] {
     [
         RETAIN_BYTES.get(),
         RETAIN_DECAY_MS.get(),
         HUGETLB_BACKOFF_MS.get(),
+        HUGETLB.setting(),
+        THP.setting(),
+        FIRST_TOUCH_PROBE.setting(),
     ]
 }
 
@@ -375,7 +429,7 @@ mod tests {
 
     #[test]
     fn ckalloc_switch_is_trimmed_and_knows_off() {
-        let f = ckalloc_switch;
+        let f = |v| ckalloc_switch(v).0;
         assert!(f(None), "unset means on");
         for off in [
             &b""[..],
@@ -393,6 +447,22 @@ mod tests {
         for on in [&b"1"[..], b"yes", b"on", b" 1 ", b"true", b"00", b"offf"] {
             assert!(f(Some(on)), "{on:?}");
         }
+        // Only the on words are parsed; other values are on and reported.
+        for on in [&b"1"[..], b"YES", b" on ", b"True"] {
+            assert_eq!(
+                ckalloc_switch(Some(on)),
+                (true, Source::Environment),
+                "{on:?}"
+            );
+        }
+        for odd in [&b"00"[..], b"offf", b"disable", "\u{ff11}".as_bytes()] {
+            assert_eq!(
+                ckalloc_switch(Some(odd)),
+                (true, Source::Unparsed),
+                "{odd:?}"
+            );
+        }
+        assert_eq!(ckalloc_switch(None), (true, Source::Default));
     }
 
     #[test]

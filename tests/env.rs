@@ -6,10 +6,13 @@
 use std::process::Command;
 
 /// Every variable `ckalloc::env` reads by a fixed name.
-const VARS: [&str; 6] = [
+const VARS: [&str; 9] = [
     "CKALLOC_THP",
     "CKALLOC_HUGETLB",
     "CKALLOC_HUGETLB_BACKOFF_MS",
+    "CKALLOC_FIRST_TOUCH_PROBE",
+    "CKALLOC_RETAIN_BYTES",
+    "CKALLOC_RETAIN_DECAY_MS",
     "CK_BUMP_FORCE_MIXED",
     "CK_BUMP_DISABLE_MIXED",
     "CKALLOC_MODEL_CACHE",
@@ -37,6 +40,50 @@ fn run_child(child: &str, vars: &[(&str, &str)]) {
 /// Whether this process is a child started by [`run_child`].
 fn in_child() -> bool {
     std::env::var_os("CKALLOC_ENV_TEST_CHILD").is_some()
+}
+
+#[test]
+#[cfg_attr(miri, ignore = "spawns a child process")]
+fn switch_values_other_than_on_and_off_words_are_on_and_reported() {
+    run_child(
+        "child_odd_switches",
+        &[
+            ("CKALLOC_THP", "offf"),
+            ("CKALLOC_HUGETLB", " YES "),
+            ("CKALLOC_FIRST_TOUCH_PROBE", "disable"),
+            ("CKALLOC_RETAIN_DECAY_MS", "1s"),
+        ],
+    );
+}
+
+#[test]
+#[ignore = "run by switch_values_other_than_on_and_off_words_are_on_and_reported"]
+fn child_odd_switches() {
+    use ckalloc::env::{settings, Source};
+    assert!(in_child());
+    assert!(ckalloc::env::thp_allowed(), "an odd value is on");
+    assert!(ckalloc::env::first_touch_probe());
+    let s = settings();
+    let by_name = |n: &str| *s.iter().find(|x| x.name == n).unwrap();
+    assert_eq!(by_name("CKALLOC_THP").source, Source::Unparsed);
+    assert_eq!(
+        by_name("CKALLOC_FIRST_TOUCH_PROBE").source,
+        Source::Unparsed
+    );
+    assert_eq!(by_name("CKALLOC_HUGETLB").source, Source::Environment);
+    assert_eq!(by_name("CKALLOC_HUGETLB").value, 1);
+    assert_eq!(by_name("CKALLOC_RETAIN_DECAY_MS").source, Source::Unparsed);
+    assert_eq!(by_name("CKALLOC_RETAIN_DECAY_MS").value, 1000);
+    assert_eq!(by_name("CKALLOC_RETAIN_BYTES").source, Source::Default);
+    let shown = ckalloc::huge_stats().to_string();
+    for name in [
+        "CKALLOC_THP",
+        "CKALLOC_FIRST_TOUCH_PROBE",
+        "CKALLOC_RETAIN_DECAY_MS",
+    ] {
+        assert!(shown.contains(&format!("{name} does not parse")), "{shown}");
+    }
+    assert!(!shown.contains("CKALLOC_HUGETLB does not parse"), "{shown}");
 }
 
 #[test]

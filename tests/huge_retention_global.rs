@@ -323,6 +323,15 @@ fn child_first_touch_window() {
     assert_eq!(c.mapped_bytes, 16 * MIB as u64);
     assert_eq!(c.huge_bytes, 0, "base pages only: {c:?}");
     assert!(holds(p, 16 * MIB, 5));
+    // Grown inside the window, the block stays in base pages.
+    // SAFETY: `p` came from `A` with `l`.
+    let p = unsafe { A.realloc(p, l, 48 * MIB) };
+    assert!(!p.is_null());
+    let l = layout(48 * MIB, 8);
+    assert!(holds(p, 16 * MIB, 5), "contents kept");
+    fill(p, 48 * MIB, 6);
+    let c = ckalloc::huge_page_coverage(p, 48 * MIB).unwrap();
+    assert_eq!(c.huge_bytes, 0, "grown block in base pages: {c:?}");
     free(p, l);
     release_retained();
     ckalloc::huge::hold_first_touch_base_pages(false);

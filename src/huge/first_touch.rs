@@ -38,6 +38,12 @@ pub fn hold_first_touch_base_pages(hold: bool) {
     BASE_PAGES_UNTIL.store(until, Relaxed);
 }
 
+/// Whether fresh memory goes to base pages right now (inside the window
+/// after a slow probe).
+pub(crate) fn base_pages_now() -> bool {
+    env::first_touch_probe() && sys::monotonic_ns() < BASE_PAGES_UNTIL.load(Relaxed)
+}
+
 /// Apply the policy to a fresh THP block of `len` bytes at `p` (the whole
 /// mapping, 2 MiB aligned, untouched). Advice only: when a call fails the
 /// block keeps its THP advice.

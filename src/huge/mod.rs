@@ -162,9 +162,17 @@
 //! unreported 2 MiB blocks before reported ones, so once one probe is slow
 //! the next ones would be too. After the window the next block is probed
 //! again. Blocks shorter than 4 MiB, hugetlb blocks and normal
-//! pages are left alone. The probe touches only the first 2 MiB page, which
-//! a THP fault would make resident whole at the caller's first write
-//! anyway, so the resident set is the same.
+//! pages are left alone. The policy applies to blocks of both interfaces
+//! (`GlobalAlloc` and `Allocator`). A block `realloc` grows with `mremap`
+//! is advised whole by the policy's state at that moment: base pages
+//! inside the window, THP otherwise (pages already faulted in keep their
+//! size).
+//!
+//! The probe makes the first 2 MiB page resident at allocation. A caller
+//! that writes the start of its block pays nothing extra: a THP fault would
+//! make that page resident whole at the first write. A caller that never
+//! writes a block of 4 MiB or more (a reservation it may not use) holds
+//! 2 MiB more than without the probe.
 //!
 //! The cost and the outcome are counted in
 //! [`HugeStats`] (`first_touch_*`). `CKALLOC_FIRST_TOUCH_PROBE`

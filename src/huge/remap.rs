@@ -2,6 +2,7 @@
 //! mapping path, and between mappings (`mremap` in place, onto an aligned
 //! reservation, or a copy), keeping the alignment and the short-tail advice.
 
+use super::first_touch;
 use super::global::{CkHuge, Fill, Via};
 use super::stats::COUNTERS;
 use crate::sys::{self, Advice, HUGE_PAGE_2M};
@@ -191,7 +192,15 @@ impl<S: GlobalAlloc> CkHuge<S> {
         if let Ok(p) = grown {
             let backing = tier::anon_tier();
             if backing == Backing::TransparentHuge {
-                let _ = sys::madvise(p.as_ptr(), new_len, Advice::HugePage);
+                // The grown block is advised whole by the first-touch
+                // policy's state now: base pages inside the window after a
+                // slow probe, THP otherwise.
+                let advice = if first_touch::base_pages_now() {
+                    Advice::NoHugePage
+                } else {
+                    Advice::HugePage
+                };
+                let _ = sys::madvise(p.as_ptr(), new_len, advice);
                 if via == Via::GlobalAlloc && Self::short_tail(new_size) {
                     Self::advise_tail(p.as_ptr(), new_size, new_len);
                 }

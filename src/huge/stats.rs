@@ -143,12 +143,12 @@ pub struct HugeStats {
     pub first_touch_base_blocks: u64,
     /// Bytes of those blocks.
     pub first_touch_base_bytes: u64,
-    /// The numeric `CKALLOC_*` settings in use ([`env::settings`]): the
-    /// retention cap, the decay delay and the hugetlb back-off, each with
-    /// where it came from. A variable that does not parse shows as
+    /// The `CKALLOC_*` settings in use ([`env::settings`]): the retention
+    /// cap, the decay delay, the hugetlb back-off and the hugetlb, THP and
+    /// first-touch probe switches, each with where it came from. A variable that does not parse shows as
     /// [`Source::Unparsed`] (its default is used) and is named on the last
     /// line of this snapshot's `Display`.
-    pub settings: [Setting; 3],
+    pub settings: [Setting; 6],
 }
 
 impl HugeStats {

@@ -6,10 +6,14 @@
 //! call to [`main`]. The work and the measurements are the same for all of
 //! them:
 //!
-//! - load: `std::fs::read` of `model.safetensors`,
-//!   `VarBuilder::from_buffered_safetensors` and `BertModel::load`;
-//! - forward: `--passes` forward passes (default 5) of the same batch; the
-//!   median is reported, and the first pass separately;
+//! - load: `std::fs::read` of `model.safetensors` (the read, reported on
+//!   its own), `VarBuilder::from_buffered_safetensors` and
+//!   `BertModel::load` (the tensor build);
+//! - forward: `--passes` forward passes (default 6) of the same batch
+//!   (`--batch` sequences, default 16); the time to serve is the load plus
+//!   the first 3 passes, the steady median is the median of the passes
+//!   after those, and the first pass is reported separately;
+//! - CPU time of the whole process in the kernel and in user space;
 //! - minor page faults of the whole process (`getrusage(RUSAGE_SELF)`),
 //!   peak resident set (`VmHWM` of `/proc/self/status`), `AnonHugePages` of
 //!   `/proc/self/smaps_rollup` at the end (model and last output alive);

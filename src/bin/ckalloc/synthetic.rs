@@ -38,7 +38,35 @@ impl SynthShape {
     fn heads(&self) -> usize {
         (self.hidden / 32).max(1)
     }
+
+    /// Bytes of all the model's tensors (f32 weights and the i64 position
+    /// ids), `None` on overflow.
+    pub fn tensor_bytes(&self) -> Option<u64> {
+        let (h, i, v, c) = (
+            self.hidden as u64,
+            self.intermediate() as u64,
+            self.vocab as u64,
+            SYNTH_CONTEXT as u64,
+        );
+        // Embeddings: words, positions, 2 token types, LayerNorm gain and bias.
+        let embeddings = v.checked_mul(h)? + c * h + 2 * h + 2 * h;
+        // Per layer: 4 h x h projections, h x i and i x h, their biases,
+        // and two LayerNorms.
+        let layer = (4 * h * h + 4 * h)
+            .checked_add(2 * h.checked_mul(i)?)?
+            .checked_add(i + h + 4 * h)?;
+        let pooler = h * h + h;
+        let params = layer
+            .checked_mul(self.layers as u64)?
+            .checked_add(embeddings)?
+            .checked_add(pooler)?;
+        params.checked_mul(4)?.checked_add(8 * c)
+    }
 }
+
+/// The most tensor bytes `ckalloc synth` writes: it builds every tensor in
+/// memory before writing the file.
+pub const SYNTH_MAX_BYTES: u64 = 8 << 30;
 
 /// Positions (the context length) of every synthetic model.
 pub const SYNTH_CONTEXT: usize = 128;
@@ -218,6 +246,17 @@ mod tests {
             .count();
         assert_eq!(layer_weights, 3);
         assert_eq!(t[0].2, vec![1500, 64]);
+        let bytes: usize = t.iter().map(|x| x.3.len()).sum();
+        assert_eq!(shape.tensor_bytes(), Some(bytes as u64));
+        assert_eq!(
+            SynthShape::default().tensor_bytes(),
+            Some(
+                synth_tensors(SynthShape::default())
+                    .iter()
+                    .map(|x| x.3.len() as u64)
+                    .sum()
+            )
+        );
         let c = synth_config(shape);
         assert_eq!(c["intermediate_size"], 256);
         assert_eq!(c["num_attention_heads"], 2);

@@ -79,7 +79,7 @@ const DEFAULT_PREP_MIB: usize = 512;
 
 /// The memory state every run starts in (`--state`).
 ///
-/// - `thp`: [`DEFAULT_PREP_MIB`] MiB advised `MADV_HUGEPAGE`, touched and
+/// - `thp`: [`DEFAULT_PREP_MIB`] MiB (`--prep-mib`, which no other state uses) advised `MADV_HUGEPAGE`, touched and
 ///   unmapped before each run: host-backed 2 MiB blocks on the guest's free
 ///   lists, the state in which fresh huge pages are cheap.
 /// - `4k`: once, at the start, most of the guest's memory (`MemAvailable`
@@ -118,6 +118,14 @@ struct Args {
     only: Option<Vec<String>>,
 }
 
+/// `v` if it is a decimal number from `lo` to `hi`.
+fn number(name: &str, v: &str, lo: u64, hi: u64) -> Result<String, String> {
+    match v.parse::<u64>() {
+        Ok(n) if (lo..=hi).contains(&n) => Ok(v.to_string()),
+        _ => Err(format!("{name}: {v:?} is not a number from {lo} to {hi}")),
+    }
+}
+
 fn parse_args() -> Result<Args, String> {
     let mut a = Args {
         rounds: 3,
@@ -140,8 +148,8 @@ fn parse_args() -> Result<Args, String> {
                     .ok_or("--rounds: not a positive number")?
             }
             "--quick" => a.rounds = 1,
-            "--passes" => a.passes = Some(val("--passes")?),
-            "--batch" => a.batch = Some(val("--batch")?),
+            "--passes" => a.passes = Some(number("--passes", &val("--passes")?, 1, 1000)?),
+            "--batch" => a.batch = Some(number("--batch", &val("--batch")?, 1, 16)?),
             "--state" => {
                 a.states = val("--state")?
                     .split(',')
@@ -154,8 +162,7 @@ fn parse_args() -> Result<Args, String> {
                     .collect::<Result<_, _>>()?
             }
             "--prep-mib" => {
-                a.prep_mib = val("--prep-mib")?
-                    .parse()
+                a.prep_mib = number("--prep-mib", &val("--prep-mib")?, 0, 1 << 24)?.parse()
                     .map_err(|_| "--prep-mib: not a number")?
             }
             "--model" => a.model = Some(val("--model")?),
@@ -169,10 +176,22 @@ fn parse_args() -> Result<Args, String> {
             }
             "-h" | "--help" => {
                 return Err("usage: real-client [--rounds N] [--quick] [--passes N] \
-                            [--batch N] [--state thp,4k,none] [--prep-mib M] [--model DIR] [--only a,b]"
+                            [--batch N] [--state thp,4k,none] [--prep-mib M (thp state)] [--model DIR] [--only a,b]"
                     .into())
             }
             other => return Err(format!("unknown argument {other:?}")),
+        }
+    }
+    if let Some(only) = &a.only {
+        if let Some(bad) = only
+            .iter()
+            .find(|o| !CONTENDERS.iter().any(|(name, _, _)| name == o))
+        {
+            let names: Vec<&str> = CONTENDERS.iter().map(|c| c.0).collect();
+            return Err(format!(
+                "--only: no allocator {bad:?} (there are {})",
+                names.join(", ")
+            ));
         }
     }
     Ok(a)
@@ -188,20 +207,21 @@ enum Pages {
 }
 
 /// The preparation of `state` before one run.
-fn prepare(state: State, prep_mib: usize) {
+fn prepare(state: State, prep_mib: usize) -> Result<(), String> {
     match state {
         State::Thp => touch_and_free(prep_mib, Pages::Huge),
         State::Base4k => touch_and_free(STATE_4K_PER_RUN_MIB, Pages::Base),
-        State::None => {}
+        State::None => Ok(()),
     }
 }
 
 /// The preparation of `state` once, before the first run.
-fn prepare_once(state: State) {
+fn prepare_once(state: State) -> Result<(), String> {
     if state == State::Base4k {
-        let available = meminfo_mib("MemAvailable:").unwrap_or(0);
-        touch_and_free(available.saturating_sub(4096), Pages::Base);
+        let available = meminfo_mib("MemAvailable:").ok_or("no MemAvailable in /proc/meminfo")?;
+        touch_and_free(available.saturating_sub(4096), Pages::Base)?;
     }
+    Ok(())
 }
 
 /// A `/proc/meminfo` field in MiB.
@@ -220,11 +240,13 @@ fn meminfo_mib(key: &str) -> Option<usize> {
 
 /// Map `mib` MiB of private anonymous memory advised for `pages`, write one
 /// byte per 4 KiB page, unmap it (see [`DEFAULT_PREP_MIB`] and [`State`]).
-fn touch_and_free(mib: usize, pages: Pages) {
+fn touch_and_free(mib: usize, pages: Pages) -> Result<(), String> {
     if mib == 0 {
-        return;
+        return Ok(());
     }
-    let len = mib << 20;
+    let len = mib
+        .checked_mul(1 << 20)
+        .ok_or(format!("preparation: {mib} MiB is too large"))?;
     // SAFETY: a fresh private anonymous mapping, written inside its length,
     // then unmapped whole.
     unsafe {
@@ -237,8 +259,10 @@ fn touch_and_free(mib: usize, pages: Pages) {
             0,
         );
         if p == libc::MAP_FAILED {
-            eprintln!("real-client: preparation: mmap of {mib} MiB failed");
-            return;
+            return Err(format!(
+                "preparation: mmap of {mib} MiB failed: {}",
+                std::io::Error::last_os_error()
+            ));
         }
         // Advice only: without THP the preparation stays in 4 KiB pages.
         let advice = match pages {
@@ -254,6 +278,7 @@ fn touch_and_free(mib: usize, pages: Pages) {
         }
         libc::munmap(p.cast(), len);
     }
+    Ok(())
 }
 
 /// One run's `RESULT` fields.
@@ -409,13 +434,22 @@ fn run_state(state: State, args: &Args, contenders: &[(&str, PathBuf, Envs)]) ->
     );
     let mut runs: Vec<Vec<Run>> = contenders.iter().map(|_| Vec::new()).collect();
     let started = Instant::now();
-    prepare_once(state);
+    if let Err(e) = prepare_once(state) {
+        eprintln!("real-client: state {}: {e}", state.name());
+        return true;
+    }
     let mut failed = false;
     for round in 0..args.rounds {
         for k in 0..contenders.len() {
             let i = (round + k) % contenders.len();
             let (name, bin, envs) = &contenders[i];
-            prepare(state, args.prep_mib);
+            if let Err(e) = prepare(state, args.prep_mib) {
+                // A run in the wrong memory state would be measured as if
+                // it were in this one: skip it and fail the driver.
+                eprintln!("real-client: round {}, {name}: {e}", round + 1);
+                failed = true;
+                continue;
+            }
             match run_one(bin, envs, args) {
                 Ok(r) => {
                     let v = &r.values;

@@ -200,7 +200,8 @@ fn hints(sys: &SystemHugePages, trials: &[Trial]) -> Vec<String> {
     if sys.free_page_reporting {
         h.push(
             "free page reporting: this VM hands free 2 MiB blocks back to its host, so fresh huge \
-             pages fault on the host too; first touch below is this machine's cost"
+             pages may fault on the host too (`ckalloc probe` without --no-touch times a first \
+             touch; CkHuge's first-touch probe falls back to 4 KiB pages when THP faults are slow)"
                 .into(),
         );
     }
@@ -208,6 +209,7 @@ fn hints(sys: &SystemHugePages, trials: &[Trial]) -> Vec<String> {
         let syntax = match s.unit {
             Unit::Bytes => "a number of bytes or a size such as `512mib` or `1GiB`",
             Unit::Milliseconds => "a decimal number of milliseconds",
+            Unit::Switch => "on, off, 1, 0, true, false, yes or no",
         };
         h.push(format!(
             "{}: set but does not parse, so the default is used; write {syntax}",
@@ -250,6 +252,7 @@ fn settings_json() -> Value {
                     "unit": match s.unit {
                         Unit::Bytes => "bytes",
                         Unit::Milliseconds => "ms",
+                        Unit::Switch => "switch",
                     },
                     "source": match s.source {
                         Source::Default => "default",

@@ -1,10 +1,11 @@
 //! `ckalloc synth`: write the demo's synthetic model into a directory.
 
+use crate::error::err;
 use crate::error::CliError;
 use crate::format::path_json;
 use crate::model::Model;
 use crate::output::emit_json;
-use crate::synthetic::{write_synth, SynthShape};
+use crate::synthetic::{write_synth, SynthShape, SYNTH_MAX_BYTES};
 use crate::{outln, Global};
 use indicatif::BinaryBytes;
 use serde_json::json;
@@ -47,6 +48,23 @@ pub fn run(g: Global, a: SynthArgs) -> Result<(), CliError> {
         hidden: a.hidden,
         vocab: a.vocab,
     };
+    match shape.tensor_bytes() {
+        Some(b) if b <= SYNTH_MAX_BYTES => {}
+        b => {
+            return Err(err(format!(
+                "--layers {} --hidden {} --vocab {}: {} of tensors, more than the {} `synth` \
+                 builds in memory",
+                a.layers,
+                a.hidden,
+                a.vocab,
+                b.map_or_else(
+                    || "more than 2^64 bytes".into(),
+                    |b| BinaryBytes(b).to_string()
+                ),
+                BinaryBytes(SYNTH_MAX_BYTES)
+            )))
+        }
+    }
     let path = write_synth(&a.dir, shape)?;
     let model = Model::open(&path)?;
     let tensors = model.tensors()?;
