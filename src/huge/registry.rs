@@ -90,13 +90,19 @@ fn word(addr: usize) -> Option<&'static AtomicUsize> {
 }
 
 /// The leaf of root entry `r`, mapped now if it was not yet.
-#[cold]
-fn leaf_or_map(r: usize) -> Result<&'static Leaf, RegisterError> {
+fn leaf(r: usize) -> Result<&'static Leaf, RegisterError> {
     let existing = ROOT[r].load(Acquire);
     if !existing.is_null() {
         // SAFETY: as in `word`.
         return Ok(unsafe { &*existing });
     }
+    map_leaf(r)
+}
+
+/// Map a leaf for root entry `r` and publish it, unless another thread
+/// published one first.
+#[cold]
+fn map_leaf(r: usize) -> Result<&'static Leaf, RegisterError> {
     let len = std::mem::size_of::<Leaf>();
     let fresh = sys::map_anon_aligned(len, sys::page_size())
         .map_err(|_| RegisterError::NoMemory)?
@@ -116,14 +122,7 @@ fn leaf_or_map(r: usize) -> Result<&'static Leaf, RegisterError> {
 /// Record that a block of `len` bytes (non-zero) starts at `ptr`.
 pub(crate) fn register(ptr: NonNull<u8>, len: usize) -> Result<(), RegisterError> {
     let (r, i) = key(ptr.as_ptr() as usize).ok_or(RegisterError::Address)?;
-    let existing = ROOT[r].load(Acquire);
-    let leaf = if existing.is_null() {
-        leaf_or_map(r)?
-    } else {
-        // SAFETY: as in `word`.
-        unsafe { &*existing }
-    };
-    leaf.lens[i]
+    leaf(r)?.lens[i]
         .compare_exchange(0, len.max(1), Release, Relaxed)
         .map(|_| ())
         .map_err(|_| RegisterError::Taken)

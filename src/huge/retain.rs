@@ -238,7 +238,8 @@ pub(crate) fn put(ptr: NonNull<u8>, len: usize) -> bool {
     if len > cap {
         return false;
     }
-    if RETAINED.fetch_add(len, Relaxed) + len > cap {
+    let before = RETAINED.fetch_add(len, Relaxed);
+    if before + len > cap {
         RETAINED.fetch_sub(len, Relaxed);
         return false;
     }
@@ -251,7 +252,14 @@ pub(crate) fn put(ptr: NonNull<u8>, len: usize) -> bool {
                     .compare_exchange(EMPTY, BUSY, Acquire, Relaxed)
                     .is_ok()
             {
-                let (start, len) = coalesce(ptr.as_ptr() as usize, len);
+                // With nothing else retained there is no neighbour to merge
+                // (the common case of one block freed and taken in turn):
+                // skip the scan of every slot.
+                let (start, len) = if before == 0 {
+                    (ptr.as_ptr() as usize, len)
+                } else {
+                    coalesce(ptr.as_ptr() as usize, len)
+                };
                 slot.len.store(len, Relaxed);
                 slot.stamp.store(0, Relaxed);
                 slot.word.store(start, Release);

@@ -594,10 +594,16 @@ fn label(name: &str) -> &str {
     }
 }
 
-/// Free page reporting's minimum order, or "off" when the kernel has none.
+/// Whether this machine reports free memory to a host, as `ckalloc::probe`
+/// sees it (a virtio-balloon device that negotiated free page reporting),
+/// with the smallest order reported.
 fn page_reporting() -> String {
-    std::fs::read_to_string("/sys/module/page_reporting/parameters/page_reporting_order")
-        .map_or_else(|_| "off".into(), |o| format!("order {}", o.trim()))
+    let p = ckalloc::probe();
+    match (p.free_page_reporting, p.page_reporting_order) {
+        (true, Some(o)) => format!("on, order {o}"),
+        (true, None) => "on".into(),
+        (false, _) => "off".into(),
+    }
 }
 
 fn loadavg() -> String {
