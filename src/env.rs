@@ -8,14 +8,17 @@
 //! | `CKALLOC_HUGETLB_BACKOFF_MS` | decimal milliseconds | 1000 | the tier ladder: how long hugetlb is skipped after a failed hugetlb `mmap` | trimmed decimal `u64`; read once per process ([`hugetlb_backoff_ms`]); a value that does not parse gives the default and is reported ([`settings`]) |
 //! | `CKALLOC_RETAIN_BYTES` | a size: bytes, or with a unit (`512mib`, `1GiB`, `2gb`) | 128 MiB | [`CkHuge`](crate::CkHuge)'s retention cache: the most bytes of freed huge-page blocks kept mapped for reuse, process-wide; 0 turns retention off | trimmed; the caching spec's size syntax with the unit in any case; read once per process ([`retain_bytes`]); a value that does not parse gives the default and is reported ([`settings`]) |
 //! | `CKALLOC_RETAIN_DECAY_MS` | decimal milliseconds | 1000 | the same cache: how long a retained block stays unused before a later allocator call gives it back to the kernel (decay steps run every 256 allocator calls of a thread, so `0` gives blocks back at the next step, not at once) | trimmed decimal `u64`; read once per process ([`retain_decay_ms`]); a value that does not parse gives the default and is reported ([`settings`]) |
+//! | `CKALLOC_PRELOAD_THRESHOLD` | a size, as `CKALLOC_RETAIN_BYTES` | 2 MiB | the preload library (`libckalloc_preload.so`, [`preload`](crate::preload)): requests of at least this many bytes get huge-page blocks, smaller ones go to glibc; `0` is taken as 1 | as `CKALLOC_RETAIN_BYTES` ([`preload_threshold`]) |
+//! | `CKALLOC_SHOW_STATS` | on / off switch | off | the preload library: on prints one summary of [`huge_stats`](crate::huge_stats) to stderr at `exit`, labelled with the PID | `CKALLOC_*` switch with the default off, read once per process ([`show_stats`]) |
 //! | `CK_BUMP_FORCE_MIXED` | flag | unset | [`ArenaBuilder::build`](crate::ArenaBuilder::build) under [`ModePolicy::Auto`](crate::ModePolicy::Auto): skip anonymous mode | C-Kernel-Engine's `env_flag_enabled`, read at every build ([`force_mixed`]) |
 //! | `CK_BUMP_DISABLE_MIXED` | flag | unset | the same: no fallback to mixed mode | C-Kernel-Engine's `env_flag_enabled`, read at every build ([`disable_mixed`]) |
+//! | `CKALLOC_PRELOAD_LIB` | path of a file | unset | `ckalloc run`: the preload library to put in `LD_PRELOAD` instead of searching for it | path, not parsed ([`preload_lib`]) |
 //! | `CKALLOC_MODEL_CACHE` | directory | `.cache/models` in the crate's source directory | the `ckalloc` CLI's demo and `scripts/fetch-model`: where the downloaded model is cached | path, not parsed ([`model_cache_dir`]) |
 //! | any name given to [`CachingAllocator::from_env`](crate::caching::CachingAllocator::from_env) | IREE caching-allocator spec | unbounded pools | `from_env` | the spec grammar of [`caching`](crate::caching); must be Unicode; a name no variable can have (empty, holding `=` or NUL) is an error, not "unset" |
 //!
 //! The parsing rules:
 //!
-//! - **`CKALLOC_*` switch**: unset means on. A set value is trimmed of
+//! - **`CKALLOC_*` switch**: unset means on (off for `CKALLOC_SHOW_STATS`). A set value is trimmed of
 //!   ASCII white space; it means off when it is then empty, `0`, `false`,
 //!   `no` or `off` (ASCII case-insensitive), and on otherwise. A value
 //!   other than those and `1`, `true`, `yes`, `on` is taken as on and
@@ -48,14 +51,14 @@ use std::fmt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 
-/// The `CKALLOC_*` switch rule (see the [module docs](self)): on when
-/// unset, off when the trimmed value is empty, `0`, `false`, `no` or `off`
+/// The `CKALLOC_*` switch rule (see the [module docs](self)): `default`
+/// when unset, off when the trimmed value is empty, `0`, `false`, `no` or `off`
 /// (ASCII case-insensitive), on otherwise; with where the answer came from:
 /// `1`, `true`, `yes` and `on` are the values that say "on", any other is
 /// taken as on and reported as [`Source::Unparsed`].
-fn ckalloc_switch(value: Option<&[u8]>) -> (bool, Source) {
+fn ckalloc_switch(value: Option<&[u8]>, default: bool) -> (bool, Source) {
     let Some(v) = value else {
-        return (true, Source::Default);
+        return (default, Source::Default);
     };
     let v = v.trim_ascii();
     let is = |word: &[u8]| v.eq_ignore_ascii_case(word);
@@ -102,14 +105,17 @@ fn parse_u64(v: &[u8]) -> Option<u64> {
 /// A `CKALLOC_*` switch, read once and cached. Never allocates.
 struct Switch {
     name: &'static CStr,
+    /// The value when the variable is unset.
+    default: bool,
     /// 0: not read yet; else 1 | on << 1 | source << 2.
     state: AtomicU8,
 }
 
 impl Switch {
-    const fn new(name: &'static CStr) -> Switch {
+    const fn new(name: &'static CStr, default: bool) -> Switch {
         Switch {
             name,
+            default,
             state: AtomicU8::new(0),
         }
     }
@@ -118,14 +124,19 @@ impl Switch {
     fn get(&self) -> (bool, Source) {
         let mut s = self.state.load(Ordering::Relaxed);
         if s == 0 {
-            let (on, source) = ckalloc_switch(sys::getenv(self.name));
+            let (on, source) = ckalloc_switch(sys::getenv(self.name), self.default);
             let code = match source {
                 Source::Default => 0,
                 Source::Environment => 1,
                 Source::Unparsed => 2,
             };
             s = 1 | (u8::from(on) << 1) | (code << 2);
-            self.state.store(s, Ordering::Relaxed);
+            // Before the C library has set up the environment (an
+            // allocation from the dynamic loader in a preloaded library),
+            // every variable reads unset: answer, but read again later.
+            if sys::environment_ready() {
+                self.state.store(s, Ordering::Relaxed);
+            }
         }
         let source = match s >> 2 {
             1 => Source::Environment,
@@ -151,9 +162,10 @@ impl Switch {
     }
 }
 
-static HUGETLB: Switch = Switch::new(c"CKALLOC_HUGETLB");
-static THP: Switch = Switch::new(c"CKALLOC_THP");
-static FIRST_TOUCH_PROBE: Switch = Switch::new(c"CKALLOC_FIRST_TOUCH_PROBE");
+static HUGETLB: Switch = Switch::new(c"CKALLOC_HUGETLB", true);
+static THP: Switch = Switch::new(c"CKALLOC_THP", true);
+static FIRST_TOUCH_PROBE: Switch = Switch::new(c"CKALLOC_FIRST_TOUCH_PROBE", true);
+static SHOW_STATS: Switch = Switch::new(c"CKALLOC_SHOW_STATS", false);
 
 /// Whether `CKALLOC_HUGETLB` lets the tier ladder try hugetlb pages: `true`
 /// unless it is set to an off value by the `CKALLOC_*` switch rule (trimmed;
@@ -220,13 +232,20 @@ pub enum Unit {
 }
 
 impl fmt::Display for Setting {
+    /// Never allocates (the preload library prints settings at exit).
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let value = match self.unit {
-            Unit::Bytes => human_bytes(self.value),
-            Unit::Milliseconds => format!("{} ms", self.value),
-            Unit::Switch if self.value == 0 => "off".to_string(),
-            Unit::Switch => "on".to_string(),
-        };
+        struct Value(Setting);
+        impl fmt::Display for Value {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                match self.0.unit {
+                    Unit::Bytes => write!(f, "{}", human_bytes(self.0.value)),
+                    Unit::Milliseconds => write!(f, "{} ms", self.0.value),
+                    Unit::Switch if self.0.value == 0 => f.write_str("off"),
+                    Unit::Switch => f.write_str("on"),
+                }
+            }
+        }
+        let value = Value(*self);
         match self.source {
             Source::Default => write!(f, "{} {value} (default)", self.name),
             Source::Environment => write!(f, "{} {value}", self.name),
@@ -298,9 +317,12 @@ impl Number {
         };
         // `u64::MAX` marks "not read".
         let value = value.min(u64::MAX - 1);
-        // Racing first readers store the same pair.
-        self.source.store(source, Ordering::Relaxed);
-        self.value.store(value, Ordering::Release);
+        // Racing first readers store the same pair; before the environment
+        // is set up nothing is stored (see `Switch::get`).
+        if sys::environment_ready() {
+            self.source.store(source, Ordering::Relaxed);
+            self.value.store(value, Ordering::Release);
+        }
         value
     }
 
@@ -327,14 +349,24 @@ static RETAIN_DECAY_MS: Number = Number::new(
     DEFAULT_RETAIN_DECAY_MS,
     Unit::Milliseconds,
 );
+static PRELOAD_THRESHOLD: Number = Number::new(
+    c"CKALLOC_PRELOAD_THRESHOLD",
+    DEFAULT_PRELOAD_THRESHOLD as u64,
+    Unit::Bytes,
+);
 
-/// The `CKALLOC_*` settings of the huge-page engine, each with its value
-/// and where it came from, in this order: `CKALLOC_RETAIN_BYTES`,
-/// `CKALLOC_RETAIN_DECAY_MS`, `CKALLOC_HUGETLB_BACKOFF_MS`,
-/// `CKALLOC_HUGETLB`, `CKALLOC_THP`, `CKALLOC_FIRST_TOUCH_PROBE`. A
-/// variable that does not parse shows as [`Source::Unparsed`]. Reads each
-/// variable the first time; never allocates.
-pub fn settings() -> [Setting; 6] {
+/// How many `CKALLOC_*` settings [`settings`] reports.
+pub const SETTINGS: usize = 8;
+
+/// The `CKALLOC_*` settings of the huge-page engine and the preload
+/// library, each with its value and where it came from, in this order:
+/// `CKALLOC_RETAIN_BYTES`, `CKALLOC_RETAIN_DECAY_MS`,
+/// `CKALLOC_HUGETLB_BACKOFF_MS`, `CKALLOC_HUGETLB`, `CKALLOC_THP`,
+/// `CKALLOC_FIRST_TOUCH_PROBE`, `CKALLOC_PRELOAD_THRESHOLD`,
+/// `CKALLOC_SHOW_STATS`. A variable that does not parse shows as
+/// [`Source::Unparsed`]. Reads each variable the first time; never
+/// allocates.
+pub fn settings() -> [Setting; SETTINGS] {
     [
         RETAIN_BYTES.get(),
         RETAIN_DECAY_MS.get(),
@@ -342,7 +374,34 @@ pub fn settings() -> [Setting; 6] {
         HUGETLB.setting(),
         THP.setting(),
         FIRST_TOUCH_PROBE.setting(),
+        PRELOAD_THRESHOLD.get(),
+        SHOW_STATS.setting(),
     ]
+}
+
+/// The default of [`preload_threshold`]: 2 MiB.
+pub const DEFAULT_PRELOAD_THRESHOLD: usize = 2 << 20;
+
+/// The smallest request the preload library (`libckalloc_preload.so`)
+/// serves from huge-page blocks: `CKALLOC_PRELOAD_THRESHOLD` as a size
+/// (`2097152`, `4mib`; the [rules](self)), else
+/// [`DEFAULT_PRELOAD_THRESHOLD`]; `0` is taken as 1 (requests of 0 bytes
+/// always go to glibc). Read once per process, then cached; never
+/// allocates.
+#[inline]
+pub fn preload_threshold() -> usize {
+    usize::try_from(PRELOAD_THRESHOLD.value())
+        .unwrap_or(usize::MAX)
+        .max(1)
+}
+
+/// Whether `CKALLOC_SHOW_STATS` asks the preload library to print its
+/// statistics to stderr at exit: `false` unless it is set to an on value
+/// by the `CKALLOC_*` switch rule (`1`, `true`, `yes`, `on`, or any value
+/// other than the off words). Read once per process, then cached; never
+/// allocates.
+pub fn show_stats() -> bool {
+    SHOW_STATS.on()
 }
 
 /// How long, in milliseconds, the tier ladder skips hugetlb after a failed
@@ -393,6 +452,13 @@ pub fn disable_mixed() -> bool {
     ck_flag_enabled(sys::getenv(c"CK_BUMP_DISABLE_MIXED"))
 }
 
+/// The preload library `ckalloc run` uses: `CKALLOC_PRELOAD_LIB` when set
+/// (any value, taken as a path), else `None` (`ckalloc run` searches).
+/// Allocates; not for allocator paths.
+pub fn preload_lib() -> Option<PathBuf> {
+    std::env::var_os("CKALLOC_PRELOAD_LIB").map(PathBuf::from)
+}
+
 /// The directory that caches downloaded models (the `ckalloc` CLI's demo,
 /// `scripts/fetch-model`): `CKALLOC_MODEL_CACHE` when set (any value, taken
 /// as a path), else `.cache/models` under the directory holding ckalloc's
@@ -429,7 +495,7 @@ mod tests {
 
     #[test]
     fn ckalloc_switch_is_trimmed_and_knows_off() {
-        let f = |v| ckalloc_switch(v).0;
+        let f = |v| ckalloc_switch(v, true).0;
         assert!(f(None), "unset means on");
         for off in [
             &b""[..],
@@ -450,19 +516,24 @@ mod tests {
         // Only the on words are parsed; other values are on and reported.
         for on in [&b"1"[..], b"YES", b" on ", b"True"] {
             assert_eq!(
-                ckalloc_switch(Some(on)),
+                ckalloc_switch(Some(on), true),
                 (true, Source::Environment),
                 "{on:?}"
             );
         }
         for odd in [&b"00"[..], b"offf", b"disable", "\u{ff11}".as_bytes()] {
             assert_eq!(
-                ckalloc_switch(Some(odd)),
+                ckalloc_switch(Some(odd), true),
                 (true, Source::Unparsed),
                 "{odd:?}"
             );
         }
-        assert_eq!(ckalloc_switch(None), (true, Source::Default));
+        assert_eq!(ckalloc_switch(None, true), (true, Source::Default));
+        assert_eq!(ckalloc_switch(None, false), (false, Source::Default));
+        assert_eq!(
+            ckalloc_switch(Some(b"1"), false),
+            (true, Source::Environment)
+        );
     }
 
     #[test]

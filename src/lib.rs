@@ -24,7 +24,10 @@
 //!    caching-allocator spec (`device_local=1gib;1gib;8`).
 //!
 //! A C ABI compatible with C-Kernel-Engine's `ckernel_alloc.h` is in the `capi` module
-//! (feature `capi`; header in `include/`). Every environment variable the
+//! (feature `capi`; header in `include/`). The engine of the preload
+//! library `libckalloc_preload.so`, which serves unmodified C, C++ and
+//! Python programs through `LD_PRELOAD`, is [`preload`] (feature
+//! `preload`). Every environment variable the
 //! crate reads is listed, and read, in [`env`](mod@env).
 //!
 //! Modules form a stack; each uses only modules below it:
@@ -41,6 +44,7 @@
 //! | the arena ([`BumpArena`]) | `env`, `escape`, `huge`, `par`, `probe`, `sys`, `tier`, `weights`, `zero_size` |
 //! | [`caching`] | `env`, `escape`, `fork`, `lock`, `units`, `zero_size` |
 //! | `capi` | `arena`, `fork`, `huge`, `lock`, `sys` |
+//! | [`preload`] (the engine of `libckalloc_preload.so`) | `env`, `huge`, `sys`, `units` |
 //!
 //! On top, this file's re-exports and test hooks, and the `ckalloc` CLI
 //! (`src/bin/ckalloc`), which uses the public API only. Subsystems that must
@@ -91,6 +95,8 @@ mod fork;
 pub mod huge;
 mod lock;
 mod par;
+#[cfg(all(feature = "preload", target_os = "linux", target_env = "gnu"))]
+pub mod preload;
 mod probe;
 mod tier;
 mod units;
@@ -108,7 +114,7 @@ pub use huge::{
     HugeError, HugeOptions, HugeRegion, HugeStats, TierStats,
 };
 pub use probe::{huge_page_coverage, probe, HugeCoverage, HugetlbPool, SystemHugePages};
-pub use units::human_bytes;
+pub use units::{human_bytes, HumanBytes};
 
 /// Test-only fault injection into the OS layer (`--cfg ckalloc_fault_injection`).
 #[cfg(ckalloc_fault_injection)]

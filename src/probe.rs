@@ -249,7 +249,9 @@ impl fmt::Display for SystemHugePages {
         if self.hugetlb.is_empty() {
             writeln!(f, "hugetlb:         unsupported")?;
         }
-        let lim = |v: Option<u64>| v.map(human_bytes).unwrap_or_else(|| "unlimited".into());
+        let lim = |v: Option<u64>| {
+            v.map_or_else(|| "unlimited".to_string(), |b| human_bytes(b).to_string())
+        };
         writeln!(
             f,
             "RLIMIT_MEMLOCK:  soft {}, hard {}",

@@ -6,21 +6,59 @@
 /// keeps the number at least 1 (`1.50 GiB`; units of 1024 bytes).
 ///
 /// ```
-/// assert_eq!(ckalloc::human_bytes(512), "512 B");
-/// assert_eq!(ckalloc::human_bytes(3 << 29), "1.50 GiB");
+/// assert_eq!(ckalloc::human_bytes(512).to_string(), "512 B");
+/// assert_eq!(ckalloc::human_bytes(3 << 29).to_string(), "1.50 GiB");
+/// assert_eq!(format!("[{:>10}]", ckalloc::human_bytes(1024)), "[  1.00 KiB]");
 /// ```
-pub fn human_bytes(bytes: u64) -> String {
-    const UNITS: [&str; 6] = ["B", "KiB", "MiB", "GiB", "TiB", "PiB"];
-    let mut v = bytes as f64;
-    let mut u = 0;
-    while v >= 1024.0 && u + 1 < UNITS.len() {
-        v /= 1024.0;
-        u += 1;
+pub fn human_bytes(bytes: u64) -> HumanBytes {
+    HumanBytes(bytes)
+}
+
+/// A byte count shown in binary units ([`human_bytes`]): `{}` writes
+/// `512 B`, `1.50 MiB`, `2.00 GiB`; width and alignment (`{:>10}`) apply
+/// to the whole text. Formatting never allocates.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HumanBytes(pub u64);
+
+impl std::fmt::Display for HumanBytes {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        use std::fmt::Write as _;
+        const UNITS: [&str; 6] = ["B", "KiB", "MiB", "GiB", "TiB", "PiB"];
+        let mut v = self.0 as f64;
+        let mut u = 0;
+        while v >= 1024.0 && u + 1 < UNITS.len() {
+            v /= 1024.0;
+            u += 1;
+        }
+        // The longest text, "18446744073709551615 B", is 22 bytes.
+        let mut buf = [0u8; 32];
+        let mut w = SliceWriter {
+            buf: &mut buf,
+            len: 0,
+        };
+        if u == 0 {
+            write!(w, "{} B", self.0)?;
+        } else {
+            write!(w, "{v:.2} {}", UNITS[u])?;
+        }
+        let len = w.len;
+        f.pad(std::str::from_utf8(&buf[..len]).map_err(|_| std::fmt::Error)?)
     }
-    if u == 0 {
-        format!("{bytes} B")
-    } else {
-        format!("{v:.2} {}", UNITS[u])
+}
+
+/// A `fmt::Write` into a fixed buffer; text past its end is an error.
+pub(crate) struct SliceWriter<'a> {
+    pub(crate) buf: &'a mut [u8],
+    pub(crate) len: usize,
+}
+
+impl std::fmt::Write for SliceWriter<'_> {
+    fn write_str(&mut self, s: &str) -> std::fmt::Result {
+        let end = self.len.checked_add(s.len()).ok_or(std::fmt::Error)?;
+        let dst = self.buf.get_mut(self.len..end).ok_or(std::fmt::Error)?;
+        dst.copy_from_slice(s.as_bytes());
+        self.len = end;
+        Ok(())
     }
 }
 

@@ -5,9 +5,9 @@
 //! `realloc` to a longer tail stay huge. Measured page by page with
 //! `huge_page_coverage` (`PAGEMAP_SCAN`), in a child process without hugetlb
 //! pages (`CKALLOC_HUGETLB=0`), since hugetlb blocks have no THP advice,
-//! and without the first-touch probe, which sends whole blocks to base pages
-//! when THP faults are slow and so would decide the head's page size by the
-//! machine's memory state.
+//! and (but for one test) without the first-touch policy, which sends
+//! blocks to base pages when THP faults are slow and so would decide the
+//! head's page size by the machine's memory state.
 
 mod common;
 
@@ -197,6 +197,35 @@ fn assert_tail_pages(p: *mut u8, size: usize, what: &str) {
     } else {
         assert_eq!(cov.huge_bytes, 2 * MIB as u64, "{what}: {cov}");
     }
+}
+
+#[test]
+fn the_first_touch_policy_leaves_a_short_tail_to_the_caller() {
+    run_child("child_short_tail_first_touch", &[("CKALLOC_HUGETLB", "0")]);
+}
+
+#[test]
+#[ignore = "run by the_first_touch_policy_leaves_a_short_tail_to_the_caller in a child process"]
+fn child_short_tail_first_touch() {
+    if !thp_blocks_possible() {
+        return;
+    }
+    let a = CkHuge::uncached();
+    // 8 MiB + 256 KiB: the policy may fault in the four full pages at
+    // allocation, never the tail page.
+    let size = 8 * MIB + 256 * KIB;
+    let l = Layout::from_size_align(size, 8).unwrap();
+    // SAFETY: non-zero size.
+    let p = unsafe { a.alloc(l) };
+    assert!(!p.is_null());
+    let tail = coverage(p, 8 * MIB, 10 * MIB);
+    assert_eq!(tail.mapped_bytes, 0, "tail before any write: {tail}");
+    touch(p, 0, size);
+    let tail = coverage(p, 8 * MIB, 10 * MIB);
+    assert_eq!(tail.mapped_bytes, 256 * KIB as u64, "tail: {tail}");
+    assert_eq!(tail.huge_bytes, 0, "tail: {tail}");
+    // SAFETY: allocated above with `l`.
+    unsafe { a.dealloc(p, l) };
 }
 
 #[test]

@@ -45,44 +45,68 @@ pub(crate) fn base_pages_now() -> bool {
 }
 
 /// Apply the policy to a fresh THP block of `len` bytes at `p` (the whole
-/// mapping, 2 MiB aligned, untouched). Advice only: when a call fails the
-/// block keeps its THP advice.
-pub(crate) fn settle(p: *mut u8, len: usize) {
+/// mapping, 2 MiB aligned, untouched): fault its first `fill` bytes (a
+/// multiple of 2 MiB, at most `len`; less than `len` when the caller keeps
+/// a short tail in base pages) in one 2 MiB page at a time while each page
+/// comes in fast, and send the rest of the block to base pages at the first
+/// slow one. Advice only: when a call fails the rest of the block keeps its
+/// advice and the caller's writes fault it in.
+pub(crate) fn settle(p: *mut u8, len: usize, fill: usize) {
     if len < PROBE_MIN_LEN || !env::first_touch_probe() {
         return;
     }
-    let now = sys::monotonic_ns();
-    if now < BASE_PAGES_UNTIL.load(Relaxed) {
-        if sys::madvise(p, len, Advice::NoHugePage).is_ok() {
-            COUNTERS.first_touch_base_blocks.fetch_add(1, Relaxed);
-            COUNTERS
-                .first_touch_base_bytes
-                .fetch_add(len as u64, Relaxed);
+    let start = sys::monotonic_ns();
+    if start < BASE_PAGES_UNTIL.load(Relaxed) {
+        send_to_base_pages(p, len);
+        return;
+    }
+    let fill = fill.min(len);
+    let mut done = 0;
+    let mut slow = None;
+    while fill - done >= HUGE_PAGE_2M {
+        let page = sys::monotonic_ns();
+        // `done + 2 MiB <= fill <= len`: the page lies inside the block.
+        if sys::madvise(p.wrapping_add(done), HUGE_PAGE_2M, Advice::PopulateWrite).is_err() {
+            // No MADV_POPULATE_WRITE (Linux before 5.14), or no memory now:
+            // the caller's writes fault the rest in, as THP.
+            break;
         }
+        done += HUGE_PAGE_2M;
+        let took = sys::monotonic_ns().saturating_sub(page);
+        if took > SLOW_NS {
+            slow = Some(took);
+            break;
+        }
+    }
+    if done == 0 {
         return;
     }
-    if sys::madvise(p, HUGE_PAGE_2M, Advice::PopulateWrite).is_err() {
-        // No MADV_POPULATE_WRITE (Linux before 5.14), or no memory now: the
-        // caller's writes fault the block in, as THP.
-        return;
-    }
-    let took = sys::monotonic_ns().saturating_sub(now);
     COUNTERS.first_touch_probes.fetch_add(1, Relaxed);
-    COUNTERS.first_touch_probe_ns.fetch_add(took, Relaxed);
-    if took <= SLOW_NS {
-        return;
-    }
+    COUNTERS
+        .first_touch_probe_ns
+        .fetch_add(sys::monotonic_ns().saturating_sub(start), Relaxed);
+    COUNTERS
+        .first_touch_populated_bytes
+        .fetch_add(done as u64, Relaxed);
+    let Some(took) = slow else { return };
     COUNTERS.first_touch_slow_probes.fetch_add(1, Relaxed);
+    let now = sys::monotonic_ns();
     BASE_PAGES_UNTIL.store(
         now.saturating_add(took.saturating_add(SLOW_WINDOW_NS)),
         Relaxed,
     );
-    // `HUGE_PAGE_2M < len`: the rest is inside the block.
-    let rest = p.wrapping_add(HUGE_PAGE_2M);
-    if sys::madvise(rest, len - HUGE_PAGE_2M, Advice::NoHugePage).is_ok() {
+    if done < len {
+        send_to_base_pages(p.wrapping_add(done), len - done);
+    }
+}
+
+/// Advise `len` bytes at `p` (2 MiB aligned, inside one block)
+/// `MADV_NOHUGEPAGE` and count them.
+fn send_to_base_pages(p: *mut u8, len: usize) {
+    if sys::madvise(p, len, Advice::NoHugePage).is_ok() {
         COUNTERS.first_touch_base_blocks.fetch_add(1, Relaxed);
         COUNTERS
             .first_touch_base_bytes
-            .fetch_add((len - HUGE_PAGE_2M) as u64, Relaxed);
+            .fetch_add(len as u64, Relaxed);
     }
 }

@@ -199,10 +199,14 @@ impl<S: GlobalAlloc> CkHuge<S> {
         match map_huge(size, align, &OPTS) {
             Ok(m) => {
                 if m.backing == Backing::TransparentHuge {
-                    first_touch::settle(m.ptr.as_ptr(), m.mapped_len);
+                    let mut fill = m.mapped_len;
                     if via == Via::GlobalAlloc && Self::short_tail(size) {
+                        // The tail page is advised before anything faults
+                        // it in, and the policy leaves it to the caller.
                         Self::advise_tail(m.ptr.as_ptr(), size, m.mapped_len);
+                        fill -= HUGE_PAGE_2M;
                     }
+                    first_touch::settle(m.ptr.as_ptr(), m.mapped_len, fill);
                 }
                 m.ptr.as_ptr()
             }

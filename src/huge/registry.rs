@@ -136,14 +136,21 @@ pub(crate) fn remove(ptr: *mut u8) -> Option<usize> {
     (len != 0).then_some(len)
 }
 
+/// The mapped length of the block registered at `ptr`, `None` when no
+/// block starts there. Two loads; touches no memory at `ptr`.
+#[cfg_attr(not(feature = "preload"), allow(dead_code))]
+#[inline]
+pub(crate) fn lookup(ptr: *const u8) -> Option<usize> {
+    let len = word(ptr as usize)?.load(Acquire);
+    (len != 0).then_some(len)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    /// The mapped length registered at `ptr`, `None` when there is none.
     fn mapped_len(ptr: *const u8) -> Option<usize> {
-        let len = word(ptr as usize)?.load(Acquire);
-        (len != 0).then_some(len)
+        lookup(ptr)
     }
 
     fn at(addr: usize) -> NonNull<u8> {

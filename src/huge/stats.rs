@@ -27,8 +27,12 @@ pub(crate) struct Counters {
     pub(crate) first_touch_probes: AtomicU64,
     pub(crate) first_touch_slow_probes: AtomicU64,
     pub(crate) first_touch_probe_ns: AtomicU64,
+    pub(crate) first_touch_populated_bytes: AtomicU64,
     pub(crate) first_touch_base_blocks: AtomicU64,
     pub(crate) first_touch_base_bytes: AtomicU64,
+    /// Bytes mapped right now (live and retained), and its high-water mark.
+    mapped_now: AtomicU64,
+    mapped_peak: AtomicU64,
     /// Bytes in the retention cache right now (`retain` keeps it).
     pub(crate) retained: AtomicUsize,
 }
@@ -52,8 +56,11 @@ pub(crate) static COUNTERS: Counters = Counters {
     first_touch_probes: Z,
     first_touch_slow_probes: Z,
     first_touch_probe_ns: Z,
+    first_touch_populated_bytes: Z,
     first_touch_base_blocks: Z,
     first_touch_base_bytes: Z,
+    mapped_now: Z,
+    mapped_peak: Z,
     retained: AtomicUsize::new(0),
 };
 
@@ -69,11 +76,22 @@ impl Counters {
     pub(crate) fn record_map(&self, backing: Backing, bytes: usize) {
         self.maps[tier(backing)].fetch_add(1, Relaxed);
         self.map_bytes[tier(backing)].fetch_add(bytes as u64, Relaxed);
+        self.mapped(bytes as u64);
+    }
+
+    /// `bytes` more are mapped: raise the high-water mark if it is passed.
+    fn mapped(&self, bytes: u64) {
+        let now = self
+            .mapped_now
+            .fetch_add(bytes, Relaxed)
+            .wrapping_add(bytes);
+        self.mapped_peak.fetch_max(now, Relaxed);
     }
 
     pub(crate) fn record_unmap(&self, bytes: usize) {
         self.unmaps.fetch_add(1, Relaxed);
         self.unmapped_bytes.fetch_add(bytes as u64, Relaxed);
+        self.mapped_now.fetch_sub(bytes as u64, Relaxed);
     }
 
     /// A mapping grew from `old` to `new` bytes by `mremap`; the added bytes
@@ -82,6 +100,7 @@ impl Counters {
     pub(crate) fn record_grow(&self, old: usize, new: usize, backing: Backing) {
         self.remaps.fetch_add(1, Relaxed);
         self.map_bytes[tier(backing)].fetch_add((new - old) as u64, Relaxed);
+        self.mapped((new - old) as u64);
     }
 }
 
@@ -119,6 +138,9 @@ pub struct HugeStats {
     /// Bytes of freed blocks [`CkHuge`](crate::CkHuge) keeps mapped for
     /// reuse right now (its retention cache); still mapped, but not live.
     pub retained_bytes: u64,
+    /// The high-water mark of bytes mapped at once by the huge-page paths
+    /// (live and retained blocks), since the process started.
+    pub peak_mapped_bytes: u64,
     /// `CkHuge` mapped-path allocations served from the retention cache
     /// (no system call).
     pub retention_hits: u64,
@@ -131,24 +153,31 @@ pub struct HugeStats {
     /// Bytes of retained blocks given back to the kernel by decay (also
     /// counted in `unmapped_bytes`).
     pub decayed_bytes: u64,
-    /// Fresh `CkHuge` THP blocks whose first 2 MiB page the first-touch
-    /// policy faulted in and timed ([First touch](crate::huge#first-touch-ckhuge)).
+    /// Fresh `CkHuge` THP blocks the first-touch policy faulted in, one
+    /// 2 MiB page at a time, timing each page
+    /// ([First touch](crate::huge#first-touch-ckhuge)).
     pub first_touch_probes: u64,
-    /// Of those, probes slower than 1 ms: the block went to base pages.
+    /// Of those, blocks in which a page took longer than 1 ms: the rest of
+    /// the block went to base pages.
     pub first_touch_slow_probes: u64,
-    /// Time spent in probes, in nanoseconds.
+    /// Time spent faulting blocks in, in nanoseconds.
     pub first_touch_probe_ns: u64,
-    /// Blocks (or their part after the probed page) the policy advised
-    /// `MADV_NOHUGEPAGE`, after a slow probe or in the window after one.
+    /// Bytes the policy faulted in as THP before the caller wrote them.
+    pub first_touch_populated_bytes: u64,
+    /// Blocks (or their part after the last page faulted in) the policy
+    /// advised `MADV_NOHUGEPAGE`, after a slow page or in the window after
+    /// one.
     pub first_touch_base_blocks: u64,
     /// Bytes of those blocks.
     pub first_touch_base_bytes: u64,
     /// The `CKALLOC_*` settings in use ([`env::settings`]): the retention
-    /// cap, the decay delay, the hugetlb back-off and the hugetlb, THP and
-    /// first-touch probe switches, each with where it came from. A variable that does not parse shows as
+    /// cap, the decay delay, the hugetlb back-off, the hugetlb, THP and
+    /// first-touch probe switches, and the preload library's threshold and
+    /// statistics switch, each with where it came from. A variable that
+    /// does not parse shows as
     /// [`Source::Unparsed`] (its default is used) and is named on the last
     /// line of this snapshot's `Display`.
-    pub settings: [Setting; 6],
+    pub settings: [Setting; env::SETTINGS],
 }
 
 impl HugeStats {
@@ -186,6 +215,7 @@ pub fn huge_stats() -> HugeStats {
         unmaps: c.unmaps.load(Relaxed),
         unmapped_bytes: c.unmapped_bytes.load(Relaxed),
         retained_bytes: c.retained.load(Relaxed) as u64,
+        peak_mapped_bytes: c.mapped_peak.load(Relaxed),
         retention_hits: c.retain_hits.load(Relaxed),
         retention_misses: c.retain_misses.load(Relaxed),
         retention_carves: c.retain_carves.load(Relaxed),
@@ -193,6 +223,7 @@ pub fn huge_stats() -> HugeStats {
         first_touch_probes: c.first_touch_probes.load(Relaxed),
         first_touch_slow_probes: c.first_touch_slow_probes.load(Relaxed),
         first_touch_probe_ns: c.first_touch_probe_ns.load(Relaxed),
+        first_touch_populated_bytes: c.first_touch_populated_bytes.load(Relaxed),
         first_touch_base_blocks: c.first_touch_base_blocks.load(Relaxed),
         first_touch_base_bytes: c.first_touch_base_bytes.load(Relaxed),
         settings: env::settings(),
@@ -200,6 +231,8 @@ pub fn huge_stats() -> HugeStats {
 }
 
 impl fmt::Display for HugeStats {
+    /// Several lines, no trailing newline. Never allocates (the preload
+    /// library prints it at exit, inside the allocator).
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         writeln!(
             f,
@@ -226,11 +259,12 @@ impl fmt::Display for HugeStats {
         )?;
         write!(
             f,
-            "unmaps: {} ({}), remaps: {}, live: {}",
+            "unmaps: {} ({}), remaps: {}, live: {}, peak mapped: {}",
             self.unmaps,
             human_bytes(self.unmapped_bytes),
             self.remaps,
-            human_bytes(self.live_bytes())
+            human_bytes(self.live_bytes()),
+            human_bytes(self.peak_mapped_bytes)
         )?;
         write!(
             f,
@@ -243,10 +277,11 @@ impl fmt::Display for HugeStats {
         )?;
         write!(
             f,
-            "\nfirst touch: {} probes ({} slow, {:.1} ms), {} blocks ({}) sent to base pages",
+            "\nfirst touch: {} blocks faulted in ({} in {:.1} ms; {} met a slow page), {} blocks ({}) sent to base pages",
             self.first_touch_probes,
-            self.first_touch_slow_probes,
+            human_bytes(self.first_touch_populated_bytes),
             self.first_touch_probe_ns as f64 / 1e6,
+            self.first_touch_slow_probes,
             self.first_touch_base_blocks,
             human_bytes(self.first_touch_base_bytes)
         )?;

@@ -31,7 +31,9 @@ pub(crate) use mappings::{
 };
 #[cfg(feature = "weights")]
 pub(crate) use process::block_termination_signals;
-pub(crate) use process::{getenv, memlock_limit, monotonic_ns, read_small_file, register_atfork};
+pub(crate) use process::{
+    environment_ready, getenv, memlock_limit, monotonic_ns, read_small_file, register_atfork,
+};
 
 #[cfg(target_os = "linux")]
 use mappings::advice_raw;

@@ -22,6 +22,19 @@ pub(crate) fn getenv(name: &std::ffi::CStr) -> Option<&'static [u8]> {
     Some(unsafe { std::ffi::CStr::from_ptr(p) }.to_bytes())
 }
 
+/// Whether the C library has set up the environment (`environ` is not
+/// null). A preloaded allocator is called by the dynamic loader before
+/// that, when `getenv` finds nothing whatever the environment holds.
+pub(crate) fn environment_ready() -> bool {
+    extern "C" {
+        static environ: *const *const libc::c_char;
+    }
+    // SAFETY: a plain read of the C library's `environ` pointer (written
+    // once at start-up, and by `setenv`/`putenv`, which the callers'
+    // `getenv` races with anyway).
+    !unsafe { std::ptr::addr_of!(environ).read_volatile() }.is_null()
+}
+
 /// Read a small file (a sysfs or procfs knob) into `buf` without allocating;
 /// returns the bytes read.
 pub(crate) fn read_small_file<'a>(path: &std::ffi::CStr, buf: &'a mut [u8]) -> Option<&'a [u8]> {

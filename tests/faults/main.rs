@@ -35,6 +35,8 @@ mod caching;
 #[cfg(feature = "capi")]
 mod capi;
 mod huge;
+#[cfg(all(feature = "preload", target_os = "linux", target_env = "gnu"))]
+mod preload;
 #[cfg(target_os = "linux")]
 mod security;
 #[cfg(feature = "weights")]

@@ -7,6 +7,7 @@
 //! ckalloc load DIR/weights.bump [--mode auto|anon|mixed] [--activations SIZE]
 //! ckalloc demo [MODEL.safetensors]    pack, load three ways, verify, compute
 //! ckalloc synth DIR                   write the demo's synthetic model
+//! ckalloc run -- CMD ARGS...          run a program with libckalloc_preload.so preloaded
 //! ```
 //!
 //! Every command takes `--json` (one JSON document on stdout). Errors are one
@@ -28,7 +29,7 @@ mod synthetic;
 mod weights_file;
 
 use clap::{Args, Parser, Subcommand};
-use commands::{demo, inspect, load, pack, probe, synth};
+use commands::{demo, inspect, load, pack, probe, run as run_cmd, synth};
 use error::CliError;
 use std::process::ExitCode;
 
@@ -64,6 +65,9 @@ enum Command {
     Demo(demo::DemoArgs),
     /// Write the synthetic demo model (model.safetensors + config.json) into DIR.
     Synth(synth::SynthArgs),
+    /// Run a program with the preload library (libckalloc_preload.so) in LD_PRELOAD; exits
+    /// with the program's status.
+    Run(run_cmd::RunArgs),
 }
 
 fn run(cli: Cli) -> Result<(), CliError> {
@@ -75,6 +79,8 @@ fn run(cli: Cli) -> Result<(), CliError> {
         Command::Load(a) => load::run(g, a),
         Command::Demo(a) => demo::run(g, a),
         Command::Synth(a) => synth::run(g, a),
+        // Handled in `main`: it becomes the program.
+        Command::Run(_) => Ok(()),
     }
 }
 
@@ -90,6 +96,9 @@ fn main() -> ExitCode {
         Ok(cli) => cli,
         Err(e) => return error::usage_error(e, json),
     };
+    if let Command::Run(a) = cli.command {
+        return run_cmd::run(a);
+    }
     match run(cli) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => e.report(json),

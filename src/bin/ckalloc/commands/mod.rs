@@ -5,4 +5,5 @@ pub mod inspect;
 pub mod load;
 pub mod pack;
 pub mod probe;
+pub mod run;
 pub mod synth;

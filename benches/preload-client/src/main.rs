@@ -1,0 +1,544 @@
+//! The preload client's driver: PyTorch CPU (`serve.py`: transformers'
+//! `BertModel` on all-MiniLM-L6-v2, batch 16 x 128, 2 threads, 7 forward
+//! passes) under eight `LD_PRELOAD` configurations users pick today and
+//! under ckalloc's preload library, `--rounds` interleaved rounds in each
+//! memory state (`--state`; the same states as the real client), then a
+//! large-block microbenchmark (`blocks.c`: allocate, touch, free blocks of
+//! 2 to 256 MiB and a mix, 1 and 2 threads) under the same configurations.
+//! Prints every run, the medians with interquartile ranges, and ckalloc's
+//! ratios to the best of the eight and to default glibc. Exits 1 when a run
+//! fails or the output checksums differ.
+//!
+//! ```text
+//! preload-client --python PY --model DIR --library SO --serve serve.py --blocks-src blocks.c
+//!                [--rounds N] [--quick] [--state thp,4k,none] [--only a,b] [--no-blocks]
+//! ```
+//!
+//! `benches/preload-client/run` passes the paths.
+
+#[path = "../../real-client/src/memory_state.rs"]
+#[allow(dead_code)]
+mod memory_state;
+
+use memory_state::{
+    loadavg, median, page_reporting, prepare, prepare_once, quantile, State, DEFAULT_PREP_MIB,
+};
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitCode};
+
+/// The peer libraries (Debian's packages) and where they are looked for.
+const PEER_LIBS: &[(&str, &str)] = &[
+    ("jemalloc", "libjemalloc.so.2"),
+    ("tcmalloc", "libtcmalloc_minimal.so.4"),
+    ("mimalloc", "libmimalloc.so.2"),
+];
+const LIB_DIRS: &[&str] = &[
+    "/usr/lib/x86_64-linux-gnu",
+    "/usr/lib/aarch64-linux-gnu",
+    "/usr/lib64",
+    "/usr/lib",
+];
+
+/// A configuration: its name, the library it preloads (a key of
+/// `PEER_LIBS`, `"ckalloc"`, or none) and its environment.
+struct Config {
+    name: &'static str,
+    preload: Option<&'static str>,
+    env: &'static [(&'static str, &'static str)],
+}
+
+/// The eight configurations users pick today (defaults, then each one's
+/// huge-page switch), then ckalloc.
+const CONFIGS: &[Config] = &[
+    Config {
+        name: "glibc",
+        preload: None,
+        env: &[],
+    },
+    Config {
+        name: "jemalloc",
+        preload: Some("jemalloc"),
+        env: &[],
+    },
+    Config {
+        name: "tcmalloc",
+        preload: Some("tcmalloc"),
+        env: &[],
+    },
+    Config {
+        name: "mimalloc",
+        preload: Some("mimalloc"),
+        env: &[],
+    },
+    Config {
+        name: "glibc-hugetlb",
+        preload: None,
+        env: &[("GLIBC_TUNABLES", "glibc.malloc.hugetlb=1")],
+    },
+    Config {
+        name: "jemalloc-thp",
+        preload: Some("jemalloc"),
+        env: &[(
+            "MALLOC_CONF",
+            "thp:always,metadata_thp:auto,oversize_threshold:1,background_thread:true",
+        )],
+    },
+    Config {
+        name: "mimalloc-large",
+        preload: Some("mimalloc"),
+        env: &[("MIMALLOC_LARGE_OS_PAGES", "1")],
+    },
+    Config {
+        name: "torch-thp",
+        preload: None,
+        env: &[("THP_MEM_ALLOC_ENABLE", "1")],
+    },
+    Config {
+        name: "ckalloc",
+        preload: Some("ckalloc"),
+        env: &[],
+    },
+];
+
+/// Columns of a serve run: key, title, lower is better.
+const COLUMNS: &[(&str, &str)] = &[
+    ("load_ms", "model load (ms)"),
+    ("forward_first_ms", "forward, first (ms)"),
+    ("forward_median_ms", "forward, median of passes 2-7 (ms)"),
+    ("forward_faults", "forward-pass minor faults"),
+    ("peak_rss_mib", "peak RSS (MiB)"),
+    ("anon_huge_mib", "AnonHugePages (MiB)"),
+];
+
+struct Args {
+    python: PathBuf,
+    model: PathBuf,
+    library: PathBuf,
+    serve: PathBuf,
+    blocks_src: PathBuf,
+    rounds: usize,
+    states: Vec<State>,
+    only: Option<Vec<String>>,
+    blocks: bool,
+}
+
+fn parse_args() -> Result<Args, String> {
+    let mut a = Args {
+        python: "python3".into(),
+        model: PathBuf::new(),
+        library: PathBuf::new(),
+        serve: PathBuf::new(),
+        blocks_src: PathBuf::new(),
+        rounds: 7,
+        states: vec![State::Thp, State::Base4k, State::None],
+        only: None,
+        blocks: true,
+    };
+    let mut it = std::env::args().skip(1);
+    while let Some(arg) = it.next() {
+        let mut val = |name: &str| it.next().ok_or(format!("{name} needs a value"));
+        match arg.as_str() {
+            "--python" => a.python = val("--python")?.into(),
+            "--model" => a.model = val("--model")?.into(),
+            "--library" => a.library = val("--library")?.into(),
+            "--serve" => a.serve = val("--serve")?.into(),
+            "--blocks-src" => a.blocks_src = val("--blocks-src")?.into(),
+            "--rounds" => {
+                a.rounds = val("--rounds")?
+                    .parse()
+                    .ok()
+                    .filter(|n| (1..=100).contains(n))
+                    .ok_or("--rounds: a number from 1 to 100")?
+            }
+            "--quick" => {
+                a.rounds = 1;
+                a.states = vec![State::Thp];
+                a.blocks = false;
+            }
+            "--no-blocks" => a.blocks = false,
+            "--state" => {
+                a.states = val("--state")?
+                    .split(',')
+                    .map(|s| match s {
+                        "thp" => Ok(State::Thp),
+                        "4k" => Ok(State::Base4k),
+                        "none" => Ok(State::None),
+                        other => Err(format!("--state: {other:?} is not thp, 4k or none")),
+                    })
+                    .collect::<Result<_, _>>()?
+            }
+            "--only" => {
+                let only: Vec<String> = val("--only")?.split(',').map(str::to_owned).collect();
+                if let Some(bad) = only.iter().find(|o| !CONFIGS.iter().any(|c| c.name == *o)) {
+                    let names: Vec<&str> = CONFIGS.iter().map(|c| c.name).collect();
+                    return Err(format!(
+                        "--only: no configuration {bad:?} ({})",
+                        names.join(", ")
+                    ));
+                }
+                a.only = Some(only);
+            }
+            other => return Err(format!("unknown argument {other:?}")),
+        }
+    }
+    if a.model.is_file() {
+        a.model = a.model.parent().map(Path::to_path_buf).unwrap_or_default();
+    }
+    for (name, p) in [
+        ("--model", &a.model),
+        ("--library", &a.library),
+        ("--serve", &a.serve),
+    ] {
+        if !p.exists() {
+            return Err(format!("{name} {}: not found", p.display()));
+        }
+    }
+    Ok(a)
+}
+
+/// The path of a peer library, or where to get it.
+fn peer_lib(key: &str) -> Result<PathBuf, String> {
+    let file = PEER_LIBS
+        .iter()
+        .find(|(k, _)| *k == key)
+        .map(|(_, f)| *f)
+        .ok_or(format!("no library for {key}"))?;
+    LIB_DIRS
+        .iter()
+        .map(|d| Path::new(d).join(file))
+        .find(|p| p.is_file())
+        .ok_or(format!(
+            "{file} not found: apt-get install libjemalloc2 libtcmalloc-minimal4 libmimalloc2.0"
+        ))
+}
+
+/// A configuration's environment, `LD_PRELOAD` included.
+fn environment(c: &Config, a: &Args) -> Result<Vec<(String, String)>, String> {
+    let mut env: Vec<(String, String)> = c
+        .env
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    match c.preload {
+        None => {}
+        Some("ckalloc") => env.push(("LD_PRELOAD".into(), a.library.display().to_string())),
+        Some(key) => env.push(("LD_PRELOAD".into(), peer_lib(key)?.display().to_string())),
+    }
+    Ok(env)
+}
+
+fn command(program: &Path, env: &[(String, String)]) -> Command {
+    let mut cmd = Command::new(program);
+    cmd.env_remove("LD_PRELOAD")
+        .env_remove("MALLOC_CONF")
+        .env_remove("GLIBC_TUNABLES")
+        .env_remove("MIMALLOC_LARGE_OS_PAGES")
+        .env_remove("THP_MEM_ALLOC_ENABLE")
+        .envs(env.iter().map(|(k, v)| (k.as_str(), v.as_str())));
+    cmd
+}
+
+struct ServeRun {
+    values: Vec<f64>,
+    checksum: String,
+}
+
+fn serve(a: &Args, env: &[(String, String)]) -> Result<ServeRun, String> {
+    let out = command(&a.python, env)
+        .arg(&a.serve)
+        .arg(&a.model)
+        .args(["16", "128", "7"])
+        .env("OMP_NUM_THREADS", "2")
+        .output()
+        .map_err(|e| format!("{}: {e}", a.python.display()))?;
+    if !out.status.success() {
+        return Err(format!(
+            "serve.py failed ({}): {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        ));
+    }
+    let text = String::from_utf8_lossy(&out.stdout);
+    let line = text
+        .lines()
+        .rev()
+        .find(|l| l.starts_with('{'))
+        .ok_or("serve.py: no JSON line")?;
+    let v: serde_json::Value = serde_json::from_str(line).map_err(|e| format!("serve.py: {e}"))?;
+    let passes: Vec<f64> = v["forward_ms"]
+        .as_array()
+        .ok_or("serve.py: no forward_ms")?
+        .iter()
+        .filter_map(|x| x.as_f64())
+        .collect();
+    let num = |k: &str| v[k].as_f64().ok_or(format!("serve.py: no {k}"));
+    Ok(ServeRun {
+        values: vec![
+            num("load_ms")?,
+            passes.first().copied().unwrap_or(f64::NAN),
+            median(passes.iter().skip(1).copied().collect()),
+            num("forward_faults")?,
+            num("peak_rss_kib")? / 1024.0,
+            num("anon_huge_kib")? / 1024.0,
+        ],
+        checksum: v["checksum"].as_str().unwrap_or("").to_owned(),
+    })
+}
+
+fn main() -> ExitCode {
+    let a = match parse_args() {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!("preload-client: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let configs: Vec<&Config> = CONFIGS
+        .iter()
+        .filter(|c| {
+            a.only
+                .as_ref()
+                .is_none_or(|o| o.iter().any(|x| x == c.name))
+        })
+        .collect();
+    let mut envs = Vec::new();
+    for c in &configs {
+        match environment(c, &a) {
+            Ok(e) => envs.push(e),
+            Err(e) => {
+                eprintln!("preload-client: {}: {e}", c.name);
+                return ExitCode::FAILURE;
+            }
+        }
+    }
+    let mut failed = false;
+    for &state in &a.states {
+        failed |= run_state(state, &a, &configs, &envs);
+    }
+    if a.blocks {
+        failed |= run_blocks(&a, &configs, &envs);
+    }
+    if failed {
+        ExitCode::FAILURE
+    } else {
+        ExitCode::SUCCESS
+    }
+}
+
+fn run_state(state: State, a: &Args, configs: &[&Config], envs: &[Vec<(String, String)>]) -> bool {
+    println!();
+    println!(
+        "preload-client: PyTorch all-MiniLM-L6-v2, {} rounds x {} configurations, memory state {}, \
+         free page reporting {}, load average {}",
+        a.rounds,
+        configs.len(),
+        state.name(),
+        page_reporting(),
+        loadavg()
+    );
+    if let Err(e) = prepare_once(state) {
+        eprintln!("preload-client: {e}");
+        return true;
+    }
+    let mut runs: Vec<Vec<ServeRun>> = configs.iter().map(|_| Vec::new()).collect();
+    let mut failed = false;
+    for round in 0..a.rounds {
+        for k in 0..configs.len() {
+            let i = (round + k) % configs.len();
+            if let Err(e) = prepare(state, DEFAULT_PREP_MIB) {
+                eprintln!("preload-client: {e}");
+                failed = true;
+                continue;
+            }
+            match serve(a, &envs[i]) {
+                Ok(r) => {
+                    let cells: Vec<String> = r.values.iter().map(|v| format!("{v:.1}")).collect();
+                    println!(
+                        "{:<3} {:<15} {}  {}",
+                        round + 1,
+                        configs[i].name,
+                        cells.join(" "),
+                        r.checksum
+                    );
+                    runs[i].push(r);
+                }
+                Err(e) => {
+                    eprintln!(
+                        "preload-client: round {}, {}: {e}",
+                        round + 1,
+                        configs[i].name
+                    );
+                    failed = true;
+                }
+            }
+        }
+    }
+    let col = |i: usize, c: usize| runs[i].iter().map(|r| r.values[c]).collect::<Vec<_>>();
+    println!();
+    println!(
+        "Memory state {}: medians of {} rounds:",
+        state.name(),
+        a.rounds
+    );
+    println!();
+    let titles: Vec<&str> = COLUMNS.iter().map(|c| c.1).collect();
+    println!("| configuration | {} | checksum |", titles.join(" | "));
+    println!("|{}", " --- |".repeat(COLUMNS.len() + 2));
+    for (i, c) in configs.iter().enumerate() {
+        if runs[i].is_empty() {
+            continue;
+        }
+        let cells: Vec<String> = (0..COLUMNS.len())
+            .map(|k| {
+                let m = median(col(i, k));
+                if k <= 2 {
+                    format!(
+                        "{m:.1} (IQR {:.1}-{:.1})",
+                        quantile(col(i, k), 0.25),
+                        quantile(col(i, k), 0.75)
+                    )
+                } else {
+                    format!("{m:.0}")
+                }
+            })
+            .collect();
+        println!(
+            "| {} | {} | {} |",
+            c.name,
+            cells.join(" | "),
+            runs[i][0].checksum
+        );
+    }
+    // ckalloc's ratios to the best of the eight and to default glibc.
+    if let Some(ck) = configs.iter().position(|c| c.name == "ckalloc") {
+        if !runs[ck].is_empty() {
+            println!();
+            println!("| ckalloc's ratio | {} |", titles[..5].join(" | "));
+            println!("|{}", " --- |".repeat(6));
+            let mut best = Vec::new();
+            let mut glibc = Vec::new();
+            for k in 0..5 {
+                let mine = median(col(ck, k));
+                let peers: Vec<(f64, &str)> = configs
+                    .iter()
+                    .enumerate()
+                    .filter(|(i, c)| c.name != "ckalloc" && !runs[*i].is_empty())
+                    .map(|(i, c)| (median(col(i, k)), c.name))
+                    .collect();
+                if let Some((v, n)) = peers.iter().copied().min_by(|x, y| x.0.total_cmp(&y.0)) {
+                    best.push(format!("{:.2}x ({n})", mine / v));
+                }
+                if let Some((v, _)) = peers.iter().find(|(_, n)| *n == "glibc") {
+                    glibc.push(format!("{:.2}x", mine / v));
+                }
+            }
+            println!("| to the best of the others | {} |", best.join(" | "));
+            if !glibc.is_empty() {
+                println!("| to default glibc | {} |", glibc.join(" | "));
+            }
+        }
+    }
+    let sums: Vec<&str> = runs.iter().flatten().map(|r| r.checksum.as_str()).collect();
+    if sums.windows(2).any(|w| w[0] != w[1]) {
+        println!("checksums DIFFER: {sums:?}");
+        failed = true;
+    } else {
+        println!(
+            "checksums: all {} runs agree ({})",
+            sums.len(),
+            sums.first().unwrap_or(&"")
+        );
+    }
+    failed
+}
+
+/// The large-block microbenchmark under every configuration, 1 and 2
+/// threads, interleaved rounds; `true` on a failure.
+fn run_blocks(a: &Args, configs: &[&Config], envs: &[Vec<(String, String)>]) -> bool {
+    let bin = std::env::temp_dir().join(format!("ckalloc-blocks-{}", std::process::id()));
+    let cc = Command::new("cc")
+        .args(["-O2", "-pthread", "-o"])
+        .arg(&bin)
+        .arg(&a.blocks_src)
+        .status();
+    if !cc.is_ok_and(|s| s.success()) {
+        eprintln!("preload-client: cc {} failed", a.blocks_src.display());
+        return true;
+    }
+    let mut failed = false;
+    for threads in [1, 2] {
+        // rows[config][row] = ns per op, one per round
+        let mut rows: Vec<Vec<(String, Vec<f64>)>> = configs.iter().map(|_| Vec::new()).collect();
+        for round in 0..a.rounds.min(5) {
+            for k in 0..configs.len() {
+                let i = (round + k) % configs.len();
+                let out = command(&bin, &envs[i]).arg(threads.to_string()).output();
+                let Some(out) = out.ok().filter(|o| o.status.success()) else {
+                    eprintln!("preload-client: blocks under {} failed", configs[i].name);
+                    failed = true;
+                    continue;
+                };
+                for line in String::from_utf8_lossy(&out.stdout).lines() {
+                    let f: Vec<&str> = line.split_whitespace().collect();
+                    if let ["ROW", name, _, ns] = f[..] {
+                        let ns: f64 = ns.parse().unwrap_or(f64::NAN);
+                        match rows[i].iter_mut().find(|(n, _)| n == name) {
+                            Some((_, v)) => v.push(ns),
+                            None => rows[i].push((name.to_string(), vec![ns])),
+                        }
+                    }
+                }
+            }
+        }
+        println!();
+        println!(
+            "Large blocks, {threads} thread(s): median ns per allocate + touch + free ({} rounds)",
+            a.rounds.min(5)
+        );
+        println!();
+        let names: Vec<&str> = configs.iter().map(|c| c.name).collect();
+        println!("| block | {} | ckalloc vs best other |", names.join(" | "));
+        println!("|{}", " --- |".repeat(configs.len() + 2));
+        let row_names: Vec<String> =
+            rows.iter()
+                .flatten()
+                .map(|(n, _)| n.clone())
+                .fold(Vec::new(), |mut v, n| {
+                    if !v.contains(&n) {
+                        v.push(n);
+                    }
+                    v
+                });
+        for r in &row_names {
+            let med: Vec<Option<f64>> = rows
+                .iter()
+                .map(|cfg| {
+                    cfg.iter()
+                        .find(|(n, _)| n == r)
+                        .map(|(_, v)| median(v.clone()))
+                })
+                .collect();
+            let cells: Vec<String> = med
+                .iter()
+                .map(|m| m.map_or("-".into(), |v| format!("{v:.0}")))
+                .collect();
+            let ck = configs
+                .iter()
+                .position(|c| c.name == "ckalloc")
+                .and_then(|i| med[i]);
+            let best = configs
+                .iter()
+                .zip(&med)
+                .filter(|(c, _)| c.name != "ckalloc")
+                .filter_map(|(c, m)| m.map(|v| (v, c.name)))
+                .min_by(|x, y| x.0.total_cmp(&y.0));
+            let ratio = match (ck, best) {
+                (Some(ck), Some((b, n))) => format!("{:.2}x faster than {n}", b / ck),
+                _ => "-".into(),
+            };
+            println!("| {r} | {} | {ratio} |", cells.join(" | "));
+        }
+    }
+    let _ = std::fs::remove_file(&bin);
+    failed
+}

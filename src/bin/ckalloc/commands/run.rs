@@ -1,0 +1,129 @@
+//! `ckalloc run -- CMD ARGS...`: run a program with the preload library
+//! (`libckalloc_preload.so`) first in `LD_PRELOAD`. The program replaces
+//! this process (`execvp`), so its exit status and any signal that ends it
+//! are the status of `ckalloc run` itself.
+
+use crate::error::{err, CliError};
+use std::ffi::{OsStr, OsString};
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+/// The library's file name.
+pub const LIBRARY: &str = "libckalloc_preload.so";
+
+#[derive(clap::Args, Debug)]
+#[command(trailing_var_arg = true)]
+pub struct RunArgs {
+    /// The program and its arguments (after `--`).
+    #[arg(required = true, allow_hyphen_values = true, value_name = "CMD")]
+    pub command: Vec<OsString>,
+}
+
+/// Where the library is looked for, in order: `CKALLOC_PRELOAD_LIB` when
+/// set; next to this executable; `../lib` from it (an install prefix); the
+/// build folder (`target/release`, `target/debug` beside this executable's
+/// folder, then those of the source tree it was built from).
+fn candidates(exe: Option<&Path>) -> Vec<PathBuf> {
+    let mut v = Vec::new();
+    if let Some(dir) = exe.and_then(Path::parent) {
+        v.push(dir.join(LIBRARY));
+        if let Some(up) = dir.parent() {
+            v.push(up.join("lib").join(LIBRARY));
+            v.push(up.join("release").join(LIBRARY));
+            v.push(up.join("debug").join(LIBRARY));
+        }
+    }
+    let tree = Path::new(env!("CARGO_MANIFEST_DIR")).join("target");
+    v.push(tree.join("release").join(LIBRARY));
+    v.push(tree.join("debug").join(LIBRARY));
+    v
+}
+
+/// The library to preload, or an error that says where to put it.
+fn find_library() -> Result<PathBuf, CliError> {
+    if let Some(p) = ckalloc::env::preload_lib() {
+        return if p.is_file() {
+            Ok(p)
+        } else {
+            Err(err(format!(
+                "CKALLOC_PRELOAD_LIB={} is not a file",
+                p.display()
+            )))
+        };
+    }
+    let exe = std::env::current_exe().ok();
+    let looked = candidates(exe.as_deref());
+    if let Some(p) = looked.iter().find(|p| p.is_file()) {
+        return Ok(p.clone());
+    }
+    let list: Vec<String> = looked.iter().map(|p| p.display().to_string()).collect();
+    Err(err(format!(
+        "{LIBRARY} not found (looked in {}); build it with `cargo build --release -p \
+         ckalloc-preload` in ckalloc's source tree and put target/release/{LIBRARY} next to \
+         the ckalloc executable (`cargo install` installs no shared library), or set \
+         CKALLOC_PRELOAD_LIB to its path",
+        list.join(", ")
+    )))
+}
+
+/// `LD_PRELOAD` with `lib` first, keeping what was there.
+fn preload_value(lib: &Path, old: Option<&OsStr>) -> OsString {
+    let mut v = OsString::from(lib);
+    if let Some(old) = old.filter(|o| !o.is_empty()) {
+        v.push(" ");
+        v.push(old);
+    }
+    v
+}
+
+/// Replace this process with the program; returns only when it cannot be
+/// started: exit status 127 when it is not found, 126 otherwise (as `sh`
+/// and `env` do), 1 when the library is not found.
+pub fn run(a: RunArgs) -> ExitCode {
+    let lib = match find_library() {
+        Ok(l) => l,
+        Err(e) => return e.report(false),
+    };
+    let Some((program, args)) = a.command.split_first() else {
+        return err("no program given").report(false);
+    };
+    let old = std::env::var_os("LD_PRELOAD");
+    let e = std::process::Command::new(program)
+        .args(args)
+        .env("LD_PRELOAD", preload_value(&lib, old.as_deref()))
+        .exec();
+    let code = if e.kind() == std::io::ErrorKind::NotFound {
+        127
+    } else {
+        126
+    };
+    let _ = err(format!("cannot run {}: {e}", Path::new(program).display())).report(false);
+    ExitCode::from(code)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_library_goes_first_and_keeps_other_preloads() {
+        let lib = Path::new("/x/libckalloc_preload.so");
+        assert_eq!(preload_value(lib, None), "/x/libckalloc_preload.so");
+        assert_eq!(
+            preload_value(lib, Some(OsStr::new("/y/libjemalloc.so.2"))),
+            "/x/libckalloc_preload.so /y/libjemalloc.so.2"
+        );
+        assert_eq!(
+            preload_value(lib, Some(OsStr::new(""))),
+            "/x/libckalloc_preload.so"
+        );
+    }
+
+    #[test]
+    fn candidates_start_next_to_the_executable() {
+        let c = candidates(Some(Path::new("/opt/ck/bin/ckalloc")));
+        assert_eq!(c[0], Path::new("/opt/ck/bin/libckalloc_preload.so"));
+        assert_eq!(c[1], Path::new("/opt/ck/lib/libckalloc_preload.so"));
+    }
+}

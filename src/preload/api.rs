@@ -1,0 +1,351 @@
+//! The C allocation API with glibc 2.36's semantics, routed by size: the
+//! entry points the preload library exports under the C names, callable
+//! from Rust (the `preload_ops` fuzz target drives them).
+
+use super::glibc::{self, GlibcMalloc, MALLOC_ALIGNMENT};
+use super::COUNTERS;
+use crate::env;
+use crate::huge::{registry, retain_tick_small, CkHuge};
+use crate::sys::{self, HUGE_PAGE_2M};
+use std::alloc::{GlobalAlloc, Layout};
+use std::ffi::{c_int, c_void};
+use std::ptr::{self, NonNull};
+use std::sync::atomic::Ordering::Relaxed;
+
+/// The huge-page engine behind the C API: `CkHuge` with glibc as its small
+/// allocator. Threshold 1: every block it is handed is a mapped one (the
+/// routing by size happens here, against [`env::preload_threshold`]).
+const ENGINE: CkHuge<GlibcMalloc> = CkHuge::with_small_allocator(GlibcMalloc).threshold_bytes(1);
+
+fn errno() -> c_int {
+    // SAFETY: the calling thread's errno slot.
+    unsafe { *libc::__errno_location() }
+}
+
+fn set_errno(e: c_int) {
+    // SAFETY: as in `errno`.
+    unsafe { *libc::__errno_location() = e };
+}
+
+/// Whether `size` goes to the huge-page engine.
+#[inline]
+fn is_huge(size: usize) -> bool {
+    size >= env::preload_threshold()
+}
+
+/// The length of the block registered at `p` (a live ckalloc block),
+/// `None` for any other pointer. Touches no memory at `p`.
+#[inline]
+fn block_len(p: *mut c_void) -> Option<usize> {
+    if !(p as usize).is_multiple_of(HUGE_PAGE_2M) || p.is_null() {
+        return None;
+    }
+    registry::lookup(p.cast())
+}
+
+/// A huge-page block for `size` bytes (at least the threshold) aligned to
+/// `align` (a power of two), registered; null with `errno = ENOMEM` when
+/// none can be had. `errno` is left as it was on success.
+#[cold]
+fn huge_alloc(size: usize, align: usize, zeroed: bool) -> *mut c_void {
+    let Ok(layout) = Layout::from_size_align(size, align.max(MALLOC_ALIGNMENT)) else {
+        set_errno(libc::ENOMEM);
+        return ptr::null_mut();
+    };
+    let saved = errno();
+    // SAFETY: `size` is at least the threshold, at least 1.
+    let p = unsafe {
+        if zeroed {
+            ENGINE.alloc_zeroed(layout)
+        } else {
+            ENGINE.alloc(layout)
+        }
+    };
+    let (Some(block), Some(len)) = (NonNull::new(p), sys::round_up(size, HUGE_PAGE_2M)) else {
+        set_errno(libc::ENOMEM);
+        return ptr::null_mut();
+    };
+    if registry::register(block, len).is_err() {
+        // A block the registry cannot hold could never be told from glibc's
+        // on `free`: give it back and serve the request from glibc.
+        // SAFETY: the block came from `ENGINE` with `layout`, unused.
+        unsafe { ENGINE.dealloc(p, layout) };
+        COUNTERS.registry_fallbacks.fetch_add(1, Relaxed);
+        set_errno(saved);
+        return if zeroed {
+            glibc::calloc(1, size)
+        } else {
+            glibc::memalign(layout.align(), size)
+        };
+    }
+    COUNTERS.blocks.fetch_add(1, Relaxed);
+    COUNTERS.bytes.fetch_add(size as u64, Relaxed);
+    set_errno(saved);
+    p.cast()
+}
+
+/// Give back a block removed from the registry.
+///
+/// # Safety
+/// `p` is a ckalloc block of `len` mapped bytes, no longer used.
+#[cold]
+unsafe fn huge_free(p: *mut c_void, len: usize) {
+    // SAFETY: the caller's contract; `len` rounds to the block's length.
+    unsafe {
+        ENGINE.dealloc(
+            p.cast(),
+            Layout::from_size_align_unchecked(len, MALLOC_ALIGNMENT),
+        )
+    }
+}
+
+/// `malloc(3)`: at least `size` bytes aligned to 16, or null with `errno =
+/// ENOMEM`; `malloc(0)` returns a unique pointer (glibc's).
+#[inline]
+pub fn malloc(size: usize) -> *mut c_void {
+    if !is_huge(size) {
+        retain_tick_small();
+        return glibc::malloc(size);
+    }
+    huge_alloc(size, MALLOC_ALIGNMENT, false)
+}
+
+/// `free(3)`: null does nothing; a ckalloc block goes back to the engine
+/// (retained or unmapped), any other pointer to glibc.
+///
+/// # Safety
+/// `p` is null or a live block of this API or of glibc's allocator.
+#[inline]
+pub unsafe fn free(p: *mut c_void) {
+    if (p as usize).is_multiple_of(HUGE_PAGE_2M) && !p.is_null() {
+        if let Some(len) = registry::remove(p.cast()) {
+            // SAFETY: the registry held the block: ours, `len` bytes.
+            return unsafe { huge_free(p, len) };
+        }
+    }
+    // SAFETY: not a ckalloc block, so glibc's (the caller's contract).
+    unsafe { glibc::free(p) }
+}
+
+/// `calloc(3)`: `n * size` bytes, all zero; null with `errno = ENOMEM`
+/// when the product overflows or no memory is left.
+pub fn calloc(n: usize, size: usize) -> *mut c_void {
+    let Some(total) = n.checked_mul(size) else {
+        set_errno(libc::ENOMEM);
+        return ptr::null_mut();
+    };
+    if !is_huge(total) {
+        retain_tick_small();
+        return glibc::calloc(n, size);
+    }
+    huge_alloc(total, MALLOC_ALIGNMENT, true)
+}
+
+/// `realloc(3)` as glibc 2.36 has it: `realloc(NULL, n)` is `malloc(n)`;
+/// `realloc(p, 0)` frees `p` and returns null; otherwise the contents up
+/// to the smaller size are kept, the block moving across the threshold in
+/// either direction (huge blocks grow and shrink with `mremap` as
+/// [`CkHuge`] does). On failure: null, `errno = ENOMEM`, `p` untouched.
+///
+/// # Safety
+/// `p` is null or a live block of this API or of glibc's allocator.
+pub unsafe fn realloc(p: *mut c_void, size: usize) -> *mut c_void {
+    if p.is_null() {
+        return malloc(size);
+    }
+    if size == 0 {
+        // SAFETY: the caller's contract.
+        unsafe { free(p) };
+        return ptr::null_mut();
+    }
+    if let Some(len) = block_len(p) {
+        // SAFETY: `p` is a ckalloc block of `len` bytes.
+        return unsafe { realloc_huge(p, len, size) };
+    }
+    if !is_huge(size) {
+        // SAFETY: a glibc block (the caller's contract).
+        return unsafe { glibc::realloc(p, size) };
+    }
+    let q = huge_alloc(size, MALLOC_ALIGNMENT, false);
+    if !q.is_null() {
+        // SAFETY: `p` is glibc's with at least `usable_size(p)` readable
+        // bytes; `q` holds `size`; distinct blocks.
+        unsafe {
+            let keep = glibc::usable_size(p).min(size);
+            ptr::copy_nonoverlapping(p.cast::<u8>(), q.cast::<u8>(), keep);
+            glibc::free(p);
+        }
+    }
+    q
+}
+
+/// `realloc` of a ckalloc block of `len` bytes to `size` (non-zero).
+///
+/// # Safety
+/// `p` is a live ckalloc block of `len` bytes.
+#[cold]
+unsafe fn realloc_huge(p: *mut c_void, len: usize, size: usize) -> *mut c_void {
+    if Layout::from_size_align(size, MALLOC_ALIGNMENT).is_err() {
+        set_errno(libc::ENOMEM);
+        return ptr::null_mut();
+    }
+    if !is_huge(size) {
+        let q = glibc::malloc(size);
+        if !q.is_null() {
+            // SAFETY: `size < threshold <= len`: both hold `size` bytes.
+            unsafe { ptr::copy_nonoverlapping(p.cast::<u8>(), q.cast::<u8>(), size) };
+            // SAFETY: `p` is ours and no longer used.
+            unsafe { free(p) };
+        }
+        return q;
+    }
+    let saved = errno();
+    // Out of the registry while it moves, so that no other thread can find
+    // the old address taken by a block it maps there meanwhile.
+    if registry::remove(p.cast()).is_none() {
+        set_errno(libc::EINVAL);
+        return ptr::null_mut();
+    }
+    // SAFETY: `p` came from `ENGINE` with `len` bytes (any size rounding to
+    // it is valid); `size` is non-zero.
+    let q = unsafe {
+        ENGINE.realloc(
+            p.cast(),
+            Layout::from_size_align_unchecked(len, MALLOC_ALIGNMENT),
+            size,
+        )
+    };
+    let (Some(block), Some(new_len)) = (NonNull::new(q), sys::round_up(size, HUGE_PAGE_2M)) else {
+        // The block is as it was: back into the registry (its word is
+        // free: nothing else can be mapped at a live block's address).
+        if let Some(b) = NonNull::new(p.cast()) {
+            let _ = registry::register(b, len);
+        }
+        set_errno(libc::ENOMEM);
+        return ptr::null_mut();
+    };
+    if registry::register(block, new_len).is_err() {
+        // The moved block cannot be registered: copy it into glibc's
+        // memory, or fail having lost nothing but the moved copy's bytes
+        // (see the module docs' "Limits").
+        let r = glibc::malloc(size);
+        if !r.is_null() {
+            // SAFETY: both hold `size` bytes; distinct blocks.
+            unsafe { ptr::copy_nonoverlapping(q.cast::<u8>(), r.cast::<u8>(), size) };
+        }
+        // SAFETY: `q` came from `ENGINE`, unregistered and no longer used.
+        unsafe { huge_free(q.cast(), new_len) };
+        COUNTERS.registry_fallbacks.fetch_add(1, Relaxed);
+        return r;
+    }
+    set_errno(saved);
+    q.cast()
+}
+
+/// `reallocarray(3)`: `realloc(p, n * size)`, or null with `errno =
+/// ENOMEM` and `p` untouched when the product overflows.
+///
+/// # Safety
+/// As [`realloc`].
+pub unsafe fn reallocarray(p: *mut c_void, n: usize, size: usize) -> *mut c_void {
+    match n.checked_mul(size) {
+        // SAFETY: the caller's contract.
+        Some(total) => unsafe { realloc(p, total) },
+        None => {
+            set_errno(libc::ENOMEM);
+            ptr::null_mut()
+        }
+    }
+}
+
+/// `memalign(3)` as glibc 2.36 has it: an alignment up to 16 is
+/// `malloc`'s; one that is not a power of two is rounded up to the next;
+/// one above `SIZE_MAX / 2 + 1` fails with `EINVAL`. Huge blocks honour
+/// alignments past 2 MiB (up to any power of two the address space allows).
+pub fn memalign(align: usize, size: usize) -> *mut c_void {
+    if align <= MALLOC_ALIGNMENT {
+        return malloc(size);
+    }
+    let Some(align) = align.checked_next_power_of_two() else {
+        set_errno(libc::EINVAL);
+        return ptr::null_mut();
+    };
+    if !is_huge(size) {
+        return glibc::memalign(align, size);
+    }
+    huge_alloc(size, align, false)
+}
+
+/// `aligned_alloc(3)` as glibc 2.36 has it: `memalign` (glibc 2.38 and
+/// later refuse an alignment that is not a power of two with `EINVAL`;
+/// 2.36 rounds it up, and so does this).
+pub fn aligned_alloc(align: usize, size: usize) -> *mut c_void {
+    memalign(align, size)
+}
+
+/// `posix_memalign(3)`: `EINVAL` (and `*out` untouched) unless `align` is
+/// a power of two and a multiple of `sizeof(void *)`; `ENOMEM` when no
+/// memory is left; else 0 with the block in `*out`.
+///
+/// # Safety
+/// `out` is valid for a pointer write.
+pub unsafe fn posix_memalign(out: *mut *mut c_void, align: usize, size: usize) -> c_int {
+    if !align.is_power_of_two() || !align.is_multiple_of(std::mem::size_of::<*mut c_void>()) {
+        return libc::EINVAL;
+    }
+    let p = memalign(align, size);
+    if p.is_null() {
+        return libc::ENOMEM;
+    }
+    // SAFETY: the caller's contract.
+    unsafe { out.write(p) };
+    0
+}
+
+/// `valloc(3)`: `memalign(page size, size)`.
+pub fn valloc(size: usize) -> *mut c_void {
+    if !is_huge(size) {
+        return glibc::valloc(size);
+    }
+    huge_alloc(size, sys::page_size(), false)
+}
+
+/// `pvalloc(3)`: `size` rounded up to a whole page, page aligned; null with
+/// `errno = ENOMEM` when the rounding overflows.
+pub fn pvalloc(size: usize) -> *mut c_void {
+    let page = sys::page_size();
+    let Some(rounded) = sys::round_up(size.max(1), page) else {
+        set_errno(libc::ENOMEM);
+        return ptr::null_mut();
+    };
+    if !is_huge(rounded) {
+        return glibc::pvalloc(size);
+    }
+    huge_alloc(rounded, page, false)
+}
+
+/// `malloc_usable_size(3)`: the bytes usable at `p` (at least the size
+/// asked for; all of them may be written): a ckalloc block's whole mapped
+/// length, glibc's answer for any other pointer, 0 for null.
+///
+/// # Safety
+/// `p` is null or a live block of this API or of glibc's allocator.
+pub unsafe fn malloc_usable_size(p: *mut c_void) -> usize {
+    if p.is_null() {
+        return 0;
+    }
+    if let Some(len) = block_len(p) {
+        return len;
+    }
+    // SAFETY: a glibc block (the caller's contract).
+    unsafe { glibc::usable_size(p) }
+}
+
+/// `malloc_trim(3)`: gives every retained huge-page block back to the
+/// kernel ([`release_retained`](crate::release_retained)), then runs
+/// glibc's `malloc_trim(pad)`; 1 when either released memory, else 0.
+pub fn malloc_trim(pad: usize) -> c_int {
+    let released = crate::release_retained();
+    let trimmed = glibc::trim(pad);
+    c_int::from(released > 0 || trimmed != 0)
+}

@@ -1,0 +1,204 @@
+//! glibc's own allocator, reached past the preload library's exported
+//! `malloc`: the `__libc_*` entry points glibc 2.36 exports
+//! (`malloc/malloc.c`: `__libc_malloc`, `__libc_free`, `__libc_calloc`,
+//! `__libc_realloc`, `__libc_memalign`, `__libc_valloc`, `__libc_pvalloc`),
+//! and, for the functions glibc exports under their public name only
+//! (`malloc_usable_size`, `malloc_trim`), the next definition after this
+//! library's, found once with `dlsym(RTLD_NEXT)` and cached.
+//!
+//! [`GlibcMalloc`] is a [`GlobalAlloc`] over them: the small allocator of
+//! the preload path, and the `#[global_allocator]` of the preload library,
+//! whose Rust code must not reach `System` (`System` calls the exported
+//! `malloc`, the library itself).
+
+use std::alloc::{GlobalAlloc, Layout};
+use std::ffi::{c_int, c_void, CStr};
+use std::sync::atomic::{AtomicPtr, Ordering};
+
+/// glibc's alignment of `malloc` blocks (`MALLOC_ALIGNMENT` on x86_64 and
+/// aarch64: 16 bytes).
+pub const MALLOC_ALIGNMENT: usize = 16;
+
+extern "C" {
+    fn __libc_malloc(size: usize) -> *mut c_void;
+    fn __libc_free(p: *mut c_void);
+    fn __libc_calloc(n: usize, size: usize) -> *mut c_void;
+    fn __libc_realloc(p: *mut c_void, size: usize) -> *mut c_void;
+    fn __libc_memalign(align: usize, size: usize) -> *mut c_void;
+    fn __libc_valloc(size: usize) -> *mut c_void;
+    fn __libc_pvalloc(size: usize) -> *mut c_void;
+}
+
+/// glibc's `malloc(size)`.
+#[inline]
+pub fn malloc(size: usize) -> *mut c_void {
+    // SAFETY: any size is valid; glibc returns null or a block.
+    unsafe { __libc_malloc(size) }
+}
+
+/// glibc's `free(p)`.
+///
+/// # Safety
+/// `p` is null or a live block of glibc's allocator.
+#[inline]
+pub unsafe fn free(p: *mut c_void) {
+    // SAFETY: the caller's contract.
+    unsafe { __libc_free(p) }
+}
+
+/// glibc's `calloc(n, size)` (it checks `n * size` for overflow).
+#[inline]
+pub fn calloc(n: usize, size: usize) -> *mut c_void {
+    // SAFETY: any sizes are valid.
+    unsafe { __libc_calloc(n, size) }
+}
+
+/// glibc's `realloc(p, size)`.
+///
+/// # Safety
+/// `p` is null or a live block of glibc's allocator.
+#[inline]
+pub unsafe fn realloc(p: *mut c_void, size: usize) -> *mut c_void {
+    // SAFETY: the caller's contract.
+    unsafe { __libc_realloc(p, size) }
+}
+
+/// glibc's `memalign(align, size)` (any `align`: glibc rounds a value that
+/// is not a power of two up to one, and sets `EINVAL` past `SIZE_MAX / 2 + 1`).
+#[inline]
+pub fn memalign(align: usize, size: usize) -> *mut c_void {
+    // SAFETY: any arguments are valid.
+    unsafe { __libc_memalign(align, size) }
+}
+
+/// glibc's `valloc(size)`.
+#[inline]
+pub fn valloc(size: usize) -> *mut c_void {
+    // SAFETY: any size is valid.
+    unsafe { __libc_valloc(size) }
+}
+
+/// glibc's `pvalloc(size)`.
+#[inline]
+pub fn pvalloc(size: usize) -> *mut c_void {
+    // SAFETY: any size is valid.
+    unsafe { __libc_pvalloc(size) }
+}
+
+/// A symbol of the libraries after this one, looked up once.
+struct Next {
+    name: &'static CStr,
+    /// Null: not looked up yet; `NOT_FOUND`: looked up, absent.
+    addr: AtomicPtr<c_void>,
+}
+
+const NOT_FOUND: *mut c_void = std::ptr::dangling_mut::<c_void>();
+
+impl Next {
+    const fn new(name: &'static CStr) -> Next {
+        Next {
+            name,
+            addr: AtomicPtr::new(std::ptr::null_mut()),
+        }
+    }
+
+    /// The address, `None` when no later library defines the symbol.
+    /// `dlsym` may call `malloc` or `calloc` the first time; those never
+    /// come back here, so the lookup cannot recurse.
+    fn get(&self) -> Option<*mut c_void> {
+        let mut a = self.addr.load(Ordering::Acquire);
+        if a.is_null() {
+            // SAFETY: a NUL-terminated name; RTLD_NEXT from this library.
+            let found = unsafe { libc::dlsym(libc::RTLD_NEXT, self.name.as_ptr()) };
+            a = if found.is_null() { NOT_FOUND } else { found };
+            self.addr.store(a, Ordering::Release);
+        }
+        (a != NOT_FOUND).then_some(a)
+    }
+}
+
+static USABLE_SIZE: Next = Next::new(c"malloc_usable_size");
+static TRIM: Next = Next::new(c"malloc_trim");
+
+/// glibc's `malloc_usable_size(p)`, 0 when it cannot be found.
+///
+/// # Safety
+/// `p` is null or a live block of glibc's allocator.
+pub unsafe fn usable_size(p: *mut c_void) -> usize {
+    let Some(f) = USABLE_SIZE.get() else {
+        return 0;
+    };
+    // SAFETY: `malloc_usable_size`'s C signature; the caller's contract.
+    unsafe {
+        let f: unsafe extern "C" fn(*mut c_void) -> usize = std::mem::transmute(f);
+        f(p)
+    }
+}
+
+/// glibc's `malloc_trim(pad)`, 0 when it cannot be found.
+pub fn trim(pad: usize) -> c_int {
+    let Some(f) = TRIM.get() else {
+        return 0;
+    };
+    // SAFETY: `malloc_trim`'s C signature; any `pad` is valid.
+    unsafe {
+        let f: unsafe extern "C" fn(usize) -> c_int = std::mem::transmute(f);
+        f(pad)
+    }
+}
+
+/// A [`GlobalAlloc`] over glibc's own allocator (see the module docs).
+/// Thread-safe as glibc's allocator is.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct GlibcMalloc;
+
+// SAFETY: glibc returns blocks of at least the size asked for, aligned to
+// `MALLOC_ALIGNMENT` from `malloc`/`calloc`/`realloc` and to the alignment
+// asked for from `memalign`; a larger alignment always goes to `memalign`,
+// and `realloc` of such a block allocates a new aligned one and copies.
+unsafe impl GlobalAlloc for GlibcMalloc {
+    #[inline]
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        if layout.align() <= MALLOC_ALIGNMENT {
+            malloc(layout.size()).cast()
+        } else {
+            memalign(layout.align(), layout.size()).cast()
+        }
+    }
+
+    #[inline]
+    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        if layout.align() <= MALLOC_ALIGNMENT {
+            return calloc(1, layout.size()).cast();
+        }
+        let p = memalign(layout.align(), layout.size()).cast::<u8>();
+        if !p.is_null() {
+            // SAFETY: a fresh block of `layout.size()` bytes.
+            unsafe { std::ptr::write_bytes(p, 0, layout.size()) };
+        }
+        p
+    }
+
+    #[inline]
+    unsafe fn dealloc(&self, ptr: *mut u8, _layout: Layout) {
+        // SAFETY: the block came from glibc (`alloc`).
+        unsafe { free(ptr.cast()) }
+    }
+
+    #[inline]
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        if layout.align() <= MALLOC_ALIGNMENT {
+            // SAFETY: the block came from glibc; `new_size` is non-zero.
+            return unsafe { realloc(ptr.cast(), new_size) }.cast();
+        }
+        let p = memalign(layout.align(), new_size).cast::<u8>();
+        if !p.is_null() {
+            // SAFETY: disjoint blocks of at least min(old, new) bytes.
+            unsafe {
+                std::ptr::copy_nonoverlapping(ptr, p, layout.size().min(new_size));
+                free(ptr.cast());
+            }
+        }
+        p
+    }
+}

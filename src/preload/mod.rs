@@ -1,0 +1,173 @@
+//! The engine of the preload library, `libckalloc_preload.so` (package
+//! `ckalloc-preload`, directory `preload/`): the C allocation API served
+//! by ckalloc for programs that are not recompiled, loaded with
+//! `LD_PRELOAD` the way users load jemalloc or tcmalloc. Behind the
+//! `preload` feature, Linux with glibc only.
+//!
+//! ```text
+//! cargo build --release -p ckalloc-preload
+//! LD_PRELOAD=$PWD/target/release/libckalloc_preload.so python3 serve.py
+//! ckalloc run -- python3 serve.py            # the same, found for you
+//! ```
+//!
+//! The library exports `malloc`, `free`, `calloc`, `realloc`,
+//! `reallocarray`, `posix_memalign`, `aligned_alloc`, `memalign`, `valloc`,
+//! `pvalloc`, `malloc_usable_size` and `malloc_trim`, each a thin wrapper
+//! of the function of the same name here. `libckalloc.so` (the C ABI of
+//! `ckernel_alloc.h`, feature `capi`) exports none of them: linking it
+//! never replaces a program's `malloc`.
+//!
+//! # Routing
+//!
+//! A request of at least [`env::preload_threshold`](crate::env::preload_threshold)
+//! bytes (`CKALLOC_PRELOAD_THRESHOLD`, default 2 MiB) gets a huge-page
+//! block from the engine of [`CkHuge`](crate::CkHuge): the tier ladder
+//! (hugetlb, THP, normal pages), the retention cache, short tails and the
+//! first-touch policy ([`huge`](crate::huge) documents each). The block's
+//! start and mapped length go into the engine's block registry (a
+//! lock-free two-level radix map over 2 MiB-aligned addresses), so `free`,
+//! `realloc` and `malloc_usable_size` tell a ckalloc block from any other
+//! pointer in constant time from its address alone (one alignment test,
+//! then two loads), without touching memory at the pointer.
+//!
+//! Smaller requests, and every pointer the registry does not hold, go to
+//! glibc's own allocator through the entry points glibc 2.36 exports
+//! for that purpose:
+//!
+//! | call | reaches glibc through |
+//! | --- | --- |
+//! | `malloc`, `free`, `calloc`, `realloc` | `__libc_malloc`, `__libc_free`, `__libc_calloc`, `__libc_realloc` |
+//! | `memalign`, `aligned_alloc`, `posix_memalign` | `__libc_memalign` (glibc exports no `__libc_posix_memalign` or `__libc_aligned_alloc`; the checks of each are done here) |
+//! | `valloc`, `pvalloc` | `__libc_valloc`, `__libc_pvalloc` |
+//! | `reallocarray` | the overflow check here, then `realloc` (`__libc_reallocarray` is `GLIBC_PRIVATE`) |
+//! | `malloc_usable_size`, `malloc_trim` | glibc's exported functions, found once with `dlsym(RTLD_NEXT)` and cached (`dlsym` may call `malloc` or `calloc`, which never need it, so the lookup cannot recurse) |
+//!
+//! # Semantics (glibc 2.36, `malloc(3)`, `posix_memalign(3)`, `malloc_usable_size(3)`)
+//!
+//! - `malloc(0)` returns a unique pointer (glibc's); `free(NULL)` does
+//!   nothing; failures return null with `errno = ENOMEM`; the huge path
+//!   leaves `errno` as it was on success.
+//! - `calloc` fails with `ENOMEM` when `n * size` overflows; huge blocks
+//!   read zero, also when they come from the retention cache.
+//! - `realloc(NULL, n)` is `malloc(n)`; `realloc(p, 0)` frees `p` and
+//!   returns null (glibc's `REALLOC_ZERO_BYTES_FREES`); a block moves
+//!   across the threshold in either direction with its contents, and
+//!   huge blocks grow and shrink with `mremap` as `CkHuge` does. On
+//!   failure `p` is untouched.
+//! - `memalign` and `aligned_alloc` follow glibc 2.36: an alignment up to
+//!   16 is `malloc`'s, one that is not a power of two is rounded up to the
+//!   next, one above `SIZE_MAX / 2 + 1` fails with `EINVAL` (glibc 2.38's
+//!   `aligned_alloc` refuses alignments that are not powers of two; 2.36's
+//!   does not). `posix_memalign` returns `EINVAL` unless the alignment is
+//!   a power of two and a multiple of `sizeof(void *)`. Huge blocks honour
+//!   every alignment up to 1 GiB and beyond (by over-reserving address
+//!   space).
+//! - `malloc_usable_size` of a huge block is its whole mapped length
+//!   (the request rounded up to 2 MiB), all of it writable.
+//! - `malloc_trim` gives every retained huge block back to the kernel,
+//!   then runs glibc's.
+//! - `mallinfo2`, `malloc_stats` and `malloc_info` are glibc's and count
+//!   glibc's memory only: ckalloc's blocks are in [`huge_stats`](crate::huge_stats)
+//!   and in the `CKALLOC_SHOW_STATS` summary.
+//! - C++ `operator new` and `delete` reach these functions through
+//!   libstdc++'s `malloc` and `free`.
+//!
+//! # Start-up, threads, fork
+//!
+//! - The paths never call the exported allocator (the library's Rust code
+//!   allocates through [`GlibcMalloc`]), never panic, never print and
+//!   start no thread. The environment is read with `getenv`, without
+//!   allocating; a call from the dynamic loader before the C library has
+//!   set up the environment uses the defaults and reads again later.
+//! - A signal handler that interrupts `malloc` and calls `malloc` is not
+//!   supported (as in glibc); handlers elsewhere work.
+//! - `fork`: the retention cache's `pthread_atfork` handlers (registered
+//!   when the library loads) let a child of a multi-threaded parent
+//!   allocate; the registry is lock-free and needs none; glibc handles
+//!   its own arenas. `vfork` and `posix_spawn` run no `atfork` handlers:
+//!   their child may only `exec` or `_exit` (POSIX), which never call the
+//!   allocator, so nothing is needed there.
+//!
+//! # Seeing what you got
+//!
+//! `CKALLOC_SHOW_STATS=1` prints one summary to stderr when the process
+//! calls `exit` (or returns from `main`): huge blocks served and bytes
+//! requested, then [`huge_stats`](crate::huge_stats) (blocks and bytes per
+//! tier, retention hits and misses, decayed bytes, the peak of mapped
+//! bytes, the first-touch policy, the settings), every line labelled
+//! `ckalloc[PID]: `, formatted without allocating. A child that inherits
+//! the variable prints its own; `_exit` (and a death by signal) prints
+//! none.
+//!
+//! # Limits
+//!
+//! - Static binaries and set-user-ID or set-group-ID programs ignore
+//!   `LD_PRELOAD` (`ld.so(8)`); so do programs that link their own
+//!   allocator statically (it takes the calls first).
+//! - A library opened with `dlopen(RTLD_DEEPBIND)` resolves `malloc` and
+//!   `free` to glibc's own: a ckalloc block freed there reaches glibc's
+//!   `free`, which aborts ("free(): invalid pointer") or worse. jemalloc
+//!   and tcmalloc have the same limit.
+//! - AddressSanitizer, valgrind and other tools that replace `malloc`
+//!   take the calls themselves.
+//! - The registry holds addresses below 2^47 (4-level paging); a
+//!   block the kernel maps above (only when asked with a hint) is served
+//!   by glibc instead. Mapping a 32 KiB registry leaf can fail with
+//!   `ENOMEM`: the request is then served by glibc too, counted in the
+//!   summary; a `realloc` that moved a huge block in that moment copies
+//!   it into glibc's memory, and returns null (with the old block gone)
+//!   only if glibc has no memory either.
+//! - musl and 32-bit targets are not supported (the library needs
+//!   glibc's `__libc_*` entry points and a 47-bit address space).
+
+mod api;
+pub mod glibc;
+mod report;
+
+pub use api::{
+    aligned_alloc, calloc, free, malloc, malloc_trim, malloc_usable_size, memalign, posix_memalign,
+    pvalloc, realloc, reallocarray, valloc,
+};
+pub use glibc::GlibcMalloc;
+pub use report::write_summary;
+
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+
+pub(crate) struct Counters {
+    pub(crate) blocks: AtomicU64,
+    pub(crate) bytes: AtomicU64,
+    pub(crate) registry_fallbacks: AtomicU64,
+}
+
+pub(crate) static COUNTERS: Counters = Counters {
+    blocks: AtomicU64::new(0),
+    bytes: AtomicU64::new(0),
+    registry_fallbacks: AtomicU64::new(0),
+};
+
+/// The preload path's own counters (the engine's are in
+/// [`huge_stats`](crate::huge_stats)).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct PreloadStats {
+    /// Huge-page blocks handed out by the C API (fresh or retained).
+    pub blocks: u64,
+    /// Bytes those requests asked for.
+    pub bytes: u64,
+    /// Requests over the threshold served by glibc because the block
+    /// registry could not hold their block.
+    pub registry_fallbacks: u64,
+    /// The threshold in use, in bytes.
+    pub threshold: usize,
+}
+
+/// Read the preload counters. Never allocates; thread-safe (relaxed
+/// atomics, as [`huge_stats`](crate::huge_stats)).
+pub fn stats() -> PreloadStats {
+    PreloadStats {
+        blocks: COUNTERS.blocks.load(Relaxed),
+        bytes: COUNTERS.bytes.load(Relaxed),
+        registry_fallbacks: COUNTERS.registry_fallbacks.load(Relaxed),
+        threshold: crate::env::preload_threshold(),
+    }
+}

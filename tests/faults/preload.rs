@@ -1,0 +1,100 @@
+//! The preload library's C API (`ckalloc::preload`) under every memory
+//! fault: a failed huge mapping falls to a lower tier or returns null with
+//! `errno = ENOMEM`, a failed `mremap` copies instead, a block that fails
+//! to grow is left as it was; nothing panics, every byte is kept, and
+//! nothing stays mapped once the blocks are freed and the retention cache
+//! released.
+
+use crate::{serial, OPS};
+use ckalloc::fault;
+use ckalloc::preload as c;
+use ckalloc::{huge_stats, release_retained};
+use std::ffi::c_void;
+
+const MIB: usize = 1 << 20;
+
+fn errno() -> i32 {
+    std::io::Error::last_os_error().raw_os_error().unwrap_or(0)
+}
+
+fn fill(p: *mut c_void, n: usize, seed: u8) {
+    for i in (0..n).step_by(4096).chain(n.checked_sub(1)) {
+        // SAFETY: `i < n`, inside a live block of `n` bytes.
+        unsafe { p.cast::<u8>().add(i).write(seed ^ (i / 4096) as u8) };
+    }
+}
+
+fn holds(p: *mut c_void, n: usize, filled: usize, seed: u8) -> bool {
+    (0..n.min(filled))
+        .step_by(4096)
+        .chain(filled.checked_sub(1).filter(|&l| l < n))
+        // SAFETY: inside the block (`i < min(n, filled)`).
+        .all(|i| unsafe { p.cast::<u8>().add(i).read() } == seed ^ (i / 4096) as u8)
+}
+
+#[test]
+fn the_c_api_under_every_fault() {
+    let _g = serial();
+    release_retained();
+    let start = huge_stats().live_bytes();
+    for op in OPS {
+        for n in 1..=6 {
+            fault::fail_nth(op, n, libc::ENOMEM);
+            let big = 8 * MIB + 5;
+            let p = c::malloc(big);
+            if p.is_null() {
+                assert_eq!(errno(), libc::ENOMEM, "{op:?} #{n}");
+            } else {
+                fill(p, big, 1);
+                // SAFETY: a live block of the API.
+                let q = unsafe { c::realloc(p, 40 * MIB) };
+                let p = if q.is_null() {
+                    assert_eq!(errno(), libc::ENOMEM, "{op:?} #{n}");
+                    assert!(
+                        holds(p, big, big, 1),
+                        "{op:?} #{n}: a failed grow lost bytes"
+                    );
+                    p
+                } else {
+                    assert!(holds(q, 40 * MIB, big, 1), "{op:?} #{n}: grow lost bytes");
+                    fill(q, 40 * MIB, 2);
+                    q
+                };
+                // Down across the threshold: glibc's memory.
+                let filled = if q.is_null() { big } else { 40 * MIB };
+                let seed = if q.is_null() { 1 } else { 2 };
+                // SAFETY: a live block of the API.
+                let r = unsafe { c::realloc(p, 100) };
+                assert!(!r.is_null(), "{op:?} #{n}");
+                assert!(
+                    holds(r, 100, filled, seed),
+                    "{op:?} #{n}: shrink lost bytes"
+                );
+                // SAFETY: a live block of the API.
+                unsafe { c::free(r) };
+            }
+            let z = c::calloc(3, 2 * MIB);
+            if z.is_null() {
+                assert_eq!(errno(), libc::ENOMEM, "{op:?} #{n}");
+            } else {
+                // SAFETY: 6 MiB of a live block.
+                let s = unsafe { std::slice::from_raw_parts(z.cast::<u8>(), 6 * MIB) };
+                assert!(s.iter().step_by(512).all(|&b| b == 0), "{op:?} #{n}");
+                // SAFETY: a live block of the API.
+                unsafe { c::free(z) };
+            }
+            let a = c::memalign(4 * MIB, 3 * MIB);
+            if a.is_null() {
+                assert_eq!(errno(), libc::ENOMEM, "{op:?} #{n}");
+            } else {
+                assert_eq!(a as usize % (4 * MIB), 0);
+                fill(a, 3 * MIB, 3);
+                // SAFETY: a live block of the API.
+                unsafe { c::free(a) };
+            }
+            fault::reset();
+            release_retained();
+            assert_eq!(huge_stats().live_bytes(), start, "{op:?} #{n} leaked");
+        }
+    }
+}

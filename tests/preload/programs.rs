@@ -1,0 +1,177 @@
+//! Programs no part of ckalloc knows of, run with and without the library:
+//! the same output both ways, and huge blocks in use with it.
+
+use super::{assert_success, compile, root, run, scratch};
+use std::process::Command;
+
+#[test]
+fn a_cpp_vector_grows_to_1_gib_through_operator_new() {
+    let prog = compile("preload_vector.cpp", "c++", &["-std=c++17"]);
+    let plain = run(Command::new(&prog), false);
+    assert_success(&plain, "vector without the library");
+    let with = run(Command::new(&prog), true);
+    assert_success(&with, "vector with the library");
+    assert_eq!(
+        String::from_utf8_lossy(&plain.stdout),
+        String::from_utf8_lossy(&with.stdout)
+    );
+    assert!(String::from_utf8_lossy(&plain.stdout).starts_with("bytes 1073741824 "));
+    let err = String::from_utf8_lossy(&with.stderr);
+    assert!(err.contains("ckalloc block: yes"), "{err}");
+}
+
+fn git(args: &[&str], dir: &std::path::Path, preload: bool) -> std::process::Output {
+    let mut cmd = Command::new("git");
+    cmd.args(args)
+        .current_dir(dir)
+        .env("GIT_CONFIG_NOSYSTEM", "1")
+        .env("GIT_PAGER", "cat");
+    run(cmd, preload)
+}
+
+#[test]
+fn git_log_and_gc_give_the_same_results() {
+    let src = root();
+    if !src.join(".git").exists() {
+        println!("skipped: {} is not a git checkout", src.display());
+        return;
+    }
+    let plain = git(&["log", "-p", "--no-color", "-n", "400"], &src, false);
+    assert_success(&plain, "git log -p");
+    let with = git(&["log", "-p", "--no-color", "-n", "400"], &src, true);
+    assert_success(&with, "git log -p (preloaded)");
+    assert!(plain.stdout.len() > 1000);
+    assert!(
+        plain.stdout == with.stdout,
+        "git log -p differs under the library"
+    );
+
+    // `git gc` on a copy, then the object database checks out and the
+    // history reads the same.
+    let copy = scratch().join("repo");
+    let cloned = Command::new("git")
+        .args(["clone", "--quiet", "--no-local"])
+        .arg(&src)
+        .arg(&copy)
+        .output()
+        .expect("git clone");
+    assert_success(&cloned, "git clone");
+    let before = git(&["log", "--format=%H %T"], &copy, false);
+    let gc = git(
+        &["gc", "--quiet", "--aggressive", "--prune=now"],
+        &copy,
+        true,
+    );
+    assert_success(&gc, "git gc (preloaded)");
+    let fsck = git(&["fsck", "--full", "--strict"], &copy, true);
+    assert_success(&fsck, "git fsck (preloaded)");
+    let after = git(&["log", "--format=%H %T"], &copy, false);
+    assert_eq!(before.stdout, after.stdout);
+}
+
+/// `numpy` work on arrays from 1 MiB to 512 MiB: matrix products,
+/// `concatenate`, `sort`; prints checksums.
+const NUMPY_SCRIPT: &str = r#"
+import hashlib, sys
+import numpy as np
+rng = np.random.default_rng(7)
+h = hashlib.sha256()
+for mib in (1, 8, 64, 512):
+    n = mib * (1 << 20) // 8
+    a = rng.standard_normal(n)
+    s = np.sort(a)
+    h.update(s[:: max(1, n // 4096)].tobytes())
+    c = np.concatenate([a, s, a[:1000]])
+    h.update(np.float64(c.sum()).tobytes())
+    side = int((n // 4) ** 0.5)
+    m = a[: side * side].reshape(side, side)
+    p = m @ m.T
+    h.update(np.round(p[:: max(1, side // 64), :: max(1, side // 64)], 6).tobytes())
+print(h.hexdigest())
+"#;
+
+#[test]
+fn python_numpy_gives_the_same_results() {
+    let python = std::env::var("CKALLOC_TEST_PYTHON").unwrap_or_else(|_| "python3".into());
+    let has_numpy = Command::new(&python)
+        .args(["-c", "import numpy"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !has_numpy {
+        assert!(
+            std::env::var_os("CKALLOC_REQUIRE_NUMPY").is_none(),
+            "CKALLOC_REQUIRE_NUMPY is set but {python} cannot import numpy"
+        );
+        println!("skipped: {python} cannot import numpy (set CKALLOC_TEST_PYTHON)");
+        return;
+    }
+    let script = |preload: bool| {
+        let mut cmd = Command::new(&python);
+        cmd.args(["-c", NUMPY_SCRIPT])
+            .env("OMP_NUM_THREADS", "2")
+            .env("CKALLOC_SHOW_STATS", "1");
+        run(cmd, preload)
+    };
+    let plain = script(false);
+    assert_success(&plain, "numpy without the library");
+    let with = script(true);
+    assert_success(&with, "numpy with the library");
+    assert_eq!(
+        String::from_utf8_lossy(&plain.stdout),
+        String::from_utf8_lossy(&with.stdout)
+    );
+    let err = String::from_utf8_lossy(&with.stderr);
+    let served = err
+        .lines()
+        .find_map(|l| l.split("preload: ").nth(1))
+        .and_then(|rest| rest.split(' ').next())
+        .and_then(|n| n.parse::<u64>().ok())
+        .unwrap_or(0);
+    assert!(served > 0, "no huge blocks served to numpy:\n{err}");
+}
+
+#[cfg(feature = "cli")]
+#[test]
+fn ckalloc_run_preloads_the_library_and_returns_the_program_status() {
+    let ckalloc = env!("CARGO_BIN_EXE_ckalloc");
+    let lib = super::library();
+    let run_sh = |script: &str, lib_var: &std::path::Path| {
+        Command::new(ckalloc)
+            .args(["run", "--", "sh", "-c", script])
+            .env("CKALLOC_PRELOAD_LIB", lib_var)
+            .env("LD_PRELOAD", "")
+            .output()
+            .expect("run ckalloc")
+    };
+    let out = run_sh("echo \"$LD_PRELOAD\"; exit 7", lib);
+    assert_eq!(out.status.code(), Some(7), "{out:?}");
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        lib.display().to_string()
+    );
+    // A program killed by a signal: the status says so, as without `run`.
+    let out = run_sh("kill -TERM $$", lib);
+    use std::os::unix::process::ExitStatusExt;
+    assert_eq!(out.status.signal(), Some(15), "{out:?}");
+    // No library: exit 1, one error line, the program not run.
+    let out = run_sh("echo ran", std::path::Path::new("/nonexistent/lib.so"));
+    assert_eq!(out.status.code(), Some(1));
+    assert!(out.stdout.is_empty());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(err.contains("CKALLOC_PRELOAD_LIB"), "{err}");
+    // A program that does not exist: 127.
+    let out = Command::new(ckalloc)
+        .args(["run", "--", "/nonexistent/program"])
+        .env("CKALLOC_PRELOAD_LIB", lib)
+        .output()
+        .expect("run ckalloc");
+    assert_eq!(out.status.code(), Some(127), "{out:?}");
+    // No program: a usage error.
+    let out = Command::new(ckalloc)
+        .arg("run")
+        .env("CKALLOC_PRELOAD_LIB", lib)
+        .output()
+        .expect("run ckalloc");
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+}
