@@ -12,7 +12,7 @@
 //! | `CKALLOC_SHOW_STATS` | on / off switch | off | the preload library: on prints one summary of [`huge_stats`](crate::huge_stats) to stderr at `exit`, labelled with the PID | `CKALLOC_*` switch with the default off, read once per process ([`show_stats`]) |
 //! | `CK_BUMP_FORCE_MIXED` | flag | unset | [`ArenaBuilder::build`](crate::ArenaBuilder::build) under [`ModePolicy::Auto`](crate::ModePolicy::Auto): skip anonymous mode | C-Kernel-Engine's `env_flag_enabled`, read at every build ([`force_mixed`]) |
 //! | `CK_BUMP_DISABLE_MIXED` | flag | unset | the same: no fallback to mixed mode | C-Kernel-Engine's `env_flag_enabled`, read at every build ([`disable_mixed`]) |
-//! | `CKALLOC_PRELOAD_LIB` | path of a file | unset | `ckalloc run`: the preload library to put in `LD_PRELOAD` instead of searching for it | path, not parsed ([`preload_lib`]) |
+//! | `CKALLOC_PRELOAD_LIB` | path of a file | unset | `ckalloc run`: the preload library to put in `LD_PRELOAD` instead of searching for it | path, not parsed; empty is unset ([`preload_lib`]) |
 //! | `CKALLOC_MODEL_CACHE` | directory | `.cache/models` in the crate's source directory | the `ckalloc` CLI's demo and `scripts/fetch-model`: where the downloaded model is cached | path, not parsed ([`model_cache_dir`]) |
 //! | any name given to [`CachingAllocator::from_env`](crate::caching::CachingAllocator::from_env) | IREE caching-allocator spec | unbounded pools | `from_env` | the spec grammar of [`caching`](crate::caching); must be Unicode; a name no variable can have (empty, holding `=` or NUL) is an error, not "unset" |
 //!
@@ -453,10 +453,12 @@ pub fn disable_mixed() -> bool {
 }
 
 /// The preload library `ckalloc run` uses: `CKALLOC_PRELOAD_LIB` when set
-/// (any value, taken as a path), else `None` (`ckalloc run` searches).
-/// Allocates; not for allocator paths.
+/// and not empty (any value, taken as a path), else `None` (`ckalloc run`
+/// searches). Allocates; not for allocator paths.
 pub fn preload_lib() -> Option<PathBuf> {
-    std::env::var_os("CKALLOC_PRELOAD_LIB").map(PathBuf::from)
+    std::env::var_os("CKALLOC_PRELOAD_LIB")
+        .filter(|v| !v.is_empty())
+        .map(PathBuf::from)
 }
 
 /// The directory that caches downloaded models (the `ckalloc` CLI's demo,

@@ -2,7 +2,7 @@
 (transformers.BertModel, local files only) on a fixed batch, under whatever
 allocator the environment preloads. Prints one JSON line: model load time,
 each forward pass's time, the minor page faults of the forward passes (a
-getrusage delta around them), peak RSS, AnonHugePages, and a checksum of the
+getrusage delta around them), peak RSS (VmHWM), AnonHugePages, and a checksum of the
 last output.
 
 Usage: python serve.py MODEL_DIR [BATCH] [SEQ] [PASSES]
@@ -42,14 +42,23 @@ with torch.inference_mode():
         times.append((time.perf_counter() - t) * 1e3)
 faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults0
 
-anon_huge_kib = 0
-try:
-    with open("/proc/self/smaps_rollup") as f:
-        for line in f:
-            if line.startswith("AnonHugePages:"):
-                anon_huge_kib = int(line.split()[1])
-except OSError:
-    pass
+
+def kib(path, key):
+    """A `key: N kB` field of a /proc file, 0 when absent."""
+    try:
+        with open(path) as f:
+            for line in f:
+                if line.startswith(key):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
+
+
+# VmHWM, not ru_maxrss: ru_maxrss survives fork and exec, so it would
+# report the driver's own peak (its memory-state preparation).
+peak_rss_kib = kib("/proc/self/status", "VmHWM:")
+anon_huge_kib = kib("/proc/self/smaps_rollup", "AnonHugePages:")
 
 checksum = hashlib.sha256(out.contiguous().numpy().round(4).tobytes()).hexdigest()[:16]
 print(json.dumps({
@@ -57,7 +66,7 @@ print(json.dumps({
     "load_ms": round(load_ms, 2),
     "forward_ms": [round(x, 2) for x in times],
     "forward_faults": faults,
-    "peak_rss_kib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
+    "peak_rss_kib": peak_rss_kib,
     "anon_huge_kib": anon_huge_kib,
     "checksum": checksum,
 }))

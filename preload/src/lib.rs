@@ -12,14 +12,49 @@
 
 use ckalloc::preload as api;
 use std::ffi::{c_int, c_void};
+use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
+
+/// The threshold, kept here so that `malloc`'s fast path reads it with one
+/// load of this library's own data (a static of another crate is reached
+/// through the global offset table); 0 until read from a set-up
+/// environment, which sends every request to the slow path until then.
+static THRESHOLD: AtomicUsize = AtomicUsize::new(0);
+
+/// `malloc` at or above the threshold, or before it is known.
+#[inline(never)]
+extern "C" fn malloc_slow(size: usize) -> *mut c_void {
+    if THRESHOLD.load(Relaxed) == 0 {
+        if let Some(t) = api::settled_threshold() {
+            THRESHOLD.store(t, Relaxed);
+        }
+    }
+    api::malloc(size)
+}
+
+/// `free` of a 2 MiB-aligned pointer (or null): a ckalloc block or glibc's.
+///
+/// # Safety
+/// As `free`.
+#[inline(never)]
+unsafe extern "C" fn free_aligned(p: *mut c_void) {
+    // SAFETY: the C contract of `free`.
+    unsafe { api::free(p) }
+}
+
+/// The low bits of a huge block's address (blocks are 2 MiB aligned).
+const HUGE_ALIGN_MASK: usize = (2 << 20) - 1;
 
 #[global_allocator]
 static GLIBC: api::GlibcMalloc = api::GlibcMalloc;
 
-/// `malloc(3)`.
+/// `malloc(3)`. The fast path (below the threshold) is one load, one
+/// compare and a jump to glibc.
 #[no_mangle]
 pub extern "C" fn malloc(size: usize) -> *mut c_void {
-    api::malloc(size)
+    if size < THRESHOLD.load(Relaxed) {
+        return api::glibc::malloc(size);
+    }
+    malloc_slow(size)
 }
 
 /// `free(3)`.
@@ -28,8 +63,13 @@ pub extern "C" fn malloc(size: usize) -> *mut c_void {
 /// `p` is null or a live block of this allocator (or glibc's).
 #[no_mangle]
 pub unsafe extern "C" fn free(p: *mut c_void) {
+    if (p as usize) & HUGE_ALIGN_MASK != 0 {
+        // SAFETY: not 2 MiB aligned, so not a ckalloc block: glibc's (the
+        // C contract of `free`).
+        return unsafe { api::glibc::free(p) };
+    }
     // SAFETY: the C contract of `free`.
-    unsafe { api::free(p) }
+    unsafe { free_aligned(p) }
 }
 
 /// `calloc(3)`.
@@ -108,13 +148,26 @@ pub extern "C" fn malloc_trim(pad: usize) -> c_int {
     api::malloc_trim(pad)
 }
 
+/// Reads `CKALLOC_SHOW_STATS` and notes which file standard error is, when
+/// the library loads (a program may clear its environment or reuse file
+/// descriptor 2 before it exits).
+extern "C" fn at_load() {
+    if ckalloc::env::show_stats() {
+        api::remember_stderr();
+    }
+}
+
 /// Prints the `CKALLOC_SHOW_STATS` summary when the process exits (run by
 /// `exit` through `.fini_array`; `_exit` runs nothing).
 extern "C" fn at_exit() {
     if ckalloc::env::show_stats() {
-        let _ = api::write_summary(libc::STDERR_FILENO);
+        api::print_at_exit();
     }
 }
+
+#[used]
+#[link_section = ".init_array"]
+static AT_LOAD: extern "C" fn() = at_load;
 
 #[used]
 #[link_section = ".fini_array"]

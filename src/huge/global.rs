@@ -64,6 +64,10 @@ use std::ptr::{self, NonNull};
 pub struct CkHuge<S = System> {
     pub(super) threshold: usize,
     pub(super) retain_max: usize,
+    /// Whether the first-touch policy faults whole fresh blocks in
+    /// (`true`), or times their first 2 MiB page only (the C API, whose
+    /// callers may count on untouched memory staying uncommitted).
+    pub(super) fault_in_whole: bool,
     pub(super) small: S,
 }
 
@@ -120,6 +124,7 @@ impl CkHuge {
         CkHuge {
             threshold: HUGE_PAGE_2M,
             retain_max: usize::MAX,
+            fault_in_whole: true,
             small: System,
         }
     }
@@ -144,6 +149,7 @@ impl<S> CkHuge<S> {
         CkHuge {
             threshold: HUGE_PAGE_2M,
             retain_max: usize::MAX,
+            fault_in_whole: true,
             small,
         }
     }
@@ -159,6 +165,15 @@ impl<S> CkHuge<S> {
     /// like [`CkHuge::uncached`]. The process-wide cap still applies.
     pub const fn retain_max_bytes(mut self, bytes: usize) -> Self {
         self.retain_max = bytes;
+        self
+    }
+
+    /// This allocator with the first-touch policy timing only the first
+    /// 2 MiB page of a fresh block, leaving the rest to fault in when
+    /// written (the preload library's C API).
+    #[cfg_attr(not(feature = "preload"), allow(dead_code))]
+    pub(crate) const fn first_page_only(mut self) -> Self {
+        self.fault_in_whole = false;
         self
     }
 
@@ -195,16 +210,20 @@ impl<S: GlobalAlloc> CkHuge<S> {
     /// first-touch policy; through `GlobalAlloc` a short tail stays in base
     /// pages.
     #[cold]
-    pub(super) fn map(size: usize, align: usize, via: Via) -> *mut u8 {
+    pub(super) fn map(&self, size: usize, align: usize, via: Via) -> *mut u8 {
         match map_huge(size, align, &OPTS) {
             Ok(m) => {
                 if m.backing == Backing::TransparentHuge {
-                    let mut fill = m.mapped_len;
+                    let mut fill = if self.fault_in_whole {
+                        m.mapped_len
+                    } else {
+                        HUGE_PAGE_2M.min(m.mapped_len)
+                    };
                     if via == Via::GlobalAlloc && Self::short_tail(size) {
                         // The tail page is advised before anything faults
                         // it in, and the policy leaves it to the caller.
                         Self::advise_tail(m.ptr.as_ptr(), size, m.mapped_len);
-                        fill -= HUGE_PAGE_2M;
+                        fill = fill.min(m.mapped_len - HUGE_PAGE_2M);
                     }
                     first_touch::settle(m.ptr.as_ptr(), m.mapped_len, fill);
                 }
@@ -262,7 +281,7 @@ impl<S: GlobalAlloc> CkHuge<S> {
                 return p.as_ptr();
             }
         }
-        Self::map(size, align, via)
+        self.map(size, align, via)
     }
 
     /// Clear the first `size` bytes of a retained block of `len` bytes

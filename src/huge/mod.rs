@@ -264,5 +264,3 @@ pub use retain::release_retained;
 pub use stats::{huge_stats, HugeStats, TierStats};
 
 pub(crate) use ladder::{apply_options, map_huge, unmap, Mapping};
-#[cfg(feature = "preload")]
-pub(crate) use retain::tick_small as retain_tick_small;

@@ -5,7 +5,7 @@
 use super::glibc::{self, GlibcMalloc, MALLOC_ALIGNMENT};
 use super::COUNTERS;
 use crate::env;
-use crate::huge::{registry, retain_tick_small, CkHuge};
+use crate::huge::{registry, CkHuge};
 use crate::sys::{self, HUGE_PAGE_2M};
 use std::alloc::{GlobalAlloc, Layout};
 use std::ffi::{c_int, c_void};
@@ -15,7 +15,11 @@ use std::sync::atomic::Ordering::Relaxed;
 /// The huge-page engine behind the C API: `CkHuge` with glibc as its small
 /// allocator. Threshold 1: every block it is handed is a mapped one (the
 /// routing by size happens here, against [`env::preload_threshold`]).
-const ENGINE: CkHuge<GlibcMalloc> = CkHuge::with_small_allocator(GlibcMalloc).threshold_bytes(1);
+/// The first-touch policy times only the first 2 MiB page of a fresh block
+/// here: C programs count on memory they never write staying uncommitted.
+const ENGINE: CkHuge<GlibcMalloc> = CkHuge::with_small_allocator(GlibcMalloc)
+    .threshold_bytes(1)
+    .first_page_only();
 
 fn errno() -> c_int {
     // SAFETY: the calling thread's errno slot.
@@ -104,7 +108,6 @@ unsafe fn huge_free(p: *mut c_void, len: usize) {
 #[inline]
 pub fn malloc(size: usize) -> *mut c_void {
     if !is_huge(size) {
-        retain_tick_small();
         return glibc::malloc(size);
     }
     huge_alloc(size, MALLOC_ALIGNMENT, false)
@@ -135,7 +138,6 @@ pub fn calloc(n: usize, size: usize) -> *mut c_void {
         return ptr::null_mut();
     };
     if !is_huge(total) {
-        retain_tick_small();
         return glibc::calloc(n, size);
     }
     huge_alloc(total, MALLOC_ALIGNMENT, true)
@@ -225,13 +227,16 @@ unsafe fn realloc_huge(p: *mut c_void, len: usize, size: usize) -> *mut c_void {
         return ptr::null_mut();
     };
     if registry::register(block, new_len).is_err() {
-        // The moved block cannot be registered: copy it into glibc's
-        // memory, or fail having lost nothing but the moved copy's bytes
-        // (see the module docs' "Limits").
+        // The moved block cannot be registered: copy what it holds (the
+        // old contents, up to the smaller size) into glibc's memory, or
+        // fail having lost nothing but the moved copy's bytes (see the
+        // module docs' "Limits").
+        let keep = len.min(size);
         let r = glibc::malloc(size);
         if !r.is_null() {
-            // SAFETY: both hold `size` bytes; distinct blocks.
-            unsafe { ptr::copy_nonoverlapping(q.cast::<u8>(), r.cast::<u8>(), size) };
+            // SAFETY: both hold at least `keep` bytes; distinct blocks.
+            unsafe { ptr::copy_nonoverlapping(q.cast::<u8>(), r.cast::<u8>(), keep) };
+            set_errno(saved);
         }
         // SAFETY: `q` came from `ENGINE`, unregistered and no longer used.
         unsafe { huge_free(q.cast(), new_len) };

@@ -3,8 +3,10 @@
 //! (`malloc/malloc.c`: `__libc_malloc`, `__libc_free`, `__libc_calloc`,
 //! `__libc_realloc`, `__libc_memalign`, `__libc_valloc`, `__libc_pvalloc`),
 //! and, for the functions glibc exports under their public name only
-//! (`malloc_usable_size`, `malloc_trim`), the next definition after this
-//! library's, found once with `dlsym(RTLD_NEXT)` and cached.
+//! (`malloc_usable_size`, `malloc_trim`), libc's own definition, found once
+//! with `dlsym` on `libc.so.6` (already loaded: `RTLD_NOLOAD`) and cached.
+//! Not `RTLD_NEXT`: another allocator preloaded after this library would
+//! answer there, for pointers it never made.
 //!
 //! [`GlibcMalloc`] is a [`GlobalAlloc`] over them: the small allocator of
 //! the preload path, and the `#[global_allocator]` of the preload library,
@@ -102,14 +104,23 @@ impl Next {
         }
     }
 
-    /// The address, `None` when no later library defines the symbol.
-    /// `dlsym` may call `malloc` or `calloc` the first time; those never
-    /// come back here, so the lookup cannot recurse.
+    /// The address in `libc.so.6`, `None` when it cannot be found there.
+    /// `dlopen` and `dlsym` may call `malloc` or `calloc` the first time;
+    /// those never come back here, so the lookup cannot recurse.
     fn get(&self) -> Option<*mut c_void> {
         let mut a = self.addr.load(Ordering::Acquire);
         if a.is_null() {
-            // SAFETY: a NUL-terminated name; RTLD_NEXT from this library.
-            let found = unsafe { libc::dlsym(libc::RTLD_NEXT, self.name.as_ptr()) };
+            // SAFETY: NUL-terminated names; RTLD_NOLOAD only finds the
+            // libc this process already has (the handle is never closed).
+            let found = unsafe {
+                let libc_so =
+                    libc::dlopen(c"libc.so.6".as_ptr(), libc::RTLD_LAZY | libc::RTLD_NOLOAD);
+                if libc_so.is_null() {
+                    std::ptr::null_mut()
+                } else {
+                    libc::dlsym(libc_so, self.name.as_ptr())
+                }
+            };
             a = if found.is_null() { NOT_FOUND } else { found };
             self.addr.store(a, Ordering::Release);
         }

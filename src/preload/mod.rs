@@ -40,7 +40,7 @@
 //! | `memalign`, `aligned_alloc`, `posix_memalign` | `__libc_memalign` (glibc exports no `__libc_posix_memalign` or `__libc_aligned_alloc`; the checks of each are done here) |
 //! | `valloc`, `pvalloc` | `__libc_valloc`, `__libc_pvalloc` |
 //! | `reallocarray` | the overflow check here, then `realloc` (`__libc_reallocarray` is `GLIBC_PRIVATE`) |
-//! | `malloc_usable_size`, `malloc_trim` | glibc's exported functions, found once with `dlsym(RTLD_NEXT)` and cached (`dlsym` may call `malloc` or `calloc`, which never need it, so the lookup cannot recurse) |
+//! | `malloc_usable_size`, `malloc_trim` | glibc's exported functions, found once with `dlsym` on `libc.so.6` and cached (not `RTLD_NEXT`, where another preloaded allocator would answer; `dlsym` may call `malloc` or `calloc`, which never need it, so the lookup cannot recurse) |
 //!
 //! # Semantics (glibc 2.36, `malloc(3)`, `posix_memalign(3)`, `malloc_usable_size(3)`)
 //!
@@ -64,8 +64,16 @@
 //!   space).
 //! - `malloc_usable_size` of a huge block is its whole mapped length
 //!   (the request rounded up to 2 MiB), all of it writable.
+//! - Memory a program never writes stays uncommitted, as with glibc: the
+//!   first-touch policy times only the first 2 MiB page of a fresh block
+//!   here (the page stays resident; `CkHuge` in a Rust program faults
+//!   whole blocks in while pages come in fast).
 //! - `malloc_trim` gives every retained huge block back to the kernel,
-//!   then runs glibc's.
+//!   then runs glibc's. Retained blocks decay (`CKALLOC_RETAIN_DECAY_MS`)
+//!   in steps that run on the huge path's calls only, so that small
+//!   requests pay nothing for them: a process that stops making huge
+//!   requests keeps what is retained (at most `CKALLOC_RETAIN_BYTES`)
+//!   until `malloc_trim` or its next huge request.
 //! - `mallinfo2`, `malloc_stats` and `malloc_info` are glibc's and count
 //!   glibc's memory only: ckalloc's blocks are in [`huge_stats`](crate::huge_stats)
 //!   and in the `CKALLOC_SHOW_STATS` summary.
@@ -90,8 +98,11 @@
 //!
 //! # Seeing what you got
 //!
-//! `CKALLOC_SHOW_STATS=1` prints one summary to stderr when the process
-//! calls `exit` (or returns from `main`): huge blocks served and bytes
+//! `CKALLOC_SHOW_STATS=1` (read when the library loads) prints one
+//! summary to stderr when the process calls `exit` (or returns from
+//! `main`), unless file descriptor 2 is no longer the file it was at load
+//! (a program that closed stderr and reused the number), and without dying
+//! of `SIGPIPE` when stderr is a closed pipe: huge blocks served and bytes
 //! requested, then [`huge_stats`](crate::huge_stats) (blocks and bytes per
 //! tier, retention hits and misses, decayed bytes, the peak of mapped
 //! bytes, the first-touch policy, the settings), every line labelled
@@ -109,7 +120,10 @@
 //!   `free`, which aborts ("free(): invalid pointer") or worse. jemalloc
 //!   and tcmalloc have the same limit.
 //! - AddressSanitizer, valgrind and other tools that replace `malloc`
-//!   take the calls themselves.
+//!   take the calls themselves. Another allocator in the same
+//!   `LD_PRELOAD` (jemalloc, tcmalloc, mimalloc) splits the calls between
+//!   the two (C++ `operator new` then goes to it), and each corrupts the
+//!   other's blocks: `ckalloc run` refuses to add the library then.
 //! - The registry holds addresses below 2^47 (4-level paging); a
 //!   block the kernel maps above (only when asked with a hint) is served
 //!   by glibc instead. Mapping a 32 KiB registry leaf can fail with
@@ -129,7 +143,7 @@ pub use api::{
     pvalloc, realloc, reallocarray, valloc,
 };
 pub use glibc::GlibcMalloc;
-pub use report::write_summary;
+pub use report::{print_at_exit, remember_stderr, write_summary};
 
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
@@ -144,6 +158,16 @@ pub(crate) static COUNTERS: Counters = Counters {
     bytes: AtomicU64::new(0),
     registry_fallbacks: AtomicU64::new(0),
 };
+
+/// The threshold ([`env::preload_threshold`](crate::env::preload_threshold))
+/// once the environment it comes from is set up; `None` before that (a call
+/// from the dynamic loader), when a caller must not keep the answer. The
+/// preload library caches it in a static of its own, which its fast paths
+/// read without going through the global offset table.
+pub fn settled_threshold() -> Option<usize> {
+    let t = crate::env::preload_threshold();
+    crate::sys::environment_ready().then_some(t)
+}
 
 /// The preload path's own counters (the engine's are in
 /// [`huge_stats`](crate::huge_stats)).

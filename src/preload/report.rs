@@ -6,6 +6,7 @@ use super::stats;
 use crate::huge::huge_stats;
 use crate::units::SliceWriter;
 use std::fmt::Write as _;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
 /// Bytes of the summary's buffer (the summary is about 1 KiB).
 const SUMMARY_MAX: usize = 4096;
@@ -76,5 +77,62 @@ impl std::fmt::Write for Prefixed<'_, '_> {
             self.line_start = piece.ends_with('\n');
         }
         Ok(())
+    }
+}
+
+/// Which file descriptor 2 was when the library loaded (`st_dev`,
+/// `st_ino`); `u64::MAX` in both: not recorded or not open.
+static STDERR_FILE: [AtomicU64; 2] = [AtomicU64::new(u64::MAX), AtomicU64::new(u64::MAX)];
+
+/// The (`st_dev`, `st_ino`) of `fd`, `None` when it is not open.
+fn file_id(fd: i32) -> Option<(u64, u64)> {
+    // SAFETY: a plain out-struct.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: a valid out pointer.
+    (unsafe { libc::fstat(fd, &mut st) } == 0).then_some((st.st_dev, st.st_ino))
+}
+
+/// Remember which file standard error is (the preload library calls this
+/// when it loads), so that [`print_at_exit`] never writes into a file the
+/// program opened later under the same number.
+pub fn remember_stderr() {
+    if let Some((dev, ino)) = file_id(libc::STDERR_FILENO) {
+        STDERR_FILE[0].store(dev, Relaxed);
+        STDERR_FILE[1].store(ino, Relaxed);
+    }
+}
+
+/// Write the summary to standard error if it is still the file
+/// [`remember_stderr`] saw, with `SIGPIPE` blocked during the write (and a
+/// `SIGPIPE` the write raised discarded), so that a closed pipe neither
+/// kills the exiting process nor changes its exit status. Never allocates.
+pub fn print_at_exit() {
+    let then = (STDERR_FILE[0].load(Relaxed), STDERR_FILE[1].load(Relaxed));
+    if then == (u64::MAX, u64::MAX) || file_id(libc::STDERR_FILENO) != Some(then) {
+        return;
+    }
+    // SAFETY: signal sets on the stack, initialised by sigemptyset; the
+    // calls only change this thread's mask and pending set.
+    unsafe {
+        let mut pipe: libc::sigset_t = std::mem::zeroed();
+        let mut old: libc::sigset_t = std::mem::zeroed();
+        let mut pending: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut pipe);
+        libc::sigaddset(&mut pipe, libc::SIGPIPE);
+        if libc::pthread_sigmask(libc::SIG_BLOCK, &pipe, &mut old) != 0 {
+            return;
+        }
+        libc::sigemptyset(&mut pending);
+        libc::sigpending(&mut pending);
+        let was_pending = libc::sigismember(&pending, libc::SIGPIPE) == 1;
+        let _ = write_summary(libc::STDERR_FILENO);
+        if !was_pending {
+            let zero = libc::timespec {
+                tv_sec: 0,
+                tv_nsec: 0,
+            };
+            libc::sigtimedwait(&pipe, std::ptr::null_mut(), &zero);
+        }
+        libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut());
     }
 }

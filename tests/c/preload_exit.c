@@ -1,5 +1,10 @@
-/* Allocates one huge and one small block, then leaves by exit(0), or by
- * _exit(0) when given "quick": CKALLOC_SHOW_STATS prints at exit only. */
+/* Allocates one huge and one small block, then leaves by exit(0); with an
+ * argument first: "quick" leaves by _exit(0), "clearenv" clears the
+ * environment, "reuse-stderr FILE" closes descriptor 2 and opens FILE in
+ * its place. CKALLOC_SHOW_STATS prints at exit only, into the stderr the
+ * program started with. */
+#define _GNU_SOURCE
+#include <fcntl.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -12,5 +17,10 @@ int main(int argc, char **argv) {
     free(big);
     free(small);
     if (argc > 1 && strcmp(argv[1], "quick") == 0) _exit(0);
+    if (argc > 1 && strcmp(argv[1], "clearenv") == 0) clearenv();
+    if (argc > 2 && strcmp(argv[1], "reuse-stderr") == 0) {
+        close(2);
+        if (open(argv[2], O_WRONLY | O_CREAT | O_TRUNC, 0600) != 2) return 3;
+    }
     return 0;
 }

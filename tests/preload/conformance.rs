@@ -31,6 +31,53 @@ fn the_c_api_keeps_glibc_semantics_at_a_threshold_off_the_page_size() {
 }
 
 #[test]
+fn show_stats_is_read_at_load_and_survives_a_closed_pipe() {
+    let prog = compile("preload_exit.c", "cc", &["-std=c11"]);
+    // The program clears its environment before it exits: the summary is
+    // still printed.
+    let mut cmd = Command::new(&prog);
+    cmd.arg("clearenv").env("CKALLOC_SHOW_STATS", "1");
+    let out = run(cmd, true);
+    assert_success(&out, "preload_exit clearenv");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("huge blocks served"));
+    // Standard error is a pipe whose reader is gone: the exit status stays 0.
+    let mut cmd = Command::new(&prog);
+    cmd.env("CKALLOC_SHOW_STATS", "1")
+        .env("LD_PRELOAD", super::library())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped());
+    let mut child = cmd.spawn().expect("spawn");
+    drop(child.stderr.take());
+    let status = child.wait().expect("wait");
+    assert!(status.success(), "{status:?}");
+}
+
+#[test]
+fn a_later_preload_does_not_answer_for_glibc() {
+    // A library after ckalloc's in LD_PRELOAD that defines
+    // `malloc_usable_size` (as every allocator does): glibc's blocks must
+    // still be measured by glibc.
+    let fake = super::scratch().join("libfake_usable_size.so");
+    let st = Command::new("cc")
+        .args(["-shared", "-fPIC", "-O2", "-o"])
+        .arg(&fake)
+        .arg(super::root().join("tests/c/fake_usable_size.c"))
+        .status()
+        .expect("run cc");
+    assert!(st.success());
+    let prog = compile("preload_conformance.c", "cc", &["-std=c11", "-pthread"]);
+    let out = Command::new(&prog)
+        .arg((2u64 << 20).to_string())
+        .env(
+            "LD_PRELOAD",
+            format!("{} {}", super::library().display(), fake.display()),
+        )
+        .output()
+        .expect("run");
+    assert_success(&out, "preload_conformance with a later malloc_usable_size");
+}
+
+#[test]
 fn show_stats_prints_one_summary_at_exit_labelled_with_the_pid() {
     let prog = compile("preload_exit.c", "cc", &["-std=c11"]);
     let mut cmd = Command::new(&prog);
@@ -59,22 +106,31 @@ fn show_stats_prints_one_summary_at_exit_labelled_with_the_pid() {
     assert!(err.contains("CKALLOC_SHOW_STATS on"), "{err}");
 
     // `_exit` prints nothing; without the variable nothing is printed.
-    let mut quick = Command::new(&prog);
-    quick.arg("quick").env("CKALLOC_SHOW_STATS", "1");
-    let out = run(quick, true);
-    assert_success(&out, "preload_exit quick");
-    assert!(
-        out.stderr.is_empty(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    let silent = |args: &[&str], show: Option<&str>, what: &str| {
+        let mut cmd = Command::new(&prog);
+        cmd.args(args).env_remove("CKALLOC_SHOW_STATS");
+        if let Some(v) = show {
+            cmd.env("CKALLOC_SHOW_STATS", v);
+        }
+        let out = run(cmd, true);
+        assert_success(&out, what);
+        assert!(
+            out.stderr.is_empty(),
+            "{what}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    silent(&["quick"], Some("1"), "preload_exit quick");
+    // A file opened under descriptor 2 after the library loaded gets
+    // nothing.
+    let file = super::scratch().join("reused-stderr");
+    let file_arg = file.to_str().expect("UTF-8 scratch path");
+    silent(
+        &["reuse-stderr", file_arg],
+        Some("1"),
+        "preload_exit reuse-stderr",
     );
-    let mut plain = Command::new(&prog);
-    plain.env_remove("CKALLOC_SHOW_STATS");
-    let out = run(plain, true);
-    assert_success(&out, "preload_exit plain");
-    assert!(
-        out.stderr.is_empty(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert_eq!(std::fs::read(&file).expect("the file exists"), b"");
+    silent(&[], None, "preload_exit without CKALLOC_SHOW_STATS");
+    silent(&[], Some("0"), "preload_exit with CKALLOC_SHOW_STATS=0");
 }

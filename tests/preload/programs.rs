@@ -130,6 +130,14 @@ fn python_numpy_gives_the_same_results() {
     assert!(served > 0, "no huge blocks served to numpy:\n{err}");
 }
 
+/// `p` relative to the current directory (`p` is absolute).
+#[cfg(feature = "cli")]
+fn pathdiff(p: &std::path::Path) -> std::path::PathBuf {
+    let cwd = std::env::current_dir().expect("cwd");
+    let up: std::path::PathBuf = cwd.components().skip(1).map(|_| "..").collect();
+    up.join(p.strip_prefix("/").expect("absolute"))
+}
+
 #[cfg(feature = "cli")]
 #[test]
 fn ckalloc_run_preloads_the_library_and_returns_the_program_status() {
@@ -160,6 +168,33 @@ fn ckalloc_run_preloads_the_library_and_returns_the_program_status() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(err.lines().count(), 1, "{err}");
     assert!(err.contains("CKALLOC_PRELOAD_LIB"), "{err}");
+    // The library as a relative path goes in as an absolute one.
+    let rel = pathdiff(lib);
+    let out = Command::new(ckalloc)
+        .args(["run", "--", "sh", "-c", "echo \"$LD_PRELOAD\""])
+        .env("CKALLOC_PRELOAD_LIB", &rel)
+        .env_remove("LD_PRELOAD")
+        .output()
+        .expect("run ckalloc");
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        std::fs::canonicalize(lib).unwrap().display().to_string()
+    );
+    // Not a shared library, or another allocator already preloaded: exit
+    // 1, the program not run.
+    let out = run_sh("echo ran", std::path::Path::new("/etc/hostname"));
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("ELF"));
+    let out = Command::new(ckalloc)
+        .args(["run", "--", "sh", "-c", "echo ran"])
+        .env("CKALLOC_PRELOAD_LIB", lib)
+        .env("LD_PRELOAD", "/usr/lib/x86_64-linux-gnu/libjemalloc.so.2")
+        .output()
+        .expect("run ckalloc");
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    assert!(out.stdout.is_empty());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("already holds an allocator"));
     // A program that does not exist: 127.
     let out = Command::new(ckalloc)
         .args(["run", "--", "/nonexistent/program"])

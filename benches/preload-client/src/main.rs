@@ -21,7 +21,8 @@
 mod memory_state;
 
 use memory_state::{
-    loadavg, median, page_reporting, prepare, prepare_once, quantile, State, DEFAULT_PREP_MIB,
+    loadavg, median, page_reporting, parse_states, prepare, prepare_once, quantile, State,
+    DEFAULT_PREP_MIB,
 };
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
@@ -156,17 +157,7 @@ fn parse_args() -> Result<Args, String> {
                 a.blocks = false;
             }
             "--no-blocks" => a.blocks = false,
-            "--state" => {
-                a.states = val("--state")?
-                    .split(',')
-                    .map(|s| match s {
-                        "thp" => Ok(State::Thp),
-                        "4k" => Ok(State::Base4k),
-                        "none" => Ok(State::None),
-                        other => Err(format!("--state: {other:?} is not thp, 4k or none")),
-                    })
-                    .collect::<Result<_, _>>()?
-            }
+            "--state" => a.states = parse_states(&val("--state")?)?,
             "--only" => {
                 let only: Vec<String> = val("--only")?.split(',').map(str::to_owned).collect();
                 if let Some(bad) = only.iter().find(|o| !CONFIGS.iter().any(|c| c.name == *o)) {

@@ -54,6 +54,18 @@ impl State {
     }
 }
 
+/// The states of a `--state` list (`thp,4k,none`).
+pub fn parse_states(list: &str) -> Result<Vec<State>, String> {
+    list.split(',')
+        .map(|s| match s {
+            "thp" => Ok(State::Thp),
+            "4k" => Ok(State::Base4k),
+            "none" => Ok(State::None),
+            other => Err(format!("--state: {other:?} is not thp, 4k or none")),
+        })
+        .collect()
+}
+
 /// Bytes of 4 KiB pages touched and freed before each run in the `4k` state.
 pub const STATE_4K_PER_RUN_MIB: usize = 4096;
 

@@ -23,8 +23,8 @@
 mod memory_state;
 
 use memory_state::{
-    loadavg, median, page_reporting, prepare, prepare_once, quantile, State, DEFAULT_PREP_MIB,
-    STATE_4K_PER_RUN_MIB,
+    loadavg, median, page_reporting, parse_states, prepare, prepare_once, quantile, State,
+    DEFAULT_PREP_MIB, STATE_4K_PER_RUN_MIB,
 };
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
@@ -104,15 +104,7 @@ fn parse_args() -> Result<Args, String> {
             "--passes" => a.passes = Some(number("--passes", &val("--passes")?, 1, 1000)?),
             "--batch" => a.batch = Some(number("--batch", &val("--batch")?, 1, 16)?),
             "--state" => {
-                a.states = val("--state")?
-                    .split(',')
-                    .map(|s| match s {
-                        "thp" => Ok(State::Thp),
-                        "4k" => Ok(State::Base4k),
-                        "none" => Ok(State::None),
-                        other => Err(format!("--state: {other:?} is not thp, 4k or none")),
-                    })
-                    .collect::<Result<_, _>>()?
+                a.states = parse_states(&val("--state")?)?
             }
             "--prep-mib" => {
                 a.prep_mib = number("--prep-mib", &val("--prep-mib")?, 0, 1 << 24)?.parse()

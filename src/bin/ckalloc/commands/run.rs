@@ -43,19 +43,13 @@ fn candidates(exe: Option<&Path>) -> Vec<PathBuf> {
 /// The library to preload, or an error that says where to put it.
 fn find_library() -> Result<PathBuf, CliError> {
     if let Some(p) = ckalloc::env::preload_lib() {
-        return if p.is_file() {
-            Ok(p)
-        } else {
-            Err(err(format!(
-                "CKALLOC_PRELOAD_LIB={} is not a file",
-                p.display()
-            )))
-        };
+        return checked(&p)
+            .map_err(|why| err(format!("CKALLOC_PRELOAD_LIB={}: {why}", p.display())));
     }
     let exe = std::env::current_exe().ok();
     let looked = candidates(exe.as_deref());
     if let Some(p) = looked.iter().find(|p| p.is_file()) {
-        return Ok(p.clone());
+        return checked(p).map_err(|why| err(format!("{}: {why}", p.display())));
     }
     let list: Vec<String> = looked.iter().map(|p| p.display().to_string()).collect();
     Err(err(format!(
@@ -65,6 +59,48 @@ fn find_library() -> Result<PathBuf, CliError> {
          CKALLOC_PRELOAD_LIB to its path",
         list.join(", ")
     )))
+}
+
+/// `p` made absolute (a child that changes directory keeps it), once it is
+/// known to be an ELF file whose path `LD_PRELOAD` can hold (`ld.so` splits
+/// the variable at spaces and colons, and ignores what it cannot load
+/// with only a warning).
+fn checked(p: &Path) -> Result<PathBuf, String> {
+    let abs = std::fs::canonicalize(p).map_err(|e| e.to_string())?;
+    let mut magic = [0u8; 4];
+    let is_elf = std::fs::File::open(&abs)
+        .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut magic))
+        .is_ok()
+        && magic == *b"\x7fELF";
+    if !is_elf {
+        return Err("not a shared library (no ELF header)".into());
+    }
+    let text = abs.to_string_lossy();
+    if text.contains([' ', ':']) {
+        return Err(format!(
+            "its path {} holds a space or a colon, where ld.so splits LD_PRELOAD; move it",
+            abs.display()
+        ));
+    }
+    Ok(abs)
+}
+
+/// The entry of an `LD_PRELOAD` value that is an allocator already (a file
+/// name with `malloc` in it: jemalloc, tcmalloc, mimalloc; or this
+/// library):
+/// two allocators in one process split the calls and corrupt each other's
+/// blocks.
+fn allocator_in(preload: &OsStr) -> Option<String> {
+    preload
+        .to_string_lossy()
+        .split([' ', ':'])
+        .find(|e| {
+            Path::new(e)
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .is_some_and(|n| n.contains("malloc") || n.starts_with("libckalloc_preload"))
+        })
+        .map(str::to_owned)
 }
 
 /// `LD_PRELOAD` with `lib` first, keeping what was there.
@@ -89,6 +125,13 @@ pub fn run(a: RunArgs) -> ExitCode {
         return err("no program given").report(false);
     };
     let old = std::env::var_os("LD_PRELOAD");
+    if let Some(other) = old.as_deref().and_then(allocator_in) {
+        return err(format!(
+            "LD_PRELOAD already holds an allocator ({other}); two allocators in one process \
+             corrupt each other's blocks: unset it, or preload only one"
+        ))
+        .report(false);
+    }
     let e = std::process::Command::new(program)
         .args(args)
         .env("LD_PRELOAD", preload_value(&lib, old.as_deref()))
@@ -111,13 +154,32 @@ mod tests {
         let lib = Path::new("/x/libckalloc_preload.so");
         assert_eq!(preload_value(lib, None), "/x/libckalloc_preload.so");
         assert_eq!(
-            preload_value(lib, Some(OsStr::new("/y/libjemalloc.so.2"))),
-            "/x/libckalloc_preload.so /y/libjemalloc.so.2"
+            preload_value(lib, Some(OsStr::new("/y/libprofiler-hooks.so"))),
+            "/x/libckalloc_preload.so /y/libprofiler-hooks.so"
         );
         assert_eq!(
             preload_value(lib, Some(OsStr::new(""))),
             "/x/libckalloc_preload.so"
         );
+    }
+
+    #[test]
+    fn allocators_already_preloaded_are_found() {
+        let found = |v: &str| allocator_in(OsStr::new(v));
+        assert_eq!(
+            found("/usr/lib/x86_64-linux-gnu/libjemalloc.so.2"),
+            Some("/usr/lib/x86_64-linux-gnu/libjemalloc.so.2".into())
+        );
+        assert_eq!(
+            found("/a/libprof.so:libtcmalloc_minimal.so.4"),
+            Some("libtcmalloc_minimal.so.4".into())
+        );
+        assert_eq!(
+            found("/x/libckalloc_preload.so"),
+            Some("/x/libckalloc_preload.so".into())
+        );
+        assert_eq!(found("/a/libprof.so /b/libasan-free.so"), None);
+        assert_eq!(found(""), None);
     }
 
     #[test]
