@@ -136,6 +136,19 @@
 //!   carved), misses, the bytes decay gave back and the settings in use;
 //!   [`live_bytes`](crate::HugeStats::live_bytes) excludes retained blocks.
 //!
+//! The sequence the policy was measured on: candle loading
+//! all-MiniLM-L6-v2 and running 6 forward passes at batch 16 x 128
+//! (`benches/real-client`, `CkHuge::new()` as the global allocator, the
+//! defaults above). The load reads the 86.7 MiB `model.safetensors` into
+//! one buffer, builds the tensors from it and frees it; the buffer is
+//! retained (it fits the 128 MiB cap), and the forward passes' activations,
+//! blocks of 3 MiB and 12 MiB (about 1 GiB per pass), are carved from it
+//! and from each other as they are freed. `huge_stats()` at the end of
+//! such a run: 15 mappings (194 MiB), 1,038 retention hits of which 583
+//! carved, 15 misses, 6 unmaps (66 MiB), nothing given back by decay. With
+//! exact lengths only and blocks up to a quarter of the cap, the same run
+//! unmapped the buffer and faulted in fresh pages for every tensor.
+//!
 //! # First touch (`CkHuge`)
 //!
 //! A THP fault needs a free 2 MiB block, which the kernel clears. On bare
