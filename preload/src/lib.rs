@@ -41,9 +41,6 @@ unsafe extern "C" fn free_aligned(p: *mut c_void) {
     unsafe { api::free(p) }
 }
 
-/// The low bits of a huge block's address (blocks are 2 MiB aligned).
-const HUGE_ALIGN_MASK: usize = (2 << 20) - 1;
-
 #[global_allocator]
 static GLIBC: api::GlibcMalloc = api::GlibcMalloc;
 
@@ -63,7 +60,7 @@ pub extern "C" fn malloc(size: usize) -> *mut c_void {
 /// `p` is null or a live block of this allocator (or glibc's).
 #[no_mangle]
 pub unsafe extern "C" fn free(p: *mut c_void) {
-    if (p as usize) & HUGE_ALIGN_MASK != 0 {
+    if !(p as usize).is_multiple_of(api::BLOCK_ALIGN) {
         // SAFETY: not 2 MiB aligned, so not a ckalloc block: glibc's (the
         // C contract of `free`).
         return unsafe { api::glibc::free(p) };

@@ -147,6 +147,11 @@ pub use report::{print_at_exit, remember_stderr, write_summary};
 
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
+/// The alignment of every huge-page block the C API hands out (2 MiB, the
+/// block registry's granule): a pointer that is not a multiple of it is
+/// never a ckalloc block.
+pub const BLOCK_ALIGN: usize = crate::sys::HUGE_PAGE_2M;
+
 pub(crate) struct Counters {
     pub(crate) blocks: AtomicU64,
     pub(crate) bytes: AtomicU64,
