@@ -6,7 +6,7 @@
 //! | `CKALLOC_THP` | on / off switch | on | the tier ladder and `mremap` growth: off skips `MADV_HUGEPAGE` | `CKALLOC_*` switch, read once per process ([`thp_allowed`]) |
 //! | `CKALLOC_FIRST_TOUCH_PROBE` | on / off switch | on | [`CkHuge`](crate::CkHuge)'s fresh THP blocks: off skips the first-touch probe ([First touch](crate::huge#first-touch-ckhuge)), so every THP block stays THP | `CKALLOC_*` switch, read once per process ([`first_touch_probe`]) |
 //! | `CKALLOC_HUGETLB_BACKOFF_MS` | decimal milliseconds | 1000 | the tier ladder: how long hugetlb is skipped after a failed hugetlb `mmap` | trimmed decimal `u64`; read once per process ([`hugetlb_backoff_ms`]); a value that does not parse gives the default and is reported ([`settings`]) |
-//! | `CKALLOC_RETAIN_BYTES` | a size: bytes, or with a unit (`512mib`, `1GiB`, `2gb`) | 128 MiB | [`CkHuge`](crate::CkHuge)'s retention cache: the most bytes of freed huge-page blocks kept mapped for reuse, process-wide; 0 turns retention off | trimmed; the caching spec's size syntax with the unit in any case; read once per process ([`retain_bytes`]); a value that does not parse gives the default and is reported ([`settings`]) |
+//! | `CKALLOC_RETAIN_BYTES` | a size: bytes, or with a unit (`512mib`, `1GiB`, `2gb`) | 128 MiB | [`CkHuge`](crate::CkHuge)'s retention cache: the most bytes of freed huge-page blocks kept mapped for reuse, process-wide; 0 turns retention off; unset, the preload library's cap is twice the high-water mark of live huge bytes, at least the default ([`preload`](crate::preload#huge-blocks-first-touch-and-retention)) | trimmed; the caching spec's size syntax with the unit in any case; read once per process ([`retain_bytes`]); a value that does not parse gives the default and is reported ([`settings`]) |
 //! | `CKALLOC_RETAIN_DECAY_MS` | decimal milliseconds | 1000 | the same cache: how long a retained block stays unused before a later allocator call gives it back to the kernel (decay steps run every 256 allocator calls of a thread, so `0` gives blocks back at the next step, not at once) | trimmed decimal `u64`; read once per process ([`retain_decay_ms`]); a value that does not parse gives the default and is reported ([`settings`]) |
 //! | `CKALLOC_PRELOAD_THRESHOLD` | a size, as `CKALLOC_RETAIN_BYTES` | 2 MiB | the preload library (`libckalloc_preload.so`, [`preload`](crate::preload)): requests of at least this many bytes get huge-page blocks, smaller ones go to glibc; `0` is taken as 1 | as `CKALLOC_RETAIN_BYTES` ([`preload_threshold`]) |
 //! | `CKALLOC_SHOW_STATS` | on / off switch | off | the preload library: on prints one summary of [`huge_stats`](crate::huge_stats) to stderr at `exit`, labelled with the PID | `CKALLOC_*` switch with the default off, read once per process ([`show_stats`]) |
@@ -425,6 +425,15 @@ pub const DEFAULT_RETAIN_DECAY_MS: u64 = 1000;
 #[inline]
 pub fn retain_bytes() -> usize {
     usize::try_from(RETAIN_BYTES.value()).unwrap_or(usize::MAX)
+}
+
+/// Whether `CKALLOC_RETAIN_BYTES` is set and parses: the preload library's
+/// retention cap then is exactly [`retain_bytes`], never the live peak it
+/// follows by default. Read once per process, as [`retain_bytes`]; never
+/// allocates.
+pub fn retain_bytes_set() -> bool {
+    RETAIN_BYTES.value();
+    RETAIN_BYTES.source.load(Ordering::Relaxed) == 1
 }
 
 /// How long, in milliseconds, a retained huge-page block of

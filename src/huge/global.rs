@@ -4,6 +4,7 @@
 
 use super::first_touch;
 use super::retain;
+use super::stats::COUNTERS;
 use super::{map_huge, unmap, HugeOptions};
 use crate::env;
 use crate::sys::{self, Advice, HUGE_PAGE_2M};
@@ -64,10 +65,14 @@ use std::ptr::{self, NonNull};
 pub struct CkHuge<S = System> {
     pub(super) threshold: usize,
     pub(super) retain_max: usize,
-    /// Whether the first-touch policy faults whole fresh blocks in
-    /// (`true`), or times their first 2 MiB page only (the C API, whose
-    /// callers may count on untouched memory staying uncommitted).
-    pub(super) fault_in_whole: bool,
+    /// Whether fresh THP blocks go through the first-touch policy
+    /// (`true`), or stay THP-advised and fault in when written (the C API,
+    /// whose callers count on untouched memory staying uncommitted).
+    pub(super) first_touch_policy: bool,
+    /// Whether the process-wide retention cap, when `CKALLOC_RETAIN_BYTES`
+    /// is not set, grows to the high-water mark of live bytes (the preload
+    /// library) instead of staying at its default.
+    pub(super) retain_to_live_peak: bool,
     pub(super) small: S,
 }
 
@@ -124,7 +129,8 @@ impl CkHuge {
         CkHuge {
             threshold: HUGE_PAGE_2M,
             retain_max: usize::MAX,
-            fault_in_whole: true,
+            first_touch_policy: true,
+            retain_to_live_peak: false,
             small: System,
         }
     }
@@ -149,7 +155,8 @@ impl<S> CkHuge<S> {
         CkHuge {
             threshold: HUGE_PAGE_2M,
             retain_max: usize::MAX,
-            fault_in_whole: true,
+            first_touch_policy: true,
+            retain_to_live_peak: false,
             small,
         }
     }
@@ -168,12 +175,22 @@ impl<S> CkHuge<S> {
         self
     }
 
-    /// This allocator with the first-touch policy timing only the first
-    /// 2 MiB page of a fresh block, leaving the rest to fault in when
-    /// written (the preload library's C API).
+    /// This allocator without the first-touch policy: fresh THP blocks
+    /// stay advised `MADV_HUGEPAGE` and fault in when written, the way
+    /// glibc's and jemalloc's mappings do (the preload library's C API).
     #[cfg_attr(not(feature = "preload"), allow(dead_code))]
-    pub(crate) const fn first_page_only(mut self) -> Self {
-        self.fault_in_whole = false;
+    pub(crate) const fn lazy_first_touch(mut self) -> Self {
+        self.first_touch_policy = false;
+        self
+    }
+
+    /// This allocator retaining, when `CKALLOC_RETAIN_BYTES` is not set, up
+    /// to the larger of its default and the high-water mark of live bytes
+    /// (the preload library's C API; see
+    /// [Retention](crate::huge#retention-ckhuge)).
+    #[cfg_attr(not(feature = "preload"), allow(dead_code))]
+    pub(crate) const fn retain_to_live_peak(mut self) -> Self {
+        self.retain_to_live_peak = true;
         self
     }
 
@@ -207,25 +224,23 @@ impl<S: GlobalAlloc> CkHuge<S> {
     }
 
     /// A fresh mapping for `size` bytes, its first touch settled by the
-    /// first-touch policy; through `GlobalAlloc` a short tail stays in base
+    /// first-touch policy (unless [lazy](Self::lazy_first_touch)); through `GlobalAlloc` a short tail stays in base
     /// pages.
     #[cold]
     pub(super) fn map(&self, size: usize, align: usize, via: Via) -> *mut u8 {
         match map_huge(size, align, &OPTS) {
             Ok(m) => {
                 if m.backing == Backing::TransparentHuge {
-                    let mut fill = if self.fault_in_whole {
-                        m.mapped_len
-                    } else {
-                        HUGE_PAGE_2M.min(m.mapped_len)
-                    };
+                    let mut fill = m.mapped_len;
                     if via == Via::GlobalAlloc && Self::short_tail(size) {
                         // The tail page is advised before anything faults
                         // it in, and the policy leaves it to the caller.
                         Self::advise_tail(m.ptr.as_ptr(), size, m.mapped_len);
                         fill = fill.min(m.mapped_len - HUGE_PAGE_2M);
                     }
-                    first_touch::settle(m.ptr.as_ptr(), m.mapped_len, fill);
+                    if self.first_touch_policy {
+                        first_touch::settle(m.ptr.as_ptr(), m.mapped_len, fill);
+                    }
                 }
                 m.ptr.as_ptr()
             }
@@ -255,6 +270,21 @@ impl<S: GlobalAlloc> CkHuge<S> {
         };
         // `len - 2 MiB` is inside the block.
         let _ = sys::madvise(p.wrapping_add(len - HUGE_PAGE_2M), HUGE_PAGE_2M, advice);
+    }
+
+    /// The most bytes the retention cache may hold when this value frees a
+    /// block: `CKALLOC_RETAIN_BYTES` ([`env::retain_bytes`]), or, for a
+    /// value that [follows the live peak](Self::retain_to_live_peak) while
+    /// the variable is unset, the larger of that default and the
+    /// high-water mark of live bytes.
+    #[inline]
+    fn retain_cap(&self) -> usize {
+        let cap = env::retain_bytes();
+        if !self.retain_to_live_peak || env::retain_bytes_set() {
+            return cap;
+        }
+        let peak = usize::try_from(COUNTERS.live_peak()).unwrap_or(usize::MAX);
+        cap.max(peak.saturating_mul(2))
     }
 
     /// Whether this value uses the retention cache for a block of `len`
@@ -307,7 +337,13 @@ impl<S: GlobalAlloc> CkHuge<S> {
         };
         if self.retains(len, via) {
             retain::tick();
-            if retain::put(p, len) {
+            let cap = self.retain_cap();
+            if retain::put(p, len, cap) {
+                return;
+            }
+            // Following the live peak, the newest block displaces older
+            // ones rather than being unmapped itself.
+            if self.retain_to_live_peak && retain::make_room(len, cap) && retain::put(p, len, cap) {
                 return;
             }
         }

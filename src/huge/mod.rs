@@ -177,7 +177,10 @@
 //! slow the next ones would be too. After the window the next block is
 //! faulted in the same way again. Blocks shorter than 4 MiB, hugetlb
 //! blocks and normal pages are left alone. The policy applies to blocks
-//! of both interfaces (`GlobalAlloc` and `Allocator`). A block `realloc`
+//! of both interfaces (`GlobalAlloc` and `Allocator`), but not to the
+//! preload library's C API, whose blocks fault in as THP when written
+//! ([`preload`](crate::preload#huge-blocks-first-touch-and-retention) says
+//! why). A block `realloc`
 //! grows with `mremap` is advised whole by the policy's state at that
 //! moment: base pages inside the window, THP otherwise (pages already
 //! faulted in keep their size); its new pages are not faulted in.

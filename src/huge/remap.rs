@@ -194,8 +194,8 @@ impl<S: GlobalAlloc> CkHuge<S> {
             if backing == Backing::TransparentHuge {
                 // The grown block is advised whole by the first-touch
                 // policy's state now: base pages inside the window after a
-                // slow probe, THP otherwise.
-                let advice = if first_touch::base_pages_now() {
+                // slow probe, THP otherwise (always THP without the policy).
+                let advice = if self.first_touch_policy && first_touch::base_pages_now() {
                     Advice::NoHugePage
                 } else {
                     Advice::HugePage

@@ -174,6 +174,7 @@ pub(crate) fn take(len: usize, align: usize) -> Option<NonNull<u8>> {
                     slot.word.store(EMPTY, Release);
                     RETAINED.fetch_sub(len, Relaxed);
                     COUNTERS.retain_hits.fetch_add(1, Relaxed);
+                    COUNTERS.note_live();
                     return NonNull::new(w as *mut u8);
                 }
                 slot.word.store(w, Release);
@@ -224,17 +225,17 @@ fn carve(len: usize, align: usize, home: usize) -> Option<NonNull<u8>> {
         RETAINED.fetch_sub(len, Relaxed);
         COUNTERS.retain_hits.fetch_add(1, Relaxed);
         COUNTERS.retain_carves.fetch_add(1, Relaxed);
+        COUNTERS.note_live();
         return NonNull::new(w as *mut u8);
     }
 }
 
 /// Keep the block `ptr` of `len` bytes (2 MiB aligned, a multiple of 2 MiB)
 /// for reuse, merged with the retained blocks right before and after it;
-/// `false` when the cap or a full cache refuses it (the caller then unmaps
-/// it). Never makes a system call.
+/// `false` when `cap` (the most bytes retained at once) or a full cache
+/// refuses it (the caller then unmaps it). Never makes a system call.
 #[inline]
-pub(crate) fn put(ptr: NonNull<u8>, len: usize) -> bool {
-    let cap = env::retain_bytes();
+pub(crate) fn put(ptr: NonNull<u8>, len: usize, cap: usize) -> bool {
     if len > cap {
         return false;
     }
@@ -334,6 +335,28 @@ fn evict(slot: &Slot, keep: impl Fn(&Slot) -> bool) -> Option<(NonNull<u8>, usiz
     Some((NonNull::new(w as *mut u8)?, len))
 }
 
+/// Give retained blocks back to the kernel until a block of `len` bytes fits
+/// under `cap` with them; `false` when it cannot (`len` alone is over the
+/// cap). The block about to be freed is the one most likely to be asked for
+/// again, so the blocks already retained make room for it.
+#[cold]
+pub(crate) fn make_room(len: usize, cap: usize) -> bool {
+    if len > cap {
+        return false;
+    }
+    for shard in &CACHE {
+        for slot in &shard.slots {
+            if RETAINED.load(Relaxed) + len <= cap {
+                return true;
+            }
+            if let Some((p, l)) = evict(slot, |_| false) {
+                unmap(p, l);
+            }
+        }
+    }
+    RETAINED.load(Relaxed) + len <= cap
+}
+
 /// One decay step (see the [module docs](self)).
 #[cold]
 fn decay_step() {
@@ -424,6 +447,49 @@ pub fn hold_retention_slots(hold: bool) {
         for slot in &shard.slots {
             let (from, to) = if hold { (EMPTY, BUSY) } else { (BUSY, EMPTY) };
             let _ = slot.word.compare_exchange(from, to, Relaxed, Relaxed);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::huge::{huge_stats, map_huge, HugeOptions};
+    use crate::sys::HUGE_PAGE_2M;
+
+    const MIB: usize = 1 << 20;
+
+    fn block(len: usize) -> NonNull<u8> {
+        map_huge(len, HUGE_PAGE_2M, &HugeOptions::new())
+            .expect("map a block")
+            .ptr
+    }
+
+    // The only unit test of the crate that uses the process-wide cache.
+    #[test]
+    fn the_newest_block_makes_room_by_giving_back_older_ones() {
+        let cap = 32 * MIB;
+        // Six blocks, every other one retained: no two retained blocks are
+        // neighbours, so none merge.
+        let blocks: Vec<NonNull<u8>> = (0..6).map(|_| block(8 * MIB)).collect();
+        for p in blocks.iter().step_by(2) {
+            assert!(put(*p, 8 * MIB, cap));
+        }
+        assert_eq!(RETAINED.load(Relaxed), 24 * MIB);
+        let unmapped = huge_stats().unmapped_bytes;
+        let newest = block(16 * MIB);
+        assert!(!put(newest, 16 * MIB, cap), "24 + 16 MiB is over the cap");
+        assert!(make_room(16 * MIB, cap));
+        let left = RETAINED.load(Relaxed);
+        assert!(left + 16 * MIB <= cap, "{left}");
+        assert!(left >= 8 * MIB, "gave back more than needed: {left}");
+        assert!(huge_stats().unmapped_bytes >= unmapped + 8 * MIB as u64);
+        assert!(put(newest, 16 * MIB, cap));
+        assert!(!make_room(40 * MIB, cap), "a block over the cap never fits");
+        assert!(release_retained() >= 24 * MIB);
+        assert_eq!(RETAINED.load(Relaxed), 0);
+        for p in blocks.iter().skip(1).step_by(2) {
+            unmap(*p, 8 * MIB);
         }
     }
 }

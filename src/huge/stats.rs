@@ -33,6 +33,8 @@ pub(crate) struct Counters {
     /// Bytes mapped right now (live and retained), and its high-water mark.
     mapped_now: AtomicU64,
     mapped_peak: AtomicU64,
+    /// The high-water mark of live bytes (mapped minus retained).
+    live_peak: AtomicU64,
     /// Bytes in the retention cache right now (`retain` keeps it).
     pub(crate) retained: AtomicUsize,
 }
@@ -61,6 +63,7 @@ pub(crate) static COUNTERS: Counters = Counters {
     first_touch_base_bytes: Z,
     mapped_now: Z,
     mapped_peak: Z,
+    live_peak: Z,
     retained: AtomicUsize::new(0),
 };
 
@@ -86,6 +89,22 @@ impl Counters {
             .fetch_add(bytes, Relaxed)
             .wrapping_add(bytes);
         self.mapped_peak.fetch_max(now, Relaxed);
+        self.note_live();
+    }
+
+    /// Raise the high-water mark of live bytes to what is live now: after a
+    /// mapping, a growth, or a block taken from the retention cache.
+    pub(crate) fn note_live(&self) {
+        let live = self
+            .mapped_now
+            .load(Relaxed)
+            .saturating_sub(self.retained.load(Relaxed) as u64);
+        self.live_peak.fetch_max(live, Relaxed);
+    }
+
+    /// The high-water mark of live bytes.
+    pub(crate) fn live_peak(&self) -> u64 {
+        self.live_peak.load(Relaxed)
     }
 
     pub(crate) fn record_unmap(&self, bytes: usize) {
@@ -141,6 +160,11 @@ pub struct HugeStats {
     /// The high-water mark of bytes mapped at once by the huge-page paths
     /// (live and retained blocks), since the process started.
     pub peak_mapped_bytes: u64,
+    /// The high-water mark of live bytes (handed out and not yet freed)
+    /// of the huge-page paths, since the process started. The preload
+    /// library's retention cap follows it
+    /// ([Retention](crate::huge#retention-ckhuge)).
+    pub peak_live_bytes: u64,
     /// `CkHuge` mapped-path allocations served from the retention cache
     /// (no system call).
     pub retention_hits: u64,
@@ -216,6 +240,7 @@ pub fn huge_stats() -> HugeStats {
         unmapped_bytes: c.unmapped_bytes.load(Relaxed),
         retained_bytes: c.retained.load(Relaxed) as u64,
         peak_mapped_bytes: c.mapped_peak.load(Relaxed),
+        peak_live_bytes: c.live_peak.load(Relaxed),
         retention_hits: c.retain_hits.load(Relaxed),
         retention_misses: c.retain_misses.load(Relaxed),
         retention_carves: c.retain_carves.load(Relaxed),
@@ -259,11 +284,12 @@ impl fmt::Display for HugeStats {
         )?;
         write!(
             f,
-            "unmaps: {} ({}), remaps: {}, live: {}, peak mapped: {}",
+            "unmaps: {} ({}), remaps: {}, live: {} (peak {}), peak mapped: {}",
             self.unmaps,
             human_bytes(self.unmapped_bytes),
             self.remaps,
             human_bytes(self.live_bytes()),
+            human_bytes(self.peak_live_bytes),
             human_bytes(self.peak_mapped_bytes)
         )?;
         write!(

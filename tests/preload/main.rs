@@ -3,7 +3,8 @@
 //! programs no part of ckalloc knows of (a C++ program growing a
 //! `std::vector` to 1 GiB, `git`, `python3` with `numpy`), each checked for
 //! the same output as without the library, the `CKALLOC_SHOW_STATS`
-//! summary, and `ckalloc run`.
+//! summary, `ckalloc run`, and the engine's first touch and retention cap
+//! called from Rust.
 //!
 //! The library is built once per test binary with `cargo build -p
 //! ckalloc-preload` into `target/preload` (the outer `cargo test` may hold
@@ -12,6 +13,7 @@
 #![cfg(all(feature = "preload", target_os = "linux", target_env = "gnu"))]
 
 mod conformance;
+mod engine;
 mod programs;
 
 use std::path::{Path, PathBuf};

@@ -4,7 +4,9 @@
 //! under ckalloc's preload library, `--rounds` interleaved rounds in each
 //! memory state (`--state`; the same states as the real client), then a
 //! large-block microbenchmark (`blocks.c`: allocate, touch, free blocks of
-//! 2 to 256 MiB and a mix, 1 and 2 threads) under the same configurations.
+//! 2 to 256 MiB and a mix, 1 and 2 threads) under the same configurations,
+//! each run preceded by the preparation of its memory state
+//! (`--blocks-state`, default `thp,4k`; [`BLOCKS_PREP_MIB`] for `thp`).
 //! Prints every run, the medians with interquartile ranges, and ckalloc's
 //! ratios to the best of the eight and to default glibc. Exits 1 when a run
 //! fails or the output checksums differ.
@@ -12,6 +14,7 @@
 //! ```text
 //! preload-client --python PY --model DIR --library SO --serve serve.py --blocks-src blocks.c
 //!                [--rounds N] [--quick] [--state thp,4k,none] [--only a,b] [--no-blocks]
+//!                [--blocks-state thp,4k] [--no-serve]
 //! ```
 //!
 //! `benches/preload-client/run` passes the paths.
@@ -26,6 +29,11 @@ use memory_state::{
 };
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
+
+/// MiB of THP touched and freed before each large-block run in the `thp`
+/// state: more than the benchmark's peak (two 256 MiB blocks, plus what the
+/// allocator keeps), so that every fresh page can come from backed memory.
+const BLOCKS_PREP_MIB: usize = 1024;
 
 /// The peer libraries (Debian's packages) and where they are looked for.
 const PEER_LIBS: &[(&str, &str)] = &[
@@ -121,6 +129,9 @@ struct Args {
     states: Vec<State>,
     only: Option<Vec<String>>,
     blocks: bool,
+    blocks_states: Vec<State>,
+    /// Whether to run the PyTorch client (`--no-serve`: the blocks only).
+    run_serve: bool,
 }
 
 fn parse_args() -> Result<Args, String> {
@@ -134,6 +145,8 @@ fn parse_args() -> Result<Args, String> {
         states: vec![State::Thp, State::Base4k, State::None],
         only: None,
         blocks: true,
+        blocks_states: vec![State::Thp, State::Base4k],
+        run_serve: true,
     };
     let mut it = std::env::args().skip(1);
     while let Some(arg) = it.next() {
@@ -157,6 +170,8 @@ fn parse_args() -> Result<Args, String> {
                 a.blocks = false;
             }
             "--no-blocks" => a.blocks = false,
+            "--no-serve" => a.run_serve = false,
+            "--blocks-state" => a.blocks_states = parse_states(&val("--blocks-state")?)?,
             "--state" => a.states = parse_states(&val("--state")?)?,
             "--only" => {
                 let only: Vec<String> = val("--only")?.split(',').map(str::to_owned).collect();
@@ -303,11 +318,15 @@ fn main() -> ExitCode {
         }
     }
     let mut failed = false;
-    for &state in &a.states {
-        failed |= run_state(state, &a, &configs, &envs);
+    if a.run_serve {
+        for &state in &a.states {
+            failed |= run_state(state, &a, &configs, &envs);
+        }
     }
     if a.blocks {
-        failed |= run_blocks(&a, &configs, &envs);
+        for &state in &a.blocks_states {
+            failed |= run_blocks(state, &a, &configs, &envs);
+        }
     }
     if failed {
         ExitCode::FAILURE
@@ -444,8 +463,9 @@ fn run_state(state: State, a: &Args, configs: &[&Config], envs: &[Vec<(String, S
 }
 
 /// The large-block microbenchmark under every configuration, 1 and 2
-/// threads, interleaved rounds; `true` on a failure.
-fn run_blocks(a: &Args, configs: &[&Config], envs: &[Vec<(String, String)>]) -> bool {
+/// threads, interleaved rounds, each run in memory prepared for `state`;
+/// `true` on a failure.
+fn run_blocks(state: State, a: &Args, configs: &[&Config], envs: &[Vec<(String, String)>]) -> bool {
     let bin = std::env::temp_dir().join(format!("ckalloc-blocks-{}", std::process::id()));
     let cc = Command::new("cc")
         .args(["-O2", "-pthread", "-o"])
@@ -456,6 +476,10 @@ fn run_blocks(a: &Args, configs: &[&Config], envs: &[Vec<(String, String)>]) -> 
         eprintln!("preload-client: cc {} failed", a.blocks_src.display());
         return true;
     }
+    if let Err(e) = prepare_once(state) {
+        eprintln!("preload-client: {e}");
+        return true;
+    }
     let mut failed = false;
     for threads in [1, 2] {
         // rows[config][row] = ns per op, one per round
@@ -463,6 +487,11 @@ fn run_blocks(a: &Args, configs: &[&Config], envs: &[Vec<(String, String)>]) -> 
         for round in 0..a.rounds.min(5) {
             for k in 0..configs.len() {
                 let i = (round + k) % configs.len();
+                if let Err(e) = prepare(state, BLOCKS_PREP_MIB) {
+                    eprintln!("preload-client: {e}");
+                    failed = true;
+                    continue;
+                }
                 let out = command(&bin, &envs[i]).arg(threads.to_string()).output();
                 let Some(out) = out.ok().filter(|o| o.status.success()) else {
                     eprintln!("preload-client: blocks under {} failed", configs[i].name);
@@ -483,12 +512,16 @@ fn run_blocks(a: &Args, configs: &[&Config], envs: &[Vec<(String, String)>]) -> 
         }
         println!();
         println!(
-            "Large blocks, {threads} thread(s): median ns per allocate + touch + free ({} rounds)",
+            "Large blocks, {threads} thread(s), memory state {}: median ns per allocate + touch + free ({} rounds)",
+            state.name(),
             a.rounds.min(5)
         );
         println!();
         let names: Vec<&str> = configs.iter().map(|c| c.name).collect();
-        println!("| block | {} | ckalloc vs best other |", names.join(" | "));
+        println!(
+            "| block | {} | best other's time / ckalloc's (higher is better) |",
+            names.join(" | ")
+        );
         println!("|{}", " --- |".repeat(configs.len() + 2));
         let row_names: Vec<String> =
             rows.iter()
@@ -524,7 +557,7 @@ fn run_blocks(a: &Args, configs: &[&Config], envs: &[Vec<(String, String)>]) -> 
                 .filter_map(|(c, m)| m.map(|v| (v, c.name)))
                 .min_by(|x, y| x.0.total_cmp(&y.0));
             let ratio = match (ck, best) {
-                (Some(ck), Some((b, n))) => format!("{:.2}x faster than {n}", b / ck),
+                (Some(ck), Some((b, n))) => format!("{:.2}x ({n})", b / ck),
                 _ => "-".into(),
             };
             println!("| {r} | {} | {ratio} |", cells.join(" | "));

@@ -1,0 +1,119 @@
+//! The preload engine's huge blocks, called from Rust in a process of their
+//! own (`ckalloc::preload::malloc` and `free`, the functions the library
+//! exports): they fault in lazily as THP, and the retention cap follows the
+//! high-water mark of live bytes unless `CKALLOC_RETAIN_BYTES` is set.
+
+use ckalloc::preload::{free, malloc};
+use ckalloc::{env, huge_stats, HugeStats};
+use std::ffi::c_void;
+
+#[path = "../common/mod.rs"]
+mod common;
+
+const MIB: usize = 1 << 20;
+
+fn mappings(s: &HugeStats) -> u64 {
+    s.hugetlb.mappings + s.thp.mappings + s.normal.mappings
+}
+
+fn alloc(size: usize) -> *mut c_void {
+    let p = malloc(size);
+    assert!(!p.is_null(), "malloc({size})");
+    p
+}
+
+/// The `VmFlags` line of the mapping that holds `p`.
+fn vm_flags(p: *mut c_void) -> String {
+    let smaps = std::fs::read_to_string("/proc/self/smaps").unwrap();
+    let addr = p as usize;
+    let mut inside = false;
+    for line in smaps.lines() {
+        let range = line.split_whitespace().next().unwrap_or("");
+        if let Some((lo, hi)) = range.split_once('-') {
+            if let (Ok(lo), Ok(hi)) = (usize::from_str_radix(lo, 16), usize::from_str_radix(hi, 16))
+            {
+                inside = (lo..hi).contains(&addr);
+                continue;
+            }
+        }
+        if inside && line.starts_with("VmFlags:") {
+            return line.to_owned();
+        }
+    }
+    panic!("no mapping holds {p:?}");
+}
+
+#[test]
+fn the_c_api_retains_up_to_twice_the_live_peak() {
+    common::run_child("engine::child_live_peak", &[]);
+}
+
+#[test]
+#[ignore = "run in a child process by the_c_api_retains_up_to_twice_the_live_peak"]
+fn child_live_peak() {
+    assert!(!env::retain_bytes_set(), "CKALLOC_RETAIN_BYTES is set");
+    let size = 300 * MIB;
+    assert!(size > env::DEFAULT_RETAIN_BYTES);
+    let p = alloc(size);
+    let s = huge_stats();
+    assert_eq!(s.first_touch_probes, 0, "the C API's blocks stay lazy");
+    if common::thp_available() && s.thp.mappings > 0 {
+        assert!(vm_flags(p).contains(" hg"), "{}", vm_flags(p));
+    }
+    assert_eq!(s.peak_live_bytes, size as u64);
+    // SAFETY: `p` came from `malloc` and is not used again.
+    unsafe { free(p) };
+    assert_eq!(
+        huge_stats().retained_bytes,
+        size as u64,
+        "a block over the default cap but within the live peak is kept"
+    );
+    let before = huge_stats();
+    let q = alloc(size);
+    let after = huge_stats();
+    assert_eq!(
+        mappings(&after),
+        mappings(&before),
+        "served without mapping"
+    );
+    assert_eq!(after.retention_hits, before.retention_hits + 1);
+    // SAFETY: as above.
+    unsafe { free(q) };
+    // Retained bytes never pass twice the live peak: three blocks live at
+    // once set the peak, and all of them fit once freed.
+    let live: Vec<*mut c_void> = (0..3).map(|_| alloc(size)).collect();
+    assert_eq!(huge_stats().peak_live_bytes, 3 * size as u64);
+    for p in live {
+        // SAFETY: as above.
+        unsafe { free(p) };
+    }
+    let s = huge_stats();
+    assert!(s.retained_bytes <= 6 * size as u64, "{s:?}");
+    assert!(s.retained_bytes >= 3 * size as u64, "{s:?}");
+    assert!(ckalloc::release_retained() >= 3 * size);
+}
+
+#[test]
+fn a_set_retain_bytes_is_the_exact_cap_of_the_c_api() {
+    common::run_child(
+        "engine::child_exact_cap",
+        &[("CKALLOC_RETAIN_BYTES", "64MiB")],
+    );
+}
+
+#[test]
+#[ignore = "run in a child process by a_set_retain_bytes_is_the_exact_cap_of_the_c_api"]
+fn child_exact_cap() {
+    assert!(env::retain_bytes_set());
+    let p = alloc(100 * MIB);
+    let unmapped = huge_stats().unmapped_bytes;
+    // SAFETY: `p` came from `malloc` and is not used again.
+    unsafe { free(p) };
+    let s = huge_stats();
+    assert_eq!(s.retained_bytes, 0, "{s:?}");
+    assert_eq!(s.unmapped_bytes, unmapped + 100 * MIB as u64);
+    let p = alloc(32 * MIB);
+    // SAFETY: as above.
+    unsafe { free(p) };
+    assert_eq!(huge_stats().retained_bytes, 32 * MIB as u64);
+}
