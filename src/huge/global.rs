@@ -3,7 +3,7 @@
 //! retention cache) and small ones from `System` or another allocator.
 
 use super::first_touch;
-use super::retain;
+use super::retain::{self, MergedAge};
 use super::stats::COUNTERS;
 use super::{map_huge, unmap, HugeOptions};
 use crate::env;
@@ -69,10 +69,11 @@ pub struct CkHuge<S = System> {
     /// (`true`), or stay THP-advised and fault in when written (the C API,
     /// whose callers count on untouched memory staying uncommitted).
     pub(super) first_touch_policy: bool,
-    /// Whether the process-wide retention cap, when `CKALLOC_RETAIN_BYTES`
-    /// is not set, grows to the high-water mark of live bytes (the preload
-    /// library) instead of staying at its default.
-    pub(super) retain_to_live_peak: bool,
+    /// Whether this value retains as the preload library's C API does: the
+    /// process-wide cap, while `CKALLOC_RETAIN_BYTES` is not set, grows to
+    /// twice the high-water mark of live bytes, the newest freed block
+    /// makes room, and a merged block keeps the age of its oldest part.
+    pub(super) c_api_retention: bool,
     pub(super) small: S,
 }
 
@@ -130,7 +131,7 @@ impl CkHuge {
             threshold: HUGE_PAGE_2M,
             retain_max: usize::MAX,
             first_touch_policy: true,
-            retain_to_live_peak: false,
+            c_api_retention: false,
             small: System,
         }
     }
@@ -156,7 +157,7 @@ impl<S> CkHuge<S> {
             threshold: HUGE_PAGE_2M,
             retain_max: usize::MAX,
             first_touch_policy: true,
-            retain_to_live_peak: false,
+            c_api_retention: false,
             small,
         }
     }
@@ -177,20 +178,24 @@ impl<S> CkHuge<S> {
 
     /// This allocator without the first-touch policy: fresh THP blocks
     /// stay advised `MADV_HUGEPAGE` and fault in when written, the way
-    /// glibc's and jemalloc's mappings do (the preload library's C API).
+    /// glibc's and jemalloc's mappings do, and a zeroed retained block is
+    /// cleared with `MADV_DONTNEED` whatever its length: memory the caller
+    /// never writes stays uncommitted (the preload library's C API).
     #[cfg_attr(not(feature = "preload"), allow(dead_code))]
     pub(crate) const fn lazy_first_touch(mut self) -> Self {
         self.first_touch_policy = false;
         self
     }
 
-    /// This allocator retaining, when `CKALLOC_RETAIN_BYTES` is not set, up
-    /// to the larger of its default and the high-water mark of live bytes
-    /// (the preload library's C API; see
-    /// [Retention](crate::huge#retention-ckhuge)).
+    /// This allocator retaining as the preload library's C API does (see
+    /// [Retention](crate::huge#retention-ckhuge)): while
+    /// `CKALLOC_RETAIN_BYTES` is not set, up to the larger of its default
+    /// and twice the high-water mark of live bytes; a freed block that does
+    /// not fit gives back older ones; a block merged with retained
+    /// neighbours keeps the decay stamp of the oldest.
     #[cfg_attr(not(feature = "preload"), allow(dead_code))]
-    pub(crate) const fn retain_to_live_peak(mut self) -> Self {
-        self.retain_to_live_peak = true;
+    pub(crate) const fn c_api_retention(mut self) -> Self {
+        self.c_api_retention = true;
         self
     }
 
@@ -274,13 +279,13 @@ impl<S: GlobalAlloc> CkHuge<S> {
 
     /// The most bytes the retention cache may hold when this value frees a
     /// block: `CKALLOC_RETAIN_BYTES` ([`env::retain_bytes`]), or, for a
-    /// value that [follows the live peak](Self::retain_to_live_peak) while
+    /// value with [the C API's retention](Self::c_api_retention) while
     /// the variable is unset, the larger of that default and the
     /// high-water mark of live bytes.
     #[inline]
     fn retain_cap(&self) -> usize {
         let cap = env::retain_bytes();
-        if !self.retain_to_live_peak || env::retain_bytes_set() {
+        if !self.c_api_retention || env::retain_bytes_set() {
             return cap;
         }
         let peak = usize::try_from(COUNTERS.live_peak()).unwrap_or(usize::MAX);
@@ -306,7 +311,7 @@ impl<S: GlobalAlloc> CkHuge<S> {
             retain::tick();
             if let Some(p) = retain::take(len, align.max(HUGE_PAGE_2M)) {
                 if fill == Fill::Zeroed {
-                    Self::zero_hit(p.as_ptr(), size, len);
+                    self.zero_hit(p.as_ptr(), size, len);
                 }
                 return p.as_ptr();
             }
@@ -315,10 +320,14 @@ impl<S: GlobalAlloc> CkHuge<S> {
     }
 
     /// Clear the first `size` bytes of a retained block of `len` bytes
-    /// (see [Retention](crate::huge#retention-ckhuge) for the cutoff).
+    /// (see [Retention](crate::huge#retention-ckhuge) for the cutoff). Without
+    /// the first-touch policy (the C API) every length is given back with
+    /// `MADV_DONTNEED`: a memset would commit pages the caller may never
+    /// write.
     #[cold]
-    pub(super) fn zero_hit(p: *mut u8, size: usize, len: usize) {
-        if len > ZERO_BY_MEMSET_MAX && sys::madvise(p, len, Advice::DontNeed).is_ok() {
+    fn zero_hit(&self, p: *mut u8, size: usize, len: usize) {
+        let by_madvise = len > ZERO_BY_MEMSET_MAX || !self.first_touch_policy;
+        if by_madvise && sys::madvise(p, len, Advice::DontNeed).is_ok() {
             return;
         }
         // SAFETY: the block is `len >= size` bytes, ours and unreferenced.
@@ -338,12 +347,18 @@ impl<S: GlobalAlloc> CkHuge<S> {
         if self.retains(len, via) {
             retain::tick();
             let cap = self.retain_cap();
-            if retain::put(p, len, cap) {
+            let age = if self.c_api_retention {
+                MergedAge::Oldest
+            } else {
+                MergedAge::Reset
+            };
+            if retain::put(p, len, cap, age) {
                 return;
             }
-            // Following the live peak, the newest block displaces older
-            // ones rather than being unmapped itself.
-            if self.retain_to_live_peak && retain::make_room(len, cap) && retain::put(p, len, cap) {
+            // The C API's newest block displaces older ones rather than
+            // being unmapped itself.
+            if self.c_api_retention && retain::make_room(len, cap) && retain::put(p, len, cap, age)
+            {
                 return;
             }
         }

@@ -100,7 +100,15 @@
 //!   [`retain_max_bytes`](CkHuge::retain_max_bytes) bounds the length of the
 //!   blocks it puts into (and takes from) the cache;
 //!   [`uncached`](CkHuge::uncached) retains nothing and maps every block
-//!   afresh (C-Kernel-Engine's `ck_huge_alloc` behaviour).
+//!   afresh (C-Kernel-Engine's `ck_huge_alloc` behaviour). The preload
+//!   library's C API ([`preload`](crate::preload#huge-blocks-first-touch-and-retention))
+//!   raises the cap, while `CKALLOC_RETAIN_BYTES` is unset, to twice the
+//!   high-water mark of live bytes
+//!   ([`peak_live_bytes`](crate::HugeStats::peak_live_bytes)); there a
+//!   freed block that does not fit gives back older retained blocks to make
+//!   room instead of being unmapped itself, and a block merged with
+//!   retained neighbours keeps the decay stamp of the oldest (in Rust
+//!   programs the merged block starts a new delay).
 //! - **decay**: a block unused for
 //!   [`env::retain_decay_ms`](crate::env::retain_decay_ms)
 //!   (`CKALLOC_RETAIN_DECAY_MS`, default 1000 ms; after mimalloc's
@@ -117,6 +125,7 @@
 //!   faulting them back in for the kernel to clear); a larger hit is given
 //!   back with `madvise(MADV_DONTNEED)`, after which its anonymous pages
 //!   read as zero and fault in on first touch (memset if `madvise` fails).
+//!   The preload library's C API uses `MADV_DONTNEED` at every length.
 //! - **hugetlb** blocks are retained like the others and count against the
 //!   cap: they come from the reserved pool, and retaining one keeps it out
 //!   of that pool until it decays or is released.

@@ -230,12 +230,23 @@ fn carve(len: usize, align: usize, home: usize) -> Option<NonNull<u8>> {
     }
 }
 
+/// The decay stamp of a block merged with retained neighbours in [`put`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum MergedAge {
+    /// The merged block starts a new delay: its newest part was just freed.
+    Reset,
+    /// The merged block keeps the stamp of its oldest part, so a block that
+    /// requests keep being carved from and merged back into still ages.
+    Oldest,
+}
+
 /// Keep the block `ptr` of `len` bytes (2 MiB aligned, a multiple of 2 MiB)
-/// for reuse, merged with the retained blocks right before and after it;
-/// `false` when `cap` (the most bytes retained at once) or a full cache
-/// refuses it (the caller then unmaps it). Never makes a system call.
+/// for reuse, merged with the retained blocks right before and after it
+/// (stamped as `age` says); `false` when `cap` (the most bytes retained at
+/// once) or a full cache refuses it (the caller then unmaps it). Never makes
+/// a system call.
 #[inline]
-pub(crate) fn put(ptr: NonNull<u8>, len: usize, cap: usize) -> bool {
+pub(crate) fn put(ptr: NonNull<u8>, len: usize, cap: usize, age: MergedAge) -> bool {
     if len > cap {
         return false;
     }
@@ -256,13 +267,17 @@ pub(crate) fn put(ptr: NonNull<u8>, len: usize, cap: usize) -> bool {
                 // With nothing else retained there is no neighbour to merge
                 // (the common case of one block freed and taken in turn):
                 // skip the scan of every slot.
-                let (start, len) = if before == 0 {
-                    (ptr.as_ptr() as usize, len)
+                let (start, len, oldest) = if before == 0 {
+                    (ptr.as_ptr() as usize, len, 0)
                 } else {
                     coalesce(ptr.as_ptr() as usize, len)
                 };
                 slot.len.store(len, Relaxed);
-                slot.stamp.store(0, Relaxed);
+                let stamp = match age {
+                    MergedAge::Reset => 0,
+                    MergedAge::Oldest => oldest,
+                };
+                slot.stamp.store(stamp, Relaxed);
                 slot.word.store(start, Release);
                 return true;
             }
@@ -274,9 +289,11 @@ pub(crate) fn put(ptr: NonNull<u8>, len: usize, cap: usize) -> bool {
 
 /// The block `start..start+len` grown by the retained blocks that end where
 /// it starts and start where it ends (each taken out of its slot, its bytes
-/// staying counted in [`RETAINED`]). One pass over the slots finds at most
-/// one of each: retained blocks never overlap.
-fn coalesce(mut start: usize, mut len: usize) -> (usize, usize) {
+/// staying counted in [`RETAINED`]), and the oldest decay stamp among those
+/// (0 when none has one). One pass over the slots finds at most one of each:
+/// retained blocks never overlap.
+fn coalesce(mut start: usize, mut len: usize) -> (usize, usize, u64) {
+    let mut oldest = 0;
     for shard in &CACHE {
         for slot in &shard.slots {
             let w = slot.word.load(Relaxed);
@@ -296,6 +313,7 @@ fn coalesce(mut start: usize, mut len: usize) -> (usize, usize) {
             }
             // The slot is ours; recheck its block against ours.
             let l = slot.len.load(Relaxed);
+            let stamp = slot.stamp.load(Relaxed);
             if w == start + len {
                 len += l;
             } else if w + l == start {
@@ -305,14 +323,18 @@ fn coalesce(mut start: usize, mut len: usize) -> (usize, usize) {
                 slot.word.store(w, Release);
                 continue;
             }
+            if stamp != 0 && (oldest == 0 || stamp < oldest) {
+                oldest = stamp;
+            }
             slot.word.store(EMPTY, Release);
         }
     }
-    (start, len)
+    (start, len, oldest)
 }
 
 /// Take the block in `slot` if it holds one that `keep` rejects; returns its
-/// address and length. The slot is left empty.
+/// address and length. The slot is left empty; the block's bytes stay counted
+/// in [`RETAINED`] until [`give_back`] unmaps it.
 fn evict(slot: &Slot, keep: impl Fn(&Slot) -> bool) -> Option<(NonNull<u8>, usize)> {
     let w = slot.word.load(Relaxed);
     if w <= BUSY || keep(slot) {
@@ -331,8 +353,22 @@ fn evict(slot: &Slot, keep: impl Fn(&Slot) -> bool) -> Option<(NonNull<u8>, usiz
     }
     let len = slot.len.load(Relaxed);
     slot.word.store(EMPTY, Release);
+    match NonNull::new(w as *mut u8) {
+        Some(p) => Some((p, len)),
+        None => {
+            RETAINED.fetch_sub(len, Relaxed);
+            None
+        }
+    }
+}
+
+/// Unmap an evicted block, then stop counting it as retained. In this order
+/// the mapped bytes drop first, so a thread that reads both counters
+/// meanwhile (the high-water mark of live bytes is mapped minus retained)
+/// never counts the block as live.
+fn give_back(p: NonNull<u8>, len: usize) {
+    unmap(p, len);
     RETAINED.fetch_sub(len, Relaxed);
-    Some((NonNull::new(w as *mut u8)?, len))
 }
 
 /// Give retained blocks back to the kernel until a block of `len` bytes fits
@@ -350,7 +386,7 @@ pub(crate) fn make_room(len: usize, cap: usize) -> bool {
                 return true;
             }
             if let Some((p, l)) = evict(slot, |_| false) {
-                unmap(p, l);
+                give_back(p, l);
             }
         }
     }
@@ -379,7 +415,7 @@ fn decay_step() {
                 }
             };
             if let Some((p, len)) = evict(slot, young) {
-                unmap(p, len);
+                give_back(p, len);
                 COUNTERS.decayed_bytes.fetch_add(len as u64, Relaxed);
                 given += 1;
             }
@@ -395,7 +431,7 @@ pub fn release_retained() -> usize {
     for shard in &CACHE {
         for slot in &shard.slots {
             if let Some((p, len)) = evict(slot, |_| false) {
-                unmap(p, len);
+                give_back(p, len);
                 released += len;
             }
         }
@@ -465,26 +501,57 @@ mod tests {
             .ptr
     }
 
-    // The only unit test of the crate that uses the process-wide cache.
+    /// The unit tests of the crate that use the process-wide cache take it.
+    static CACHE_USERS: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+    #[test]
+    fn a_merged_block_keeps_the_age_of_its_oldest_part_when_asked() {
+        let _only = CACHE_USERS.lock().unwrap_or_else(|e| e.into_inner());
+        let cap = 64 * MIB;
+        for (age, decays) in [(MergedAge::Oldest, true), (MergedAge::Reset, false)] {
+            // Two halves of one mapping: the second merges into the first.
+            let whole = block(16 * MIB);
+            let second = NonNull::new(whole.as_ptr().wrapping_add(8 * MIB)).unwrap();
+            assert!(put(whole, 8 * MIB, cap, age));
+            // The first half has been unused for longer than any delay.
+            let slot = CACHE
+                .iter()
+                .flat_map(|shard| &shard.slots)
+                .find(|s| s.word.load(Relaxed) == whole.as_ptr() as usize)
+                .expect("the first half is retained");
+            slot.stamp.store(1, Relaxed);
+            assert!(put(second, 8 * MIB, cap, age));
+            assert_eq!(RETAINED.load(Relaxed), 16 * MIB);
+            decay_step();
+            let left = RETAINED.load(Relaxed);
+            assert_eq!(left == 0, decays, "{age:?}: {left} bytes left");
+            release_retained();
+        }
+    }
+
     #[test]
     fn the_newest_block_makes_room_by_giving_back_older_ones() {
+        let _only = CACHE_USERS.lock().unwrap_or_else(|e| e.into_inner());
         let cap = 32 * MIB;
         // Six blocks, every other one retained: no two retained blocks are
         // neighbours, so none merge.
         let blocks: Vec<NonNull<u8>> = (0..6).map(|_| block(8 * MIB)).collect();
         for p in blocks.iter().step_by(2) {
-            assert!(put(*p, 8 * MIB, cap));
+            assert!(put(*p, 8 * MIB, cap, MergedAge::Reset));
         }
         assert_eq!(RETAINED.load(Relaxed), 24 * MIB);
         let unmapped = huge_stats().unmapped_bytes;
         let newest = block(16 * MIB);
-        assert!(!put(newest, 16 * MIB, cap), "24 + 16 MiB is over the cap");
+        assert!(
+            !put(newest, 16 * MIB, cap, MergedAge::Reset),
+            "24 + 16 MiB is over the cap"
+        );
         assert!(make_room(16 * MIB, cap));
         let left = RETAINED.load(Relaxed);
         assert!(left + 16 * MIB <= cap, "{left}");
         assert!(left >= 8 * MIB, "gave back more than needed: {left}");
         assert!(huge_stats().unmapped_bytes >= unmapped + 8 * MIB as u64);
-        assert!(put(newest, 16 * MIB, cap));
+        assert!(put(newest, 16 * MIB, cap, MergedAge::Reset));
         assert!(!make_room(40 * MIB, cap), "a block over the cap never fits");
         assert!(release_retained() >= 24 * MIB);
         assert_eq!(RETAINED.load(Relaxed), 0);

@@ -21,7 +21,7 @@ use std::sync::atomic::Ordering::Relaxed;
 const ENGINE: CkHuge<GlibcMalloc> = CkHuge::with_small_allocator(GlibcMalloc)
     .threshold_bytes(1)
     .lazy_first_touch()
-    .retain_to_live_peak();
+    .c_api_retention();
 
 fn errno() -> c_int {
     // SAFETY: the calling thread's errno slot.

@@ -69,11 +69,16 @@
 //!   fresh block faults in when written.
 //! - `malloc_trim` gives every retained huge block back to the kernel,
 //!   then runs glibc's. Retained blocks decay (`CKALLOC_RETAIN_DECAY_MS`)
-//!   in steps that run on the huge path's calls only, so that small
-//!   requests pay nothing for them: a process that stops making huge
-//!   requests keeps what is retained (at most twice its peak of live huge
-//!   bytes, or `CKALLOC_RETAIN_BYTES` when set) until `malloc_trim` or its
-//!   next huge request.
+//!   in steps that run on the huge path's calls only (one step per 256
+//!   huge-path calls of a thread), so that small requests pay nothing for
+//!   them: a process that stops making huge requests keeps what is
+//!   retained (at most the larger of 128 MiB and twice its peak of live
+//!   huge bytes, or `CKALLOC_RETAIN_BYTES` when set) until `malloc_trim`
+//!   or until its huge-path calls run a step. A freed block that merges
+//!   with retained neighbours keeps the age of the oldest, so a retained
+//!   block that requests keep being carved from and merged back into is
+//!   still given back once its oldest part has been unused for the delay
+//!   (the next request then maps afresh).
 //! - `mallinfo2`, `malloc_stats` and `malloc_info` are glibc's and count
 //!   glibc's memory only: ckalloc's blocks are in [`huge_stats`](crate::huge_stats)
 //!   and in the `CKALLOC_SHOW_STATS` summary.
@@ -109,9 +114,17 @@
 //!   does under jemalloc (whose dirty pages have no cap, only a 10 s
 //!   decay), where a fixed 128 MiB cap mapped and faulted it in every
 //!   time (42 ms per 128 MiB block against jemalloc's 0.9 ms). The bound:
-//!   huge-page memory mapped at once stays under three times the live
-//!   peak, and decay (`CKALLOC_RETAIN_DECAY_MS`) gives unused blocks back.
-//!   A set `CKALLOC_RETAIN_BYTES` is the exact cap, as in Rust programs.
+//!   retained bytes stay under the larger of 128 MiB and twice the live
+//!   peak, so huge-page memory mapped at once is the live bytes plus at most
+//!   that (plus blocks another thread is unmapping at that moment); decay
+//!   (`CKALLOC_RETAIN_DECAY_MS`) gives unused blocks back. A
+//!   `CKALLOC_RETAIN_BYTES` that parses is the exact cap, as in Rust
+//!   programs; one that does not parse is reported in the summary and this
+//!   default rule applies.
+//! - **Zeroing**: a `calloc` served from the cache is cleared with
+//!   `MADV_DONTNEED` at every length (`CkHuge` in Rust programs memsets
+//!   blocks up to 16 MiB), so it reads zero without committing pages the
+//!   program never writes.
 //!
 //! # Start-up, threads, fork
 //!
@@ -136,10 +149,16 @@
 //! `main`), unless file descriptor 2 is no longer the file it was at load
 //! (a program that closed stderr and reused the number), and without dying
 //! of `SIGPIPE` when stderr is a closed pipe: huge blocks served and bytes
-//! requested, then [`huge_stats`](crate::huge_stats) (blocks and bytes per
-//! tier, retention hits and misses, decayed bytes, the peak of mapped
-//! bytes, the first-touch policy, the settings), every line labelled
-//! `ckalloc[PID]: `, formatted without allocating. A child that inherits
+//! requested at allocation (growth by `realloc` shows in the `remaps`
+//! count, not in these bytes), then [`huge_stats`](crate::huge_stats)
+//! (blocks and bytes per tier, retention hits and misses, decayed bytes,
+//! live bytes and their peak, the peak of mapped bytes, the first-touch
+//! policy, the settings), every line labelled `ckalloc[PID]: `, formatted
+//! without allocating. The first-touch line and the
+//! `CKALLOC_FIRST_TOUCH_PROBE` setting concern `CkHuge` in Rust code only
+//! (the C API never applies the policy), and the `CKALLOC_RETAIN_BYTES`
+//! line shows the variable: unset, the C API's cap is the rule above,
+//! twice the peak the `live` line shows. A child that inherits
 //! the variable prints its own; `_exit` (and a death by signal) prints
 //! none.
 //!

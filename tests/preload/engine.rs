@@ -1,9 +1,10 @@
 //! The preload engine's huge blocks, called from Rust in a process of their
-//! own (`ckalloc::preload::malloc` and `free`, the functions the library
-//! exports): they fault in lazily as THP, and the retention cap follows the
-//! high-water mark of live bytes unless `CKALLOC_RETAIN_BYTES` is set.
+//! own (`ckalloc::preload::malloc`, `calloc` and `free`, the functions the
+//! library exports): they fault in lazily as THP, a zeroed retained block
+//! commits nothing, and the retention cap follows the high-water mark of
+//! live bytes unless `CKALLOC_RETAIN_BYTES` is set.
 
-use ckalloc::preload::{free, malloc};
+use ckalloc::preload::{calloc, free, malloc};
 use ckalloc::{env, huge_stats, HugeStats};
 use std::ffi::c_void;
 
@@ -20,6 +21,16 @@ fn alloc(size: usize) -> *mut c_void {
     let p = malloc(size);
     assert!(!p.is_null(), "malloc({size})");
     p
+}
+
+/// This process's resident set, in KiB.
+fn vm_rss_kib() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .expect("VmRSS in /proc/self/status")
 }
 
 /// The `VmFlags` line of the mapping that holds `p`.
@@ -79,6 +90,17 @@ fn child_live_peak() {
     assert_eq!(after.retention_hits, before.retention_hits + 1);
     // SAFETY: as above.
     unsafe { free(q) };
+    // A zeroed block carved from the retained one (never written) reads zero
+    // without committing its pages, as a fresh mapping would.
+    let rss = vm_rss_kib();
+    let z = calloc(1, 16 * MIB);
+    assert!(!z.is_null());
+    let grown = vm_rss_kib().saturating_sub(rss);
+    assert!(grown < 4096, "calloc committed {grown} KiB");
+    // SAFETY: `z` holds 16 MiB.
+    assert_eq!(unsafe { *z.cast::<u8>().add(5 * MIB) }, 0);
+    // SAFETY: as above.
+    unsafe { free(z) };
     // Retained bytes never pass twice the live peak: three blocks live at
     // once set the peak, and all of them fit once freed.
     let live: Vec<*mut c_void> = (0..3).map(|_| alloc(size)).collect();

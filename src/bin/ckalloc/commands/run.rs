@@ -87,18 +87,23 @@ fn checked(p: &Path) -> Result<PathBuf, String> {
 
 /// The entry of an `LD_PRELOAD` value that is an allocator already (a file
 /// name with `malloc` in it: jemalloc, tcmalloc, mimalloc; or this
-/// library):
-/// two allocators in one process split the calls and corrupt each other's
-/// blocks.
+/// library), by its own name or, for a symbolic link, by the name of the
+/// file it leads to: two allocators in one process split the calls and
+/// corrupt each other's blocks. A copy renamed to anything else is not
+/// recognised.
 fn allocator_in(preload: &OsStr) -> Option<String> {
+    let is_allocator = |p: &Path| {
+        p.file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .is_some_and(|n| n.contains("malloc") || n.starts_with("libckalloc_preload"))
+    };
     preload
         .to_string_lossy()
         .split([' ', ':'])
+        .filter(|e| !e.is_empty())
         .find(|e| {
-            Path::new(e)
-                .file_name()
-                .map(|n| n.to_string_lossy().into_owned())
-                .is_some_and(|n| n.contains("malloc") || n.starts_with("libckalloc_preload"))
+            let p = Path::new(e);
+            is_allocator(p) || std::fs::canonicalize(p).is_ok_and(|real| is_allocator(&real))
         })
         .map(str::to_owned)
 }
@@ -180,6 +185,14 @@ mod tests {
         );
         assert_eq!(found("/a/libprof.so /b/libasan-free.so"), None);
         assert_eq!(found(""), None);
+        // A symbolic link with another name is found by its target.
+        let dir = tempfile::tempdir().unwrap();
+        let real = dir.path().join("libjemalloc.so.2");
+        std::fs::write(&real, b"").unwrap();
+        let link = dir.path().join("libfast.so");
+        std::os::unix::fs::symlink(&real, &link).unwrap();
+        let link = link.to_string_lossy().into_owned();
+        assert_eq!(found(&link), Some(link.clone()));
     }
 
     #[test]
