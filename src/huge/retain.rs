@@ -505,6 +505,10 @@ mod tests {
     static CACHE_USERS: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
     #[test]
+    #[cfg_attr(
+        miri,
+        ignore = "maps real huge-page blocks (mmap flags Miri does not model)"
+    )]
     fn a_merged_block_keeps_the_age_of_its_oldest_part_when_asked() {
         let _only = CACHE_USERS.lock().unwrap_or_else(|e| e.into_inner());
         let cap = 64 * MIB;
@@ -530,6 +534,10 @@ mod tests {
     }
 
     #[test]
+    #[cfg_attr(
+        miri,
+        ignore = "maps real huge-page blocks (mmap flags Miri does not model)"
+    )]
     fn the_newest_block_makes_room_by_giving_back_older_ones() {
         let _only = CACHE_USERS.lock().unwrap_or_else(|e| e.into_inner());
         let cap = 32 * MIB;
