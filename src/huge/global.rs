@@ -65,15 +65,9 @@ use std::ptr::{self, NonNull};
 pub struct CkHuge<S = System> {
     pub(super) threshold: usize,
     pub(super) retain_max: usize,
-    /// Whether fresh THP blocks go through the first-touch policy
-    /// (`true`), or stay THP-advised and fault in when written (the C API,
-    /// whose callers count on untouched memory staying uncommitted).
-    pub(super) first_touch_policy: bool,
-    /// Whether this value retains as the preload library's C API does: the
-    /// process-wide cap, while `CKALLOC_RETAIN_BYTES` is not set, grows to
-    /// twice the high-water mark of live bytes, the newest freed block
-    /// makes room, and a merged block keeps the age of its oldest part.
-    pub(super) c_api_retention: bool,
+    /// Whether this value serves the preload library's C API (see
+    /// [`c_api`](Self::c_api)) rather than Rust programs.
+    pub(super) c_api: bool,
     pub(super) small: S,
 }
 
@@ -130,8 +124,7 @@ impl CkHuge {
         CkHuge {
             threshold: HUGE_PAGE_2M,
             retain_max: usize::MAX,
-            first_touch_policy: true,
-            c_api_retention: false,
+            c_api: false,
             small: System,
         }
     }
@@ -156,8 +149,7 @@ impl<S> CkHuge<S> {
         CkHuge {
             threshold: HUGE_PAGE_2M,
             retain_max: usize::MAX,
-            first_touch_policy: true,
-            c_api_retention: false,
+            c_api: false,
             small,
         }
     }
@@ -176,26 +168,26 @@ impl<S> CkHuge<S> {
         self
     }
 
-    /// This allocator without the first-touch policy: fresh THP blocks
-    /// stay advised `MADV_HUGEPAGE` and fault in when written, the way
-    /// glibc's and jemalloc's mappings do, and a zeroed retained block is
-    /// cleared with `MADV_DONTNEED` whatever its length: memory the caller
-    /// never writes stays uncommitted (the preload library's C API).
+    /// This allocator as the preload library's C API, whose callers are C
+    /// programs that count on memory they never write staying uncommitted
+    /// and that free and allocate blocks of many lengths:
+    ///
+    /// - fresh THP blocks get no first-touch policy: they stay advised
+    ///   `MADV_HUGEPAGE` and fault in when written, the way glibc's and
+    ///   jemalloc's mappings do;
+    /// - a zeroed retained block is cleared with `MADV_DONTNEED` whatever
+    ///   its length;
+    /// - while `CKALLOC_RETAIN_BYTES` is not set, the retention cap is the
+    ///   larger of its default and twice the high-water mark of live bytes;
+    ///   a freed block that does not fit gives back older ones, and a block
+    ///   merged with retained neighbours keeps the decay stamp of the oldest;
+    /// - a request no retained block serves grows the longest retained
+    ///   block with `mremap` rather than mapping all of its length afresh.
+    ///
+    /// See [Retention](crate::huge#retention-ckhuge).
     #[cfg_attr(not(feature = "preload"), allow(dead_code))]
-    pub(crate) const fn lazy_first_touch(mut self) -> Self {
-        self.first_touch_policy = false;
-        self
-    }
-
-    /// This allocator retaining as the preload library's C API does (see
-    /// [Retention](crate::huge#retention-ckhuge)): while
-    /// `CKALLOC_RETAIN_BYTES` is not set, up to the larger of its default
-    /// and twice the high-water mark of live bytes; a freed block that does
-    /// not fit gives back older ones; a block merged with retained
-    /// neighbours keeps the decay stamp of the oldest.
-    #[cfg_attr(not(feature = "preload"), allow(dead_code))]
-    pub(crate) const fn c_api_retention(mut self) -> Self {
-        self.c_api_retention = true;
+    pub(crate) const fn c_api(mut self) -> Self {
+        self.c_api = true;
         self
     }
 
@@ -229,8 +221,8 @@ impl<S: GlobalAlloc> CkHuge<S> {
     }
 
     /// A fresh mapping for `size` bytes, its first touch settled by the
-    /// first-touch policy (unless [lazy](Self::lazy_first_touch)); through `GlobalAlloc` a short tail stays in base
-    /// pages.
+    /// first-touch policy (none for [the C API](Self::c_api)); through
+    /// `GlobalAlloc` a short tail stays in base pages.
     #[cold]
     pub(super) fn map(&self, size: usize, align: usize, via: Via) -> *mut u8 {
         match map_huge(size, align, &OPTS) {
@@ -243,7 +235,7 @@ impl<S: GlobalAlloc> CkHuge<S> {
                         Self::advise_tail(m.ptr.as_ptr(), size, m.mapped_len);
                         fill = fill.min(m.mapped_len - HUGE_PAGE_2M);
                     }
-                    if self.first_touch_policy {
+                    if !self.c_api {
                         first_touch::settle(m.ptr.as_ptr(), m.mapped_len, fill);
                     }
                 }
@@ -279,13 +271,13 @@ impl<S: GlobalAlloc> CkHuge<S> {
 
     /// The most bytes the retention cache may hold when this value frees a
     /// block: `CKALLOC_RETAIN_BYTES` ([`env::retain_bytes`]), or, for a
-    /// value with [the C API's retention](Self::c_api_retention) while
+    /// value for [the C API](Self::c_api) while
     /// the variable is unset, the larger of that default and the
     /// high-water mark of live bytes.
     #[inline]
     fn retain_cap(&self) -> usize {
         let cap = env::retain_bytes();
-        if !self.c_api_retention || env::retain_bytes_set() {
+        if !self.c_api || env::retain_bytes_set() {
             return cap;
         }
         let peak = usize::try_from(COUNTERS.live_peak()).unwrap_or(usize::MAX);
@@ -300,8 +292,10 @@ impl<S: GlobalAlloc> CkHuge<S> {
     }
 
     /// A block for `size` bytes aligned to `align`: a retained one when
-    /// [`retains`](Self::retains) allows (cleared for `Fill::Zeroed`), else a
-    /// fresh mapping (which the kernel zero-fills).
+    /// [`retains`](Self::retains) allows (cleared for `Fill::Zeroed`); for
+    /// [the C API](Self::c_api), an uninitialized request no retained block
+    /// serves grows the longest shorter one; else a fresh mapping (which the
+    /// kernel zero-fills).
     #[inline]
     pub(super) fn map_block(&self, size: usize, align: usize, fill: Fill, via: Via) -> *mut u8 {
         let Some(len) = Self::mapped_len(size) else {
@@ -309,11 +303,17 @@ impl<S: GlobalAlloc> CkHuge<S> {
         };
         if self.retains(len, via) {
             retain::tick();
-            if let Some(p) = retain::take(len, align.max(HUGE_PAGE_2M)) {
+            let block_align = align.max(HUGE_PAGE_2M);
+            if let Some(p) = retain::take(len, block_align) {
                 if fill == Fill::Zeroed {
                     self.zero_hit(p.as_ptr(), size, len);
                 }
                 return p.as_ptr();
+            }
+            if self.c_api && fill == Fill::Uninit {
+                if let Some(p) = self.grow_retained(size, len, block_align, via) {
+                    return p.as_ptr();
+                }
             }
         }
         self.map(size, align, via)
@@ -326,7 +326,7 @@ impl<S: GlobalAlloc> CkHuge<S> {
     /// write.
     #[cold]
     fn zero_hit(&self, p: *mut u8, size: usize, len: usize) {
-        let by_madvise = len > ZERO_BY_MEMSET_MAX || !self.first_touch_policy;
+        let by_madvise = len > ZERO_BY_MEMSET_MAX || self.c_api;
         if by_madvise && sys::madvise(p, len, Advice::DontNeed).is_ok() {
             return;
         }
@@ -347,7 +347,7 @@ impl<S: GlobalAlloc> CkHuge<S> {
         if self.retains(len, via) {
             retain::tick();
             let cap = self.retain_cap();
-            let age = if self.c_api_retention {
+            let age = if self.c_api {
                 MergedAge::Oldest
             } else {
                 MergedAge::Reset
@@ -357,8 +357,7 @@ impl<S: GlobalAlloc> CkHuge<S> {
             }
             // The C API's newest block displaces older ones rather than
             // being unmapped itself.
-            if self.c_api_retention && retain::make_room(len, cap) && retain::put(p, len, cap, age)
-            {
+            if self.c_api && retain::make_room(len, cap) && retain::put(p, len, cap, age) {
                 return;
             }
         }

@@ -91,8 +91,11 @@
 //!   model file, say) serves the tensors and activations that follow from
 //!   memory that is already faulted in, instead of pages the kernel must
 //!   find and clear. Only when no retained block is long enough is a new
-//!   block mapped. Every block handed out has exactly the length `dealloc`
-//!   and `realloc` rebuild from the layout.
+//!   block mapped (the preload library's C API grows the longest shorter
+//!   one with `mremap` instead:
+//!   [preload](crate::preload#huge-blocks-first-touch-and-retention)).
+//!   Every block handed out has exactly the length `dealloc` and `realloc`
+//!   rebuild from the layout.
 //! - **cap**: at most [`env::retain_bytes`](crate::env::retain_bytes) bytes
 //!   (`CKALLOC_RETAIN_BYTES`, default 128 MiB; `1gib`-style sizes accepted)
 //!   and 64 blocks are retained, process-wide; a freed block that does not
@@ -142,7 +145,8 @@
 //!   empties slots that were mid-operation at the fork and recounts the
 //!   retained bytes.
 //! - [`huge_stats`] reports the retained bytes, hits (and how many were
-//!   carved), misses, the bytes decay gave back and the settings in use;
+//!   carved), misses (and how many grew a retained block), the bytes decay
+//!   gave back and the settings in use;
 //!   [`live_bytes`](crate::HugeStats::live_bytes) excludes retained blocks.
 //!
 //! The sequence the policy was measured on: candle loading

@@ -4,6 +4,7 @@
 
 use super::first_touch;
 use super::global::{CkHuge, Fill, Via};
+use super::retain;
 use super::stats::COUNTERS;
 use crate::sys::{self, Advice, HUGE_PAGE_2M};
 use crate::tier::{self, Backing};
@@ -112,6 +113,84 @@ impl<S: GlobalAlloc> CkHuge<S> {
         })
     }
 
+    /// Grow the mapping `base` of `old_len` bytes to `new_len` (both
+    /// multiples of 2 MiB) for a block of `new_size` bytes aligned to
+    /// `align`: 1. in place, when the address space after it is free; 2.
+    /// moved onto an aligned reservation with `MREMAP_FIXED`. hugetlb
+    /// mappings refuse both (`EINVAL`). A `GlobalAlloc` block on THP may be
+    /// two VMAs (see `grow_split`). The grown block is advised for its tier
+    /// and counted (`record_grow`). On error the mapping is as it was.
+    fn grow_mapping(
+        &self,
+        base: NonNull<u8>,
+        old_len: usize,
+        new_len: usize,
+        align: usize,
+        new_size: usize,
+        via: Via,
+    ) -> std::io::Result<NonNull<u8>> {
+        let align = align.max(HUGE_PAGE_2M);
+        let p = if via == Via::GlobalAlloc && tier::anon_tier() == Backing::TransparentHuge {
+            Self::grow_split(base, old_len, new_len, align)
+        } else {
+            sys::mremap(base, old_len, new_len, None).or_else(|_| {
+                let dst = sys::reserve_aligned(new_len, align)?;
+                sys::mremap(base, old_len, new_len, Some(dst)).inspect_err(|_| {
+                    let _ = sys::munmap_best_effort(dst.as_ptr(), new_len);
+                })
+            })
+        }?;
+        let backing = tier::anon_tier();
+        if backing == Backing::TransparentHuge {
+            // The grown block is advised whole by the first-touch policy's
+            // state now: base pages inside the window after a slow probe,
+            // THP otherwise (always THP for the C API, which has no policy).
+            let advice = if !self.c_api && first_touch::base_pages_now() {
+                Advice::NoHugePage
+            } else {
+                Advice::HugePage
+            };
+            let _ = sys::madvise(p.as_ptr(), new_len, advice);
+            if via == Via::GlobalAlloc && Self::short_tail(new_size) {
+                Self::advise_tail(p.as_ptr(), new_size, new_len);
+            }
+        }
+        COUNTERS.record_grow(old_len, new_len, backing);
+        Ok(p)
+    }
+
+    /// A block of `len` bytes (a multiple of 2 MiB) for `size` bytes
+    /// aligned to `align`, made from the longest retained block shorter
+    /// than `len` that meets `align`, grown with `mremap`
+    /// ([`grow_mapping`](Self::grow_mapping)): its pages move already faulted
+    /// in and only the added bytes are fresh, as in an allocator whose
+    /// freed neighbours coalesce (jemalloc's extents). For the C API's
+    /// misses that need no zeroing (the moved pages hold old bytes). `None`
+    /// when nothing is retained or the growth fails (a block of several
+    /// VMAs, a hugetlb block); the block then goes back to the cache.
+    #[cold]
+    pub(super) fn grow_retained(
+        &self,
+        size: usize,
+        len: usize,
+        align: usize,
+        via: Via,
+    ) -> Option<NonNull<u8>> {
+        let (base, old_len) = retain::take_longest(len, align)?;
+        match self.grow_mapping(base, old_len, len, align, size, via) {
+            Ok(p) => {
+                COUNTERS.retain_grows.fetch_add(1, Ordering::Relaxed);
+                Some(p)
+            }
+            Err(_) => {
+                // SAFETY: the block was retained: mapped, `old_len` bytes
+                // (its own 2 MiB-rounded size), referenced by no one.
+                unsafe { self.release_block(base.as_ptr(), old_len, via) };
+                None
+            }
+        }
+    }
+
     /// Mapped-to-mapped resize.
     ///
     /// # Safety
@@ -173,39 +252,7 @@ impl<S: GlobalAlloc> CkHuge<S> {
                 Err(_) => ptr::null_mut(),
             };
         }
-        // Grow 1: in place, when the address space after the block is free.
-        // 2: move onto an aligned reservation with MREMAP_FIXED.
-        // hugetlb mappings refuse both (EINVAL), and fall through to 3: map,
-        // copy, unmap. A `GlobalAlloc` block on THP may be two VMAs (see
-        // `grow_split`).
-        let align = align.max(HUGE_PAGE_2M);
-        let grown = if via == Via::GlobalAlloc && tier::anon_tier() == Backing::TransparentHuge {
-            Self::grow_split(base, old_len, new_len, align)
-        } else {
-            sys::mremap(base, old_len, new_len, None).or_else(|_| {
-                let dst = sys::reserve_aligned(new_len, align)?;
-                sys::mremap(base, old_len, new_len, Some(dst)).inspect_err(|_| {
-                    let _ = sys::munmap_best_effort(dst.as_ptr(), new_len);
-                })
-            })
-        };
-        if let Ok(p) = grown {
-            let backing = tier::anon_tier();
-            if backing == Backing::TransparentHuge {
-                // The grown block is advised whole by the first-touch
-                // policy's state now: base pages inside the window after a
-                // slow probe, THP otherwise (always THP without the policy).
-                let advice = if self.first_touch_policy && first_touch::base_pages_now() {
-                    Advice::NoHugePage
-                } else {
-                    Advice::HugePage
-                };
-                let _ = sys::madvise(p.as_ptr(), new_len, advice);
-                if via == Via::GlobalAlloc && Self::short_tail(new_size) {
-                    Self::advise_tail(p.as_ptr(), new_size, new_len);
-                }
-            }
-            COUNTERS.record_grow(old_len, new_len, backing);
+        if let Ok(p) = self.grow_mapping(base, old_len, new_len, align, new_size, via) {
             zero_dirty(p.as_ptr());
             return p.as_ptr();
         }

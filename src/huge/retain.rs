@@ -28,7 +28,10 @@
 //! `realloc` rebuild from the layout. When a block comes back, `put` merges
 //! it with a retained block that ends where it starts or starts where it
 //! ends, so the pieces of a carved block become one block again and serve
-//! long requests.
+//! long requests. A request of the preload library's C API that finds no
+//! block of its length or longer takes the longest shorter one
+//! ([`take_longest`]) and grows it with `mremap`: only the added bytes are
+//! fresh memory.
 //!
 //! # Decay
 //!
@@ -190,22 +193,59 @@ pub(crate) fn take(len: usize, align: usize) -> Option<NonNull<u8>> {
 /// none.
 #[cold]
 fn carve(len: usize, align: usize, home: usize) -> Option<NonNull<u8>> {
+    let Some((slot, w, l)) = claim_best(align, home, |l| l > len, |l, best| l < best) else {
+        COUNTERS.retain_misses.fetch_add(1, Relaxed);
+        return None;
+    };
+    // The rest, `w + len .. w + l`, is 2 MiB aligned (both lengths are
+    // multiples of 2 MiB) and keeps the block's decay stamp.
+    slot.len.store(l - len, Relaxed);
+    slot.word.store(w + len, Release);
+    RETAINED.fetch_sub(len, Relaxed);
+    COUNTERS.retain_hits.fetch_add(1, Relaxed);
+    COUNTERS.retain_carves.fetch_add(1, Relaxed);
+    COUNTERS.note_live();
+    NonNull::new(w as *mut u8)
+}
+
+/// After a miss of [`take`] for `len` bytes: the longest retained block
+/// shorter than `len` whose address meets `align`, removed from the cache,
+/// and its length (no longer counted as retained); `None` when there is
+/// none. The caller grows it to `len` with `mremap`. Never makes a system
+/// call.
+#[cold]
+pub(crate) fn take_longest(len: usize, align: usize) -> Option<(NonNull<u8>, usize)> {
+    let (slot, w, l) = claim_best(align, home(), |l| l < len, |l, best| l > best)?;
+    slot.word.store(EMPTY, Release);
+    RETAINED.fetch_sub(l, Relaxed);
+    NonNull::new(w as *mut u8).map(|p| (p, l))
+}
+
+/// Claims (marks `BUSY`) the slot of the retained block whose address meets
+/// `align`, whose length `fits`, and that `better` prefers (`better(l,
+/// best)`: a block of length `l` over one of length `best`) to every other
+/// such block; returns the slot, the block's address and its length, which
+/// still `fits`. `None` when no block fits. Scans from shard `home`.
+fn claim_best(
+    align: usize,
+    home: usize,
+    fits: impl Fn(usize) -> bool,
+    better: impl Fn(usize, usize) -> bool,
+) -> Option<(&'static Slot, usize, usize)> {
     let mask = align - 1;
     loop {
-        let mut best: Option<(&Slot, usize, usize)> = None;
+        let mut best: Option<(&'static Slot, usize, usize)> = None;
         for i in 0..SHARDS {
             for slot in &CACHE[(home + i) % SHARDS].slots {
                 let w = slot.word.load(Relaxed);
                 let l = slot.len.load(Relaxed);
-                if w > BUSY && w & mask == 0 && l > len && best.is_none_or(|(_, _, b)| l < b) {
+                if w > BUSY && w & mask == 0 && fits(l) && best.is_none_or(|(_, _, b)| better(l, b))
+                {
                     best = Some((slot, w, l));
                 }
             }
         }
-        let Some((slot, w, _)) = best else {
-            COUNTERS.retain_misses.fetch_add(1, Relaxed);
-            return None;
-        };
+        let (slot, w, _) = best?;
         if slot
             .word
             .compare_exchange(w, BUSY, Acquire, Relaxed)
@@ -213,20 +253,12 @@ fn carve(len: usize, align: usize, home: usize) -> Option<NonNull<u8>> {
         {
             continue;
         }
+        // The slot is ours: its block may have changed since the scan.
         let l = slot.len.load(Relaxed);
-        if l <= len {
-            slot.word.store(w, Release);
-            continue;
+        if fits(l) {
+            return Some((slot, w, l));
         }
-        // The rest, `w + len .. w + l`, is 2 MiB aligned (both lengths are
-        // multiples of 2 MiB) and keeps the block's decay stamp.
-        slot.len.store(l - len, Relaxed);
-        slot.word.store(w + len, Release);
-        RETAINED.fetch_sub(len, Relaxed);
-        COUNTERS.retain_hits.fetch_add(1, Relaxed);
-        COUNTERS.retain_carves.fetch_add(1, Relaxed);
-        COUNTERS.note_live();
-        return NonNull::new(w as *mut u8);
+        slot.word.store(w, Release);
     }
 }
 
@@ -353,13 +385,8 @@ fn evict(slot: &Slot, keep: impl Fn(&Slot) -> bool) -> Option<(NonNull<u8>, usiz
     }
     let len = slot.len.load(Relaxed);
     slot.word.store(EMPTY, Release);
-    match NonNull::new(w as *mut u8) {
-        Some(p) => Some((p, len)),
-        None => {
-            RETAINED.fetch_sub(len, Relaxed);
-            None
-        }
-    }
+    // `w > BUSY`: never null.
+    NonNull::new(w as *mut u8).map(|p| (p, len))
 }
 
 /// Unmap an evicted block, then stop counting it as retained. In this order
@@ -501,8 +528,14 @@ mod tests {
             .ptr
     }
 
-    /// The unit tests of the crate that use the process-wide cache take it.
-    static CACHE_USERS: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    /// The unit tests of the crate that use the process-wide cache hold
+    /// this lock; each starts with the cache empty.
+    fn only_user() -> std::sync::MutexGuard<'static, ()> {
+        static CACHE_USERS: std::sync::Mutex<()> = std::sync::Mutex::new(());
+        let guard = CACHE_USERS.lock().unwrap_or_else(|e| e.into_inner());
+        release_retained();
+        guard
+    }
 
     #[test]
     #[cfg_attr(
@@ -510,7 +543,7 @@ mod tests {
         ignore = "maps real huge-page blocks (mmap flags Miri does not model)"
     )]
     fn a_merged_block_keeps_the_age_of_its_oldest_part_when_asked() {
-        let _only = CACHE_USERS.lock().unwrap_or_else(|e| e.into_inner());
+        let _only = only_user();
         let cap = 64 * MIB;
         for (age, decays) in [(MergedAge::Oldest, true), (MergedAge::Reset, false)] {
             // Two halves of one mapping: the second merges into the first.
@@ -539,7 +572,7 @@ mod tests {
         ignore = "maps real huge-page blocks (mmap flags Miri does not model)"
     )]
     fn the_newest_block_makes_room_by_giving_back_older_ones() {
-        let _only = CACHE_USERS.lock().unwrap_or_else(|e| e.into_inner());
+        let _only = only_user();
         let cap = 32 * MIB;
         // Six blocks, every other one retained: no two retained blocks are
         // neighbours, so none merge.
@@ -566,5 +599,40 @@ mod tests {
         for p in blocks.iter().skip(1).step_by(2) {
             unmap(*p, 8 * MIB);
         }
+    }
+
+    #[test]
+    #[cfg_attr(
+        miri,
+        ignore = "maps real huge-page blocks (mmap flags Miri does not model)"
+    )]
+    fn a_miss_takes_the_longest_shorter_block() {
+        let _only = only_user();
+        let cap = 64 * MIB;
+        // 4, 8 and 16 MiB pieces of one mapping, with gaps between them: no
+        // two are neighbours, so none merge.
+        let whole = block(40 * MIB);
+        let at = |off: usize| NonNull::new(whole.as_ptr().wrapping_add(off)).unwrap();
+        for (off, len) in [(0, 4 * MIB), (8 * MIB, 8 * MIB), (20 * MIB, 16 * MIB)] {
+            assert!(put(at(off), len, cap, MergedAge::Reset));
+        }
+        assert_eq!(
+            take_longest(16 * MIB, HUGE_PAGE_2M),
+            Some((at(8 * MIB), 8 * MIB))
+        );
+        assert_eq!(RETAINED.load(Relaxed), 20 * MIB);
+        assert_eq!(
+            take_longest(64 * MIB, HUGE_PAGE_2M),
+            Some((at(20 * MIB), 16 * MIB))
+        );
+        assert_eq!(take_longest(4 * MIB, HUGE_PAGE_2M), None, "none is shorter");
+        assert_eq!(RETAINED.load(Relaxed), 4 * MIB);
+        // An alignment the last block's address does not meet.
+        let addr = whole.as_ptr() as usize;
+        let align = (addr & addr.wrapping_neg()) * 2;
+        assert_eq!(take_longest(64 * MIB, align), None);
+        assert_eq!(take_longest(64 * MIB, HUGE_PAGE_2M), Some((at(0), 4 * MIB)));
+        assert_eq!(RETAINED.load(Relaxed), 0);
+        unmap(whole, 40 * MIB);
     }
 }

@@ -23,6 +23,7 @@ pub(crate) struct Counters {
     pub(crate) retain_hits: AtomicU64,
     pub(crate) retain_misses: AtomicU64,
     pub(crate) retain_carves: AtomicU64,
+    pub(crate) retain_grows: AtomicU64,
     pub(crate) decayed_bytes: AtomicU64,
     pub(crate) first_touch_probes: AtomicU64,
     pub(crate) first_touch_slow_probes: AtomicU64,
@@ -54,6 +55,7 @@ pub(crate) static COUNTERS: Counters = Counters {
     retain_hits: Z,
     retain_misses: Z,
     retain_carves: Z,
+    retain_grows: Z,
     decayed_bytes: Z,
     first_touch_probes: Z,
     first_touch_slow_probes: Z,
@@ -174,6 +176,10 @@ pub struct HugeStats {
     /// Of the hits, those carved from a longer retained block (the rest of
     /// it stays retained).
     pub retention_carves: u64,
+    /// Of the misses, those the preload library's C API served by growing
+    /// the longest shorter retained block with `mremap` (only the added
+    /// bytes fresh) instead of mapping the whole block.
+    pub retention_grows: u64,
     /// Bytes of retained blocks given back to the kernel by decay (also
     /// counted in `unmapped_bytes`).
     pub decayed_bytes: u64,
@@ -244,6 +250,7 @@ pub fn huge_stats() -> HugeStats {
         retention_hits: c.retain_hits.load(Relaxed),
         retention_misses: c.retain_misses.load(Relaxed),
         retention_carves: c.retain_carves.load(Relaxed),
+        retention_grows: c.retain_grows.load(Relaxed),
         decayed_bytes: c.decayed_bytes.load(Relaxed),
         first_touch_probes: c.first_touch_probes.load(Relaxed),
         first_touch_slow_probes: c.first_touch_slow_probes.load(Relaxed),
@@ -294,11 +301,12 @@ impl fmt::Display for HugeStats {
         )?;
         write!(
             f,
-            "\nretained: {} (hits {} of which carved {}, misses {}, given back by decay {})",
+            "\nretained: {} (hits {} of which carved {}, misses {} of which grew a retained block {}, given back by decay {})",
             human_bytes(self.retained_bytes),
             self.retention_hits,
             self.retention_carves,
             self.retention_misses,
+            self.retention_grows,
             human_bytes(self.decayed_bytes)
         )?;
         write!(

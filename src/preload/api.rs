@@ -15,13 +15,13 @@ use std::sync::atomic::Ordering::Relaxed;
 /// The huge-page engine behind the C API: `CkHuge` with glibc as its small
 /// allocator. Threshold 1: every block it is handed is a mapped one (the
 /// routing by size happens here, against [`env::preload_threshold`]).
-/// Fresh blocks skip the first-touch policy and fault in as THP when
-/// written, and the retention cap follows the high-water mark of live
-/// bytes (see the [module docs](crate::preload#huge-blocks-first-touch-and-retention)).
+/// In C API mode: fresh blocks fault in as THP when written, the retention
+/// cap follows the high-water mark of live bytes, and a miss grows the
+/// longest retained block (see the
+/// [module docs](crate::preload#huge-blocks-first-touch-and-retention)).
 const ENGINE: CkHuge<GlibcMalloc> = CkHuge::with_small_allocator(GlibcMalloc)
     .threshold_bytes(1)
-    .lazy_first_touch()
-    .c_api_retention();
+    .c_api();
 
 fn errno() -> c_int {
     // SAFETY: the calling thread's errno slot.

@@ -87,8 +87,9 @@
 //!
 //! # Huge blocks: first touch and retention
 //!
-//! The C API's huge blocks differ from `CkHuge`'s in a Rust program in two
-//! ways, both measured with the preload client (`benches/preload-client`:
+//! The C API's huge blocks differ from `CkHuge`'s in a Rust program in the
+//! ways below (the engine's C API mode), measured with the preload client
+//! (`benches/preload-client`:
 //! PyTorch running all-MiniLM-L6-v2, and blocks of 2 to 256 MiB allocated,
 //! touched and freed):
 //!
@@ -125,6 +126,17 @@
 //!   `MADV_DONTNEED` at every length (`CkHuge` in Rust programs memsets
 //!   blocks up to 16 MiB), so it reads zero without committing pages the
 //!   program never writes.
+//! - **Growth on a miss**: a `malloc` (not a `calloc`) that no retained
+//!   block of its length or longer serves takes the longest shorter one and
+//!   grows it with `mremap` (in place when the address space after it is
+//!   free, else moved onto an aligned reservation), so only the added bytes
+//!   are fresh memory that must fault in; the moved pages keep their THP.
+//!   This is what coalescing freed neighbours gives jemalloc: a program that
+//!   frees a 128 MiB buffer and asks for 256 MiB faults in 128 MiB, not
+//!   256. A block that cannot grow (several VMAs, hugetlb) goes back to the
+//!   cache and a fresh mapping serves the request;
+//!   [`HugeStats::retention_grows`](crate::HugeStats::retention_grows)
+//!   counts the misses served this way.
 //!
 //! # Start-up, threads, fork
 //!

@@ -6,7 +6,7 @@
 //! released.
 
 use crate::{serial, OPS};
-use ckalloc::fault;
+use ckalloc::fault::{self, Op};
 use ckalloc::preload as c;
 use ckalloc::{huge_stats, release_retained};
 use std::ffi::c_void;
@@ -93,6 +93,39 @@ fn the_c_api_under_every_fault() {
                 unsafe { c::free(a) };
             }
             fault::reset();
+            release_retained();
+            assert_eq!(huge_stats().live_bytes(), start, "{op:?} #{n} leaked");
+        }
+    }
+}
+
+#[test]
+fn a_retained_block_that_fails_to_grow_leaves_a_fresh_mapping_to_serve() {
+    let _g = serial();
+    for op in OPS {
+        for n in 1..=4 {
+            release_retained();
+            let start = huge_stats().live_bytes();
+            let p = c::malloc(8 * MIB);
+            assert!(!p.is_null());
+            fill(p, 8 * MIB, 4);
+            // SAFETY: a live block of the API.
+            unsafe { c::free(p) };
+            // No retained block is long enough: the 8 MiB one grows, or on
+            // a failure goes back to the cache and a fresh mapping serves
+            // (`fail_nth` fails one call only, so one of the two works).
+            let grows = huge_stats().retention_grows;
+            fault::fail_nth(op, n, libc::ENOMEM);
+            let q = c::malloc(40 * MIB);
+            fault::reset();
+            assert!(!q.is_null(), "{op:?} #{n}");
+            if matches!(op, Op::Mbind | Op::Mlock) {
+                assert_eq!(huge_stats().retention_grows, grows + 1, "{op:?} #{n}");
+            }
+            fill(q, 40 * MIB, 5);
+            assert!(holds(q, 40 * MIB, 40 * MIB, 5), "{op:?} #{n}");
+            // SAFETY: a live block of the API.
+            unsafe { c::free(q) };
             release_retained();
             assert_eq!(huge_stats().live_bytes(), start, "{op:?} #{n} leaked");
         }

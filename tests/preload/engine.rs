@@ -1,8 +1,9 @@
 //! The preload engine's huge blocks, called from Rust in a process of their
 //! own (`ckalloc::preload::malloc`, `calloc` and `free`, the functions the
 //! library exports): they fault in lazily as THP, a zeroed retained block
-//! commits nothing, and the retention cap follows the high-water mark of
-//! live bytes unless `CKALLOC_RETAIN_BYTES` is set.
+//! commits nothing, the retention cap follows the high-water mark of live
+//! bytes unless `CKALLOC_RETAIN_BYTES` is set, and a miss grows the longest
+//! retained block.
 
 use ckalloc::preload::{calloc, free, malloc};
 use ckalloc::{env, huge_stats, HugeStats};
@@ -33,25 +34,32 @@ fn vm_rss_kib() -> u64 {
         .expect("VmRSS in /proc/self/status")
 }
 
-/// The `VmFlags` line of the mapping that holds `p`.
-fn vm_flags(p: *mut c_void) -> String {
+/// The address range and the `VmFlags` line of the mapping (VMA) that
+/// holds `p`.
+fn vma(p: *mut c_void) -> (std::ops::Range<usize>, String) {
     let smaps = std::fs::read_to_string("/proc/self/smaps").unwrap();
     let addr = p as usize;
-    let mut inside = false;
+    let mut inside = None;
     for line in smaps.lines() {
         let range = line.split_whitespace().next().unwrap_or("");
         if let Some((lo, hi)) = range.split_once('-') {
             if let (Ok(lo), Ok(hi)) = (usize::from_str_radix(lo, 16), usize::from_str_radix(hi, 16))
             {
-                inside = (lo..hi).contains(&addr);
+                inside = (lo..hi).contains(&addr).then_some(lo..hi);
                 continue;
             }
         }
-        if inside && line.starts_with("VmFlags:") {
-            return line.to_owned();
+        if let Some(r) = &inside {
+            if line.starts_with("VmFlags:") {
+                return (r.clone(), line.to_owned());
+            }
         }
     }
     panic!("no mapping holds {p:?}");
+}
+
+fn vm_flags(p: *mut c_void) -> String {
+    vma(p).1
 }
 
 #[test]
@@ -138,4 +146,71 @@ fn child_exact_cap() {
     // SAFETY: as above.
     unsafe { free(p) };
     assert_eq!(huge_stats().retained_bytes, 32 * MIB as u64);
+}
+
+#[test]
+fn a_miss_grows_the_longest_retained_block() {
+    common::run_child("engine::child_grow_on_miss", &[]);
+}
+
+#[test]
+#[ignore = "run in a child process by a_miss_grows_the_longest_retained_block"]
+fn child_grow_on_miss() {
+    let small = 32 * MIB;
+    let p = alloc(small);
+    // SAFETY: `p` holds `small` bytes.
+    unsafe { std::ptr::write_bytes(p.cast::<u8>(), 7, small) };
+    // SAFETY: `p` came from `malloc` and is not used again.
+    unsafe { free(p) };
+    let before = huge_stats();
+    assert_eq!(before.retained_bytes, small as u64);
+    // No retained block is long enough: the 32 MiB one grows to 96 MiB.
+    let size = 96 * MIB;
+    let q = alloc(size);
+    let after = huge_stats();
+    assert_eq!(
+        after.retention_grows,
+        before.retention_grows + 1,
+        "{after:?}"
+    );
+    assert_eq!(mappings(&after), mappings(&before), "no fresh mapping");
+    assert_eq!(after.retained_bytes, 0);
+    assert_eq!(after.peak_mapped_bytes, size as u64, "only 64 MiB added");
+    assert_eq!(after.peak_live_bytes, size as u64);
+    let (range, flags) = vma(q);
+    assert!(
+        range.start <= q as usize && q as usize + size <= range.end,
+        "the grown block is one VMA: {range:x?} for {q:?}"
+    );
+    if common::thp_available() && after.thp.bytes > 0 {
+        assert!(flags.contains(" hg"), "{flags}");
+    }
+    assert_eq!(q as usize % (2 * MIB), 0);
+    // Every byte of the grown block is the caller's.
+    // SAFETY: `q` holds `size` bytes.
+    let bytes = unsafe { std::slice::from_raw_parts_mut(q.cast::<u8>(), size) };
+    for (i, b) in bytes.iter_mut().enumerate().step_by(4096) {
+        *b = i as u8;
+    }
+    assert!(bytes
+        .iter()
+        .enumerate()
+        .step_by(4096)
+        .all(|(i, &b)| b == i as u8));
+    // SAFETY: as above.
+    unsafe { free(q) };
+    // A zeroed request never gets moved pages: it maps afresh and reads 0.
+    let before = huge_stats();
+    let z = calloc(1, 2 * size);
+    assert!(!z.is_null());
+    let after = huge_stats();
+    assert_eq!(after.retention_grows, before.retention_grows);
+    assert_eq!(mappings(&after), mappings(&before) + 1);
+    // SAFETY: `z` holds `2 * size` bytes.
+    let zeros = unsafe { std::slice::from_raw_parts(z.cast::<u8>(), 2 * size) };
+    assert!(zeros.iter().step_by(4096).all(|&b| b == 0));
+    // SAFETY: as above.
+    unsafe { free(z) };
+    assert!(ckalloc::release_retained() >= size);
+    assert_eq!(huge_stats().live_bytes(), 0);
 }
