@@ -511,8 +511,9 @@ fn run_blocks(state: State, a: &Args, configs: &[&Config], envs: &[Vec<(String, 
             }
         }
         println!();
+        let noun = if threads == 1 { "thread" } else { "threads" };
         println!(
-            "Large blocks, {threads} thread(s), memory state {}: median ns per allocate + touch + free ({} rounds)",
+            "Large blocks, {threads} {noun}, memory state {}: median ns per allocate + touch + free ({} rounds)",
             state.name(),
             a.rounds.min(5)
         );
