@@ -126,8 +126,9 @@
 //!   `MADV_DONTNEED` at every length (`CkHuge` in Rust programs memsets
 //!   blocks up to 16 MiB), so it reads zero without committing pages the
 //!   program never writes.
-//! - **Growth on a miss**: a `malloc` (not a `calloc`) that no retained
-//!   block of its length or longer serves takes the longest shorter one and
+//! - **Growth on a miss**: a request that needs no zeroing (`malloc`,
+//!   `realloc`, the aligned calls; not `calloc`) that no retained block of
+//!   its length or longer serves takes the longest shorter one and
 //!   grows it with `mremap` (in place when the address space after it is
 //!   free, else moved onto an aligned reservation), so only the added bytes
 //!   are fresh memory that must fault in; the moved pages keep their THP.

@@ -34,12 +34,20 @@ fn vm_rss_kib() -> u64 {
         .expect("VmRSS in /proc/self/status")
 }
 
-/// The address range and the `VmFlags` line of the mapping (VMA) that
-/// holds `p`.
-fn vma(p: *mut c_void) -> (std::ops::Range<usize>, String) {
+/// The mapping (VMA) that holds an address, from `/proc/self/smaps`.
+struct Vma {
+    range: std::ops::Range<usize>,
+    /// The `VmFlags` line.
+    flags: String,
+    /// Its `AnonHugePages` in KiB.
+    anon_huge_kib: u64,
+}
+
+fn vma(p: *mut c_void) -> Vma {
     let smaps = std::fs::read_to_string("/proc/self/smaps").unwrap();
     let addr = p as usize;
     let mut inside = None;
+    let mut anon_huge_kib = 0;
     for line in smaps.lines() {
         let range = line.split_whitespace().next().unwrap_or("");
         if let Some((lo, hi)) = range.split_once('-') {
@@ -49,17 +57,23 @@ fn vma(p: *mut c_void) -> (std::ops::Range<usize>, String) {
                 continue;
             }
         }
-        if let Some(r) = &inside {
-            if line.starts_with("VmFlags:") {
-                return (r.clone(), line.to_owned());
-            }
+        let Some(r) = &inside else { continue };
+        if let Some(v) = line.strip_prefix("AnonHugePages:") {
+            anon_huge_kib = v.trim().trim_end_matches("kB").trim().parse().unwrap();
+        }
+        if line.starts_with("VmFlags:") {
+            return Vma {
+                range: r.clone(),
+                flags: line.to_owned(),
+                anon_huge_kib,
+            };
         }
     }
     panic!("no mapping holds {p:?}");
 }
 
 fn vm_flags(p: *mut c_void) -> String {
-    vma(p).1
+    vma(p).flags
 }
 
 #[test]
@@ -150,7 +164,8 @@ fn child_exact_cap() {
 
 #[test]
 fn a_miss_grows_the_longest_retained_block() {
-    common::run_child("engine::child_grow_on_miss", &[]);
+    // THP blocks: hugetlb ones cannot grow (the next test).
+    common::run_child("engine::child_grow_on_miss", &[("CKALLOC_HUGETLB", "0")]);
 }
 
 #[test]
@@ -160,6 +175,7 @@ fn child_grow_on_miss() {
     let p = alloc(small);
     // SAFETY: `p` holds `small` bytes.
     unsafe { std::ptr::write_bytes(p.cast::<u8>(), 7, small) };
+    let huge_before = vma(p).anon_huge_kib;
     // SAFETY: `p` came from `malloc` and is not used again.
     unsafe { free(p) };
     let before = huge_stats();
@@ -177,14 +193,22 @@ fn child_grow_on_miss() {
     assert_eq!(after.retained_bytes, 0);
     assert_eq!(after.peak_mapped_bytes, size as u64, "only 64 MiB added");
     assert_eq!(after.peak_live_bytes, size as u64);
-    let (range, flags) = vma(q);
+    let grown = vma(q);
     assert!(
-        range.start <= q as usize && q as usize + size <= range.end,
-        "the grown block is one VMA: {range:x?} for {q:?}"
+        grown.range.start <= q as usize && q as usize + size <= grown.range.end,
+        "the grown block is one VMA: {:x?} for {q:?}",
+        grown.range
     );
     if common::thp_available() && after.thp.bytes > 0 {
-        assert!(flags.contains(" hg"), "{flags}");
+        assert!(grown.flags.contains(" hg"), "{}", grown.flags);
     }
+    // The moved pages are still huge pages (before anything writes the
+    // added bytes).
+    assert!(
+        grown.anon_huge_kib >= huge_before,
+        "{} KiB in huge pages, {huge_before} before the growth",
+        grown.anon_huge_kib
+    );
     assert_eq!(q as usize % (2 * MIB), 0);
     // Every byte of the grown block is the caller's.
     // SAFETY: `q` holds `size` bytes.
@@ -212,5 +236,50 @@ fn child_grow_on_miss() {
     // SAFETY: as above.
     unsafe { free(z) };
     assert!(ckalloc::release_retained() >= size);
+    assert_eq!(huge_stats().live_bytes(), 0);
+}
+
+#[test]
+fn a_hugetlb_block_is_not_grown_and_a_fresh_mapping_serves() {
+    if common::skip_without_hugetlb(
+        "a_hugetlb_block_is_not_grown_and_a_fresh_mapping_serves",
+        80,
+    ) {
+        return;
+    }
+    common::run_child("engine::child_hugetlb_not_grown", &[]);
+}
+
+#[test]
+#[ignore = "run in a child process by a_hugetlb_block_is_not_grown_and_a_fresh_mapping_serves"]
+fn child_hugetlb_not_grown() {
+    let small = 32 * MIB;
+    let p = alloc(small);
+    assert_eq!(huge_stats().hugetlb.mappings, 1, "{:?}", huge_stats());
+    // SAFETY: `p` holds `small` bytes, and came from `malloc`.
+    unsafe {
+        std::ptr::write_bytes(p.cast::<u8>(), 7, small);
+        free(p);
+    }
+    let before = huge_stats();
+    let size = 96 * MIB;
+    let q = alloc(size);
+    let after = huge_stats();
+    assert_eq!(after.retention_grows, before.retention_grows, "{after:?}");
+    assert_eq!(mappings(&after), mappings(&before) + 1, "a fresh mapping");
+    assert_eq!(after.retained_bytes, small as u64, "the block went back");
+    // SAFETY: `q` holds `size` bytes.
+    let bytes = unsafe { std::slice::from_raw_parts_mut(q.cast::<u8>(), size) };
+    for (i, b) in bytes.iter_mut().enumerate().step_by(4096) {
+        *b = i as u8;
+    }
+    assert!(bytes
+        .iter()
+        .enumerate()
+        .step_by(4096)
+        .all(|(i, &b)| b == i as u8));
+    // SAFETY: as above.
+    unsafe { free(q) };
+    assert!(ckalloc::release_retained() >= small + size);
     assert_eq!(huge_stats().live_bytes(), 0);
 }
