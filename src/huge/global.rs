@@ -5,7 +5,7 @@
 use super::first_touch;
 use super::retain::{self, MergedAge};
 use super::stats::COUNTERS;
-use super::{map_huge, unmap, HugeOptions};
+use super::{last_map_hugetlb, map_huge, unmap, HugeOptions};
 use crate::env;
 use crate::sys::{self, Advice, HUGE_PAGE_2M};
 use crate::tier::Backing;
@@ -181,8 +181,10 @@ impl<S> CkHuge<S> {
     ///   larger of its default and twice the high-water mark of live bytes;
     ///   a freed block that does not fit gives back older ones, and a block
     ///   merged with retained neighbours keeps the decay stamp of the oldest;
-    /// - a request no retained block serves grows the longest retained
-    ///   block with `mremap` rather than mapping all of its length afresh.
+    /// - a request that needs no zeroing and that no retained block serves
+    ///   grows the longest shorter retained block with `mremap` rather than
+    ///   mapping all of its length afresh (not while the hugetlb tier serves
+    ///   the mappings: hugetlb blocks cannot grow).
     ///
     /// See [Retention](crate::huge#retention-ckhuge).
     #[cfg_attr(not(feature = "preload"), allow(dead_code))]
@@ -275,7 +277,7 @@ impl<S: GlobalAlloc> CkHuge<S> {
     /// the variable is unset, the larger of that default and the
     /// high-water mark of live bytes.
     #[inline]
-    fn retain_cap(&self) -> usize {
+    pub(super) fn retain_cap(&self) -> usize {
         let cap = env::retain_bytes();
         if !self.c_api || env::retain_bytes_set() {
             return cap;
@@ -295,7 +297,8 @@ impl<S: GlobalAlloc> CkHuge<S> {
     /// [`retains`](Self::retains) allows (cleared for `Fill::Zeroed`); for
     /// [the C API](Self::c_api), an uninitialized request no retained block
     /// serves grows the longest shorter one; else a fresh mapping (which the
-    /// kernel zero-fills).
+    /// kernel zero-fills). When that mapping fails, the retention cache is
+    /// given back and the mapping tried once more.
     #[inline]
     pub(super) fn map_block(&self, size: usize, align: usize, fill: Fill, via: Via) -> *mut u8 {
         let Some(len) = Self::mapped_len(size) else {
@@ -310,11 +313,20 @@ impl<S: GlobalAlloc> CkHuge<S> {
                 }
                 return p.as_ptr();
             }
-            if self.c_api && fill == Fill::Uninit {
+            // hugetlb blocks cannot grow: while the hugetlb tier serves
+            // the mappings, a miss maps a fresh hugetlb block instead.
+            if self.c_api && fill == Fill::Uninit && !last_map_hugetlb() {
                 if let Some(p) = self.grow_retained(size, len, block_align, via) {
                     return p.as_ptr();
                 }
             }
+            let p = self.map(size, align, via);
+            // Address space or the VMA limit may be short because of the
+            // retained blocks: give them back and try once more.
+            if p.is_null() && retain::release_retained() > 0 {
+                return self.map(size, align, via);
+            }
+            return p;
         }
         self.map(size, align, via)
     }

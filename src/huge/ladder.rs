@@ -13,7 +13,7 @@ use crate::tier::{self, Backing};
 use std::io;
 use std::ops::ControlFlow::{self, Break, Continue};
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 /// One mapping produced by the ladder.
 #[derive(Debug)]
@@ -49,6 +49,18 @@ fn start_hugetlb_backoff() {
 /// hugetlb tier again at once (for example after reserving pages).
 pub fn reset_hugetlb_backoff() {
     HUGETLB_RETRY_AT_NS.store(0, Ordering::Relaxed);
+}
+
+// ---- the tier of the latest mapping
+
+/// Whether the latest mapping of the ladder came from the hugetlb tier.
+static LAST_MAP_HUGETLB: AtomicBool = AtomicBool::new(false);
+
+/// Whether the hugetlb tier served the ladder's latest mapping: while it
+/// does, the next mapping is likely hugetlb too, and so are the blocks
+/// retained from earlier ones (which `mremap` cannot grow).
+pub(crate) fn last_map_hugetlb() -> bool {
+    LAST_MAP_HUGETLB.load(Ordering::Relaxed)
 }
 
 // ---- the ladder
@@ -101,7 +113,12 @@ pub(crate) fn map_huge(
 ) -> Result<Mapping, HugeError> {
     let req = Request::new(bytes, align)?;
     let hugetlb_err = match hugetlb_rung(&req, opts) {
-        Break(done) => return done,
+        Break(done) => {
+            if done.is_ok() {
+                LAST_MAP_HUGETLB.store(true, Ordering::Relaxed);
+            }
+            return done;
+        }
         Continue(err) => err,
     };
     if opts.require == Backing::Hugetlb {
@@ -111,7 +128,11 @@ pub(crate) fn map_huge(
             source: hugetlb_err,
         });
     }
-    thp_or_normal_rung(&req, opts)
+    let m = thp_or_normal_rung(&req, opts);
+    if m.is_ok() {
+        LAST_MAP_HUGETLB.store(false, Ordering::Relaxed);
+    }
+    m
 }
 
 /// Rung 1: hugetlb pages, 1 GiB pages first when allowed, then 2 MiB pages.

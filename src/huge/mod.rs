@@ -91,8 +91,8 @@
 //!   model file, say) serves the tensors and activations that follow from
 //!   memory that is already faulted in, instead of pages the kernel must
 //!   find and clear. Only when no retained block is long enough is a new
-//!   block mapped (the preload library's C API grows the longest shorter
-//!   one with `mremap` instead:
+//!   block mapped (the preload library's C API, for requests that need no
+//!   zeroing, grows the longest shorter one with `mremap` instead:
 //!   [preload](crate::preload#huge-blocks-first-touch-and-retention)).
 //!   Every block handed out has exactly the length `dealloc` and `realloc`
 //!   rebuild from the layout.
@@ -111,7 +111,8 @@
 //!   freed block that does not fit gives back older retained blocks to make
 //!   room instead of being unmapped itself, and a block merged with
 //!   retained neighbours keeps the decay stamp of the oldest (in Rust
-//!   programs the merged block starts a new delay).
+//!   programs the merged block starts a new delay). A fresh mapping that
+//!   fails gives the cache back and is tried once more.
 //! - **decay**: a block unused for
 //!   [`env::retain_decay_ms`](crate::env::retain_decay_ms)
 //!   (`CKALLOC_RETAIN_DECAY_MS`, default 1000 ms; after mimalloc's
@@ -292,4 +293,4 @@ pub use retain::hold_retention_slots;
 pub use retain::release_retained;
 pub use stats::{huge_stats, HugeStats, TierStats};
 
-pub(crate) use ladder::{apply_options, map_huge, unmap, Mapping};
+pub(crate) use ladder::{apply_options, last_map_hugetlb, map_huge, unmap, Mapping};

@@ -4,8 +4,9 @@
 
 use super::first_touch;
 use super::global::{CkHuge, Fill, Via};
-use super::retain;
+use super::retain::{self, MergedAge};
 use super::stats::COUNTERS;
+use super::unmap;
 use crate::sys::{self, Advice, HUGE_PAGE_2M};
 use crate::tier::{self, Backing};
 use allocator_api2::alloc::Layout;
@@ -176,16 +177,20 @@ impl<S: GlobalAlloc> CkHuge<S> {
         align: usize,
         via: Via,
     ) -> Option<NonNull<u8>> {
-        let (base, old_len) = retain::take_longest(len, align)?;
-        match self.grow_mapping(base, old_len, len, align, size, via) {
+        let taken = retain::take_longest(len, align)?;
+        match self.grow_mapping(taken.ptr, taken.len, len, align, size, via) {
             Ok(p) => {
                 COUNTERS.retain_grows.fetch_add(1, Ordering::Relaxed);
                 Some(p)
             }
             Err(_) => {
-                // SAFETY: the block was retained: mapped, `old_len` bytes
-                // (its own 2 MiB-rounded size), referenced by no one.
-                unsafe { self.release_block(base.as_ptr(), old_len, via) };
+                // Back into the cache with its own decay stamp, so a block
+                // that cannot grow still decays; unmapped if the cache
+                // filled meanwhile.
+                let age = MergedAge::Kept(taken.stamp);
+                if !retain::put(taken.ptr, taken.len, self.retain_cap(), age) {
+                    unmap(taken.ptr, taken.len);
+                }
                 None
             }
         }

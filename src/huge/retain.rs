@@ -28,10 +28,10 @@
 //! `realloc` rebuild from the layout. When a block comes back, `put` merges
 //! it with a retained block that ends where it starts or starts where it
 //! ends, so the pieces of a carved block become one block again and serve
-//! long requests. A request of the preload library's C API that finds no
-//! block of its length or longer takes the longest shorter one
-//! ([`take_longest`]) and grows it with `mremap`: only the added bytes are
-//! fresh memory.
+//! long requests. A request of the preload library's C API that needs no
+//! zeroing (not `calloc`) and finds no block of its length or longer takes
+//! the longest shorter one ([`take_longest`]) and grows it with `mremap`:
+//! only the added bytes are fresh memory.
 //!
 //! # Decay
 //!
@@ -208,17 +208,28 @@ fn carve(len: usize, align: usize, home: usize) -> Option<NonNull<u8>> {
     NonNull::new(w as *mut u8)
 }
 
+/// A block [`take_longest`] removed from the cache.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Taken {
+    pub(crate) ptr: NonNull<u8>,
+    pub(crate) len: usize,
+    /// Its decay stamp, for [`MergedAge::Kept`] if it goes back.
+    pub(crate) stamp: u64,
+}
+
 /// After a miss of [`take`] for `len` bytes: the longest retained block
-/// shorter than `len` whose address meets `align`, removed from the cache,
-/// and its length (no longer counted as retained); `None` when there is
-/// none. The caller grows it to `len` with `mremap`. Never makes a system
+/// shorter than `len` whose address meets `align`, removed from the cache
+/// (no longer counted as retained); `None` when there is none. The caller
+/// grows it to `len` with `mremap`, or puts it back with
+/// [`MergedAge::Kept`] so that it goes on ageing. Never makes a system
 /// call.
 #[cold]
-pub(crate) fn take_longest(len: usize, align: usize) -> Option<(NonNull<u8>, usize)> {
+pub(crate) fn take_longest(len: usize, align: usize) -> Option<Taken> {
     let (slot, w, l) = claim_best(align, home(), |l| l < len, |l, best| l > best)?;
+    let stamp = slot.stamp.load(Relaxed);
     slot.word.store(EMPTY, Release);
     RETAINED.fetch_sub(l, Relaxed);
-    NonNull::new(w as *mut u8).map(|p| (p, l))
+    NonNull::new(w as *mut u8).map(|ptr| Taken { ptr, len: l, stamp })
 }
 
 /// Claims (marks `BUSY`) the slot of the retained block whose address meets
@@ -270,6 +281,9 @@ pub(crate) enum MergedAge {
     /// The merged block keeps the stamp of its oldest part, so a block that
     /// requests keep being carved from and merged back into still ages.
     Oldest,
+    /// A block taken out and put back unused (a growth that failed) keeps
+    /// its own stamp, or a neighbour's if that is older: it goes on ageing.
+    Kept(u64),
 }
 
 /// Keep the block `ptr` of `len` bytes (2 MiB aligned, a multiple of 2 MiB)
@@ -308,6 +322,10 @@ pub(crate) fn put(ptr: NonNull<u8>, len: usize, cap: usize, age: MergedAge) -> b
                 let stamp = match age {
                     MergedAge::Reset => 0,
                     MergedAge::Oldest => oldest,
+                    // The older of two stamps; 0 is no stamp.
+                    MergedAge::Kept(0) => oldest,
+                    MergedAge::Kept(own) if oldest == 0 => own,
+                    MergedAge::Kept(own) => own.min(oldest),
                 };
                 slot.stamp.store(stamp, Relaxed);
                 slot.word.store(start, Release);
@@ -616,23 +634,31 @@ mod tests {
         for (off, len) in [(0, 4 * MIB), (8 * MIB, 8 * MIB), (20 * MIB, 16 * MIB)] {
             assert!(put(at(off), len, cap, MergedAge::Reset));
         }
+        let block = |t: Option<Taken>| t.map(|t| (t.ptr, t.len));
         assert_eq!(
-            take_longest(16 * MIB, HUGE_PAGE_2M),
+            block(take_longest(16 * MIB, HUGE_PAGE_2M)),
             Some((at(8 * MIB), 8 * MIB))
         );
         assert_eq!(RETAINED.load(Relaxed), 20 * MIB);
-        assert_eq!(
-            take_longest(64 * MIB, HUGE_PAGE_2M),
-            Some((at(20 * MIB), 16 * MIB))
-        );
+        let t = take_longest(64 * MIB, HUGE_PAGE_2M).unwrap();
+        assert_eq!((t.ptr, t.len), (at(20 * MIB), 16 * MIB));
         assert_eq!(take_longest(4 * MIB, HUGE_PAGE_2M), None, "none is shorter");
         assert_eq!(RETAINED.load(Relaxed), 4 * MIB);
         // An alignment the last block's address does not meet.
         let addr = whole.as_ptr() as usize;
         let align = (addr & addr.wrapping_neg()) * 2;
         assert_eq!(take_longest(64 * MIB, align), None);
-        assert_eq!(take_longest(64 * MIB, HUGE_PAGE_2M), Some((at(0), 4 * MIB)));
+        assert_eq!(
+            block(take_longest(64 * MIB, HUGE_PAGE_2M)),
+            Some((at(0), 4 * MIB))
+        );
         assert_eq!(RETAINED.load(Relaxed), 0);
-        unmap(whole, 40 * MIB);
+        // A block put back unused goes on ageing: with a stamp older than
+        // any delay, the next decay step gives it back.
+        assert!(put(t.ptr, t.len, cap, MergedAge::Kept(1)));
+        decay_step();
+        assert_eq!(RETAINED.load(Relaxed), 0, "the kept stamp decayed");
+        unmap(whole, 20 * MIB);
+        unmap(at(36 * MIB), 4 * MIB);
     }
 }

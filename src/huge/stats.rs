@@ -171,7 +171,8 @@ pub struct HugeStats {
     /// (no system call).
     pub retention_hits: u64,
     /// `CkHuge` mapped-path allocations of a retaining value that found no
-    /// block of their length and alignment in the cache and mapped afresh.
+    /// block of their length and alignment in the cache: they mapped
+    /// afresh, or grew a shorter retained block (`retention_grows`).
     pub retention_misses: u64,
     /// Of the hits, those carved from a longer retained block (the rest of
     /// it stays retained).

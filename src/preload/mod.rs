@@ -134,10 +134,18 @@
 //!   are fresh memory that must fault in; the moved pages keep their THP.
 //!   This is what coalescing freed neighbours gives jemalloc: a program that
 //!   frees a 128 MiB buffer and asks for 256 MiB faults in 128 MiB, not
-//!   256. A block that cannot grow (several VMAs, hugetlb) goes back to the
-//!   cache and a fresh mapping serves the request;
+//!   256. A block that cannot grow goes back to the cache with its decay
+//!   stamp (it keeps ageing) and a fresh mapping serves the request: a
+//!   block of several VMAs that the address space after it has no room
+//!   for, such as one whose request left a [short tail](crate::huge#short-tails-ckhuge)
+//!   (64 MiB + 16 bytes, say: its last 2 MiB page is a VMA of its own).
+//!   While the hugetlb tier serves the mappings there is no growth at all:
+//!   hugetlb blocks cannot grow, and a miss maps a fresh hugetlb block.
 //!   [`HugeStats::retention_grows`](crate::HugeStats::retention_grows)
-//!   counts the misses served this way.
+//!   counts the misses served by growth.
+//! - **A mapping that fails** (address space under `ulimit -v`, the VMA
+//!   limit) gives the retention cache back and is tried once more, so
+//!   retained memory never makes a request fail that glibc would serve.
 //!
 //! # Start-up, threads, fork
 //!
@@ -196,6 +204,14 @@
 //!   summary; a `realloc` that moved a huge block in that moment copies
 //!   it into glibc's memory, and returns null (with the old block gone)
 //!   only if glibc has no memory either.
+//! - A huge block the program changes the protection of (`mprotect`) and
+//!   frees keeps that protection in the retention cache, and so does the
+//!   block served from it next (whole, carved, or grown: `mremap` keeps a
+//!   mapping's protection): a write to it then faults. glibc unmaps its
+//!   `mmap` blocks on `free`, so this works there. Restore
+//!   `PROT_READ | PROT_WRITE` before freeing; `malloc(3)` leaves the case
+//!   unspecified, and jemalloc and mimalloc, which also reuse freed
+//!   memory, have the same limit.
 //! - musl and 32-bit targets are not supported (the library needs
 //!   glibc's `__libc_*` entry points and a 47-bit address space).
 

@@ -135,3 +135,34 @@ fn a_retained_block_that_fails_to_grow_leaves_a_fresh_mapping_to_serve() {
         }
     }
 }
+
+#[test]
+fn a_failed_mapping_gives_the_cache_back_and_tries_again() {
+    let _g = serial();
+    release_retained();
+    let start = huge_stats().live_bytes();
+    let p = c::malloc(16 * MIB);
+    assert!(!p.is_null());
+    // SAFETY: a live block of the API.
+    unsafe { c::free(p) };
+    assert_eq!(huge_stats().retained_bytes, 16 * MIB as u64);
+    // A `calloc` never grows a retained block. Every mapping fails: the
+    // first try's failure gives the cache back before the second try.
+    fault::fail_from(Op::Mmap, 1, libc::ENOMEM);
+    let z = c::calloc(1, 40 * MIB);
+    let err = errno();
+    fault::reset();
+    assert!(z.is_null());
+    assert_eq!(err, libc::ENOMEM);
+    assert_eq!(huge_stats().retained_bytes, 0, "the cache was given back");
+    // With the mappings working again the request is served.
+    let z = c::calloc(1, 40 * MIB);
+    assert!(!z.is_null());
+    // SAFETY: 40 MiB of a live block.
+    let s = unsafe { std::slice::from_raw_parts(z.cast::<u8>(), 40 * MIB) };
+    assert!(s.iter().step_by(4096).all(|&b| b == 0));
+    // SAFETY: a live block of the API.
+    unsafe { c::free(z) };
+    release_retained();
+    assert_eq!(huge_stats().live_bytes(), start, "leaked");
+}
