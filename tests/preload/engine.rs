@@ -72,6 +72,21 @@ fn vma(p: *mut c_void) -> Vma {
     panic!("no mapping holds {p:?}");
 }
 
+/// Write one byte per 4 KiB page of the block `p` of `size` bytes (a live
+/// block of the API) and check that each reads back.
+fn writes_and_reads_back(p: *mut c_void, size: usize) {
+    // SAFETY: the caller's block holds `size` bytes.
+    let bytes = unsafe { std::slice::from_raw_parts_mut(p.cast::<u8>(), size) };
+    for (i, b) in bytes.iter_mut().enumerate().step_by(4096) {
+        *b = i as u8;
+    }
+    assert!(bytes
+        .iter()
+        .enumerate()
+        .step_by(4096)
+        .all(|(i, &b)| b == i as u8));
+}
+
 fn vm_flags(p: *mut c_void) -> String {
     vma(p).flags
 }
@@ -211,16 +226,7 @@ fn child_grow_on_miss() {
     );
     assert_eq!(q as usize % (2 * MIB), 0);
     // Every byte of the grown block is the caller's.
-    // SAFETY: `q` holds `size` bytes.
-    let bytes = unsafe { std::slice::from_raw_parts_mut(q.cast::<u8>(), size) };
-    for (i, b) in bytes.iter_mut().enumerate().step_by(4096) {
-        *b = i as u8;
-    }
-    assert!(bytes
-        .iter()
-        .enumerate()
-        .step_by(4096)
-        .all(|(i, &b)| b == i as u8));
+    writes_and_reads_back(q, size);
     // SAFETY: as above.
     unsafe { free(q) };
     // A zeroed request never gets moved pages: it maps afresh and reads 0.
@@ -268,16 +274,7 @@ fn child_hugetlb_not_grown() {
     assert_eq!(after.retention_grows, before.retention_grows, "{after:?}");
     assert_eq!(mappings(&after), mappings(&before) + 1, "a fresh mapping");
     assert_eq!(after.retained_bytes, small as u64, "the block went back");
-    // SAFETY: `q` holds `size` bytes.
-    let bytes = unsafe { std::slice::from_raw_parts_mut(q.cast::<u8>(), size) };
-    for (i, b) in bytes.iter_mut().enumerate().step_by(4096) {
-        *b = i as u8;
-    }
-    assert!(bytes
-        .iter()
-        .enumerate()
-        .step_by(4096)
-        .all(|(i, &b)| b == i as u8));
+    writes_and_reads_back(q, size);
     // SAFETY: as above.
     unsafe { free(q) };
     assert!(ckalloc::release_retained() >= small + size);

@@ -1,0 +1,130 @@
+//! Unit tests of the retention cache: they map real blocks, so Miri
+//! skips them (docs/reliability.md).
+
+use super::*;
+use crate::huge::{huge_stats, map_huge, HugeOptions};
+use crate::sys::HUGE_PAGE_2M;
+
+const MIB: usize = 1 << 20;
+
+fn block(len: usize) -> NonNull<u8> {
+    map_huge(len, HUGE_PAGE_2M, &HugeOptions::new())
+        .expect("map a block")
+        .ptr
+}
+
+/// The unit tests of the crate that use the process-wide cache hold
+/// this lock; each starts with the cache empty.
+fn only_user() -> std::sync::MutexGuard<'static, ()> {
+    static CACHE_USERS: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let guard = CACHE_USERS.lock().unwrap_or_else(|e| e.into_inner());
+    release_retained();
+    guard
+}
+
+#[test]
+#[cfg_attr(
+    miri,
+    ignore = "maps real huge-page blocks (mmap flags Miri does not model)"
+)]
+fn a_merged_block_keeps_the_age_of_its_oldest_part_when_asked() {
+    let _only = only_user();
+    let cap = 64 * MIB;
+    for (age, decays) in [(MergedAge::Oldest, true), (MergedAge::Reset, false)] {
+        // Two halves of one mapping: the second merges into the first.
+        let whole = block(16 * MIB);
+        let second = NonNull::new(whole.as_ptr().wrapping_add(8 * MIB)).unwrap();
+        assert!(put(whole, 8 * MIB, cap, age));
+        // The first half has been unused for longer than any delay.
+        let slot = CACHE
+            .iter()
+            .flat_map(|shard| &shard.slots)
+            .find(|s| s.word.load(Relaxed) == whole.as_ptr() as usize)
+            .expect("the first half is retained");
+        slot.stamp.store(1, Relaxed);
+        assert!(put(second, 8 * MIB, cap, age));
+        assert_eq!(RETAINED.load(Relaxed), 16 * MIB);
+        decay_step();
+        let left = RETAINED.load(Relaxed);
+        assert_eq!(left == 0, decays, "{age:?}: {left} bytes left");
+        release_retained();
+    }
+}
+
+#[test]
+#[cfg_attr(
+    miri,
+    ignore = "maps real huge-page blocks (mmap flags Miri does not model)"
+)]
+fn the_newest_block_makes_room_by_giving_back_older_ones() {
+    let _only = only_user();
+    let cap = 32 * MIB;
+    // Six blocks, every other one retained: no two retained blocks are
+    // neighbours, so none merge.
+    let blocks: Vec<NonNull<u8>> = (0..6).map(|_| block(8 * MIB)).collect();
+    for p in blocks.iter().step_by(2) {
+        assert!(put(*p, 8 * MIB, cap, MergedAge::Reset));
+    }
+    assert_eq!(RETAINED.load(Relaxed), 24 * MIB);
+    let unmapped = huge_stats().unmapped_bytes;
+    let newest = block(16 * MIB);
+    assert!(
+        !put(newest, 16 * MIB, cap, MergedAge::Reset),
+        "24 + 16 MiB is over the cap"
+    );
+    assert!(make_room(16 * MIB, cap));
+    let left = RETAINED.load(Relaxed);
+    assert!(left + 16 * MIB <= cap, "{left}");
+    assert!(left >= 8 * MIB, "gave back more than needed: {left}");
+    assert!(huge_stats().unmapped_bytes >= unmapped + 8 * MIB as u64);
+    assert!(put(newest, 16 * MIB, cap, MergedAge::Reset));
+    assert!(!make_room(40 * MIB, cap), "a block over the cap never fits");
+    assert!(release_retained() >= 24 * MIB);
+    assert_eq!(RETAINED.load(Relaxed), 0);
+    for p in blocks.iter().skip(1).step_by(2) {
+        unmap(*p, 8 * MIB);
+    }
+}
+
+#[test]
+#[cfg_attr(
+    miri,
+    ignore = "maps real huge-page blocks (mmap flags Miri does not model)"
+)]
+fn a_miss_takes_the_longest_shorter_block() {
+    let _only = only_user();
+    let cap = 64 * MIB;
+    // 4, 8 and 16 MiB pieces of one mapping, with gaps between them: no
+    // two are neighbours, so none merge.
+    let whole = block(40 * MIB);
+    let at = |off: usize| NonNull::new(whole.as_ptr().wrapping_add(off)).unwrap();
+    for (off, len) in [(0, 4 * MIB), (8 * MIB, 8 * MIB), (20 * MIB, 16 * MIB)] {
+        assert!(put(at(off), len, cap, MergedAge::Reset));
+    }
+    let block = |t: Option<Taken>| t.map(|t| (t.ptr, t.len));
+    assert_eq!(
+        block(take_longest(16 * MIB, HUGE_PAGE_2M)),
+        Some((at(8 * MIB), 8 * MIB))
+    );
+    assert_eq!(RETAINED.load(Relaxed), 20 * MIB);
+    let t = take_longest(64 * MIB, HUGE_PAGE_2M).unwrap();
+    assert_eq!((t.ptr, t.len), (at(20 * MIB), 16 * MIB));
+    assert_eq!(take_longest(4 * MIB, HUGE_PAGE_2M), None, "none is shorter");
+    assert_eq!(RETAINED.load(Relaxed), 4 * MIB);
+    // An alignment the last block's address does not meet.
+    let addr = whole.as_ptr() as usize;
+    let align = (addr & addr.wrapping_neg()) * 2;
+    assert_eq!(take_longest(64 * MIB, align), None);
+    assert_eq!(
+        block(take_longest(64 * MIB, HUGE_PAGE_2M)),
+        Some((at(0), 4 * MIB))
+    );
+    assert_eq!(RETAINED.load(Relaxed), 0);
+    // A block put back unused goes on ageing: with a stamp older than
+    // any delay, the next decay step gives it back.
+    assert!(put(t.ptr, t.len, cap, MergedAge::Kept(1)));
+    decay_step();
+    assert_eq!(RETAINED.load(Relaxed), 0, "the kept stamp decayed");
+    unmap(whole, 20 * MIB);
+    unmap(at(36 * MIB), 4 * MIB);
+}
