@@ -252,18 +252,28 @@
 //!   `/proc/self/maps`, counted against `vm.max_map_count`), more after it
 //!   grew; freeing the block unmaps all of them. `mremap` resizes one VMA
 //!   only, so `realloc` grows such a block by resizing its last 2 MiB page
-//!   in place when the address space after the block is free, and
-//!   otherwise copies it into a new block (as mimalloc's `realloc` does
-//!   for large blocks). Blocks of one VMA (no short tail) move with
-//!   `mremap` as below.
+//!   (always one VMA) in place when the address space after the block is
+//!   free, and otherwise moves it VMA by VMA, as [below](#growing). Before
+//!   Linux 6.11, which has no `PROCMAP_QUERY` to find the VMAs, such a
+//!   block is copied into a new one instead (as mimalloc's `realloc` does
+//!   for large blocks).
 //!
 //!
 //! # Growing
 //!
-//! [`CkHuge`] grows a mapped block with `mremap`: in place when the address
-//! space after it is free, else moved with `MREMAP_FIXED` into an aligned
-//! reservation so the alignment is kept. Hugetlb blocks cannot grow that way
-//! and are copied.
+//! [`CkHuge`] grows a mapped block with `mremap` (mremap(2)), copying no
+//! byte: its last 2 MiB page grows in place when the address space after
+//! the block is free; else a fresh anonymous mapping of the new length is
+//! made at the block's alignment and the block moves onto its start at its
+//! own length (`MREMAP_FIXED`, which replaces that part atomically), the
+//! rest of the fresh mapping being the added bytes. The moved pages stay
+//! faulted in, huge pages included. A block of several VMAs (a short tail,
+//! an earlier growth, retained neighbours merged) moves one VMA at a time,
+//! each found with the `PROCMAP_QUERY` ioctl (Linux 6.11) and moved with
+//! `MREMAP_DONTUNMAP`, so its old range stays mapped until the whole block
+//! has moved; if one VMA cannot move (sealed with mseal(2), say), the moved
+//! ones go back and the block is copied. Kernels before 6.11 copy every
+//! such block. hugetlb blocks cannot grow (`EINVAL`) and are copied.
 
 mod alloc;
 mod error;

@@ -1,6 +1,6 @@
 //! Resizing a [`CkHuge`] block: between the small allocator and the
-//! mapping path, and between mappings (`mremap` in place, onto an aligned
-//! reservation, or a copy), keeping the alignment and the short-tail advice.
+//! mapping path, and between mappings (`mremap` in place, onto a fresh aligned
+//! mapping, or a copy), keeping the alignment and the short-tail advice.
 
 use super::first_touch;
 use super::global::{CkHuge, Fill, Via};
@@ -84,43 +84,32 @@ impl<S: GlobalAlloc> CkHuge<S> {
         }
     }
 
-    /// Grow a `GlobalAlloc` THP block of `old_len` bytes at `base` to
-    /// `new_len` bytes with `mremap`, without copying. `mremap` resizes one
-    /// VMA only (`EFAULT` across two), and such a block is two or more VMAs
-    /// once its last 2 MiB page was advised `MADV_NOHUGEPAGE` (a short tail,
-    /// or an earlier one grown past: advice does not merge VMAs whose pages
-    /// were faulted in apart). So the last page is grown on its own, in place
-    /// when the address space after the block is free; else a block of one
-    /// VMA moves whole onto an aligned reservation (`MREMAP_FIXED`), and a
-    /// block of several VMAs fails here and is copied by the caller. On error
-    /// the block is as it was.
-    fn grow_split(
-        base: NonNull<u8>,
-        old_len: usize,
-        new_len: usize,
-        align: usize,
-    ) -> std::io::Result<NonNull<u8>> {
-        let head = old_len - HUGE_PAGE_2M;
-        // `head` is inside the block, so the pointer is never null.
-        let Some(last) = NonNull::new(base.as_ptr().wrapping_add(head)) else {
-            return Err(std::io::ErrorKind::InvalidInput.into());
-        };
-        if sys::mremap(last, HUGE_PAGE_2M, new_len - head, None).is_ok() {
-            return Ok(base);
-        }
-        let dst = sys::reserve_aligned(new_len, align)?;
-        sys::mremap(base, old_len, new_len, Some(dst)).inspect_err(|_| {
-            let _ = sys::munmap_best_effort(dst.as_ptr(), new_len);
-        })
-    }
-
     /// Grow the mapping `base` of `old_len` bytes to `new_len` (both
     /// multiples of 2 MiB) for a block of `new_size` bytes aligned to
-    /// `align`: 1. in place, when the address space after it is free; 2.
-    /// moved onto an aligned reservation with `MREMAP_FIXED`. hugetlb
-    /// mappings refuse both (`EINVAL`). A `GlobalAlloc` block on THP may be
-    /// two VMAs (see `grow_split`). The grown block is advised for its tier
-    /// and counted (`record_grow`). On error the mapping is as it was.
+    /// `align`, without copying a byte.
+    ///
+    /// `mremap` resizes one VMA only (`EFAULT` across two), and a block is
+    /// often several: a `GlobalAlloc` block whose last 2 MiB page was advised
+    /// `MADV_NOHUGEPAGE` (a short tail), a block moved by an earlier growth
+    /// (its pages and the added ones), a retained block merged from
+    /// neighbours that were mapped apart. The block's last 2 MiB page lies in
+    /// one VMA, which ends where the block ends. The growth, in order:
+    ///
+    /// 1. In place: that last page grows into the address space after the
+    ///    block, when it is free. hugetlb mappings refuse to grow (`EINVAL`),
+    ///    and the growth stops there.
+    /// 2. Moved and grown (a block of one VMA): onto an aligned reservation
+    ///    of `new_len` bytes with `MREMAP_FIXED`, which replaces it
+    ///    atomically; the block stays one VMA.
+    /// 3. Moved VMA by VMA (a block of several, `EFAULT` in step 2): the
+    ///    reservation becomes fresh anonymous memory and each VMA of the
+    ///    block moves onto it at its own offset and length
+    ///    ([`move_by_vma`](Self::move_by_vma)), the rest being the added
+    ///    bytes. Needs Linux 6.11 (`PROCMAP_QUERY`); earlier kernels fail
+    ///    here, and the caller copies.
+    ///
+    /// The grown block is advised for its tier and counted
+    /// (`record_grow`). On error the block is as it was.
     fn grow_mapping(
         &self,
         base: NonNull<u8>,
@@ -130,27 +119,28 @@ impl<S: GlobalAlloc> CkHuge<S> {
         new_size: usize,
         via: Via,
     ) -> std::io::Result<NonNull<u8>> {
-        let align = align.max(HUGE_PAGE_2M);
-        let p = if via == Via::GlobalAlloc && tier::anon_tier() == Backing::TransparentHuge {
-            Self::grow_split(base, old_len, new_len, align)
-        } else {
-            sys::mremap(base, old_len, new_len, None).or_else(|_| {
-                let dst = sys::reserve_aligned(new_len, align)?;
-                sys::mremap(base, old_len, new_len, Some(dst)).inspect_err(|_| {
-                    let _ = sys::munmap_best_effort(dst.as_ptr(), new_len);
-                })
-            })
-        }?;
+        let head = old_len - HUGE_PAGE_2M;
+        // `head` is inside the block, so the pointer is never null.
+        let Some(last) = NonNull::new(base.as_ptr().wrapping_add(head)) else {
+            return Err(std::io::ErrorKind::InvalidInput.into());
+        };
         let backing = tier::anon_tier();
-        if backing == Backing::TransparentHuge {
+        let advice = if backing != Backing::TransparentHuge {
+            None
+        } else if !self.c_api && first_touch::base_pages_now() {
             // The grown block is advised whole by the first-touch policy's
             // state now: base pages inside the window after a slow probe,
             // THP otherwise (always THP for the C API, which has no policy).
-            let advice = if !self.c_api && first_touch::base_pages_now() {
-                Advice::NoHugePage
-            } else {
-                Advice::HugePage
-            };
+            Some(Advice::NoHugePage)
+        } else {
+            Some(Advice::HugePage)
+        };
+        let p = match sys::mremap(last, HUGE_PAGE_2M, new_len - head, None) {
+            Ok(_) => base,
+            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => return Err(e),
+            Err(_) => Self::move_grown(base, old_len, new_len, align.max(HUGE_PAGE_2M), advice)?,
+        };
+        if let Some(advice) = advice {
             let _ = sys::madvise(p.as_ptr(), new_len, advice);
             if via == Via::GlobalAlloc && Self::short_tail(new_size) {
                 Self::advise_tail(p.as_ptr(), new_size, new_len);
@@ -160,6 +150,121 @@ impl<S: GlobalAlloc> CkHuge<S> {
         Ok(p)
     }
 
+    /// Steps 2 and 3 of [`grow_mapping`](Self::grow_mapping): move the
+    /// block at `base` onto a reservation of `new_len` bytes aligned to
+    /// `align`. On error the block is where it was and the reservation is
+    /// gone.
+    fn move_grown(
+        base: NonNull<u8>,
+        old_len: usize,
+        new_len: usize,
+        align: usize,
+        advice: Option<Advice>,
+    ) -> std::io::Result<NonNull<u8>> {
+        let dst = sys::reserve_aligned(new_len, align)?;
+        let err = match sys::mremap(base, old_len, new_len, Some(dst)) {
+            Ok(p) => return Ok(p),
+            Err(e) => e,
+        };
+        // A kernel that unmaps the destination before it checks the source
+        // (older Linux releases do; 6.18 checks first) may leave the
+        // reservation gone, and another thread's new mapping may sit inside
+        // it by now: only a range still wholly mapped is ours to reuse or
+        // unmap.
+        if !sys::is_mapped(dst.as_ptr(), new_len) {
+            return Err(err);
+        }
+        let moved = if err.raw_os_error() == Some(libc::EFAULT) {
+            sys::map_anon_fixed(dst, new_len).and_then(|()| {
+                if let Some(advice) = advice {
+                    let _ = sys::madvise(dst.as_ptr(), new_len, advice);
+                }
+                Self::move_by_vma(base, old_len, dst)
+            })
+        } else {
+            Err(err)
+        };
+        match moved {
+            Ok(()) => Ok(dst),
+            Err(e) => {
+                if sys::is_mapped(dst.as_ptr(), new_len) {
+                    let _ = sys::munmap_best_effort(dst.as_ptr(), new_len);
+                }
+                Err(e)
+            }
+        }
+    }
+
+    /// Move the `len` bytes at `base`, several VMAs, onto the start of
+    /// `dst` (fresh memory of the caller's), one VMA at a time: each found
+    /// with `PROCMAP_QUERY` ([`sys::vma_end`]) and moved whole at its own
+    /// length, which `mremap` does atomically. The kernel's own move of
+    /// several VMAs at once (Linux 6.17) is not used: it stops at the first
+    /// VMA it may not move (one registered with userfaultfd, a sealed one)
+    /// and leaves the earlier ones moved, with no way to tell where.
+    ///
+    /// Every VMA moves with `MREMAP_DONTUNMAP`, so its old range stays
+    /// mapped (emptied) and no other mapping can take it meanwhile. When
+    /// every VMA has moved, the old range is unmapped. When one cannot move,
+    /// the moved ones go back onto their old ranges (copied back if that
+    /// move fails) and the block is as it was.
+    fn move_by_vma(base: NonNull<u8>, len: usize, dst: NonNull<u8>) -> std::io::Result<()> {
+        let at = |p: NonNull<u8>, off: usize| {
+            // `off < len` (or `<=`), inside the block or the destination.
+            NonNull::new(p.as_ptr().wrapping_add(off))
+                .ok_or_else(|| std::io::Error::from(std::io::ErrorKind::InvalidInput))
+        };
+        // The length of the VMA at `base + off`, cut at `end`.
+        let piece = |off: usize, end: usize| -> std::io::Result<usize> {
+            let from = (base.as_ptr() as usize).wrapping_add(off);
+            match sys::vma_end(base.as_ptr().wrapping_add(off))? {
+                vma_end if vma_end > from => Ok((vma_end - from).min(end - off)),
+                _ => Err(std::io::ErrorKind::InvalidData.into()),
+            }
+        };
+        let mut moved = 0;
+        let failed = loop {
+            if moved == len {
+                break None;
+            }
+            let step = piece(moved, len).and_then(|n| {
+                sys::mremap_keep_source(at(base, moved)?, n, at(dst, moved)?).map(|()| n)
+            });
+            match step {
+                Ok(n) => moved += n,
+                Err(e) => break Some(e),
+            }
+        };
+        let Some(err) = failed else {
+            let _ = sys::munmap_best_effort(base.as_ptr(), len);
+            return Ok(());
+        };
+        // Back onto the old ranges, still mapped and empty, VMA by VMA as
+        // they moved.
+        let mut back = 0;
+        while back < moved {
+            // Without the VMA's extent, the rest is copied: a move of
+            // several VMAs could stop halfway.
+            let (n, restored) = match piece(back, moved) {
+                Ok(n) => {
+                    let to = at(base, back);
+                    let r = at(dst, back).and_then(|from| sys::mremap_keep_source(from, n, to?));
+                    (n, r.is_ok())
+                }
+                Err(_) => (moved - back, false),
+            };
+            if !restored {
+                // SAFETY: both ranges are mapped and ours, `n` bytes inside
+                // the block and the destination, which do not overlap.
+                unsafe {
+                    ptr::copy_nonoverlapping(dst.as_ptr().add(back), base.as_ptr().add(back), n)
+                };
+            }
+            back += n;
+        }
+        Err(err)
+    }
+
     /// A block of `len` bytes (a multiple of 2 MiB) for `size` bytes
     /// aligned to `align`, made from the longest retained block shorter
     /// than `len` that meets `align`, grown with `mremap`
@@ -167,8 +272,9 @@ impl<S: GlobalAlloc> CkHuge<S> {
     /// in and only the added bytes are fresh, as in an allocator whose
     /// freed neighbours coalesce (jemalloc's extents). For the C API's
     /// misses that need no zeroing (the moved pages hold old bytes). `None`
-    /// when nothing is retained or the growth fails (a block of several
-    /// VMAs, a hugetlb block); the block then goes back to the cache.
+    /// when nothing is retained or the growth fails (a hugetlb block; a
+    /// block of several VMAs before Linux 6.17); the block then goes back to
+    /// the cache.
     #[cold]
     pub(super) fn grow_retained(
         &self,

@@ -130,16 +130,19 @@
 //!   `realloc`, the aligned calls; not `calloc`) that no retained block of
 //!   its length or longer serves takes the longest shorter one and
 //!   grows it with `mremap` (in place when the address space after it is
-//!   free, else moved onto an aligned reservation), so only the added bytes
-//!   are fresh memory that must fault in; the moved pages keep their THP.
+//!   free, else moved onto the start of a fresh aligned mapping: see
+//!   [Growing](crate::huge#growing)), so only the added bytes are fresh
+//!   memory that must fault in; the moved pages keep their THP.
 //!   This is what coalescing freed neighbours gives jemalloc: a program that
 //!   frees a 128 MiB buffer and asks for 256 MiB faults in 128 MiB, not
 //!   256. A block that cannot grow goes back to the cache with its decay
-//!   stamp (it keeps ageing) and a fresh mapping serves the request: a
-//!   block of several VMAs that the address space after it has no room
-//!   for, such as one whose request left a [short tail](crate::huge#short-tails-ckhuge)
-//!   (64 MiB + 16 bytes, say: its last 2 MiB page is a VMA of its own).
-//!   While the hugetlb tier serves the mappings there is no growth at all:
+//!   stamp (it keeps ageing) and a fresh mapping serves the request. On
+//!   Linux before 6.11 that is a block of several VMAs that the address
+//!   space after it has no room for: retained neighbours merged into one
+//!   block, a block grown before, or one whose request left a
+//!   [short tail](crate::huge#short-tails-ckhuge) (64 MiB + 16 bytes, say:
+//!   its last 2 MiB page is a VMA of its own); later kernels move those
+//!   VMA by VMA. While the hugetlb tier serves the mappings there is no growth at all:
 //!   hugetlb blocks cannot grow, and a miss maps a fresh hugetlb block.
 //!   [`HugeStats::retention_grows`](crate::HugeStats::retention_grows)
 //!   counts the misses served by growth.

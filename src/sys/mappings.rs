@@ -144,9 +144,8 @@ fn map_aligned(len: usize, align: usize, prot: Prot) -> io::Result<NonNull<u8>> 
 }
 
 /// Replace `addr..addr+len` (inside a reservation the caller owns) with
-/// anonymous private read-write memory (for the arena's mixed mode, which is
-/// Linux-only).
-#[cfg(target_os = "linux")]
+/// anonymous private read-write memory (`MAP_FIXED`): the arena's mixed
+/// mode, and a growing huge block's destination.
 pub(crate) fn map_anon_fixed(addr: NonNull<u8>, len: usize) -> io::Result<()> {
     mmap_raw(
         addr.as_ptr(),
@@ -216,6 +215,15 @@ pub(crate) fn munmap(addr: *mut u8, len: usize) -> io::Result<()> {
 pub(crate) fn munmap_best_effort(addr: *mut u8, len: usize) -> io::Result<()> {
     // SAFETY: as for `munmap`.
     cvt(unsafe { libc::munmap(addr.cast(), len) })
+}
+
+/// Whether every page of `addr..addr+len` is mapped (with any protection):
+/// `msync(MS_ASYNC)`, a no-op on mapped memory, fails with `ENOMEM` when
+/// part of the range is not (msync(2)). Reads and writes no memory.
+pub(crate) fn is_mapped(addr: *mut u8, len: usize) -> bool {
+    // SAFETY: MS_ASYNC schedules no write-back for anonymous memory and
+    // touches no page; an unmapped range is reported, not accessed.
+    unsafe { libc::msync(addr.cast(), len, libc::MS_ASYNC) == 0 }
 }
 
 /// `madvise` advice used by the crate.
@@ -291,6 +299,88 @@ pub(crate) fn mremap(
         return Err(io::Error::last_os_error());
     }
     NonNull::new(p.cast()).ok_or_else(|| io::Error::from_raw_os_error(libc::ENOMEM))
+}
+
+/// Move the mapping at `old` of `len` bytes, one VMA, onto `dst` at the
+/// same length (`MREMAP_MAYMOVE | MREMAP_FIXED | MREMAP_DONTUNMAP`, Linux
+/// 5.7 for private anonymous memory): whatever was mapped at `dst` is
+/// replaced atomically, and `old` stays mapped, emptied (it reads as zero),
+/// so no other mapping can take its place until the caller unmaps it.
+#[cfg(target_os = "linux")]
+pub(crate) fn mremap_keep_source(old: NonNull<u8>, len: usize, dst: NonNull<u8>) -> io::Result<()> {
+    inject(Op::Mremap)?;
+    // SAFETY: the caller owns both ranges; no reference into the old range
+    // is used while its pages move.
+    let p = unsafe {
+        libc::mremap(
+            old.as_ptr().cast(),
+            len,
+            len,
+            libc::MREMAP_MAYMOVE | libc::MREMAP_FIXED | libc::MREMAP_DONTUNMAP,
+            dst.as_ptr().cast::<libc::c_void>(),
+        )
+    };
+    if p == libc::MAP_FAILED {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// The end address of the VMA that holds `addr`: the `PROCMAP_QUERY` ioctl
+/// on `/proc/self/maps` (Linux 6.11, `linux/fs.h`), which reads one VMA
+/// without parsing text or allocating. Fails with `ENOTTY` or `EINVAL` on
+/// earlier kernels, `ENOENT` when nothing is mapped at `addr`; fault
+/// injection counts it as an `open`.
+#[cfg(target_os = "linux")]
+pub(crate) fn vma_end(addr: *mut u8) -> io::Result<usize> {
+    inject(Op::Open)?;
+    /// `struct procmap_query` of `linux/fs.h`.
+    #[repr(C)]
+    #[derive(Default)]
+    struct ProcmapQuery {
+        size: u64,
+        query_flags: u64,
+        query_addr: u64,
+        vma_start: u64,
+        vma_end: u64,
+        vma_flags: u64,
+        vma_page_size: u64,
+        vma_offset: u64,
+        inode: u64,
+        dev_major: u32,
+        dev_minor: u32,
+        vma_name_size: u32,
+        build_id_size: u32,
+        vma_name_addr: u64,
+        build_id_addr: u64,
+    }
+    /// `_IOWR('f', 17, struct procmap_query)`.
+    const PROCMAP_QUERY: libc::c_ulong = (3 << 30)
+        | ((std::mem::size_of::<ProcmapQuery>() as libc::c_ulong) << 16)
+        | ((b'f' as libc::c_ulong) << 8)
+        | 17;
+    // SAFETY: a NUL-terminated path; the descriptor is owned by `fd` below.
+    let raw = unsafe {
+        libc::open(
+            c"/proc/self/maps".as_ptr(),
+            libc::O_RDONLY | libc::O_CLOEXEC,
+        )
+    };
+    if raw < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let fd = super::files::Fd::from_raw(raw);
+    let mut q = ProcmapQuery {
+        size: std::mem::size_of::<ProcmapQuery>() as u64,
+        query_addr: addr as u64,
+        ..ProcmapQuery::default()
+    };
+    // SAFETY: `q` is a `struct procmap_query` with its size set; with no
+    // name or build-id buffers the kernel writes only into `q`.
+    if unsafe { libc::ioctl(fd.raw(), PROCMAP_QUERY, &mut q as *mut ProcmapQuery) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    usize::try_from(q.vma_end).map_err(|_| io::Error::from_raw_os_error(libc::EOVERFLOW))
 }
 
 /// Bind `addr..addr+len` to NUMA node `node` (`MPOL_BIND`, `MPOL_MF_MOVE`).

@@ -26,8 +26,8 @@ pub(crate) use files::{fstat, open_readonly, pread_exact, Fd};
 #[cfg(feature = "weights")]
 pub(crate) use files::{link_unnamed, open_unnamed_in, unnamed_unsupported};
 pub(crate) use mappings::{
-    madvise, map_anon_aligned, mlock, munmap, munmap_best_effort, reserve_aligned, Advice,
-    HugetlbSize,
+    is_mapped, madvise, map_anon_aligned, map_anon_fixed, mlock, munmap, munmap_best_effort,
+    reserve_aligned, Advice, HugetlbSize,
 };
 #[cfg(feature = "weights")]
 pub(crate) use process::block_termination_signals;
@@ -40,12 +40,15 @@ use mappings::advice_raw;
 #[cfg(not(target_os = "linux"))]
 use unsupported::advice_raw;
 #[cfg(not(target_os = "linux"))]
-pub(crate) use unsupported::{fadvise_sequential, map_hugetlb, mbind, mremap, pagemap_scan};
+pub(crate) use unsupported::{
+    fadvise_sequential, map_hugetlb, mbind, mremap, mremap_keep_source, pagemap_scan, vma_end,
+};
 #[cfg(target_os = "linux")]
 pub(crate) use {
     files::fadvise_sequential,
     mappings::{
-        map_anon_fixed, map_file_fixed_readonly, map_hugetlb, map_hugetlb_fixed, mbind, mremap,
+        map_file_fixed_readonly, map_hugetlb, map_hugetlb_fixed, mbind, mremap, mremap_keep_source,
+        vma_end,
     },
     process::pagemap_scan,
 };

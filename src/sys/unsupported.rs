@@ -37,6 +37,22 @@ pub(crate) fn mremap(
     unsupported()
 }
 
+/// `mremap` is Linux-only.
+pub(crate) fn mremap_keep_source(
+    _old: NonNull<u8>,
+    _len: usize,
+    _dst: NonNull<u8>,
+) -> io::Result<()> {
+    inject(Op::Mremap)?;
+    unsupported()
+}
+
+/// `PROCMAP_QUERY` is Linux-only.
+pub(crate) fn vma_end(_addr: *mut u8) -> io::Result<usize> {
+    inject(Op::Open)?;
+    unsupported()
+}
+
 /// `mbind` is Linux-only.
 pub(crate) fn mbind(_addr: *mut u8, _len: usize, _node: u32) -> io::Result<()> {
     inject(Op::Mbind)?;

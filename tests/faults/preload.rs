@@ -166,3 +166,49 @@ fn a_failed_mapping_gives_the_cache_back_and_tries_again() {
     release_retained();
     assert_eq!(huge_stats().live_bytes(), start, "leaked");
 }
+
+#[test]
+fn a_block_of_several_vmas_that_fails_to_move_keeps_every_byte() {
+    let _g = serial();
+    // `Op::Open` is also the `PROCMAP_QUERY` that finds each VMA.
+    for op in OPS.into_iter().chain([Op::Open]) {
+        for n in 1..=6 {
+            release_retained();
+            let start = huge_stats().live_bytes();
+            // 8 MiB + 5 bytes: a short tail, so two VMAs, and a page mapped
+            // right after the block: it cannot grow in place, and moves VMA
+            // by VMA, or is copied.
+            let big = 8 * MIB + 5;
+            let p = c::malloc(big);
+            assert!(!p.is_null());
+            fill(p, big, 6);
+            let blocker = crate::common::map_blocker_page(p.cast::<u8>().wrapping_add(10 * MIB));
+            fault::fail_nth(op, n, libc::ENOMEM);
+            // SAFETY: a live block of the API.
+            let q = unsafe { c::realloc(p, 40 * MIB) };
+            let err = errno();
+            fault::reset();
+            let live = if q.is_null() {
+                assert_eq!(err, libc::ENOMEM, "{op:?} #{n}");
+                assert!(
+                    holds(p, big, big, 6),
+                    "{op:?} #{n}: a failed grow lost bytes"
+                );
+                p
+            } else {
+                assert!(holds(q, 40 * MIB, big, 6), "{op:?} #{n}: grow lost bytes");
+                fill(q, 40 * MIB, 7);
+                assert!(holds(q, 40 * MIB, 40 * MIB, 7), "{op:?} #{n}");
+                q
+            };
+            // SAFETY: a live block of the API.
+            unsafe { c::free(live) };
+            if let Some(b) = blocker {
+                crate::common::unmap_blocker_page(b);
+            }
+            release_retained();
+            assert_eq!(huge_stats().live_bytes(), start, "{op:?} #{n} leaked");
+            crate::common::assert_unmapped(p as usize, 10 * MIB);
+        }
+    }
+}

@@ -5,7 +5,7 @@
 //! bytes unless `CKALLOC_RETAIN_BYTES` is set, and a miss grows the longest
 //! retained block.
 
-use ckalloc::preload::{calloc, free, malloc};
+use ckalloc::preload::{calloc, free, malloc, realloc};
 use ckalloc::{env, huge_stats, HugeStats};
 use std::ffi::c_void;
 
@@ -243,6 +243,131 @@ fn child_grow_on_miss() {
     unsafe { free(z) };
     assert!(ckalloc::release_retained() >= size);
     assert_eq!(huge_stats().live_bytes(), 0);
+}
+
+#[test]
+fn a_retained_block_of_two_vmas_moves_whole_to_grow() {
+    common::run_child("engine::child_grow_two_vmas", &[("CKALLOC_HUGETLB", "0")]);
+}
+
+#[test]
+#[ignore = "run in a child process by a_retained_block_of_two_vmas_moves_whole_to_grow"]
+fn child_grow_two_vmas() {
+    if !common::thp_available() {
+        return;
+    }
+    // 32 MiB + 16 bytes: the last 2 MiB page holds a short tail and is
+    // advised apart, a VMA of its own.
+    let small = 32 * MIB + 16;
+    let len = 34 * MIB;
+    let p = alloc(small);
+    assert!(
+        vma(p).range.end < p as usize + len,
+        "one VMA: {:x?}",
+        vma(p).range
+    );
+    // SAFETY: `p` holds `small` bytes.
+    unsafe { std::ptr::write_bytes(p.cast::<u8>(), 7, 32 * MIB) };
+    let huge_before = vma(p).anon_huge_kib;
+    // Something mapped right after the block: it cannot grow in place.
+    let blocker = common::map_blocker_page(p.cast::<u8>().wrapping_add(len));
+    // SAFETY: `p` came from `malloc` and is not used again.
+    unsafe { free(p) };
+    let before = huge_stats();
+    let size = 96 * MIB;
+    let q = alloc(size);
+    let after = huge_stats();
+    assert_eq!(q as usize % (2 * MIB), 0);
+    if common::blocks_move_vma_by_vma() {
+        // Moved whole onto a fresh mapping of 96 MiB: no block mapped.
+        assert_ne!(q, p, "grew in place past a mapped page");
+        assert_eq!(
+            after.retention_grows,
+            before.retention_grows + 1,
+            "{after:?}"
+        );
+        assert_eq!(mappings(&after), mappings(&before), "no fresh block");
+        assert_eq!(after.retained_bytes, 0);
+        common::assert_unmapped(p as usize, len);
+        let moved = vma(q);
+        assert!(moved.range.start <= q as usize, "{:x?}", moved.range);
+        assert!(
+            moved.anon_huge_kib >= huge_before,
+            "{} KiB in huge pages, {huge_before} before the move",
+            moved.anon_huge_kib
+        );
+    } else {
+        // Linux before 6.11 has no PROCMAP_QUERY to find the VMAs: a fresh
+        // mapping.
+        assert_eq!(after.retention_grows, before.retention_grows);
+        assert_eq!(mappings(&after), mappings(&before) + 1);
+        assert_eq!(after.retained_bytes, len as u64, "the block went back");
+    }
+    writes_and_reads_back(q, size);
+    if let Some(b) = blocker {
+        common::unmap_blocker_page(b);
+    }
+    // SAFETY: as above.
+    unsafe { free(q) };
+    ckalloc::release_retained();
+    assert_eq!(huge_stats().live_bytes(), 0);
+}
+
+#[test]
+fn a_block_with_a_vma_that_cannot_move_is_copied_whole() {
+    common::run_child("engine::child_sealed_vma", &[("CKALLOC_HUGETLB", "0")]);
+}
+
+#[test]
+#[ignore = "run in a child process by a_block_with_a_vma_that_cannot_move_is_copied_whole"]
+fn child_sealed_vma() {
+    const SYS_MSEAL: libc::c_long = 462;
+    let size = 64 * MIB + 100;
+    let len = 66 * MIB;
+    let p = alloc(size);
+    let byte = |i: usize| (i / 4096) as u8 ^ 0x5a;
+    for i in (0..size).step_by(4096) {
+        // SAFETY: `i < size`, inside the block.
+        unsafe { p.cast::<u8>().add(i).write(byte(i)) };
+    }
+    // One sealed page (mseal(2), Linux 6.10) in the middle of the block: a
+    // VMA that `mremap` may not move (`EPERM`), between two that it may.
+    let sealed = p.cast::<u8>().wrapping_add(8 * MIB);
+    // SAFETY: 4 KiB inside the block; sealing changes no byte.
+    if unsafe { libc::syscall(SYS_MSEAL, sealed, 4096usize, 0usize) } != 0 {
+        eprintln!(
+            "child_sealed_vma: skipped, mseal: {}",
+            std::io::Error::last_os_error()
+        );
+        return;
+    }
+    let blocker = common::map_blocker_page(p.cast::<u8>().wrapping_add(len));
+    let grown = 128 * MIB;
+    // SAFETY: `p` came from `malloc`.
+    let q = unsafe { realloc(p, grown) };
+    assert!(!q.is_null());
+    let holds = |q: *mut c_void| {
+        (0..size)
+            .step_by(4096)
+            // SAFETY: `i < size <= grown`, inside the grown block.
+            .all(|i| unsafe { q.cast::<u8>().add(i).read() } == byte(i))
+    };
+    assert!(holds(q), "the grown block lost the old bytes");
+    // The next block never overlaps the grown one, and writing it leaves
+    // the grown one as it was.
+    let r = alloc(60 * MIB);
+    let (q0, r0) = (q as usize, r as usize);
+    assert!(
+        r0 + 60 * MIB <= q0 || q0 + grown <= r0,
+        "{r:?} inside {q:?}"
+    );
+    // SAFETY: `r` holds 60 MiB.
+    unsafe { std::ptr::write_bytes(r.cast::<u8>(), 0xaa, 60 * MIB) };
+    assert!(holds(q), "writing the next block changed the grown one");
+    writes_and_reads_back(q, grown);
+    if let Some(b) = blocker {
+        common::unmap_blocker_page(b);
+    }
 }
 
 #[test]
