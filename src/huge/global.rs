@@ -273,9 +273,8 @@ impl<S: GlobalAlloc> CkHuge<S> {
 
     /// The most bytes the retention cache may hold when this value frees a
     /// block: `CKALLOC_RETAIN_BYTES` ([`env::retain_bytes`]), or, for a
-    /// value for [the C API](Self::c_api) while
-    /// the variable is unset, the larger of that default and the
-    /// high-water mark of live bytes.
+    /// value for [the C API](Self::c_api) while the variable is unset, the
+    /// larger of that default and twice the high-water mark of live bytes.
     #[inline]
     pub(super) fn retain_cap(&self) -> usize {
         let cap = env::retain_bytes();

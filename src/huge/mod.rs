@@ -269,11 +269,10 @@
 //! rest of the fresh mapping being the added bytes. The moved pages stay
 //! faulted in, huge pages included. A block of several VMAs (a short tail,
 //! an earlier growth, retained neighbours merged) moves one VMA at a time,
-//! each found with the `PROCMAP_QUERY` ioctl (Linux 6.11) and moved with
-//! `MREMAP_DONTUNMAP`, so its old range stays mapped until the whole block
-//! has moved; if one VMA cannot move (sealed with mseal(2), say), the moved
-//! ones go back and the block is copied. Kernels before 6.11 copy every
-//! such block. hugetlb blocks cannot grow (`EINVAL`) and are copied.
+//! each found with the `PROCMAP_QUERY` ioctl (Linux 6.11); from the first
+//! VMA that cannot move (not private read-write, or sealed with mseal(2))
+//! the rest of the block is copied. Kernels before 6.11 copy every such
+//! block. hugetlb blocks cannot grow (`EINVAL`) and are copied.
 
 mod alloc;
 mod error;

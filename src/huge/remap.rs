@@ -103,10 +103,11 @@ impl<S: GlobalAlloc> CkHuge<S> {
     ///    atomically; the block stays one VMA.
     /// 3. Moved VMA by VMA (a block of several, `EFAULT` in step 2): the
     ///    reservation becomes fresh anonymous memory and each VMA of the
-    ///    block moves onto it at its own offset and length
-    ///    ([`move_by_vma`](Self::move_by_vma)), the rest being the added
-    ///    bytes. Needs Linux 6.11 (`PROCMAP_QUERY`); earlier kernels fail
-    ///    here, and the caller copies.
+    ///    block moves onto it at its own offset and length, the rest being
+    ///    the added bytes; from a VMA that cannot move on, the block is
+    ///    copied ([`move_by_vma`](Self::move_by_vma)). Needs Linux 6.11
+    ///    (`PROCMAP_QUERY`); earlier kernels fail here, and the caller
+    ///    copies.
     ///
     /// The grown block is advised for its tier and counted
     /// (`record_grow`). On error the block is as it was.
@@ -174,95 +175,146 @@ impl<S: GlobalAlloc> CkHuge<S> {
         if !sys::is_mapped(dst.as_ptr(), new_len) {
             return Err(err);
         }
-        let moved = if err.raw_os_error() == Some(libc::EFAULT) {
-            sys::map_anon_fixed(dst, new_len).and_then(|()| {
-                if let Some(advice) = advice {
-                    let _ = sys::madvise(dst.as_ptr(), new_len, advice);
-                }
-                Self::move_by_vma(base, old_len, dst)
-            })
-        } else {
+        // Several VMAs: moved one by one, which needs `PROCMAP_QUERY`.
+        let ready = if err.raw_os_error() != Some(libc::EFAULT) {
             Err(err)
+        } else {
+            sys::vma_at(base.as_ptr()).and_then(|_| sys::map_anon_fixed(dst, new_len))
         };
-        match moved {
-            Ok(()) => Ok(dst),
-            Err(e) => {
-                if sys::is_mapped(dst.as_ptr(), new_len) {
-                    let _ = sys::munmap_best_effort(dst.as_ptr(), new_len);
-                }
-                Err(e)
+        if let Err(e) = ready {
+            if sys::is_mapped(dst.as_ptr(), new_len) {
+                let _ = sys::munmap_best_effort(dst.as_ptr(), new_len);
             }
+            return Err(e);
         }
+        if let Some(advice) = advice {
+            let _ = sys::madvise(dst.as_ptr(), new_len, advice);
+        }
+        Self::move_by_vma(base, old_len, dst, new_len, align)
     }
 
     /// Move the `len` bytes at `base`, several VMAs, onto the start of
-    /// `dst` (fresh memory of the caller's), one VMA at a time: each found
-    /// with `PROCMAP_QUERY` ([`sys::vma_end`]) and moved whole at its own
-    /// length, which `mremap` does atomically. The kernel's own move of
-    /// several VMAs at once (Linux 6.17) is not used: it stops at the first
-    /// VMA it may not move (one registered with userfaultfd, a sealed one)
-    /// and leaves the earlier ones moved, with no way to tell where.
+    /// `dst` (`dst_len` bytes of fresh read-write memory of the caller's),
+    /// one VMA at a time: each found with `PROCMAP_QUERY` ([`sys::vma_at`])
+    /// and moved whole at its own length, which `mremap` does atomically.
+    /// The kernel's own move of several VMAs at once (Linux 6.17) is not
+    /// used: it stops at the first VMA it may not move (one registered with
+    /// userfaultfd, a sealed one) and leaves the earlier ones moved, with no
+    /// way to tell where.
     ///
-    /// Every VMA moves with `MREMAP_DONTUNMAP`, so its old range stays
-    /// mapped (emptied) and no other mapping can take it meanwhile. When
-    /// every VMA has moved, the old range is unmapped. When one cannot move,
-    /// the moved ones go back onto their old ranges (copied back if that
-    /// move fails) and the block is as it was.
-    fn move_by_vma(base: NonNull<u8>, len: usize, dst: NonNull<u8>) -> std::io::Result<()> {
-        let at = |p: NonNull<u8>, off: usize| {
-            // `off < len` (or `<=`), inside the block or the destination.
-            NonNull::new(p.as_ptr().wrapping_add(off))
-                .ok_or_else(|| std::io::Error::from(std::io::ErrorKind::InvalidInput))
-        };
-        // The length of the VMA at `base + off`, cut at `end`.
-        let piece = |off: usize, end: usize| -> std::io::Result<usize> {
+    /// The first VMA that does not move (not private read-write memory: a
+    /// range the program made read-only, say; sealed with mseal(2); any
+    /// failure) and all that follow it are copied into `dst` instead, and
+    /// then unmapped VMA by VMA (a sealed one stays: nothing can unmap it).
+    /// The moved ones left nothing behind to unmap, so no range is unmapped
+    /// that another thread may have mapped meanwhile. Returns `dst`, or, if
+    /// the failed move took the destination with it (a kernel that unmaps
+    /// it first), a fresh mapping of `dst_len` bytes aligned to `align`
+    /// with every byte; when no fresh mapping can be made either, the moved
+    /// VMAs go back and the block is as it was.
+    fn move_by_vma(
+        base: NonNull<u8>,
+        len: usize,
+        dst: NonNull<u8>,
+        dst_len: usize,
+        align: usize,
+    ) -> std::io::Result<NonNull<u8>> {
+        let at = |p: NonNull<u8>, off: usize| p.as_ptr().wrapping_add(off);
+        // The VMA at `base + off` while it can move: its length, cut at
+        // `len`.
+        let movable = |off: usize| -> Option<usize> {
             let from = (base.as_ptr() as usize).wrapping_add(off);
-            match sys::vma_end(base.as_ptr().wrapping_add(off))? {
-                vma_end if vma_end > from => Ok((vma_end - from).min(end - off)),
-                _ => Err(std::io::ErrorKind::InvalidData.into()),
-            }
+            let vma = sys::vma_at(at(base, off)).ok()?;
+            (vma.private_read_write && vma.end > from).then(|| (vma.end - from).min(len - off))
         };
         let mut moved = 0;
-        let failed = loop {
-            if moved == len {
-                break None;
-            }
-            let step = piece(moved, len).and_then(|n| {
-                sys::mremap_keep_source(at(base, moved)?, n, at(dst, moved)?).map(|()| n)
-            });
-            match step {
-                Ok(n) => moved += n,
-                Err(e) => break Some(e),
-            }
-        };
-        let Some(err) = failed else {
-            let _ = sys::munmap_best_effort(base.as_ptr(), len);
-            return Ok(());
-        };
-        // Back onto the old ranges, still mapped and empty, VMA by VMA as
-        // they moved.
-        let mut back = 0;
-        while back < moved {
-            // Without the VMA's extent, the rest is copied: a move of
-            // several VMAs could stop halfway.
-            let (n, restored) = match piece(back, moved) {
-                Ok(n) => {
-                    let to = at(base, back);
-                    let r = at(dst, back).and_then(|from| sys::mremap_keep_source(from, n, to?));
-                    (n, r.is_ok())
-                }
-                Err(_) => (moved - back, false),
+        // The length of the VMA whose move failed: its destination may be
+        // gone.
+        let mut failed = 0;
+        while moved < len {
+            let Some(n) = movable(moved) else { break };
+            let (Some(from), Some(to)) =
+                (NonNull::new(at(base, moved)), NonNull::new(at(dst, moved)))
+            else {
+                break;
             };
-            if !restored {
-                // SAFETY: both ranges are mapped and ours, `n` bytes inside
-                // the block and the destination, which do not overlap.
-                unsafe {
-                    ptr::copy_nonoverlapping(dst.as_ptr().add(back), base.as_ptr().add(back), n)
-                };
+            if sys::mremap(from, n, n, Some(to)).is_err() {
+                failed = n;
+                break;
             }
-            back += n;
+            moved += n;
         }
-        Err(err)
+        if moved == len {
+            return Ok(dst);
+        }
+        let rest = len - moved;
+        let target = if sys::is_mapped(at(dst, moved), dst_len - moved) {
+            dst
+        } else {
+            match sys::map_anon_aligned(dst_len, align) {
+                Ok(fresh) => {
+                    // SAFETY: the moved bytes are mapped at `dst`; `fresh` is
+                    // a new mapping of `dst_len >= len` bytes.
+                    unsafe { ptr::copy_nonoverlapping(dst.as_ptr(), fresh.as_ptr(), moved) };
+                    // What is left of the destination, around the range the
+                    // failed move took.
+                    let _ = sys::munmap_best_effort(dst.as_ptr(), moved);
+                    let after = moved + failed;
+                    if after < dst_len {
+                        let _ = sys::munmap_best_effort(at(dst, after), dst_len - after);
+                    }
+                    fresh
+                }
+                Err(e) => {
+                    // The holes the moved VMAs left are where they go back.
+                    Self::move_back(base, dst, moved);
+                    let after = moved + failed;
+                    if after < dst_len {
+                        let _ = sys::munmap_best_effort(at(dst, after), dst_len - after);
+                    }
+                    return Err(e);
+                }
+            }
+        };
+        // SAFETY: `base + moved ..+ rest` is the block's unmoved part, still
+        // mapped and readable (a `malloc` block; a range the program made
+        // unreadable faults here as in glibc's copy); `target + moved` has
+        // `dst_len - moved >= rest` bytes of fresh memory, another mapping.
+        unsafe { ptr::copy_nonoverlapping(at(base, moved), at(target, moved), rest) };
+        let mut off = moved;
+        while off < len {
+            let n = sys::vma_at(at(base, off))
+                .ok()
+                .filter(|v| v.end > (base.as_ptr() as usize).wrapping_add(off))
+                .map_or(len - off, |v| {
+                    (v.end - (base.as_ptr() as usize).wrapping_add(off)).min(len - off)
+                });
+            let _ = sys::munmap_best_effort(at(base, off), n);
+            off += n;
+        }
+        Ok(target)
+    }
+
+    /// Move the first `moved` bytes at `dst`, VMA by VMA, back to `base`,
+    /// where they came from: the last resort of
+    /// [`move_by_vma`](Self::move_by_vma).
+    #[cold]
+    fn move_back(base: NonNull<u8>, dst: NonNull<u8>, moved: usize) {
+        let mut off = 0;
+        while off < moved {
+            let from = dst.as_ptr().wrapping_add(off);
+            let n = sys::vma_at(from)
+                .ok()
+                .filter(|v| v.end > from as usize)
+                .map_or(moved - off, |v| (v.end - from as usize).min(moved - off));
+            if let (Some(f), Some(t)) = (
+                NonNull::new(from),
+                NonNull::new(base.as_ptr().wrapping_add(off)),
+            ) {
+                let _ = sys::mremap(f, n, n, Some(t));
+            }
+            off += n;
+        }
     }
 
     /// A block of `len` bytes (a multiple of 2 MiB) for `size` bytes

@@ -214,7 +214,9 @@
 //!   `mmap` blocks on `free`, so this works there. Restore
 //!   `PROT_READ | PROT_WRITE` before freeing; `malloc(3)` leaves the case
 //!   unspecified, and jemalloc and mimalloc, which also reuse freed
-//!   memory, have the same limit.
+//!   memory, have the same limit. A `realloc` that moves such a live block
+//!   copies the range that is not read-write, so the grown block is
+//!   writable throughout, as glibc's copy is.
 //! - musl and 32-bit targets are not supported (the library needs
 //!   glibc's `__libc_*` entry points and a 47-bit address space).
 

@@ -301,38 +301,22 @@ pub(crate) fn mremap(
     NonNull::new(p.cast()).ok_or_else(|| io::Error::from_raw_os_error(libc::ENOMEM))
 }
 
-/// Move the mapping at `old` of `len` bytes, one VMA, onto `dst` at the
-/// same length (`MREMAP_MAYMOVE | MREMAP_FIXED | MREMAP_DONTUNMAP`, Linux
-/// 5.7 for private anonymous memory): whatever was mapped at `dst` is
-/// replaced atomically, and `old` stays mapped, emptied (it reads as zero),
-/// so no other mapping can take its place until the caller unmaps it.
-#[cfg(target_os = "linux")]
-pub(crate) fn mremap_keep_source(old: NonNull<u8>, len: usize, dst: NonNull<u8>) -> io::Result<()> {
-    inject(Op::Mremap)?;
-    // SAFETY: the caller owns both ranges; no reference into the old range
-    // is used while its pages move.
-    let p = unsafe {
-        libc::mremap(
-            old.as_ptr().cast(),
-            len,
-            len,
-            libc::MREMAP_MAYMOVE | libc::MREMAP_FIXED | libc::MREMAP_DONTUNMAP,
-            dst.as_ptr().cast::<libc::c_void>(),
-        )
-    };
-    if p == libc::MAP_FAILED {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(())
+/// The VMA that holds an address, as [`vma_at`] reads it.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Vma {
+    /// The address one past its last byte.
+    pub(crate) end: usize,
+    /// Private, readable and writable: memory as `malloc` hands it out.
+    pub(crate) private_read_write: bool,
 }
 
-/// The end address of the VMA that holds `addr`: the `PROCMAP_QUERY` ioctl
-/// on `/proc/self/maps` (Linux 6.11, `linux/fs.h`), which reads one VMA
+/// The VMA that holds `addr`: the `PROCMAP_QUERY` ioctl on
+/// `/proc/self/maps` (Linux 6.11, `linux/fs.h`), which reads one VMA
 /// without parsing text or allocating. Fails with `ENOTTY` or `EINVAL` on
 /// earlier kernels, `ENOENT` when nothing is mapped at `addr`; fault
 /// injection counts it as an `open`.
 #[cfg(target_os = "linux")]
-pub(crate) fn vma_end(addr: *mut u8) -> io::Result<usize> {
+pub(crate) fn vma_at(addr: *mut u8) -> io::Result<Vma> {
     inject(Op::Open)?;
     /// `struct procmap_query` of `linux/fs.h`.
     #[repr(C)]
@@ -380,7 +364,14 @@ pub(crate) fn vma_end(addr: *mut u8) -> io::Result<usize> {
     if unsafe { libc::ioctl(fd.raw(), PROCMAP_QUERY, &mut q as *mut ProcmapQuery) } < 0 {
         return Err(io::Error::last_os_error());
     }
-    usize::try_from(q.vma_end).map_err(|_| io::Error::from_raw_os_error(libc::EOVERFLOW))
+    // `PROCMAP_QUERY_VMA_READABLE`, `_WRITABLE` and `_SHARED`.
+    const READ_WRITE: u64 = 0x1 | 0x2;
+    const SHARED: u64 = 0x8;
+    Ok(Vma {
+        end: usize::try_from(q.vma_end)
+            .map_err(|_| io::Error::from_raw_os_error(libc::EOVERFLOW))?,
+        private_read_write: q.vma_flags & (READ_WRITE | SHARED) == READ_WRITE,
+    })
 }
 
 /// Bind `addr..addr+len` to NUMA node `node` (`MPOL_BIND`, `MPOL_MF_MOVE`).

@@ -41,15 +41,12 @@ use mappings::advice_raw;
 use unsupported::advice_raw;
 #[cfg(not(target_os = "linux"))]
 pub(crate) use unsupported::{
-    fadvise_sequential, map_hugetlb, mbind, mremap, mremap_keep_source, pagemap_scan, vma_end,
+    fadvise_sequential, map_hugetlb, mbind, mremap, pagemap_scan, vma_at,
 };
 #[cfg(target_os = "linux")]
 pub(crate) use {
     files::fadvise_sequential,
-    mappings::{
-        map_file_fixed_readonly, map_hugetlb, map_hugetlb_fixed, mbind, mremap, mremap_keep_source,
-        vma_end,
-    },
+    mappings::{map_file_fixed_readonly, map_hugetlb, map_hugetlb_fixed, mbind, mremap, vma_at},
     process::pagemap_scan,
 };
 

@@ -37,18 +37,8 @@ pub(crate) fn mremap(
     unsupported()
 }
 
-/// `mremap` is Linux-only.
-pub(crate) fn mremap_keep_source(
-    _old: NonNull<u8>,
-    _len: usize,
-    _dst: NonNull<u8>,
-) -> io::Result<()> {
-    inject(Op::Mremap)?;
-    unsupported()
-}
-
 /// `PROCMAP_QUERY` is Linux-only.
-pub(crate) fn vma_end(_addr: *mut u8) -> io::Result<usize> {
+pub(crate) fn vma_at(_addr: *mut u8) -> io::Result<super::mappings::Vma> {
     inject(Op::Open)?;
     unsupported()
 }

@@ -246,12 +246,12 @@ fn child_grow_on_miss() {
 }
 
 #[test]
-fn a_retained_block_of_two_vmas_moves_whole_to_grow() {
+fn a_retained_block_of_two_vmas_moves_vma_by_vma_to_grow() {
     common::run_child("engine::child_grow_two_vmas", &[("CKALLOC_HUGETLB", "0")]);
 }
 
 #[test]
-#[ignore = "run in a child process by a_retained_block_of_two_vmas_moves_whole_to_grow"]
+#[ignore = "run in a child process by a_retained_block_of_two_vmas_moves_vma_by_vma_to_grow"]
 fn child_grow_two_vmas() {
     if !common::thp_available() {
         return;
@@ -279,7 +279,7 @@ fn child_grow_two_vmas() {
     let after = huge_stats();
     assert_eq!(q as usize % (2 * MIB), 0);
     if common::blocks_move_vma_by_vma() {
-        // Moved whole onto a fresh mapping of 96 MiB: no block mapped.
+        // Moved VMA by VMA onto a fresh mapping of 96 MiB: no block mapped.
         assert_ne!(q, p, "grew in place past a mapped page");
         assert_eq!(
             after.retention_grows,
@@ -314,12 +314,12 @@ fn child_grow_two_vmas() {
 }
 
 #[test]
-fn a_block_with_a_vma_that_cannot_move_is_copied_whole() {
+fn a_block_with_a_vma_that_cannot_move_grows_with_every_byte() {
     common::run_child("engine::child_sealed_vma", &[("CKALLOC_HUGETLB", "0")]);
 }
 
 #[test]
-#[ignore = "run in a child process by a_block_with_a_vma_that_cannot_move_is_copied_whole"]
+#[ignore = "run in a child process by a_block_with_a_vma_that_cannot_move_grows_with_every_byte"]
 fn child_sealed_vma() {
     const SYS_MSEAL: libc::c_long = 462;
     let size = 64 * MIB + 100;
@@ -331,7 +331,8 @@ fn child_sealed_vma() {
         unsafe { p.cast::<u8>().add(i).write(byte(i)) };
     }
     // One sealed page (mseal(2), Linux 6.10) in the middle of the block: a
-    // VMA that `mremap` may not move (`EPERM`), between two that it may.
+    // VMA that `mremap` may not move (`EPERM`), between two that it may. The
+    // first moves, the rest is copied.
     let sealed = p.cast::<u8>().wrapping_add(8 * MIB);
     // SAFETY: 4 KiB inside the block; sealing changes no byte.
     if unsafe { libc::syscall(SYS_MSEAL, sealed, 4096usize, 0usize) } != 0 {
@@ -364,6 +365,22 @@ fn child_sealed_vma() {
     // SAFETY: `r` holds 60 MiB.
     unsafe { std::ptr::write_bytes(r.cast::<u8>(), 0xaa, 60 * MIB) };
     assert!(holds(q), "writing the next block changed the grown one");
+    writes_and_reads_back(q, grown);
+    if let Some(b) = blocker {
+        common::unmap_blocker_page(b);
+    }
+    // A page the program made read-only (outside `malloc`'s contract) does
+    // not move either: it is copied, and the grown block is writable
+    // throughout, as glibc's copy is.
+    let p = alloc(size);
+    let read_only = p.cast::<u8>().wrapping_add(8 * MIB);
+    // SAFETY: 4 KiB inside the block, made read-only and nothing else.
+    let protected = unsafe { libc::mprotect(read_only.cast(), 4096, libc::PROT_READ) };
+    assert_eq!(protected, 0);
+    let blocker = common::map_blocker_page(p.cast::<u8>().wrapping_add(len));
+    // SAFETY: `p` came from `malloc`.
+    let q = unsafe { realloc(p, grown) };
+    assert!(!q.is_null());
     writes_and_reads_back(q, grown);
     if let Some(b) = blocker {
         common::unmap_blocker_page(b);
