@@ -19,19 +19,22 @@
 //! # Lengths, carving and coalescing
 //!
 //! A request takes a block of exactly its 2 MiB-rounded length when one is
-//! retained. Else it carves the shortest longer block whose address meets
-//! its alignment: the request gets the block's first bytes, and the rest
-//! stays in the same slot as a shorter block, all without a system call (a
-//! block is an address range: carving it needs no `munmap`, and the kernel
-//! splits the VMA only when a piece is unmapped or advised on its own).
-//! Every block handed out therefore has exactly the length `dealloc` and
-//! `realloc` rebuild from the layout. When a block comes back, `put` merges
-//! it with a retained block that ends where it starts or starts where it
-//! ends, so the pieces of a carved block become one block again and serve
-//! long requests. A request of the preload library's C API that needs no
-//! zeroing (not `calloc`) and finds no block of its length or longer takes
-//! the longest shorter one ([`take_longest`]) and grows it with `mremap`:
-//! only the added bytes are fresh memory.
+//! retained, the most recently freed of such blocks (last in, first out, as
+//! glibc's tcache and jemalloc's tcache bins hand out the newest free chunk:
+//! its pages are the likeliest to be in the CPU caches and the TLB). Else it
+//! carves the shortest longer block whose address meets its alignment: the
+//! request gets the block's first bytes, and the rest stays in the same slot
+//! as a shorter block, all without a system call (a block is an address
+//! range: carving it needs no `munmap`, and the kernel splits the VMA only
+//! when a piece is unmapped or advised on its own). Every block handed out
+//! therefore has exactly the length `dealloc` and `realloc` rebuild from the
+//! layout. When a block comes back, `put` merges it with a retained block
+//! that ends where it starts or starts where it ends, so the pieces of a
+//! carved block become one block again and serve long requests. A request of
+//! the preload library's C API that needs no zeroing (not `calloc`) and finds
+//! no block of its length or longer takes the longest shorter one
+//! ([`take_longest`]) and grows it with `mremap`: only the added bytes are
+//! fresh memory.
 //!
 //! # Decay
 //!
@@ -74,6 +77,9 @@ struct Slot {
     len: AtomicUsize,
     /// Monotonic ns of the first decay step that saw the block; 0: none yet.
     stamp: AtomicU64,
+    /// The block's place in the order of [`put`]s ([`PUTS`]): [`take`]
+    /// prefers the most recent of equally long blocks.
+    seq: AtomicU64,
 }
 
 impl Slot {
@@ -82,6 +88,7 @@ impl Slot {
             word: AtomicUsize::new(EMPTY),
             len: AtomicUsize::new(0),
             stamp: AtomicU64::new(0),
+            seq: AtomicU64::new(0),
         }
     }
 }
@@ -102,6 +109,8 @@ static CACHE: [Shard; SHARDS] = [const {
 /// reads.
 static RETAINED: &AtomicUsize = &COUNTERS.retained;
 static NEXT_SHARD: AtomicUsize = AtomicUsize::new(0);
+/// [`put`]s so far: the source of [`Slot::seq`].
+static PUTS: AtomicU64 = AtomicU64::new(0);
 
 thread_local! {
     static HOME: Cell<u8> = const { Cell::new(u8::MAX) };
@@ -148,8 +157,9 @@ pub(crate) fn tick_small() {
 }
 
 /// A retained block of exactly `len` bytes aligned to `align`, removed from
-/// the cache, or carved from a longer one; `None` when there is none. Never
-/// makes a system call.
+/// the cache (the most recently freed of several), or carved
+/// from the shortest longer one; `None` when there is none. Never makes a
+/// system call.
 #[inline]
 pub(crate) fn take(len: usize, align: usize) -> Option<NonNull<u8>> {
     if len > RETAINED.load(Relaxed) {
@@ -157,53 +167,29 @@ pub(crate) fn take(len: usize, align: usize) -> Option<NonNull<u8>> {
         COUNTERS.retain_misses.fetch_add(1, Relaxed);
         return None;
     }
-    let home = home();
-    let mask = align - 1;
-    for i in 0..SHARDS {
-        for slot in &CACHE[(home + i) % SHARDS].slots {
-            let w = slot.word.load(Relaxed);
-            if w > BUSY
-                && w & mask == 0
-                && slot.len.load(Relaxed) == len
-                && slot
-                    .word
-                    .compare_exchange(w, BUSY, Acquire, Relaxed)
-                    .is_ok()
-            {
-                // The slot is ours: its length may have changed since the
-                // first look (the block was taken, carved or merged and put
-                // back).
-                if slot.len.load(Relaxed) == len {
-                    slot.word.store(EMPTY, Release);
-                    RETAINED.fetch_sub(len, Relaxed);
-                    COUNTERS.retain_hits.fetch_add(1, Relaxed);
-                    COUNTERS.note_live();
-                    return NonNull::new(w as *mut u8);
-                }
-                slot.word.store(w, Release);
-            }
-        }
-    }
-    carve(len, align, home)
-}
-
-/// The second try of [`take`]: the first `len` bytes of the shortest
-/// retained block longer than `len` that meets `align`; the rest of the
-/// block stays retained in the same slot. `None` (a miss) when there is
-/// none.
-#[cold]
-fn carve(len: usize, align: usize, home: usize) -> Option<NonNull<u8>> {
-    let Some((slot, w, l)) = claim_best(align, home, |l| l > len, |l, best| l < best) else {
+    // Exact length is the shortest that fits; among equal lengths the
+    // newest wins.
+    let Some((slot, w, l)) = claim_best(
+        align,
+        home(),
+        |l| l >= len,
+        |a, b| a.len < b.len || (a.len == b.len && a.seq > b.seq),
+    ) else {
         COUNTERS.retain_misses.fetch_add(1, Relaxed);
         return None;
     };
-    // The rest, `w + len .. w + l`, is 2 MiB aligned (both lengths are
-    // multiples of 2 MiB) and keeps the block's decay stamp.
-    slot.len.store(l - len, Relaxed);
-    slot.word.store(w + len, Release);
+    if l == len {
+        slot.word.store(EMPTY, Release);
+    } else {
+        // The rest, `w + len .. w + l`, is 2 MiB aligned (both lengths
+        // are multiples of 2 MiB) and keeps the block's decay stamp and
+        // put sequence number.
+        slot.len.store(l - len, Relaxed);
+        slot.word.store(w + len, Release);
+        COUNTERS.retain_carves.fetch_add(1, Relaxed);
+    }
     RETAINED.fetch_sub(len, Relaxed);
     COUNTERS.retain_hits.fetch_add(1, Relaxed);
-    COUNTERS.retain_carves.fetch_add(1, Relaxed);
     COUNTERS.note_live();
     NonNull::new(w as *mut u8)
 }
@@ -225,34 +211,48 @@ pub(crate) struct Taken {
 /// call.
 #[cold]
 pub(crate) fn take_longest(len: usize, align: usize) -> Option<Taken> {
-    let (slot, w, l) = claim_best(align, home(), |l| l < len, |l, best| l > best)?;
+    let (slot, w, l) = claim_best(align, home(), |l| l < len, |a, b| a.len > b.len)?;
     let stamp = slot.stamp.load(Relaxed);
     slot.word.store(EMPTY, Release);
     RETAINED.fetch_sub(l, Relaxed);
     NonNull::new(w as *mut u8).map(|ptr| Taken { ptr, len: l, stamp })
 }
 
+/// A retained block as [`claim_best`] compares it.
+#[derive(Clone, Copy)]
+struct Candidate {
+    len: usize,
+    /// When it was put: larger is more recent.
+    seq: u64,
+}
+
 /// Claims (marks `BUSY`) the slot of the retained block whose address meets
-/// `align`, whose length `fits`, and that `better` prefers (`better(l,
-/// best)`: a block of length `l` over one of length `best`) to every other
-/// such block; returns the slot, the block's address and its length, which
-/// still `fits`. `None` when no block fits. Scans from shard `home`.
+/// `align`, whose length `fits`, and that `better` prefers (`better(a,
+/// best)`: block `a` over block `best`) to every other such block; returns
+/// the slot, the block's address and its length, which still `fits`. `None`
+/// when no block fits. Scans from shard `home`; a slot another thread
+/// claims between the scan and the compare-and-swap starts a new scan.
 fn claim_best(
     align: usize,
     home: usize,
     fits: impl Fn(usize) -> bool,
-    better: impl Fn(usize, usize) -> bool,
+    better: impl Fn(Candidate, Candidate) -> bool,
 ) -> Option<(&'static Slot, usize, usize)> {
     let mask = align - 1;
     loop {
-        let mut best: Option<(&'static Slot, usize, usize)> = None;
+        let mut best: Option<(&'static Slot, usize, Candidate)> = None;
         for i in 0..SHARDS {
             for slot in &CACHE[(home + i) % SHARDS].slots {
                 let w = slot.word.load(Relaxed);
-                let l = slot.len.load(Relaxed);
-                if w > BUSY && w & mask == 0 && fits(l) && best.is_none_or(|(_, _, b)| better(l, b))
-                {
-                    best = Some((slot, w, l));
+                if w <= BUSY || w & mask != 0 {
+                    continue;
+                }
+                let c = Candidate {
+                    len: slot.len.load(Relaxed),
+                    seq: slot.seq.load(Relaxed),
+                };
+                if fits(c.len) && best.is_none_or(|(_, _, b)| better(c, b)) {
+                    best = Some((slot, w, c));
                 }
             }
         }
@@ -328,6 +328,7 @@ pub(crate) fn put(ptr: NonNull<u8>, len: usize, cap: usize, age: MergedAge) -> b
                     MergedAge::Kept(own) => own.min(oldest),
                 };
                 slot.stamp.store(stamp, Relaxed);
+                slot.seq.store(PUTS.fetch_add(1, Relaxed), Relaxed);
                 slot.word.store(start, Release);
                 return true;
             }

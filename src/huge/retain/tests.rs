@@ -128,3 +128,40 @@ fn a_miss_takes_the_longest_shorter_block() {
     unmap(whole, 20 * MIB);
     unmap(at(36 * MIB), 4 * MIB);
 }
+
+#[test]
+#[cfg_attr(
+    miri,
+    ignore = "maps real huge-page blocks (mmap flags Miri does not model)"
+)]
+fn an_exact_hit_takes_the_most_recently_freed_block() {
+    let _only = only_user();
+    let cap = 64 * MIB;
+    // Three 4 MiB pieces of one mapping with gaps between them: none merge.
+    let whole = block(20 * MIB);
+    let at = |off: usize| NonNull::new(whole.as_ptr().wrapping_add(off)).unwrap();
+    // Freed in an order that is neither the slots' nor the addresses'.
+    for off in [8 * MIB, 0, 16 * MIB] {
+        assert!(put(at(off), 4 * MIB, cap, MergedAge::Reset));
+    }
+    let carves = COUNTERS.retain_carves.load(Relaxed);
+    for expected in [16 * MIB, 0] {
+        assert_eq!(take(4 * MIB, HUGE_PAGE_2M), Some(at(expected)));
+        // Freed again, it is again the newest.
+        assert!(put(at(expected), 4 * MIB, cap, MergedAge::Reset));
+        assert_eq!(take(4 * MIB, HUGE_PAGE_2M), Some(at(expected)));
+    }
+    assert_eq!(take(4 * MIB, HUGE_PAGE_2M), Some(at(8 * MIB)));
+    assert_eq!(take(4 * MIB, HUGE_PAGE_2M), None, "all three are taken");
+    assert_eq!(COUNTERS.retain_carves.load(Relaxed), carves, "no carve");
+    assert_eq!(RETAINED.load(Relaxed), 0);
+    // A shorter request carves the newest of equally long blocks.
+    assert!(put(at(0), 4 * MIB, cap, MergedAge::Reset));
+    assert!(put(at(8 * MIB), 4 * MIB, cap, MergedAge::Reset));
+    assert_eq!(take(2 * MIB, HUGE_PAGE_2M), Some(at(8 * MIB)));
+    assert_eq!(RETAINED.load(Relaxed), 6 * MIB);
+    // Retained: 0..4 and 10..12 MiB; the rest is taken or a gap.
+    assert_eq!(release_retained(), 6 * MIB);
+    unmap(at(4 * MIB), 6 * MIB);
+    unmap(at(12 * MIB), 8 * MIB);
+}
