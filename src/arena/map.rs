@@ -3,9 +3,8 @@
 //! mapped read-only inside it). All OS calls go through `crate::sys`.
 
 use super::ArenaError;
-use crate::huge::{self, Backing, HugeError, HugeOptions};
+use crate::huge::{self, Backing, HugeOptions};
 use crate::sys::{self, HUGE_PAGE_2M};
-use crate::tier;
 use std::ptr::NonNull;
 
 /// Where the arena sits inside its mapping.
@@ -219,7 +218,7 @@ pub(super) fn mixed(
     let hugetlb = opts.required_tier() == Backing::Hugetlb;
     if runtime_len > 0 && hugetlb {
         sys::map_hugetlb_fixed(runtime, runtime_len).map_err(|e| ArenaError::MixedOptions {
-            source: HugeError::TierUnavailable {
+            source: huge::HugeError::TierUnavailable {
                 requested: runtime_len,
                 required: Backing::Hugetlb,
                 source: Some(e),
@@ -252,7 +251,7 @@ pub(super) fn mixed(
     }
     let mut thp_err = None;
     if runtime_len > 0 && !hugetlb {
-        storage.backing = if !tier::thp_enabled() {
+        storage.backing = if !crate::tier::thp_enabled() {
             Backing::Normal
         } else {
             match sys::madvise(runtime.as_ptr(), runtime_len, sys::Advice::HugePage) {
@@ -271,7 +270,7 @@ pub(super) fn mixed(
     // mode.
     if storage.backing < opts.required_tier() {
         return Err(ArenaError::MixedOptions {
-            source: HugeError::TierUnavailable {
+            source: huge::HugeError::TierUnavailable {
                 requested: runtime_len,
                 required: opts.required_tier(),
                 source: thp_err,

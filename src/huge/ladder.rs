@@ -247,6 +247,7 @@ fn finish(
 
 /// Bind, prefault, lock and mark a fresh range as the options ask.
 /// Parallel prefault splits the range on 2 MiB boundaries.
+#[cfg_attr(not(target_os = "linux"), allow(dead_code))]
 pub(crate) fn apply_options(
     ptr: NonNull<u8>,
     len: usize,

@@ -302,4 +302,6 @@ pub use retain::hold_retention_slots;
 pub use retain::release_retained;
 pub use stats::{huge_stats, HugeStats, TierStats};
 
-pub(crate) use ladder::{apply_options, last_map_hugetlb, map_huge, unmap, Mapping};
+#[cfg(target_os = "linux")]
+pub(crate) use ladder::apply_options;
+pub(crate) use ladder::{last_map_hugetlb, map_huge, unmap, Mapping};

@@ -175,28 +175,37 @@ impl<S: GlobalAlloc> CkHuge<S> {
         if !sys::is_mapped(dst.as_ptr(), new_len) {
             return Err(err);
         }
-        // Several VMAs: moved one by one, which needs `PROCMAP_QUERY`.
+        // Several VMAs: moved one by one, which needs `PROCMAP_QUERY`; the
+        // query of the block's first VMA tells before the reservation is
+        // replaced.
         let ready = if err.raw_os_error() != Some(libc::EFAULT) {
             Err(err)
         } else {
-            sys::vma_at(base.as_ptr()).and_then(|_| sys::map_anon_fixed(dst, new_len))
+            sys::VmaQuery::open().and_then(|maps| {
+                maps.vma_at(base.as_ptr())?;
+                sys::map_anon_fixed(dst, new_len)?;
+                Ok(maps)
+            })
         };
-        if let Err(e) = ready {
-            if sys::is_mapped(dst.as_ptr(), new_len) {
-                let _ = sys::munmap_best_effort(dst.as_ptr(), new_len);
+        let maps = match ready {
+            Ok(maps) => maps,
+            Err(e) => {
+                if sys::is_mapped(dst.as_ptr(), new_len) {
+                    let _ = sys::munmap_best_effort(dst.as_ptr(), new_len);
+                }
+                return Err(e);
             }
-            return Err(e);
-        }
+        };
         if let Some(advice) = advice {
             let _ = sys::madvise(dst.as_ptr(), new_len, advice);
         }
-        Self::move_by_vma(base, old_len, dst, new_len, align)
+        Self::move_by_vma(&maps, base, old_len, dst, new_len, align)
     }
 
     /// Move the `len` bytes at `base`, several VMAs, onto the start of
     /// `dst` (`dst_len` bytes of fresh read-write memory of the caller's),
-    /// one VMA at a time: each found with `PROCMAP_QUERY` ([`sys::vma_at`])
-    /// and moved whole at its own length, which `mremap` does atomically.
+    /// one VMA at a time: each found with `PROCMAP_QUERY` (`maps`) and
+    /// moved whole at its own length, which `mremap` does atomically.
     /// The kernel's own move of several VMAs at once (Linux 6.17) is not
     /// used: it stops at the first VMA it may not move (one registered with
     /// userfaultfd, a sealed one) and leaves the earlier ones moved, with no
@@ -213,6 +222,7 @@ impl<S: GlobalAlloc> CkHuge<S> {
     /// with every byte; when no fresh mapping can be made either, the moved
     /// VMAs go back and the block is as it was.
     fn move_by_vma(
+        maps: &sys::VmaQuery,
         base: NonNull<u8>,
         len: usize,
         dst: NonNull<u8>,
@@ -220,22 +230,19 @@ impl<S: GlobalAlloc> CkHuge<S> {
         align: usize,
     ) -> std::io::Result<NonNull<u8>> {
         let at = |p: NonNull<u8>, off: usize| p.as_ptr().wrapping_add(off);
-        // The VMA at `base + off` while it can move: its length, cut at
-        // `len`.
-        let movable = |off: usize| -> Option<usize> {
-            let from = (base.as_ptr() as usize).wrapping_add(off);
-            let vma = sys::vma_at(at(base, off)).ok()?;
-            (vma.private_read_write && vma.end > from).then(|| (vma.end - from).min(len - off))
-        };
         let mut moved = 0;
         // The length of the VMA whose move failed: its destination may be
         // gone.
         let mut failed = 0;
         while moved < len {
-            let Some(n) = movable(moved) else { break };
-            let (Some(from), Some(to)) =
-                (NonNull::new(at(base, moved)), NonNull::new(at(dst, moved)))
-            else {
+            let Some((n, vma)) = maps.len_at(at(base, moved), len - moved) else {
+                break;
+            };
+            let (true, Some(from), Some(to)) = (
+                vma.private_read_write,
+                NonNull::new(at(base, moved)),
+                NonNull::new(at(dst, moved)),
+            ) else {
                 break;
             };
             if sys::mremap(from, n, n, Some(to)).is_err() {
@@ -251,30 +258,24 @@ impl<S: GlobalAlloc> CkHuge<S> {
         let target = if sys::is_mapped(at(dst, moved), dst_len - moved) {
             dst
         } else {
-            match sys::map_anon_aligned(dst_len, align) {
+            let fresh = sys::map_anon_aligned(dst_len, align);
+            match fresh {
                 Ok(fresh) => {
                     // SAFETY: the moved bytes are mapped at `dst`; `fresh` is
                     // a new mapping of `dst_len >= len` bytes.
                     unsafe { ptr::copy_nonoverlapping(dst.as_ptr(), fresh.as_ptr(), moved) };
-                    // What is left of the destination, around the range the
-                    // failed move took.
                     let _ = sys::munmap_best_effort(dst.as_ptr(), moved);
-                    let after = moved + failed;
-                    if after < dst_len {
-                        let _ = sys::munmap_best_effort(at(dst, after), dst_len - after);
-                    }
-                    fresh
                 }
-                Err(e) => {
-                    // The holes the moved VMAs left are where they go back.
-                    Self::move_back(base, dst, moved);
-                    let after = moved + failed;
-                    if after < dst_len {
-                        let _ = sys::munmap_best_effort(at(dst, after), dst_len - after);
-                    }
-                    return Err(e);
-                }
+                // The holes the moved VMAs left are where they go back.
+                Err(_) => Self::move_back(maps, base, dst, moved),
             }
+            // What is left of the destination after the range the failed
+            // move took.
+            let after = moved + failed;
+            if after < dst_len {
+                let _ = sys::munmap_best_effort(at(dst, after), dst_len - after);
+            }
+            fresh?
         };
         // SAFETY: `base + moved ..+ rest` is the block's unmoved part, still
         // mapped and readable (a `malloc` block; a range the program made
@@ -283,12 +284,9 @@ impl<S: GlobalAlloc> CkHuge<S> {
         unsafe { ptr::copy_nonoverlapping(at(base, moved), at(target, moved), rest) };
         let mut off = moved;
         while off < len {
-            let n = sys::vma_at(at(base, off))
-                .ok()
-                .filter(|v| v.end > (base.as_ptr() as usize).wrapping_add(off))
-                .map_or(len - off, |v| {
-                    (v.end - (base.as_ptr() as usize).wrapping_add(off)).min(len - off)
-                });
+            let n = maps
+                .len_at(at(base, off), len - off)
+                .map_or(len - off, |(n, _)| n);
             let _ = sys::munmap_best_effort(at(base, off), n);
             off += n;
         }
@@ -299,14 +297,13 @@ impl<S: GlobalAlloc> CkHuge<S> {
     /// where they came from: the last resort of
     /// [`move_by_vma`](Self::move_by_vma).
     #[cold]
-    fn move_back(base: NonNull<u8>, dst: NonNull<u8>, moved: usize) {
+    fn move_back(maps: &sys::VmaQuery, base: NonNull<u8>, dst: NonNull<u8>, moved: usize) {
         let mut off = 0;
         while off < moved {
             let from = dst.as_ptr().wrapping_add(off);
-            let n = sys::vma_at(from)
-                .ok()
-                .filter(|v| v.end > from as usize)
-                .map_or(moved - off, |v| (v.end - from as usize).min(moved - off));
+            let n = maps
+                .len_at(from, moved - off)
+                .map_or(moved - off, |(n, _)| n);
             if let (Some(f), Some(t)) = (
                 NonNull::new(from),
                 NonNull::new(base.as_ptr().wrapping_add(off)),

@@ -301,7 +301,7 @@ pub(crate) fn mremap(
     NonNull::new(p.cast()).ok_or_else(|| io::Error::from_raw_os_error(libc::ENOMEM))
 }
 
-/// The VMA that holds an address, as [`vma_at`] reads it.
+/// The VMA that holds an address, as [`VmaQuery::vma_at`] reads it.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Vma {
     /// The address one past its last byte.
@@ -310,68 +310,91 @@ pub(crate) struct Vma {
     pub(crate) private_read_write: bool,
 }
 
-/// The VMA that holds `addr`: the `PROCMAP_QUERY` ioctl on
-/// `/proc/self/maps` (Linux 6.11, `linux/fs.h`), which reads one VMA
-/// without parsing text or allocating. Fails with `ENOTTY` or `EINVAL` on
-/// earlier kernels, `ENOENT` when nothing is mapped at `addr`; fault
-/// injection counts it as an `open`.
+/// `/proc/self/maps`, open for `PROCMAP_QUERY` (Linux 6.11, `linux/fs.h`):
+/// one `ioctl` per VMA, no text to parse, no allocation. Closed on drop.
+#[derive(Debug)]
+pub(crate) struct VmaQuery(
+    #[cfg_attr(not(target_os = "linux"), allow(dead_code))] super::files::Fd,
+);
+
+impl VmaQuery {
+    /// The VMA at `addr` and its length from `addr`, cut at `limit` bytes;
+    /// `None` when the query fails.
+    pub(crate) fn len_at(&self, addr: *mut u8, limit: usize) -> Option<(usize, Vma)> {
+        let vma = self.vma_at(addr).ok()?;
+        let n = vma.end.checked_sub(addr as usize).filter(|&n| n > 0)?;
+        Some((n.min(limit), vma))
+    }
+}
+
 #[cfg(target_os = "linux")]
-pub(crate) fn vma_at(addr: *mut u8) -> io::Result<Vma> {
-    inject(Op::Open)?;
-    /// `struct procmap_query` of `linux/fs.h`.
-    #[repr(C)]
-    #[derive(Default)]
-    struct ProcmapQuery {
-        size: u64,
-        query_flags: u64,
-        query_addr: u64,
-        vma_start: u64,
-        vma_end: u64,
-        vma_flags: u64,
-        vma_page_size: u64,
-        vma_offset: u64,
-        inode: u64,
-        dev_major: u32,
-        dev_minor: u32,
-        vma_name_size: u32,
-        build_id_size: u32,
-        vma_name_addr: u64,
-        build_id_addr: u64,
+impl VmaQuery {
+    /// Opens `/proc/self/maps`; fault injection counts it as an `open`.
+    pub(crate) fn open() -> io::Result<VmaQuery> {
+        inject(Op::Open)?;
+        // SAFETY: a NUL-terminated path; the descriptor is owned by the
+        // `Fd` below.
+        let raw = unsafe {
+            libc::open(
+                c"/proc/self/maps".as_ptr(),
+                libc::O_RDONLY | libc::O_CLOEXEC,
+            )
+        };
+        if raw < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(VmaQuery(super::files::Fd::from_raw(raw)))
     }
-    /// `_IOWR('f', 17, struct procmap_query)`.
-    const PROCMAP_QUERY: libc::c_ulong = (3 << 30)
-        | ((std::mem::size_of::<ProcmapQuery>() as libc::c_ulong) << 16)
-        | ((b'f' as libc::c_ulong) << 8)
-        | 17;
-    // SAFETY: a NUL-terminated path; the descriptor is owned by `fd` below.
-    let raw = unsafe {
-        libc::open(
-            c"/proc/self/maps".as_ptr(),
-            libc::O_RDONLY | libc::O_CLOEXEC,
-        )
-    };
-    if raw < 0 {
-        return Err(io::Error::last_os_error());
+
+    /// The VMA that holds `addr`. Fails with `ENOTTY` or `EINVAL` on kernels
+    /// before 6.11, `ENOENT` when nothing is mapped at `addr`; fault
+    /// injection counts each query as an `open` too.
+    pub(crate) fn vma_at(&self, addr: *mut u8) -> io::Result<Vma> {
+        inject(Op::Open)?;
+        /// `struct procmap_query` of `linux/fs.h`.
+        #[repr(C)]
+        #[derive(Default)]
+        struct ProcmapQuery {
+            size: u64,
+            query_flags: u64,
+            query_addr: u64,
+            vma_start: u64,
+            vma_end: u64,
+            vma_flags: u64,
+            vma_page_size: u64,
+            vma_offset: u64,
+            inode: u64,
+            dev_major: u32,
+            dev_minor: u32,
+            vma_name_size: u32,
+            build_id_size: u32,
+            vma_name_addr: u64,
+            build_id_addr: u64,
+        }
+        /// `_IOWR('f', 17, struct procmap_query)`.
+        const PROCMAP_QUERY: libc::c_ulong = (3 << 30)
+            | ((std::mem::size_of::<ProcmapQuery>() as libc::c_ulong) << 16)
+            | ((b'f' as libc::c_ulong) << 8)
+            | 17;
+        let mut q = ProcmapQuery {
+            size: std::mem::size_of::<ProcmapQuery>() as u64,
+            query_addr: addr as u64,
+            ..ProcmapQuery::default()
+        };
+        // SAFETY: `q` is a `struct procmap_query` with its size set; with no
+        // name or build-id buffers the kernel writes only into `q`.
+        if unsafe { libc::ioctl(self.0.raw(), PROCMAP_QUERY, &mut q as *mut ProcmapQuery) } < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // `PROCMAP_QUERY_VMA_READABLE`, `_WRITABLE` and `_SHARED`.
+        const READ_WRITE: u64 = 0x1 | 0x2;
+        const SHARED: u64 = 0x8;
+        Ok(Vma {
+            end: usize::try_from(q.vma_end)
+                .map_err(|_| io::Error::from_raw_os_error(libc::EOVERFLOW))?,
+            private_read_write: q.vma_flags & (READ_WRITE | SHARED) == READ_WRITE,
+        })
     }
-    let fd = super::files::Fd::from_raw(raw);
-    let mut q = ProcmapQuery {
-        size: std::mem::size_of::<ProcmapQuery>() as u64,
-        query_addr: addr as u64,
-        ..ProcmapQuery::default()
-    };
-    // SAFETY: `q` is a `struct procmap_query` with its size set; with no
-    // name or build-id buffers the kernel writes only into `q`.
-    if unsafe { libc::ioctl(fd.raw(), PROCMAP_QUERY, &mut q as *mut ProcmapQuery) } < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // `PROCMAP_QUERY_VMA_READABLE`, `_WRITABLE` and `_SHARED`.
-    const READ_WRITE: u64 = 0x1 | 0x2;
-    const SHARED: u64 = 0x8;
-    Ok(Vma {
-        end: usize::try_from(q.vma_end)
-            .map_err(|_| io::Error::from_raw_os_error(libc::EOVERFLOW))?,
-        private_read_write: q.vma_flags & (READ_WRITE | SHARED) == READ_WRITE,
-    })
 }
 
 /// Bind `addr..addr+len` to NUMA node `node` (`MPOL_BIND`, `MPOL_MF_MOVE`).

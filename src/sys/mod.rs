@@ -27,7 +27,7 @@ pub(crate) use files::{fstat, open_readonly, pread_exact, Fd};
 pub(crate) use files::{link_unnamed, open_unnamed_in, unnamed_unsupported};
 pub(crate) use mappings::{
     is_mapped, madvise, map_anon_aligned, map_anon_fixed, mlock, munmap, munmap_best_effort,
-    reserve_aligned, Advice, HugetlbSize,
+    reserve_aligned, Advice, HugetlbSize, VmaQuery,
 };
 #[cfg(feature = "weights")]
 pub(crate) use process::block_termination_signals;
@@ -40,13 +40,11 @@ use mappings::advice_raw;
 #[cfg(not(target_os = "linux"))]
 use unsupported::advice_raw;
 #[cfg(not(target_os = "linux"))]
-pub(crate) use unsupported::{
-    fadvise_sequential, map_hugetlb, mbind, mremap, pagemap_scan, vma_at,
-};
+pub(crate) use unsupported::{fadvise_sequential, map_hugetlb, mbind, mremap, pagemap_scan};
 #[cfg(target_os = "linux")]
 pub(crate) use {
     files::fadvise_sequential,
-    mappings::{map_file_fixed_readonly, map_hugetlb, map_hugetlb_fixed, mbind, mremap, vma_at},
+    mappings::{map_file_fixed_readonly, map_hugetlb, map_hugetlb_fixed, mbind, mremap},
     process::pagemap_scan,
 };
 

@@ -37,10 +37,16 @@ pub(crate) fn mremap(
     unsupported()
 }
 
-/// `PROCMAP_QUERY` is Linux-only.
-pub(crate) fn vma_at(_addr: *mut u8) -> io::Result<super::mappings::Vma> {
-    inject(Op::Open)?;
-    unsupported()
+/// `PROCMAP_QUERY` is Linux-only: nothing to open.
+impl super::mappings::VmaQuery {
+    pub(crate) fn open() -> io::Result<Self> {
+        inject(Op::Open)?;
+        unsupported()
+    }
+
+    pub(crate) fn vma_at(&self, _addr: *mut u8) -> io::Result<super::mappings::Vma> {
+        unsupported()
+    }
 }
 
 /// `mbind` is Linux-only.
