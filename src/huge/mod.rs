@@ -83,7 +83,9 @@
 //!
 //! - **any length serves**: a request takes a retained block of exactly its
 //!   2 MiB-rounded length when there is one (and its alignment the block's
-//!   address meets); else it carves its length from the front of the
+//!   address meets), the most recently freed of several (last in, first
+//!   out, as glibc's and jemalloc's thread caches: its pages are the
+//!   likeliest to be in the CPU caches and the TLB); else it carves its length from the front of the
 //!   shortest longer block, whose rest stays retained. A freed block merges
 //!   with the retained blocks right before and after it, so the pieces of a
 //!   carved block become one again. Carving and merging are bookkeeping
