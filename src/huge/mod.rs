@@ -253,28 +253,31 @@
 //! - **VMAs**: an advised block is two VMAs (two lines of
 //!   `/proc/self/maps`, counted against `vm.max_map_count`), more after it
 //!   grew; freeing the block unmaps all of them. `mremap` resizes one VMA
-//!   only, so `realloc` grows such a block by resizing its last 2 MiB page
-//!   (always one VMA) in place when the address space after the block is
-//!   free, and otherwise moves it VMA by VMA, as [below](#growing). Before
-//!   Linux 6.11, which has no `PROCMAP_QUERY` to find the VMAs, such a
-//!   block is copied into a new one instead (as mimalloc's `realloc` does
-//!   for large blocks).
+//!   only, so `realloc` moves such a block VMA by VMA, as
+//!   [below](#growing). Before Linux 6.11, which has no `PROCMAP_QUERY` to
+//!   find the VMAs, such a block is copied into a new one instead (as
+//!   mimalloc's `realloc` does for large blocks).
 //!
 //!
 //! # Growing
 //!
 //! [`CkHuge`] grows a mapped block with `mremap` (mremap(2)), copying no
-//! byte: its last 2 MiB page grows in place when the address space after
-//! the block is free; else a fresh anonymous mapping of the new length is
-//! made at the block's alignment and the block moves onto its start at its
-//! own length (`MREMAP_FIXED`, which replaces that part atomically), the
-//! rest of the fresh mapping being the added bytes. The moved pages stay
-//! faulted in, huge pages included. A block of several VMAs (a short tail,
-//! an earlier growth, retained neighbours merged) moves one VMA at a time,
-//! each found with the `PROCMAP_QUERY` ioctl (Linux 6.11); from the first
-//! VMA that cannot move (not private read-write, or sealed with mseal(2))
-//! the rest of the block is copied. Kernels before 6.11 copy every such
-//! block. hugetlb blocks cannot grow (`EINVAL`) and are copied.
+//! byte. A block of one VMA grows in place when the address space after it
+//! is free; else a fresh anonymous mapping of the new length is made at the
+//! block's alignment and the block moves onto its start at its own length
+//! (`MREMAP_FIXED`, which replaces that part atomically), the rest of the
+//! fresh mapping being the added bytes. The moved pages stay faulted in,
+//! huge pages included. A block of several VMAs (a short tail, an earlier
+//! growth, retained neighbours merged, a range the program gave other
+//! flags with `mprotect`, `madvise` or `mlock`) never grows in place, which
+//! would give the added bytes the flags of its last VMA: it moves one VMA
+//! at a time, each found with the `PROCMAP_QUERY` ioctl (Linux 6.11), onto
+//! fresh memory; from the first VMA that cannot move (not private
+//! read-write, or sealed with mseal(2)) the rest of the block is copied.
+//! Moved VMAs keep their flags; the added bytes are advised for their tier.
+//! Kernels before 6.11 copy every such block. hugetlb blocks cannot grow
+//! (`EINVAL`) and are copied. A block copied out of is unmapped, never
+//! retained: a range the program changed must not serve another request.
 
 mod alloc;
 mod error;

@@ -92,25 +92,31 @@ impl<S: GlobalAlloc> CkHuge<S> {
     /// often several: a `GlobalAlloc` block whose last 2 MiB page was advised
     /// `MADV_NOHUGEPAGE` (a short tail), a block moved by an earlier growth
     /// (its pages and the added ones), a retained block merged from
-    /// neighbours that were mapped apart. The block's last 2 MiB page lies in
-    /// one VMA, which ends where the block ends. The growth, in order:
+    /// neighbours that were mapped apart, a range the program gave other
+    /// flags (`mprotect`, `madvise`, `mlock`). The growth, in order:
     ///
-    /// 1. In place: that last page grows into the address space after the
-    ///    block, when it is free. hugetlb mappings refuse to grow (`EINVAL`),
-    ///    and the growth stops there.
-    /// 2. Moved and grown (a block of one VMA): onto an aligned reservation
-    ///    of `new_len` bytes with `MREMAP_FIXED`, which replaces it
-    ///    atomically; the block stays one VMA.
-    /// 3. Moved VMA by VMA (a block of several, `EFAULT` in step 2): the
-    ///    reservation becomes fresh anonymous memory and each VMA of the
-    ///    block moves onto it at its own offset and length, the rest being
-    ///    the added bytes; from a VMA that cannot move on, the block is
-    ///    copied ([`move_by_vma`](Self::move_by_vma)). Needs Linux 6.11
+    /// 1. In place (a block of one VMA): the block grows into the address
+    ///    space after it, when that is free. hugetlb mappings refuse to grow
+    ///    (`EINVAL`), and the growth stops there. A block of several VMAs
+    ///    fails with `EFAULT` and goes to step 3: growing its last VMA alone
+    ///    would give the added bytes whatever flags the program set on that
+    ///    VMA (read-only, `MADV_DONTFORK`, `mlock`).
+    /// 2. Moved and grown (a block of one VMA without room after it): onto
+    ///    an aligned reservation of `new_len` bytes with `MREMAP_FIXED`,
+    ///    which replaces it atomically; the block stays one VMA.
+    /// 3. Moved VMA by VMA (a block of several): the reservation becomes
+    ///    fresh anonymous memory and each VMA of the block moves onto it at
+    ///    its own offset and length, the rest being the added bytes; from a
+    ///    VMA that cannot move on, the block is copied
+    ///    ([`move_by_vma`](Self::move_by_vma)). Needs Linux 6.11
     ///    (`PROCMAP_QUERY`); earlier kernels fail here, and the caller
     ///    copies.
     ///
-    /// The grown block is advised for its tier and counted
-    /// (`record_grow`). On error the block is as it was.
+    /// Moved VMAs keep their flags, and a block of one VMA passes its flags
+    /// to the added bytes (as glibc's `mremap` of a mapped chunk does); the
+    /// added bytes are then advised for their tier, and the block's last
+    /// 2 MiB page for its short tail. The growth is counted (`record_grow`).
+    /// On error the block is as it was.
     fn grow_mapping(
         &self,
         base: NonNull<u8>,
@@ -120,29 +126,30 @@ impl<S: GlobalAlloc> CkHuge<S> {
         new_size: usize,
         via: Via,
     ) -> std::io::Result<NonNull<u8>> {
-        let head = old_len - HUGE_PAGE_2M;
-        // `head` is inside the block, so the pointer is never null.
-        let Some(last) = NonNull::new(base.as_ptr().wrapping_add(head)) else {
-            return Err(std::io::ErrorKind::InvalidInput.into());
-        };
         let backing = tier::anon_tier();
         let advice = if backing != Backing::TransparentHuge {
             None
         } else if !self.c_api && first_touch::base_pages_now() {
-            // The grown block is advised whole by the first-touch policy's
-            // state now: base pages inside the window after a slow probe,
-            // THP otherwise (always THP for the C API, which has no policy).
+            // The added bytes are advised by the first-touch policy's state
+            // now: base pages inside the window after a slow probe, THP
+            // otherwise (always THP for the C API, which has no policy).
             Some(Advice::NoHugePage)
         } else {
             Some(Advice::HugePage)
         };
-        let p = match sys::mremap(last, HUGE_PAGE_2M, new_len - head, None) {
+        let p = match sys::mremap(base, old_len, new_len, None) {
             Ok(_) => base,
             Err(e) if e.raw_os_error() == Some(libc::EINVAL) => return Err(e),
-            Err(_) => Self::move_grown(base, old_len, new_len, align.max(HUGE_PAGE_2M), advice)?,
+            Err(e) => {
+                let several = e.raw_os_error() == Some(libc::EFAULT);
+                let align = align.max(HUGE_PAGE_2M);
+                Self::move_grown(base, old_len, new_len, align, several)?
+            }
         };
         if let Some(advice) = advice {
-            let _ = sys::madvise(p.as_ptr(), new_len, advice);
+            // Inside `p`'s `new_len` bytes.
+            let added = p.as_ptr().wrapping_add(old_len);
+            let _ = sys::madvise(added, new_len - old_len, advice);
             if via == Via::GlobalAlloc && Self::short_tail(new_size) {
                 Self::advise_tail(p.as_ptr(), new_size, new_len);
             }
@@ -153,40 +160,38 @@ impl<S: GlobalAlloc> CkHuge<S> {
 
     /// Steps 2 and 3 of [`grow_mapping`](Self::grow_mapping): move the
     /// block at `base` onto a reservation of `new_len` bytes aligned to
-    /// `align`. On error the block is where it was and the reservation is
-    /// gone.
+    /// `align`, whole (step 2) unless it is `several` VMAs (step 3). On
+    /// error the block is where it was and the reservation is gone.
     fn move_grown(
         base: NonNull<u8>,
         old_len: usize,
         new_len: usize,
         align: usize,
-        advice: Option<Advice>,
+        several: bool,
     ) -> std::io::Result<NonNull<u8>> {
         let dst = sys::reserve_aligned(new_len, align)?;
-        let err = match sys::mremap(base, old_len, new_len, Some(dst)) {
-            Ok(p) => return Ok(p),
-            Err(e) => e,
-        };
-        // A kernel that unmaps the destination before it checks the source
-        // (older Linux releases do; 6.18 checks first) may leave the
-        // reservation gone, and another thread's new mapping may sit inside
-        // it by now: only a range still wholly mapped is ours to reuse or
-        // unmap.
-        if !sys::is_mapped(dst.as_ptr(), new_len) {
+        if !several {
+            let err = match sys::mremap(base, old_len, new_len, Some(dst)) {
+                Ok(p) => return Ok(p),
+                Err(e) => e,
+            };
+            // A kernel that unmaps the destination before it checks the
+            // source (older Linux releases do; 6.18 checks first) may leave
+            // the reservation gone, and another thread's new mapping may
+            // sit inside it by now: only a range still wholly mapped is ours
+            // to unmap.
+            if sys::is_mapped(dst.as_ptr(), new_len) {
+                let _ = sys::munmap_best_effort(dst.as_ptr(), new_len);
+            }
             return Err(err);
         }
-        // Several VMAs: moved one by one, which needs `PROCMAP_QUERY`; the
-        // query of the block's first VMA tells before the reservation is
-        // replaced.
-        let ready = if err.raw_os_error() != Some(libc::EFAULT) {
-            Err(err)
-        } else {
-            sys::VmaQuery::open().and_then(|maps| {
-                maps.vma_at(base.as_ptr())?;
-                sys::map_anon_fixed(dst, new_len)?;
-                Ok(maps)
-            })
-        };
+        // Moved one by one, which needs `PROCMAP_QUERY`; the query of the
+        // block's first VMA tells before the reservation is replaced.
+        let ready = sys::VmaQuery::open().and_then(|maps| {
+            maps.vma_at(base.as_ptr())?;
+            sys::map_anon_fixed(dst, new_len)?;
+            Ok(maps)
+        });
         let maps = match ready {
             Ok(maps) => maps,
             Err(e) => {
@@ -196,9 +201,6 @@ impl<S: GlobalAlloc> CkHuge<S> {
                 return Err(e);
             }
         };
-        if let Some(advice) = advice {
-            let _ = sys::madvise(dst.as_ptr(), new_len, advice);
-        }
         Self::move_by_vma(&maps, base, old_len, dst, new_len, align)
     }
 
@@ -419,12 +421,12 @@ impl<S: GlobalAlloc> CkHuge<S> {
         let p = self.map_block(new_size, align, fill, via);
         if !p.is_null() {
             // SAFETY: disjoint mappings; `old_size` bytes are readable in the
-            // old block and writable in the new one (new_size > old_size);
-            // the old block is no longer used.
-            unsafe {
-                ptr::copy_nonoverlapping(ptr, p, old_size);
-                self.release_block(ptr, old_size, via);
-            }
+            // old block and writable in the new one (new_size > old_size).
+            unsafe { ptr::copy_nonoverlapping(ptr, p, old_size) };
+            // Unmapped, never retained: a block that could not move may
+            // hold a range the program gave other flags (read-only, sealed),
+            // which must not serve another request.
+            unmap(base, old_len);
         }
         p
     }

@@ -128,21 +128,20 @@
 //!   program never writes.
 //! - **Growth on a miss**: a request that needs no zeroing (`malloc`,
 //!   `realloc`, the aligned calls; not `calloc`) that no retained block of
-//!   its length or longer serves takes the longest shorter one and
-//!   grows it with `mremap` (in place when the address space after it is
-//!   free, else moved onto the start of a fresh aligned mapping: see
+//!   its length or longer serves takes the longest shorter one and grows it
+//!   with `mremap` (in place when it is one VMA and the address space after
+//!   it is free, else moved onto the start of a fresh aligned mapping: see
 //!   [Growing](crate::huge#growing)), so only the added bytes are fresh
-//!   memory that must fault in; the moved pages keep their THP.
-//!   This is what coalescing freed neighbours gives jemalloc: a program that
-//!   frees a 128 MiB buffer and asks for 256 MiB faults in 128 MiB, not
-//!   256. A block that cannot grow goes back to the cache with its decay
-//!   stamp (it keeps ageing) and a fresh mapping serves the request. On
-//!   Linux before 6.11 that is a block of several VMAs that the address
-//!   space after it has no room for: retained neighbours merged into one
-//!   block, a block grown before, or one whose request left a
-//!   [short tail](crate::huge#short-tails-ckhuge) (64 MiB + 16 bytes, say:
-//!   its last 2 MiB page is a VMA of its own); later kernels move those
-//!   VMA by VMA. While the hugetlb tier serves the mappings there is no growth at all:
+//!   memory that must fault in; the moved pages keep their THP. This is what
+//!   coalescing freed neighbours gives jemalloc: a program that frees a 128
+//!   MiB buffer and asks for 256 MiB faults in 128 MiB, not 256. A block
+//!   that cannot grow goes back to the cache with its decay stamp (it keeps
+//!   ageing) and a fresh mapping serves the request. On Linux before 6.11
+//!   that is a block of several VMAs: retained neighbours merged into one
+//!   block, a block grown before, or one whose request left a [short
+//!   tail](crate::huge#short-tails-ckhuge) (64 MiB + 16 bytes, say: its last
+//!   2 MiB page is a VMA of its own); later kernels move those VMA by VMA.
+//!   While the hugetlb tier serves the mappings there is no growth at all:
 //!   hugetlb blocks cannot grow, and a miss maps a fresh hugetlb block.
 //!   [`HugeStats::retention_grows`](crate::HugeStats::retention_grows)
 //!   counts the misses served by growth.
@@ -214,9 +213,11 @@
 //!   `mmap` blocks on `free`, so this works there. Restore
 //!   `PROT_READ | PROT_WRITE` before freeing; `malloc(3)` leaves the case
 //!   unspecified, and jemalloc and mimalloc, which also reuse freed
-//!   memory, have the same limit. A `realloc` that moves such a live block
-//!   copies the range that is not read-write, so the grown block is
-//!   writable throughout, as glibc's copy is.
+//!   memory, have the same limit (and so for `madvise` and `mlock` flags).
+//!   A `realloc` of such a live block copies the range that is not
+//!   read-write, so the grown block is writable throughout, as glibc's copy
+//!   is, and the added bytes never get the program's flags; a block
+//!   `realloc` copies out of is unmapped, never retained.
 //! - musl and 32-bit targets are not supported (the library needs
 //!   glibc's `__libc_*` entry points and a 47-bit address space).
 

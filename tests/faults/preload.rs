@@ -197,6 +197,9 @@ fn a_block_of_several_vmas_that_fails_to_move_keeps_every_byte() {
                 p
             } else {
                 assert!(holds(q, 40 * MIB, big, 6), "{op:?} #{n}: grow lost bytes");
+                // Moved or copied out of, the old block is unmapped, never
+                // retained: it may hold a range the program changed.
+                crate::common::assert_unmapped(p as usize, 10 * MIB);
                 fill(q, 40 * MIB, 7);
                 assert!(holds(q, 40 * MIB, 40 * MIB, 7), "{op:?} #{n}");
                 q

@@ -388,6 +388,78 @@ fn child_sealed_vma() {
 }
 
 #[test]
+fn a_block_whose_last_page_the_program_changed_grows_with_writable_added_bytes() {
+    common::run_child(
+        "engine::child_changed_last_page",
+        &[("CKALLOC_HUGETLB", "0")],
+    );
+}
+
+#[test]
+#[ignore = "run in a child process by a_block_whose_last_page_the_program_changed_grows_with_writable_added_bytes"]
+fn child_changed_last_page() {
+    let (size, len, grown) = (32 * MIB, 32 * MIB, 128 * MIB);
+    // Free address space right after the block: it lands below a mapping
+    // that is then unmapped, so growing where it is would be possible.
+    // SAFETY: a fresh anonymous mapping of ours, unmapped below.
+    let above = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            512 * MIB,
+            libc::PROT_NONE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        )
+    };
+    assert_ne!(above, libc::MAP_FAILED);
+    let p = alloc(size);
+    // SAFETY: the mapping made above.
+    assert_eq!(unsafe { libc::munmap(above, 512 * MIB) }, 0);
+    let after = p.cast::<u8>().wrapping_add(len);
+    // SAFETY: NOREPLACE maps only where nothing is mapped; unmapped again.
+    let probe = unsafe {
+        libc::mmap(
+            after.cast(),
+            grown - len,
+            libc::PROT_NONE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED_NOREPLACE,
+            -1,
+            0,
+        )
+    };
+    assert_eq!(
+        probe,
+        after.cast(),
+        "the address space after the block is taken"
+    );
+    // SAFETY: the probe mapped just above.
+    assert_eq!(unsafe { libc::munmap(probe, grown - len) }, 0);
+    // SAFETY: `p` holds `size` bytes.
+    unsafe { std::ptr::write_bytes(p.cast::<u8>(), 0x3c, size) };
+    // The block's last 2 MiB made read-only: a VMA of its own, whose flags
+    // the added bytes must not get.
+    let last = p.cast::<u8>().wrapping_add(len - 2 * MIB);
+    // SAFETY: 2 MiB inside the block, made read-only and nothing else.
+    let protected = unsafe { libc::mprotect(last.cast(), 2 * MIB, libc::PROT_READ) };
+    assert_eq!(protected, 0);
+    // SAFETY: `p` came from `malloc`.
+    let q = unsafe { realloc(p, grown) };
+    assert!(!q.is_null());
+    // SAFETY: `size` bytes of the grown block are the old ones.
+    let old = unsafe { std::slice::from_raw_parts(q.cast::<u8>(), size) };
+    assert!(
+        old.iter().all(|&b| b == 0x3c),
+        "the grown block lost old bytes"
+    );
+    assert_ne!(q, p, "grew where it was: the added bytes are read-only");
+    common::assert_unmapped(p as usize, len);
+    writes_and_reads_back(q, grown);
+    // SAFETY: `q` came from `realloc`.
+    unsafe { free(q) };
+}
+
+#[test]
 fn a_hugetlb_block_is_not_grown_and_a_fresh_mapping_serves() {
     if common::skip_without_hugetlb(
         "a_hugetlb_block_is_not_grown_and_a_fresh_mapping_serves",
