@@ -112,11 +112,18 @@ impl<S: GlobalAlloc> CkHuge<S> {
     ///    (`PROCMAP_QUERY`); earlier kernels fail here, and the caller
     ///    copies.
     ///
-    /// Moved VMAs keep their flags, and a block of one VMA passes its flags
-    /// to the added bytes (as glibc's `mremap` of a mapped chunk does); the
-    /// added bytes are then advised for their tier, and the block's last
-    /// 2 MiB page for its short tail. The growth is counted (`record_grow`).
-    /// On error the block is as it was.
+    /// First the block is advised for its tier as a whole (THP, or base
+    /// pages inside the first-touch policy's window): the VMAs the crate
+    /// split by its own advice (a short tail, the policy's base pages)
+    /// merge back into one, unless the program gave them other flags, so a
+    /// block grown again and again stays one or two VMAs and grows in
+    /// place. A program's `MADV_NOHUGEPAGE` on the block is replaced too
+    /// (glibc's `mremap` keeps it). Moved VMAs keep their other flags, and
+    /// a block of one VMA passes its flags to the added bytes (as glibc's
+    /// `mremap` of a mapped chunk does); the added bytes are advised for
+    /// their tier, and the block's last 2 MiB page for its short tail. The
+    /// growth is counted (`record_grow`). On error the block is as it was,
+    /// but for that advice.
     fn grow_mapping(
         &self,
         base: NonNull<u8>,
@@ -130,13 +137,16 @@ impl<S: GlobalAlloc> CkHuge<S> {
         let advice = if backing != Backing::TransparentHuge {
             None
         } else if !self.c_api && first_touch::base_pages_now() {
-            // The added bytes are advised by the first-touch policy's state
-            // now: base pages inside the window after a slow probe, THP
+            // The block is advised by the first-touch policy's state now:
+            // base pages inside the window after a slow probe, THP
             // otherwise (always THP for the C API, which has no policy).
             Some(Advice::NoHugePage)
         } else {
             Some(Advice::HugePage)
         };
+        if let Some(advice) = advice {
+            let _ = sys::madvise(base.as_ptr(), old_len, advice);
+        }
         let p = match sys::mremap(base, old_len, new_len, None) {
             Ok(_) => base,
             Err(e) if e.raw_os_error() == Some(libc::EINVAL) => return Err(e),

@@ -216,8 +216,11 @@
 //!   memory, have the same limit (and so for `madvise` and `mlock` flags).
 //!   A `realloc` of such a live block copies the range that is not
 //!   read-write, so the grown block is writable throughout, as glibc's copy
-//!   is, and the added bytes never get the program's flags; a block
-//!   `realloc` copies out of is unmapped, never retained.
+//!   is; the added bytes take the program's flags only when it changed the
+//!   whole block (as with glibc's `mremap`), and a block `realloc` copies
+//!   out of is unmapped, never retained. A growing `realloc` advises the
+//!   block for its tier, replacing a program's `MADV_NOHUGEPAGE` on it
+//!   (glibc keeps it).
 //! - musl and 32-bit targets are not supported (the library needs
 //!   glibc's `__libc_*` entry points and a 47-bit address space).
 

@@ -460,6 +460,39 @@ fn child_changed_last_page() {
 }
 
 #[test]
+fn a_short_tail_block_grown_again_and_again_stays_two_vmas() {
+    common::run_child("engine::child_grown_again", &[("CKALLOC_HUGETLB", "0")]);
+}
+
+#[test]
+#[ignore = "run in a child process by a_short_tail_block_grown_again_and_again_stays_two_vmas"]
+fn child_grown_again() {
+    // 8 MiB + 4 KiB grown by 2 MiB at a time: a short tail every time, its
+    // last 2 MiB page a VMA of its own. The crate's own advice merges back
+    // before each growth, so the block is never more than two VMAs.
+    let mut size = 8 * MIB + 4096;
+    let mut p = alloc(size);
+    // SAFETY: `p` holds `size` bytes.
+    unsafe { p.cast::<u8>().write(0x11) };
+    for _ in 0..64 {
+        let grown = size + 2 * MIB;
+        // SAFETY: `p` came from `malloc`.
+        let q = unsafe { realloc(p, grown) };
+        assert!(!q.is_null());
+        // SAFETY: the last byte of the grown block, and its first.
+        unsafe {
+            q.cast::<u8>().add(grown - 1).write(0x22);
+            assert_eq!(q.cast::<u8>().read(), 0x11);
+        }
+        let vmas = common::mappings_overlapping(q as usize, grown.next_multiple_of(2 * MIB));
+        assert!(vmas.len() <= 2, "{grown:#x}: {vmas:?}");
+        (p, size) = (q, grown);
+    }
+    // SAFETY: `p` came from `realloc`.
+    unsafe { free(p) };
+}
+
+#[test]
 fn a_hugetlb_block_is_not_grown_and_a_fresh_mapping_serves() {
     if common::skip_without_hugetlb(
         "a_hugetlb_block_is_not_grown_and_a_fresh_mapping_serves",
