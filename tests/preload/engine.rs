@@ -399,42 +399,61 @@ fn a_block_whose_last_page_the_program_changed_grows_with_writable_added_bytes()
 #[ignore = "run in a child process by a_block_whose_last_page_the_program_changed_grows_with_writable_added_bytes"]
 fn child_changed_last_page() {
     let (size, len, grown) = (32 * MIB, 32 * MIB, 128 * MIB);
-    // Free address space right after the block: it lands below a mapping
-    // that is then unmapped, so growing where it is would be possible.
-    // SAFETY: a fresh anonymous mapping of ours, unmapped below.
-    let above = unsafe {
-        libc::mmap(
-            std::ptr::null_mut(),
-            512 * MIB,
-            libc::PROT_NONE,
-            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-            -1,
-            0,
-        )
+    // Whether the address space right after a block is free: NOREPLACE maps
+    // only where nothing is mapped, and the probe is unmapped again.
+    let room_after = |p: *mut c_void| {
+        let after = p.cast::<u8>().wrapping_add(len);
+        // SAFETY: a fresh mapping of ours or none.
+        let probe = unsafe {
+            libc::mmap(
+                after.cast(),
+                grown - len,
+                libc::PROT_NONE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED_NOREPLACE,
+                -1,
+                0,
+            )
+        };
+        if probe == libc::MAP_FAILED {
+            return false;
+        }
+        // SAFETY: the probe just mapped (at `after`, or elsewhere on a
+        // kernel without NOREPLACE).
+        assert_eq!(unsafe { libc::munmap(probe, grown - len) }, 0);
+        probe == after.cast()
     };
-    assert_ne!(above, libc::MAP_FAILED);
-    let p = alloc(size);
-    // SAFETY: the mapping made above.
-    assert_eq!(unsafe { libc::munmap(above, 512 * MIB) }, 0);
-    let after = p.cast::<u8>().wrapping_add(len);
-    // SAFETY: NOREPLACE maps only where nothing is mapped; unmapped again.
-    let probe = unsafe {
-        libc::mmap(
-            after.cast(),
-            grown - len,
-            libc::PROT_NONE,
-            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED_NOREPLACE,
-            -1,
-            0,
-        )
+    // A block with free address space after it, so that growing where it
+    // is would be possible: mapped top-down, a block lands below the
+    // mapping made just before it, which is then unmapped. A block that
+    // landed in a higher hole instead stays to fill it, and the next try
+    // goes lower.
+    let mut held = Vec::new();
+    let p = loop {
+        // SAFETY: a fresh anonymous mapping of ours, unmapped below.
+        let above = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                grown,
+                libc::PROT_NONE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        assert_ne!(above, libc::MAP_FAILED);
+        let p = alloc(size);
+        // SAFETY: the mapping made above.
+        assert_eq!(unsafe { libc::munmap(above, grown) }, 0);
+        if room_after(p) {
+            break p;
+        }
+        assert!(held.len() < 32, "no block with free address space after it");
+        held.push(p);
     };
-    assert_eq!(
-        probe,
-        after.cast(),
-        "the address space after the block is taken"
-    );
-    // SAFETY: the probe mapped just above.
-    assert_eq!(unsafe { libc::munmap(probe, grown - len) }, 0);
+    for h in held {
+        // SAFETY: blocks from `malloc`, unused.
+        unsafe { free(h) };
+    }
     // SAFETY: `p` holds `size` bytes.
     unsafe { std::ptr::write_bytes(p.cast::<u8>(), 0x3c, size) };
     // The block's last 2 MiB made read-only: a VMA of its own, whose flags
