@@ -8,7 +8,7 @@
 //! | `CKALLOC_HUGETLB_BACKOFF_MS` | decimal milliseconds | 1000 | the tier ladder: how long hugetlb is skipped after a failed hugetlb `mmap` | trimmed decimal `u64`; read once per process ([`hugetlb_backoff_ms`]); a value that does not parse gives the default and is reported ([`settings`]) |
 //! | `CKALLOC_RETAIN_BYTES` | a size: bytes, or with a unit (`512mib`, `1GiB`, `2gb`) | 128 MiB | [`CkHuge`](crate::CkHuge)'s retention cache: the most bytes of freed huge-page blocks kept mapped for reuse, process-wide; 0 turns retention off; unset, the preload library's cap is twice the high-water mark of live huge bytes, at least the default ([`preload`](crate::preload#huge-blocks-first-touch-and-retention)) | trimmed; the caching spec's size syntax with the unit in any case; read once per process ([`retain_bytes`]); a value that does not parse gives the default and is reported ([`settings`]) |
 //! | `CKALLOC_RETAIN_DECAY_MS` | decimal milliseconds | 1000 | the same cache: how long a retained block stays unused before a later allocator call gives it back to the kernel (decay steps run every 256 allocator calls of a thread, so `0` gives blocks back at the next step, not at once) | trimmed decimal `u64`; read once per process ([`retain_decay_ms`]); a value that does not parse gives the default and is reported ([`settings`]) |
-//! | `CKALLOC_PRELOAD_THRESHOLD` | a size, as `CKALLOC_RETAIN_BYTES` | 2 MiB | the preload library (`libckalloc_preload.so`, [`preload`](crate::preload)): requests of at least this many bytes get huge-page blocks, smaller ones go to glibc; `0` is taken as 1; every request at or over it costs at least one 2 MiB mapping, so a threshold far below 2 MiB multiplies the memory mapped | as `CKALLOC_RETAIN_BYTES` ([`preload_threshold`]) |
+//! | `CKALLOC_PRELOAD_THRESHOLD` | a size, as `CKALLOC_RETAIN_BYTES` | 2 MiB | the preload library (`libckalloc_preload.so`, [`preload`](crate::preload)): requests of at least this many bytes get huge-page blocks, smaller ones go to glibc; `0` is taken as 1; every request at or over it costs at least one 2 MiB mapping, so a threshold far below 2 MiB multiplies the memory mapped (and uses up a reserved hugetlb pool) | as `CKALLOC_RETAIN_BYTES` ([`preload_threshold`]) |
 //! | `CKALLOC_SHOW_STATS` | on / off switch | off | the preload library: on prints one summary of [`huge_stats`](crate::huge_stats) to stderr at `exit`, labelled with the PID | `CKALLOC_*` switch with the default off, read once per process ([`show_stats`]) |
 //! | `CK_BUMP_FORCE_MIXED` | flag | unset | [`ArenaBuilder::build`](crate::ArenaBuilder::build) under [`ModePolicy::Auto`](crate::ModePolicy::Auto): skip anonymous mode | C-Kernel-Engine's `env_flag_enabled`, read at every build ([`force_mixed`]) |
 //! | `CK_BUMP_DISABLE_MIXED` | flag | unset | the same: no fallback to mixed mode | C-Kernel-Engine's `env_flag_enabled`, read at every build ([`disable_mixed`]) |
@@ -249,6 +249,10 @@ impl fmt::Display for Setting {
         match self.source {
             Source::Default => write!(f, "{} {value} (default)", self.name),
             Source::Environment => write!(f, "{} {value}", self.name),
+            // An odd switch value is taken as on, whatever the default.
+            Source::Unparsed if self.unit == Unit::Switch => {
+                write!(f, "{} does not parse: taken as {value}", self.name)
+            }
             Source::Unparsed => write!(
                 f,
                 "{} does not parse: the default {value} is used",
@@ -374,7 +378,11 @@ pub fn settings() -> [Setting; SETTINGS] {
         HUGETLB.setting(),
         THP.setting(),
         FIRST_TOUCH_PROBE.setting(),
-        PRELOAD_THRESHOLD.get(),
+        // The value in use: `0` is taken as 1 (`preload_threshold`).
+        Setting {
+            value: PRELOAD_THRESHOLD.get().value.max(1),
+            ..PRELOAD_THRESHOLD.get()
+        },
         SHOW_STATS.setting(),
     ]
 }

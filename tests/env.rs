@@ -52,6 +52,7 @@ fn switch_values_other_than_on_and_off_words_are_on_and_reported() {
             ("CKALLOC_HUGETLB", " YES "),
             ("CKALLOC_FIRST_TOUCH_PROBE", "disable"),
             ("CKALLOC_RETAIN_DECAY_MS", "1s"),
+            ("CKALLOC_SHOW_STATS", "maybe"),
         ],
     );
 }
@@ -84,6 +85,18 @@ fn child_odd_switches() {
         assert!(shown.contains(&format!("{name} does not parse")), "{shown}");
     }
     assert!(!shown.contains("CKALLOC_HUGETLB does not parse"), "{shown}");
+    // An odd switch is on whatever its default; an odd number is its
+    // default.
+    assert_eq!(by_name("CKALLOC_SHOW_STATS").source, Source::Unparsed);
+    assert_eq!(by_name("CKALLOC_SHOW_STATS").value, 1);
+    assert!(
+        shown.contains("CKALLOC_SHOW_STATS does not parse: taken as on"),
+        "{shown}"
+    );
+    assert!(
+        shown.contains("CKALLOC_RETAIN_DECAY_MS does not parse: the default 1000 ms is used"),
+        "{shown}"
+    );
 }
 
 #[test]

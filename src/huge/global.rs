@@ -276,7 +276,7 @@ impl<S: GlobalAlloc> CkHuge<S> {
     /// value for [the C API](Self::c_api) while the variable is unset, the
     /// larger of that default and twice the high-water mark of live bytes.
     #[inline]
-    pub(super) fn retain_cap(&self) -> usize {
+    pub(crate) fn retain_cap(&self) -> usize {
         let cap = env::retain_bytes();
         if !self.c_api || env::retain_bytes_set() {
             return cap;

@@ -119,9 +119,10 @@ impl<S: GlobalAlloc> CkHuge<S> {
     /// block grown again and again stays one or two VMAs and grows in
     /// place. A program's `MADV_NOHUGEPAGE` on the block is replaced too
     /// (glibc's `mremap` keeps it). Moved VMAs keep their other flags, and
-    /// a block of one VMA passes its flags to the added bytes (as glibc's
-    /// `mremap` of a mapped chunk does); the added bytes are advised for
-    /// their tier, and the block's last 2 MiB page for its short tail. The
+    /// a block of one VMA passes its flags, the tier advice among them, to
+    /// the added bytes (as glibc's `mremap` of a mapped chunk does); the
+    /// fresh added bytes of a block moved VMA by VMA are advised for their
+    /// tier, and the block's last 2 MiB page for its short tail. The
     /// growth is counted (`record_grow`). On error the block is as it was,
     /// but for that advice.
     fn grow_mapping(
@@ -147,19 +148,25 @@ impl<S: GlobalAlloc> CkHuge<S> {
         if let Some(advice) = advice {
             let _ = sys::madvise(base.as_ptr(), old_len, advice);
         }
-        let p = match sys::mremap(base, old_len, new_len, None) {
-            Ok(_) => base,
+        // A block of one VMA passes its flags, the advice among them, to the
+        // added bytes; a block moved VMA by VMA gets fresh anonymous memory
+        // for them, which needs the advice.
+        let (p, several) = match sys::mremap(base, old_len, new_len, None) {
+            Ok(_) => (base, false),
             Err(e) if e.raw_os_error() == Some(libc::EINVAL) => return Err(e),
             Err(e) => {
                 let several = e.raw_os_error() == Some(libc::EFAULT);
                 let align = align.max(HUGE_PAGE_2M);
-                Self::move_grown(base, old_len, new_len, align, several)?
+                let p = Self::move_grown(base, old_len, new_len, align, several)?;
+                (p, several)
             }
         };
         if let Some(advice) = advice {
-            // Inside `p`'s `new_len` bytes.
-            let added = p.as_ptr().wrapping_add(old_len);
-            let _ = sys::madvise(added, new_len - old_len, advice);
+            if several {
+                // Inside `p`'s `new_len` bytes.
+                let added = p.as_ptr().wrapping_add(old_len);
+                let _ = sys::madvise(added, new_len - old_len, advice);
+            }
             if via == Via::GlobalAlloc && Self::short_tail(new_size) {
                 Self::advise_tail(p.as_ptr(), new_size, new_len);
             }
@@ -180,38 +187,33 @@ impl<S: GlobalAlloc> CkHuge<S> {
         several: bool,
     ) -> std::io::Result<NonNull<u8>> {
         let dst = sys::reserve_aligned(new_len, align)?;
-        if !several {
-            let err = match sys::mremap(base, old_len, new_len, Some(dst)) {
+        let err = if several {
+            // Moved one by one, which needs `PROCMAP_QUERY`; the query of
+            // the block's first VMA tells before the reservation is replaced.
+            // From there `move_by_vma` cleans up after itself.
+            let ready = sys::VmaQuery::open().and_then(|maps| {
+                maps.vma_at(base.as_ptr())?;
+                sys::map_anon_fixed(dst, new_len)?;
+                Ok(maps)
+            });
+            match ready {
+                Ok(maps) => return Self::move_by_vma(&maps, base, old_len, dst, new_len, align),
+                Err(e) => e,
+            }
+        } else {
+            match sys::mremap(base, old_len, new_len, Some(dst)) {
                 Ok(p) => return Ok(p),
                 Err(e) => e,
-            };
-            // A kernel that unmaps the destination before it checks the
-            // source (older Linux releases do; 6.18 checks first) may leave
-            // the reservation gone, and another thread's new mapping may
-            // sit inside it by now: only a range still wholly mapped is ours
-            // to unmap.
-            if sys::is_mapped(dst.as_ptr(), new_len) {
-                let _ = sys::munmap_best_effort(dst.as_ptr(), new_len);
-            }
-            return Err(err);
-        }
-        // Moved one by one, which needs `PROCMAP_QUERY`; the query of the
-        // block's first VMA tells before the reservation is replaced.
-        let ready = sys::VmaQuery::open().and_then(|maps| {
-            maps.vma_at(base.as_ptr())?;
-            sys::map_anon_fixed(dst, new_len)?;
-            Ok(maps)
-        });
-        let maps = match ready {
-            Ok(maps) => maps,
-            Err(e) => {
-                if sys::is_mapped(dst.as_ptr(), new_len) {
-                    let _ = sys::munmap_best_effort(dst.as_ptr(), new_len);
-                }
-                return Err(e);
             }
         };
-        Self::move_by_vma(&maps, base, old_len, dst, new_len, align)
+        // A kernel that unmaps the destination before it checks the source
+        // (older Linux releases do; 6.18 checks first) may leave the
+        // reservation gone, and another thread's new mapping may sit inside
+        // it by now: only a range still wholly mapped is ours to unmap.
+        if sys::is_mapped(dst.as_ptr(), new_len) {
+            let _ = sys::munmap_best_effort(dst.as_ptr(), new_len);
+        }
+        Err(err)
     }
 
     /// Move the `len` bytes at `base`, several VMAs, onto the start of

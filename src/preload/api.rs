@@ -23,6 +23,12 @@ const ENGINE: CkHuge<GlibcMalloc> = CkHuge::with_small_allocator(GlibcMalloc)
     .threshold_bytes(1)
     .c_api();
 
+/// The retention cap of the C API's engine now, in bytes
+/// ([`PreloadStats::retain_cap`](super::PreloadStats::retain_cap)).
+pub(super) fn retain_cap() -> usize {
+    ENGINE.retain_cap()
+}
+
 fn errno() -> c_int {
     // SAFETY: the calling thread's errno slot.
     unsafe { *libc::__errno_location() }

@@ -172,16 +172,18 @@
 //! `main`), unless file descriptor 2 is no longer the file it was at load
 //! (a program that closed stderr and reused the number), and without dying
 //! of `SIGPIPE` when stderr is a closed pipe: huge blocks served and bytes
-//! requested at allocation (growth by `realloc` shows in the `remaps`
-//! count, not in these bytes), then [`huge_stats`](crate::huge_stats)
+//! requested at allocation (growth by `realloc` is not in these bytes: it
+//! shows in the `remaps` count, or, on the hugetlb tier, whose blocks
+//! cannot grow, as a new mapping), the threshold and the retention cap in
+//! use (the rule above while `CKALLOC_RETAIN_BYTES` is unset), then
+//! [`huge_stats`](crate::huge_stats)
 //! (blocks and bytes per tier, retention hits and misses, decayed bytes,
 //! live bytes and their peak, the peak of mapped bytes, the first-touch
 //! policy, the settings), every line labelled `ckalloc[PID]: `, formatted
 //! without allocating. The first-touch line and the
 //! `CKALLOC_FIRST_TOUCH_PROBE` setting concern `CkHuge` in Rust code only
 //! (the C API never applies the policy), and the `CKALLOC_RETAIN_BYTES`
-//! line shows the variable: unset, the C API's cap is the rule above,
-//! twice the peak the `live` line shows. A child that inherits
+//! setting shows the variable, not the cap in use. A child that inherits
 //! the variable prints its own; `_exit` (and a death by signal) prints
 //! none.
 //!
@@ -221,6 +223,14 @@
 //!   out of is unmapped, never retained. A growing `realloc` advises the
 //!   block for its tier, replacing a program's `MADV_NOHUGEPAGE` on it
 //!   (glibc keeps it).
+//! - A hugetlb block (a hugetlb pool reserved in `nr_hugepages`) is made of
+//!   2 MiB pages the kernel cannot split: `mprotect`, `madvise`, `mlock`
+//!   and `munmap` of a range inside it that does not start and end on a
+//!   2 MiB boundary fail with `EINVAL` (`mmap(2)`), so a program that puts
+//!   a guard page inside a `malloc`'d buffer gets an error there that it
+//!   does not get from glibc. `CKALLOC_HUGETLB=0` keeps such a program on
+//!   THP. A threshold far below 2 MiB gives every small request a 2 MiB
+//!   page and uses up the pool quickly (THP serves the rest).
 //! - musl and 32-bit targets are not supported (the library needs
 //!   glibc's `__libc_*` entry points and a 47-bit address space).
 
@@ -278,6 +288,11 @@ pub struct PreloadStats {
     pub registry_fallbacks: u64,
     /// The threshold in use, in bytes.
     pub threshold: usize,
+    /// The most bytes the retention cache may hold now: while
+    /// `CKALLOC_RETAIN_BYTES` is unset, twice the high-water mark of live
+    /// huge bytes and at least that variable's default, so it grows with
+    /// the program ([`env::retain_bytes`](crate::env::retain_bytes)).
+    pub retain_cap: usize,
 }
 
 /// Read the preload counters. Never allocates; thread-safe (relaxed
@@ -288,5 +303,6 @@ pub fn stats() -> PreloadStats {
         bytes: COUNTERS.bytes.load(Relaxed),
         registry_fallbacks: COUNTERS.registry_fallbacks.load(Relaxed),
         threshold: crate::env::preload_threshold(),
+        retain_cap: api::retain_cap(),
     }
 }

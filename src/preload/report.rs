@@ -33,10 +33,17 @@ pub fn write_summary(fd: i32) -> std::io::Result<usize> {
     let _ = write!(
         text,
         "preload: {} huge blocks served ({} requested), threshold {}, \
-         {} served by glibc because the block registry was full\n{}\n",
+         retention cap {}{}, {} served by glibc because the block registry \
+         was full\n{}\n",
         p.blocks,
         crate::human_bytes(p.bytes),
         crate::human_bytes(p.threshold as u64),
+        crate::human_bytes(p.retain_cap as u64),
+        if crate::env::retain_bytes_set() {
+            ""
+        } else {
+            " (twice the live peak, at least the default)"
+        },
         p.registry_fallbacks,
         huge_stats()
     );

@@ -104,6 +104,22 @@ fn show_stats_prints_one_summary_at_exit_labelled_with_the_pid() {
     );
     assert!(err.contains("peak mapped: "), "{err}");
     assert!(err.contains("CKALLOC_SHOW_STATS on"), "{err}");
+    // The cap in use, not only the variable's default.
+    assert!(
+        err.contains("retention cap 128.00 MiB (twice the live peak, at least the default)"),
+        "{err}"
+    );
+
+    // A threshold of 0 is shown as the value in use, 1 byte, in both lines.
+    let mut cmd = Command::new(&prog);
+    cmd.env("CKALLOC_SHOW_STATS", "1")
+        .env("CKALLOC_PRELOAD_THRESHOLD", "0")
+        .env("CKALLOC_HUGETLB", "0");
+    let out = run(cmd, true);
+    assert_success(&out, "preload_exit at threshold 0");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains(", threshold 1 B,"), "{err}");
+    assert!(err.contains("CKALLOC_PRELOAD_THRESHOLD 1 B,"), "{err}");
 
     // `_exit` prints nothing; without the variable nothing is printed.
     let silent = |args: &[&str], show: Option<&str>, what: &str| {

@@ -206,13 +206,16 @@ fn hints(sys: &SystemHugePages, trials: &[Trial]) -> Vec<String> {
         );
     }
     for s in huge_stats().unparsed_settings() {
-        let syntax = match s.unit {
-            Unit::Bytes => "a number of bytes or a size such as `512mib` or `1GiB`",
-            Unit::Milliseconds => "a decimal number of milliseconds",
-            Unit::Switch => "on, off, 1, 0, true, false, yes or no",
+        let (taken, syntax) = match s.unit {
+            Unit::Bytes => (
+                "the default is used",
+                "a number of bytes or a size such as `512mib` or `1GiB`",
+            ),
+            Unit::Milliseconds => ("the default is used", "a decimal number of milliseconds"),
+            Unit::Switch => ("it is taken as on", "on, off, 1, 0, true, false, yes or no"),
         };
         h.push(format!(
-            "{}: set but does not parse, so the default is used; write {syntax}",
+            "{}: set but does not parse, so {taken}; write {syntax}",
             s.name
         ));
     }
