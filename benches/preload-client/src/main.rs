@@ -6,18 +6,22 @@
 //! large-block microbenchmark (`blocks.c`: allocate, touch, free blocks of
 //! 2 to 256 MiB and a mix, 1 and 2 threads) under the same configurations,
 //! each run preceded by the preparation of its memory state
-//! (`--blocks-state`, default `thp,4k`; [`BLOCKS_PREP_MIB`] for `thp`).
+//! (`--blocks-state`, default `thp,4k`; [`BLOCKS_PREP_MIB`] for `thp`),
+//! then the instructions of a small request (`small.c`: `malloc(64)` +
+//! `free`, counted by callgrind, [`icount`]) under each configuration.
 //! Prints every run, the medians with interquartile ranges, and ckalloc's
 //! ratios to the best of the eight and to default glibc. Exits 1 when a run
 //! fails or the output checksums differ.
 //!
 //! ```text
 //! preload-client --python PY --model DIR --library SO --serve serve.py --blocks-src blocks.c
-//!                [--rounds N] [--quick] [--state thp,4k,none] [--only a,b] [--no-blocks]
-//!                [--blocks-state thp,4k] [--no-serve]
+//!                --small-src small.c [--rounds N] [--quick] [--state thp,4k,none] [--only a,b]
+//!                [--no-blocks] [--blocks-state thp,4k] [--no-serve] [--no-small]
 //! ```
 //!
 //! `benches/preload-client/run` passes the paths.
+
+mod icount;
 
 #[path = "../../real-client/src/memory_state.rs"]
 #[allow(dead_code)]
@@ -125,6 +129,7 @@ struct Args {
     library: PathBuf,
     serve: PathBuf,
     blocks_src: PathBuf,
+    small_src: PathBuf,
     rounds: usize,
     states: Vec<State>,
     only: Option<Vec<String>>,
@@ -132,6 +137,8 @@ struct Args {
     blocks_states: Vec<State>,
     /// Whether to run the PyTorch client (`--no-serve`: the blocks only).
     run_serve: bool,
+    /// Whether to count a small request's instructions (`--no-small`).
+    small: bool,
 }
 
 fn parse_args() -> Result<Args, String> {
@@ -141,12 +148,14 @@ fn parse_args() -> Result<Args, String> {
         library: PathBuf::new(),
         serve: PathBuf::new(),
         blocks_src: PathBuf::new(),
+        small_src: PathBuf::new(),
         rounds: 7,
         states: vec![State::Thp, State::Base4k, State::None],
         only: None,
         blocks: true,
         blocks_states: vec![State::Thp, State::Base4k],
         run_serve: true,
+        small: true,
     };
     let mut it = std::env::args().skip(1);
     while let Some(arg) = it.next() {
@@ -157,6 +166,7 @@ fn parse_args() -> Result<Args, String> {
             "--library" => a.library = val("--library")?.into(),
             "--serve" => a.serve = val("--serve")?.into(),
             "--blocks-src" => a.blocks_src = val("--blocks-src")?.into(),
+            "--small-src" => a.small_src = val("--small-src")?.into(),
             "--rounds" => {
                 a.rounds = val("--rounds")?
                     .parse()
@@ -168,8 +178,10 @@ fn parse_args() -> Result<Args, String> {
                 a.rounds = 1;
                 a.states = vec![State::Thp];
                 a.blocks = false;
+                a.small = false;
             }
             "--no-blocks" => a.blocks = false,
+            "--no-small" => a.small = false,
             "--no-serve" => a.run_serve = false,
             "--blocks-state" => a.blocks_states = parse_states(&val("--blocks-state")?)?,
             "--state" => a.states = parse_states(&val("--state")?)?,
@@ -327,6 +339,9 @@ fn main() -> ExitCode {
         for &state in &a.blocks_states {
             failed |= run_blocks(state, &a, &configs, &envs);
         }
+    }
+    if a.small {
+        failed |= run_small(&a, &configs, &envs);
     }
     if failed {
         ExitCode::FAILURE
@@ -565,5 +580,70 @@ fn run_blocks(state: State, a: &Args, configs: &[&Config], envs: &[Vec<(String, 
         }
     }
     let _ = std::fs::remove_file(&bin);
+    failed
+}
+
+/// The instructions of one `malloc(64)` + `free` under each configuration
+/// ([`icount`]), and each one's difference to default glibc's. Skipped,
+/// with the reason, when valgrind is not installed.
+fn run_small(a: &Args, configs: &[&Config], envs: &[Vec<(String, String)>]) -> bool {
+    println!();
+    if Command::new("valgrind").arg("--version").output().is_err() {
+        println!("Small requests: skipped, valgrind is not installed (apt-get install valgrind)");
+        return false;
+    }
+    let bin = std::env::temp_dir().join(format!("ckalloc-small-{}", std::process::id()));
+    let cc = Command::new("cc")
+        .args(["-O2", "-o"])
+        .arg(&bin)
+        .arg(&a.small_src)
+        .status();
+    if !cc.is_ok_and(|s| s.success()) {
+        eprintln!("preload-client: cc {} failed", a.small_src.display());
+        return true;
+    }
+    let mut failed = false;
+    let counts: Vec<Option<f64>> = configs
+        .iter()
+        .zip(envs)
+        .map(|(c, env)| {
+            let run = |n: u64| {
+                let mut cmd = command(Path::new("valgrind"), env);
+                cmd.args(["--tool=callgrind", "--callgrind-out-file=/dev/null"])
+                    .arg(&bin)
+                    .arg(n.to_string());
+                cmd
+            };
+            icount::per_pair(run)
+                .map_err(|e| {
+                    eprintln!("preload-client: small requests under {}: {e}", c.name);
+                    failed = true;
+                })
+                .ok()
+        })
+        .collect();
+    let _ = std::fs::remove_file(&bin);
+    let glibc = configs
+        .iter()
+        .position(|c| c.name == "glibc")
+        .and_then(|i| counts[i]);
+    println!(
+        "Small requests: instructions per malloc(64) + free (callgrind; runs of {} and {} pairs, \
+         the difference over {}):",
+        icount::PAIRS,
+        2 * icount::PAIRS,
+        icount::PAIRS
+    );
+    println!();
+    println!("| configuration | instructions per pair | more than default glibc's |");
+    println!("| --- | --- | --- |");
+    for (c, n) in configs.iter().zip(&counts) {
+        let cell = n.map_or("-".into(), |v| format!("{v:.1}"));
+        let more = match (n, glibc) {
+            (Some(v), Some(g)) => format!("{:+.1}", v - g),
+            _ => "-".into(),
+        };
+        println!("| {} | {cell} | {more} |", c.name);
+    }
     failed
 }
