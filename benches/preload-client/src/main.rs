@@ -477,20 +477,30 @@ fn run_state(state: State, a: &Args, configs: &[&Config], envs: &[Vec<(String, S
     failed
 }
 
+/// `src` compiled with `cc -O2 -pthread` into a temporary file named after
+/// `name`; `None`, said on stderr, when the compiler fails.
+fn compile(src: &Path, name: &str) -> Option<PathBuf> {
+    let bin = std::env::temp_dir().join(format!("ckalloc-{name}-{}", std::process::id()));
+    let cc = Command::new("cc")
+        .args(["-O2", "-pthread", "-o"])
+        .arg(&bin)
+        .arg(src)
+        .status();
+    if cc.is_ok_and(|s| s.success()) {
+        Some(bin)
+    } else {
+        eprintln!("preload-client: cc {} failed", src.display());
+        None
+    }
+}
+
 /// The large-block microbenchmark under every configuration, 1 and 2
 /// threads, interleaved rounds, each run in memory prepared for `state`;
 /// `true` on a failure.
 fn run_blocks(state: State, a: &Args, configs: &[&Config], envs: &[Vec<(String, String)>]) -> bool {
-    let bin = std::env::temp_dir().join(format!("ckalloc-blocks-{}", std::process::id()));
-    let cc = Command::new("cc")
-        .args(["-O2", "-pthread", "-o"])
-        .arg(&bin)
-        .arg(&a.blocks_src)
-        .status();
-    if !cc.is_ok_and(|s| s.success()) {
-        eprintln!("preload-client: cc {} failed", a.blocks_src.display());
+    let Some(bin) = compile(&a.blocks_src, "blocks") else {
         return true;
-    }
+    };
     if let Err(e) = prepare_once(state) {
         eprintln!("preload-client: {e}");
         return true;
@@ -592,16 +602,9 @@ fn run_small(a: &Args, configs: &[&Config], envs: &[Vec<(String, String)>]) -> b
         println!("Small requests: skipped, valgrind is not installed (apt-get install valgrind)");
         return false;
     }
-    let bin = std::env::temp_dir().join(format!("ckalloc-small-{}", std::process::id()));
-    let cc = Command::new("cc")
-        .args(["-O2", "-o"])
-        .arg(&bin)
-        .arg(&a.small_src)
-        .status();
-    if !cc.is_ok_and(|s| s.success()) {
-        eprintln!("preload-client: cc {} failed", a.small_src.display());
+    let Some(bin) = compile(&a.small_src, "small") else {
         return true;
-    }
+    };
     let mut failed = false;
     let counts: Vec<Option<f64>> = configs
         .iter()
