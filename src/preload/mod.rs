@@ -231,6 +231,13 @@
 //!   does not get from glibc. `CKALLOC_HUGETLB=0` keeps such a program on
 //!   THP. A threshold far below 2 MiB gives every small request a 2 MiB
 //!   page and uses up the pool quickly (THP serves the rest).
+//! - Under an address-space limit (`ulimit -v`, `RLIMIT_AS`), a `realloc`
+//!   that cannot grow a huge block in place needs the old and the new
+//!   length at once (the aligned reservation it moves onto), where glibc's
+//!   `mremap` of a chunk needs only the new length: growing 256 MiB to 512
+//!   MiB succeeded under `ulimit -v 650000` (KiB) with glibc and from
+//!   800000 with ckalloc and mimalloc; jemalloc and tcmalloc, which copy,
+//!   failed at 800000 too.
 //! - musl and 32-bit targets are not supported (the library needs
 //!   glibc's `__libc_*` entry points and a 47-bit address space).
 
