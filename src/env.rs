@@ -34,7 +34,7 @@
 //!   the caching spec (`0` or digits without a leading zero, then an
 //!   optional unit `b`, `kb`, `kib`, `mb`, `mib`, `gb`, `gib`, `tb`, `tib`)
 //!   with the unit in any case. A value that does not parse is never taken
-//!   silently: the default is used, and [`settings`] (and so
+//!   silently: it is taken as unset (the default applies), and [`settings`] (and so
 //!   [`huge_stats`](crate::huge_stats) and `ckalloc probe`) reports it as
 //!   [`Source::Unparsed`].
 //!
@@ -45,7 +45,7 @@
 //! a concurrent `setenv` in another thread.
 
 use crate::sys;
-use crate::units::{self, human_bytes, SuffixCase};
+use crate::units::{self, ExactBytes, SuffixCase};
 use std::ffi::{CStr, OsString};
 use std::fmt;
 use std::path::{Path, PathBuf};
@@ -200,7 +200,7 @@ pub enum Source {
     Default,
     /// The variable is set and parsed.
     Environment,
-    /// The variable is set but does not parse: the default is used (for a
+    /// The variable is set but does not parse: it is taken as unset (for a
     /// switch: a value other than the on and off words, taken as on).
     Unparsed,
 }
@@ -238,7 +238,7 @@ impl fmt::Display for Setting {
         impl fmt::Display for Value {
             fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
                 match self.0.unit {
-                    Unit::Bytes => write!(f, "{}", human_bytes(self.0.value)),
+                    Unit::Bytes => write!(f, "{}", ExactBytes(self.0.value)),
                     Unit::Milliseconds => write!(f, "{} ms", self.0.value),
                     Unit::Switch if self.0.value == 0 => f.write_str("off"),
                     Unit::Switch => f.write_str("on"),
@@ -253,9 +253,11 @@ impl fmt::Display for Setting {
             Source::Unparsed if self.unit == Unit::Switch => {
                 write!(f, "{} does not parse: taken as {value}", self.name)
             }
+            // Unset, not only the default value: while `CKALLOC_RETAIN_BYTES`
+            // is unset the preload library's cap follows the live peak.
             Source::Unparsed => write!(
                 f,
-                "{} does not parse: the default {value} is used",
+                "{} does not parse: taken as unset (default {value})",
                 self.name
             ),
         }

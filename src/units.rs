@@ -46,6 +46,28 @@ impl std::fmt::Display for HumanBytes {
     }
 }
 
+/// A byte count for a setting: [`HumanBytes`]'s text, followed by the exact
+/// count when two decimals round it (`2.86 MiB (3000000 B)`; `2.00 MiB`,
+/// `512 B`). Formatting never allocates.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct ExactBytes(pub(crate) u64);
+
+impl std::fmt::Display for ExactBytes {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}", HumanBytes(self.0))?;
+        // The unit HumanBytes picks; the text is exact when the count in
+        // hundredths of that unit is whole.
+        let mut unit: u128 = 1;
+        while u128::from(self.0) >= unit * 1024 && unit < 1 << 50 {
+            unit *= 1024;
+        }
+        if (u128::from(self.0) * 100) % unit != 0 {
+            write!(f, " ({} B)", self.0)?;
+        }
+        Ok(())
+    }
+}
+
 /// A `fmt::Write` into a fixed buffer; text past its end is an error.
 pub(crate) struct SliceWriter<'a> {
     pub(crate) buf: &'a mut [u8],
@@ -119,6 +141,17 @@ pub(crate) fn parse_size(s: &[u8], case: SuffixCase) -> Option<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_setting_s_bytes_show_the_exact_count_when_rounded() {
+        let t = |n: u64| ExactBytes(n).to_string();
+        assert_eq!(t(512), "512 B");
+        assert_eq!(t(1536), "1.50 KiB");
+        assert_eq!(t(2 << 20), "2.00 MiB");
+        assert_eq!(t(4095), "4.00 KiB (4095 B)");
+        assert_eq!(t(3_000_000), "2.86 MiB (3000000 B)");
+        assert_eq!(t(u64::MAX), "16384.00 PiB (18446744073709551615 B)");
+    }
 
     #[test]
     fn sizes_in_lowercase() {

@@ -94,7 +94,7 @@ fn child_odd_switches() {
         "{shown}"
     );
     assert!(
-        shown.contains("CKALLOC_RETAIN_DECAY_MS does not parse: the default 1000 ms is used"),
+        shown.contains("CKALLOC_RETAIN_DECAY_MS does not parse: taken as unset (default 1000 ms)"),
         "{shown}"
     );
 }

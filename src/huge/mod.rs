@@ -263,18 +263,20 @@
 //!
 //! [`CkHuge`] grows a mapped block with `mremap` (mremap(2)), copying no
 //! byte. A block of one VMA grows in place when the address space after it
-//! is free; else a fresh anonymous mapping of the new length is made at the
-//! block's alignment and the block moves onto its start at its own length
-//! (`MREMAP_FIXED`, which replaces that part atomically), the rest of the
-//! fresh mapping being the added bytes. The moved pages stay faulted in,
-//! huge pages included. A block of several VMAs (a short tail, an earlier
-//! growth, retained neighbours merged, a range the program gave other
-//! flags with `mprotect`, `madvise` or `mlock`) never grows in place, which
-//! would give the added bytes the flags of its last VMA: it moves one VMA
-//! at a time, each found with the `PROCMAP_QUERY` ioctl (Linux 6.11), onto
-//! fresh memory; from the first VMA that cannot move (not private
-//! read-write, or sealed with mseal(2)) the rest of the block is copied.
-//! Moved VMAs keep their flags; the added bytes are advised for their tier.
+//! is free, else moves and grows at once onto a reservation of the new
+//! length made at the block's alignment (`MREMAP_FIXED`, which replaces it
+//! atomically); either way it stays one VMA and the added bytes take its
+//! flags (a block the program made read-only whole stays read-only). The
+//! moved pages stay faulted in, huge pages included. A block of several
+//! VMAs (a short tail, an earlier growth, retained neighbours merged, a
+//! range the program gave other flags with `mprotect`, `madvise` or
+//! `mlock`) never grows in place, which would give the added bytes the
+//! flags of its last VMA: the reservation becomes fresh anonymous memory
+//! and the block moves onto its start one VMA at a time, each found with
+//! the `PROCMAP_QUERY` ioctl (Linux 6.11); from the first VMA that cannot
+//! move (not private read-write, or sealed with mseal(2)) the rest of the
+//! block is copied. Moved VMAs keep their flags; the rest of the fresh
+//! memory is the added bytes, advised for their tier.
 //! Kernels before 6.11 copy every such block. hugetlb blocks cannot grow
 //! (`EINVAL`) and are copied. A block copied out of is unmapped, never
 //! retained: a range the program changed must not serve another request.

@@ -206,7 +206,7 @@ pub struct HugeStats {
     /// first-touch probe switches, and the preload library's threshold and
     /// statistics switch, each with where it came from. A variable that
     /// does not parse shows as
-    /// [`Source::Unparsed`] (its default is used) and is named on the last
+    /// [`Source::Unparsed`] (taken as unset) and is named on the last
     /// line of this snapshot's `Display`.
     pub settings: [Setting; env::SETTINGS],
 }

@@ -168,10 +168,16 @@
 //! # Seeing what you got
 //!
 //! `CKALLOC_SHOW_STATS=1` (read when the library loads) prints one
-//! summary to stderr when the process calls `exit` (or returns from
-//! `main`), unless file descriptor 2 is no longer the file it was at load
-//! (a program that closed stderr and reused the number), and without dying
-//! of `SIGPIPE` when stderr is a closed pipe: huge blocks served and bytes
+//! summary when the process calls `exit` (or returns from `main`), into
+//! the stderr the process had at load: through descriptor 2 while it is
+//! still that file, else through a copy of it the library made at load
+//! (close-on-exec, numbered from 512), so a program that closed stderr
+//! first (GNU coreutils do, in an `atexit` handler that runs before the
+//! library's) or reused its number still gets it there; a program that
+//! closed the copy too gets none. While the variable is on, the copy keeps
+//! stderr open until exit: a reader of a pipe on it sees its end then, not
+//! when the program closes descriptor 2. The summary is written without
+//! dying of `SIGPIPE` when stderr is a closed pipe: huge blocks served and bytes
 //! requested at allocation (growth by `realloc` is not in these bytes: it
 //! shows in the `remaps` count, or, on the hugetlb tier, whose blocks
 //! cannot grow, as a new mapping), the threshold and the retention cap in
@@ -184,8 +190,11 @@
 //! `CKALLOC_FIRST_TOUCH_PROBE` setting concern `CkHuge` in Rust code only
 //! (the C API never applies the policy), and the `CKALLOC_RETAIN_BYTES`
 //! setting shows the variable, not the cap in use. A child that inherits
-//! the variable prints its own; `_exit` (and a death by signal) prints
-//! none.
+//! the variable prints its own; a child of `fork` starts from a copy of
+//! its parent's counters, as jemalloc's and mimalloc's statistics do, so
+//! its summary includes what the parent did before the fork (subtract the
+//! parent's, or set the variable in the parent only). `_exit` (and a death
+//! by signal) prints none.
 //!
 //! # Limits
 //!
@@ -216,11 +225,15 @@
 //!   `PROT_READ | PROT_WRITE` before freeing; `malloc(3)` leaves the case
 //!   unspecified, and jemalloc and mimalloc, which also reuse freed
 //!   memory, have the same limit (and so for `madvise` and `mlock` flags).
-//!   A `realloc` of such a live block copies the range that is not
-//!   read-write, so the grown block is writable throughout, as glibc's copy
-//!   is; the added bytes take the program's flags only when it changed the
-//!   whole block (as with glibc's `mremap`), and a block `realloc` copies
-//!   out of is unmapped, never retained. A growing `realloc` advises the
+//!   A `realloc` of a live block part of which is not read-write copies
+//!   the block from that part on, so the grown block is writable
+//!   throughout, as glibc's copy is. A block the program changed whole
+//!   (one `mprotect` over all its pages) is one VMA: it grows or moves
+//!   with `mremap` keeping its flags, and the added bytes take them too, as
+//!   with glibc's `mremap` of a mapped chunk (a read-only block stays
+//!   read-only). A range made unreadable (`PROT_NONE`, a guard page) faults
+//!   in the copy, as in glibc's. A block `realloc` copies out of is
+//!   unmapped, never retained. A growing `realloc` advises the
 //!   block for its tier, replacing a program's `MADV_NOHUGEPAGE` on it
 //!   (glibc keeps it).
 //! - A hugetlb block (a hugetlb pool reserved in `nr_hugepages`) is made of

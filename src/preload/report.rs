@@ -4,9 +4,9 @@
 
 use super::stats;
 use crate::huge::huge_stats;
-use crate::units::SliceWriter;
+use crate::units::{ExactBytes, SliceWriter};
 use std::fmt::Write as _;
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicI32, AtomicU64, Ordering::Relaxed};
 
 /// Bytes of the summary's buffer (the summary is about 1 KiB).
 const SUMMARY_MAX: usize = 4096;
@@ -37,8 +37,8 @@ pub fn write_summary(fd: i32) -> std::io::Result<usize> {
          was full\n{}\n",
         p.blocks,
         crate::human_bytes(p.bytes),
-        crate::human_bytes(p.threshold as u64),
-        crate::human_bytes(p.retain_cap as u64),
+        ExactBytes(p.threshold as u64),
+        ExactBytes(p.retain_cap as u64),
         if crate::env::retain_bytes_set() {
             ""
         } else {
@@ -91,6 +91,16 @@ impl std::fmt::Write for Prefixed<'_, '_> {
 /// `st_ino`); `u64::MAX` in both: not recorded or not open.
 static STDERR_FILE: [AtomicU64; 2] = [AtomicU64::new(u64::MAX), AtomicU64::new(u64::MAX)];
 
+/// A copy of file descriptor 2 made at load (close-on-exec, numbered from
+/// [`COPY_FD_MIN`]), for a program that closes standard error before the
+/// summary is printed: GNU coreutils' `close_stdout`, an `atexit` handler,
+/// closes it first. -1: none.
+static STDERR_COPY: AtomicI32 = AtomicI32::new(-1);
+
+/// The lowest number the copy of standard error takes: above the numbers
+/// programs expect their own files to get, below the usual limit of 1024.
+const COPY_FD_MIN: i32 = 512;
+
 /// The (`st_dev`, `st_ino`) of `fd`, `None` when it is not open.
 fn file_id(fd: i32) -> Option<(u64, u64)> {
     // SAFETY: a plain out-struct.
@@ -106,18 +116,32 @@ pub fn remember_stderr() {
     if let Some((dev, ino)) = file_id(libc::STDERR_FILENO) {
         STDERR_FILE[0].store(dev, Relaxed);
         STDERR_FILE[1].store(ino, Relaxed);
+        // SAFETY: duplicates an open descriptor; no memory is passed.
+        let copy = unsafe { libc::fcntl(libc::STDERR_FILENO, libc::F_DUPFD_CLOEXEC, COPY_FD_MIN) };
+        STDERR_COPY.store(copy.max(-1), Relaxed);
     }
 }
 
-/// Write the summary to standard error if it is still the file
-/// [`remember_stderr`] saw, with `SIGPIPE` blocked during the write (and a
-/// `SIGPIPE` the write raised discarded), so that a closed pipe neither
-/// kills the exiting process nor changes its exit status. Never allocates.
+/// Write the summary to the file [`remember_stderr`] saw as standard
+/// error: through descriptor 2 while it is still that file, else through
+/// the copy made at load while that still is (a program that closed
+/// standard error, or closed the copy and reused its number, gets none).
+/// `SIGPIPE` is blocked during the write (and a `SIGPIPE` the write raised
+/// discarded), so that a closed pipe neither kills the exiting process nor
+/// changes its exit status. Never allocates.
 pub fn print_at_exit() {
     let then = (STDERR_FILE[0].load(Relaxed), STDERR_FILE[1].load(Relaxed));
-    if then == (u64::MAX, u64::MAX) || file_id(libc::STDERR_FILENO) != Some(then) {
+    if then == (u64::MAX, u64::MAX) {
         return;
     }
+    let copy = STDERR_COPY.load(Relaxed);
+    let fd = if file_id(libc::STDERR_FILENO) == Some(then) {
+        libc::STDERR_FILENO
+    } else if copy >= 0 && file_id(copy) == Some(then) {
+        copy
+    } else {
+        return;
+    };
     // SAFETY: signal sets on the stack, initialised by sigemptyset; the
     // calls only change this thread's mask and pending set.
     unsafe {
@@ -132,7 +156,7 @@ pub fn print_at_exit() {
         libc::sigemptyset(&mut pending);
         libc::sigpending(&mut pending);
         let was_pending = libc::sigismember(&pending, libc::SIGPIPE) == 1;
-        let _ = write_summary(libc::STDERR_FILENO);
+        let _ = write_summary(fd);
         if !was_pending {
             let zero = libc::timespec {
                 tv_sec: 0,

@@ -138,13 +138,25 @@ fn show_stats_prints_one_summary_at_exit_labelled_with_the_pid() {
     };
     silent(&["quick"], Some("1"), "preload_exit quick");
     // A file opened under descriptor 2 after the library loaded gets
-    // nothing.
+    // nothing; the summary goes to the standard error the program started
+    // with, also when the program closed it before the library prints.
     let file = super::scratch().join("reused-stderr");
     let file_arg = file.to_str().expect("UTF-8 scratch path");
+    for args in [&["reuse-stderr", file_arg][..], &["close-stderr-at-exit"]] {
+        let mut cmd = Command::new(&prog);
+        cmd.args(args).env("CKALLOC_SHOW_STATS", "1");
+        let out = run(cmd, true);
+        assert_success(&out, "preload_exit");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains("huge blocks served"), "{args:?}: {err}");
+    }
+    assert_eq!(std::fs::read(&file).expect("the file exists"), b"");
+    // A program that closed the copy too, and reused its number: nothing,
+    // anywhere.
     silent(
-        &["reuse-stderr", file_arg],
+        &["close-all", file_arg],
         Some("1"),
-        "preload_exit reuse-stderr",
+        "preload_exit close-all",
     );
     assert_eq!(std::fs::read(&file).expect("the file exists"), b"");
     silent(&[], None, "preload_exit without CKALLOC_SHOW_STATS");

@@ -195,6 +195,24 @@ fn ckalloc_run_preloads_the_library_and_returns_the_program_status() {
     assert_eq!(out.status.code(), Some(1), "{out:?}");
     assert!(out.stdout.is_empty());
     assert!(String::from_utf8_lossy(&out.stderr).contains("already holds an allocator"));
+    // The same library preloaded already (`run` inside `run`): kept as it
+    // is, once.
+    let out = Command::new(ckalloc)
+        .args(["run", "--", ckalloc, "run", "--", "sh", "-c"])
+        .arg("echo \"$LD_PRELOAD\"")
+        .env("CKALLOC_PRELOAD_LIB", lib)
+        .env_remove("LD_PRELOAD")
+        .output()
+        .expect("run ckalloc");
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        std::fs::canonicalize(lib).unwrap().display().to_string()
+    );
+    // A directory is named as one.
+    let out = run_sh("echo ran", super::scratch());
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("is a directory"));
     // A program that does not exist: 127.
     let out = Command::new(ckalloc)
         .args(["run", "--", "/nonexistent/program"])

@@ -208,10 +208,10 @@ fn hints(sys: &SystemHugePages, trials: &[Trial]) -> Vec<String> {
     for s in huge_stats().unparsed_settings() {
         let (taken, syntax) = match s.unit {
             Unit::Bytes => (
-                "the default is used",
+                "it is taken as unset",
                 "a number of bytes or a size such as `512mib` or `1GiB`",
             ),
-            Unit::Milliseconds => ("the default is used", "a decimal number of milliseconds"),
+            Unit::Milliseconds => ("it is taken as unset", "a decimal number of milliseconds"),
             Unit::Switch => ("it is taken as on", "on, off, 1, 0, true, false, yes or no"),
         };
         h.push(format!(

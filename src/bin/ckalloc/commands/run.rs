@@ -24,6 +24,10 @@ pub struct RunArgs {
 /// set; next to this executable; `../lib` from it (an install prefix); the
 /// build folder (`target/release`, `target/debug` beside this executable's
 /// folder, then those of the source tree it was built from).
+/// The last [`candidates`]: the source tree's `target/release` and
+/// `target/debug`.
+const SOURCE_TREE_CANDIDATES: usize = 2;
+
 fn candidates(exe: Option<&Path>) -> Vec<PathBuf> {
     let mut v = Vec::new();
     if let Some(dir) = exe.and_then(Path::parent) {
@@ -40,7 +44,9 @@ fn candidates(exe: Option<&Path>) -> Vec<PathBuf> {
     v
 }
 
-/// The library to preload, or an error that says where to put it.
+/// The library to preload, or an error that says where to put it. One
+/// found only in the source tree `ckalloc` was built from (which may hold
+/// an older build than the executable) is named on stderr.
 fn find_library() -> Result<PathBuf, CliError> {
     if let Some(p) = ckalloc::env::preload_lib() {
         return checked(&p)
@@ -48,8 +54,17 @@ fn find_library() -> Result<PathBuf, CliError> {
     }
     let exe = std::env::current_exe().ok();
     let looked = candidates(exe.as_deref());
-    if let Some(p) = looked.iter().find(|p| p.is_file()) {
-        return checked(p).map_err(|why| err(format!("{}: {why}", p.display())));
+    if let Some(at) = looked.iter().position(|p| p.is_file()) {
+        let p = &looked[at];
+        let lib = checked(p).map_err(|why| err(format!("{}: {why}", p.display())))?;
+        if at + SOURCE_TREE_CANDIDATES >= looked.len() {
+            eprintln!(
+                "ckalloc run: preloading {} from the source tree ckalloc was built from; put \
+                 {LIBRARY} next to the ckalloc executable or set CKALLOC_PRELOAD_LIB to choose",
+                lib.display()
+            );
+        }
+        return Ok(lib);
     }
     let list: Vec<String> = looked.iter().map(|p| p.display().to_string()).collect();
     Err(err(format!(
@@ -67,6 +82,9 @@ fn find_library() -> Result<PathBuf, CliError> {
 /// with only a warning).
 fn checked(p: &Path) -> Result<PathBuf, String> {
     let abs = std::fs::canonicalize(p).map_err(|e| e.to_string())?;
+    if abs.is_dir() {
+        return Err("is a directory, not the library file".into());
+    }
     let mut magic = [0u8; 4];
     let is_elf = std::fs::File::open(&abs)
         .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut magic))
@@ -130,16 +148,24 @@ pub fn run(a: RunArgs) -> ExitCode {
         return err("no program given").report(false);
     };
     let old = std::env::var_os("LD_PRELOAD");
+    let mut preload = preload_value(&lib, old.as_deref());
     if let Some(other) = old.as_deref().and_then(allocator_in) {
-        return err(format!(
-            "LD_PRELOAD already holds an allocator ({other}); two allocators in one process \
-             corrupt each other's blocks: unset it, or preload only one"
-        ))
-        .report(false);
+        if std::fs::canonicalize(&other).is_ok_and(|o| o == lib) {
+            // The same library already (`ckalloc run` inside `ckalloc
+            // run`): the program gets it as it is.
+            preload = old.clone().unwrap_or_default();
+        } else {
+            return err(format!(
+                "LD_PRELOAD already holds an allocator ({other}) other than {}; two allocators \
+                 in one process corrupt each other's blocks: unset it, or preload only one",
+                lib.display()
+            ))
+            .report(false);
+        }
     }
     let e = std::process::Command::new(program)
         .args(args)
-        .env("LD_PRELOAD", preload_value(&lib, old.as_deref()))
+        .env("LD_PRELOAD", preload)
         .exec();
     let code = if e.kind() == std::io::ErrorKind::NotFound {
         127
