@@ -162,21 +162,22 @@ pub(crate) fn map_anon_fixed(addr: NonNull<u8>, len: usize) -> io::Result<()> {
 /// 2 MiB aligned) with anonymous private 2 MiB hugetlb memory (the arena's
 /// mixed-mode runtime region when hugetlb is required). Fails with `ENOMEM`
 /// when not enough pages are free; the reservation then stays as it was.
+///
+/// The pages are mapped where the kernel finds room and then moved onto
+/// the reservation (`mremap` with `MREMAP_FIXED`, which replaces it
+/// atomically; hugetlb mappings move since Linux 5.16), never mapped with
+/// `MAP_FIXED` in place: a `MAP_FIXED` hugetlb `mmap` that fails for want of
+/// pages has already unmapped the range (seen on Linux 6.18), and another
+/// thread's new mapping could land in that hole, to be unmapped with the
+/// reservation by its owner.
 #[cfg(target_os = "linux")]
 pub(crate) fn map_hugetlb_fixed(addr: NonNull<u8>, len: usize) -> io::Result<()> {
-    mmap_raw(
-        addr.as_ptr(),
-        len,
-        Prot::ReadWrite,
-        libc::MAP_PRIVATE
-            | libc::MAP_ANONYMOUS
-            | libc::MAP_HUGETLB
-            | libc::MAP_HUGE_2MB
-            | libc::MAP_FIXED,
-        -1,
-        0,
-    )
-    .map(|_| ())
+    let pages = map_hugetlb(len, HugetlbSize::Size2M)?;
+    mremap(pages, len, len, Some(addr))
+        .map(|_| ())
+        .inspect_err(|_| {
+            let _ = munmap_best_effort(pages.as_ptr(), len);
+        })
 }
 
 /// Replace `addr..addr+len` (inside a reservation the caller owns) with a
@@ -437,4 +438,33 @@ pub(crate) fn mlock(addr: *mut u8, len: usize) -> io::Result<()> {
     inject(Op::Mlock)?;
     // SAFETY: mlock only changes residency of a range the caller owns.
     cvt(unsafe { libc::mlock(addr.cast(), len) })
+}
+
+#[cfg(all(test, target_os = "linux"))]
+mod tests {
+    use super::*;
+
+    /// More 2 MiB hugetlb pages than the pool and its surplus can give.
+    fn beyond_pool() -> usize {
+        let read = |f: &str| -> usize {
+            std::fs::read_to_string(format!("/sys/kernel/mm/hugepages/hugepages-2048kB/{f}"))
+                .ok()
+                .and_then(|s| s.trim().parse().ok())
+                .unwrap_or(0)
+        };
+        (read("nr_hugepages") + read("nr_overcommit_hugepages") + 1) * crate::sys::HUGE_PAGE_2M
+    }
+
+    #[test]
+    #[cfg_attr(miri, ignore = "mmap")]
+    fn a_hugetlb_region_that_finds_no_pages_leaves_the_reservation_whole() {
+        let len = beyond_pool();
+        let res = reserve_aligned(len, crate::sys::HUGE_PAGE_2M).unwrap();
+        let e = map_hugetlb_fixed(res, len).unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(libc::ENOMEM), "{e}");
+        // A hole here would let another thread's mapping in, which the
+        // reservation's owner would then unmap.
+        assert!(is_mapped(res.as_ptr(), len), "the reservation has a hole");
+        munmap(res.as_ptr(), len).unwrap();
+    }
 }
