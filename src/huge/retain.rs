@@ -13,7 +13,7 @@
 //! it frees or allocates a block) and then looks at the others, so two
 //! threads rarely touch the same cache lines and a block freed by one thread
 //! serves another. A block an exiting thread freed stays in the shared
-//! slots; the thread-local state (a shard number and a call counter) is two
+//! slots; the thread-local state (a thread number and a call counter) is two
 //! `Cell`s without destructors.
 //!
 //! # Lengths, carving and coalescing
@@ -36,6 +36,23 @@
 //! ([`take_longest`]) and grows it with `mremap`: only the added bytes are
 //! fresh memory.
 //!
+//! # Threads
+//!
+//! Each slot records the thread that freed its block or carved from it last
+//! ([`Slot::owner`]). A request looks first at its own thread's blocks, then
+//! at other threads' whole blocks, and only then at a block another thread
+//! is carving from; the rules above choose within the first of these groups
+//! that has a block that fits. A block freed by a thread that has since
+//! exited counts as another thread's whole block. A request that does carve
+//! a block another thread is carving takes the block's last bytes instead of
+//! its first, and a freed block that merges with such a block leaves it to
+//! that thread. So each thread carves its own end of a block and its pieces
+//! merge back there, as each thread of jemalloc takes memory from its own
+//! arena. Without this, two threads carving one block each hold a piece of
+//! the other's request: neither piece merges back into the whole block
+//! while the other is out, and the next request for the whole length
+//! misses and maps fresh memory.
+//!
 //! # Decay
 //!
 //! Every [`TICK_EVERY`] allocator calls of a thread (mapped-path calls, and
@@ -56,7 +73,7 @@ use crate::sys;
 use std::cell::Cell;
 use std::ptr::NonNull;
 use std::sync::atomic::{
-    AtomicU64, AtomicUsize,
+    AtomicU32, AtomicU64, AtomicUsize,
     Ordering::{Acquire, Relaxed, Release},
 };
 
@@ -80,6 +97,10 @@ struct Slot {
     /// The block's place in the order of [`put`]s ([`PUTS`]): [`take`]
     /// prefers the most recent of equally long blocks.
     seq: AtomicU64,
+    /// The number of the thread that put the block or carved from it last
+    /// ([`me`]), shifted left by one, with bit 0 set when that thread
+    /// carved it (the carved piece is still out).
+    owner: AtomicU64,
 }
 
 impl Slot {
@@ -89,6 +110,7 @@ impl Slot {
             len: AtomicUsize::new(0),
             stamp: AtomicU64::new(0),
             seq: AtomicU64::new(0),
+            owner: AtomicU64::new(0),
         }
     }
 }
@@ -108,29 +130,59 @@ static CACHE: [Shard; SHARDS] = [const {
 /// slot and after it leaves one): `COUNTERS.retained`, which `huge_stats`
 /// reads.
 static RETAINED: &AtomicUsize = &COUNTERS.retained;
-static NEXT_SHARD: AtomicUsize = AtomicUsize::new(0);
+/// The last thread number handed out by [`me`].
+static THREADS: AtomicU32 = AtomicU32::new(0);
 /// [`put`]s so far: the source of [`Slot::seq`].
 static PUTS: AtomicU64 = AtomicU64::new(0);
 
 thread_local! {
-    static HOME: Cell<u8> = const { Cell::new(u8::MAX) };
+    static ME: Cell<u32> = const { Cell::new(0) };
     static CALLS: Cell<u32> = const { Cell::new(0) };
 }
 
-/// This thread's home shard; shard 0 while its thread-locals are gone.
+/// This thread's number, given the first time it frees or allocates a
+/// block (1, 2, ...; after 2^32 threads numbers repeat, which only blurs
+/// the preference for a thread's own blocks); 0 while its thread-locals
+/// are gone, a number no slot's owner has.
 #[inline]
-fn home() -> usize {
-    HOME.try_with(|h| {
-        let v = h.get() as usize;
-        if v < SHARDS {
-            v
-        } else {
-            let n = NEXT_SHARD.fetch_add(1, Relaxed) % SHARDS;
-            h.set(n as u8);
-            n
+fn me() -> u32 {
+    ME.try_with(|c| {
+        let v = c.get();
+        if v != 0 {
+            return v;
         }
+        let n = THREADS.fetch_add(1, Relaxed).wrapping_add(1).max(1);
+        c.set(n);
+        n
     })
     .unwrap_or(0)
+}
+
+/// The shard a thread numbered `me` starts its searches at: threads are
+/// spread round-robin.
+#[inline]
+fn home(me: u32) -> usize {
+    me as usize % SHARDS
+}
+
+/// A [`Slot::owner`] word.
+#[inline]
+fn owner_word(me: u32, carved: bool) -> u64 {
+    (u64::from(me) << 1) | u64::from(carved)
+}
+
+/// Which group of [`take`]'s search order a block with `owner` word
+/// belongs to for thread `me`: 0 its own, 1 another thread's whole block,
+/// 2 the rest of a block another thread carves from.
+#[inline]
+fn group(owner: u64, me: u32) -> u8 {
+    if me != 0 && owner >> 1 == u64::from(me) {
+        0
+    } else if owner & 1 == 0 {
+        1
+    } else {
+        2
+    }
 }
 
 /// Counts one allocator call; every [`TICK_EVERY`] calls runs a decay step.
@@ -157,9 +209,10 @@ pub(crate) fn tick_small() {
 }
 
 /// A retained block of exactly `len` bytes aligned to `align`, removed from
-/// the cache (the most recently freed of several), or carved
-/// from the shortest longer one; `None` when there is none. Never makes a
-/// system call.
+/// the cache (the most recently freed of several), or carved from the
+/// shortest longer one, looking at the calling thread's blocks first (see
+/// [Threads](self#threads)); `None` when there is none. Never makes a system
+/// call.
 #[inline]
 pub(crate) fn take(len: usize, align: usize) -> Option<NonNull<u8>> {
     if len > RETAINED.load(Relaxed) {
@@ -167,31 +220,48 @@ pub(crate) fn take(len: usize, align: usize) -> Option<NonNull<u8>> {
         COUNTERS.retain_misses.fetch_add(1, Relaxed);
         return None;
     }
-    // Exact length is the shortest that fits; among equal lengths the
-    // newest wins.
+    // By group first; within it, exact length is the shortest that fits,
+    // and among equal lengths the newest wins.
+    let me = me();
     let Some((slot, w, l)) = claim_best(
         align,
-        home(),
+        me,
         |l| l >= len,
-        |a, b| a.len < b.len || (a.len == b.len && a.seq > b.seq),
+        |a, b| {
+            (a.group, a.len, std::cmp::Reverse(a.seq)) < (b.group, b.len, std::cmp::Reverse(b.seq))
+        },
     ) else {
         COUNTERS.retain_misses.fetch_add(1, Relaxed);
         return None;
     };
-    if l == len {
+    // `w + l` is the block's end, an address: no overflow; `l >= len`.
+    let back = w + l - len;
+    let carving_theirs = group(slot.owner.load(Relaxed), me) == 2;
+    let p = if l == len {
         slot.word.store(EMPTY, Release);
+        w
+    } else if carving_theirs && back & (align - 1) == 0 {
+        // Another thread carves the block's front: take its last bytes.
+        // The rest, `w .. back`, keeps its owner, decay stamp and put
+        // sequence number.
+        slot.len.store(l - len, Relaxed);
+        slot.word.store(w, Release);
+        COUNTERS.retain_carves.fetch_add(1, Relaxed);
+        back
     } else {
         // The rest, `w + len .. w + l`, is 2 MiB aligned (both lengths
         // are multiples of 2 MiB) and keeps the block's decay stamp and
-        // put sequence number.
+        // put sequence number; this thread carves it now.
         slot.len.store(l - len, Relaxed);
+        slot.owner.store(owner_word(me, true), Relaxed);
         slot.word.store(w + len, Release);
         COUNTERS.retain_carves.fetch_add(1, Relaxed);
-    }
+        w
+    };
     RETAINED.fetch_sub(len, Relaxed);
     COUNTERS.retain_hits.fetch_add(1, Relaxed);
     COUNTERS.note_live();
-    NonNull::new(w as *mut u8)
+    NonNull::new(p as *mut u8)
 }
 
 /// A block [`take_longest`] removed from the cache.
@@ -204,14 +274,20 @@ pub(crate) struct Taken {
 }
 
 /// After a miss of [`take`] for `len` bytes: the longest retained block
-/// shorter than `len` whose address meets `align`, removed from the cache
+/// shorter than `len` whose address meets `align`, from the first group of
+/// [Threads](self#threads) that has one, removed from the cache
 /// (no longer counted as retained); `None` when there is none. The caller
 /// grows it to `len` with `mremap`, or puts it back with
 /// [`MergedAge::Kept`] so that it goes on ageing. Never makes a system
 /// call.
 #[cold]
 pub(crate) fn take_longest(len: usize, align: usize) -> Option<Taken> {
-    let (slot, w, l) = claim_best(align, home(), |l| l < len, |a, b| a.len > b.len)?;
+    let (slot, w, l) = claim_best(
+        align,
+        me(),
+        |l| l < len,
+        |a, b| (a.group, std::cmp::Reverse(a.len)) < (b.group, std::cmp::Reverse(b.len)),
+    )?;
     let stamp = slot.stamp.load(Relaxed);
     slot.word.store(EMPTY, Release);
     RETAINED.fetch_sub(l, Relaxed);
@@ -221,6 +297,8 @@ pub(crate) fn take_longest(len: usize, align: usize) -> Option<Taken> {
 /// A retained block as [`claim_best`] compares it.
 #[derive(Clone, Copy)]
 struct Candidate {
+    /// Its [`group`] for the searching thread.
+    group: u8,
     len: usize,
     /// When it was put: larger is more recent.
     seq: u64,
@@ -230,11 +308,12 @@ struct Candidate {
 /// `align`, whose length `fits`, and that `better` prefers (`better(a,
 /// best)`: block `a` over block `best`) to every other such block; returns
 /// the slot, the block's address and its length, which still `fits`. `None`
-/// when no block fits. Scans from shard `home`; a slot another thread
-/// claims between the scan and the compare-and-swap starts a new scan.
+/// when no block fits. Thread `me` searches, from its home shard on; a slot
+/// another thread claims between the scan and the compare-and-swap starts a
+/// new scan.
 fn claim_best(
     align: usize,
-    home: usize,
+    me: u32,
     fits: impl Fn(usize) -> bool,
     better: impl Fn(Candidate, Candidate) -> bool,
 ) -> Option<(&'static Slot, usize, usize)> {
@@ -242,12 +321,13 @@ fn claim_best(
     loop {
         let mut best: Option<(&'static Slot, usize, Candidate)> = None;
         for i in 0..SHARDS {
-            for slot in &CACHE[(home + i) % SHARDS].slots {
+            for slot in &CACHE[(home(me) + i) % SHARDS].slots {
                 let w = slot.word.load(Relaxed);
                 if w <= BUSY || w & mask != 0 {
                     continue;
                 }
                 let c = Candidate {
+                    group: group(slot.owner.load(Relaxed), me),
                     len: slot.len.load(Relaxed),
                     seq: slot.seq.load(Relaxed),
                 };
@@ -301,9 +381,9 @@ pub(crate) fn put(ptr: NonNull<u8>, len: usize, cap: usize, age: MergedAge) -> b
         RETAINED.fetch_sub(len, Relaxed);
         return false;
     }
-    let home = home();
+    let me = me();
     for i in 0..SHARDS {
-        for slot in &CACHE[(home + i) % SHARDS].slots {
+        for slot in &CACHE[(home(me) + i) % SHARDS].slots {
             if slot.word.load(Relaxed) == EMPTY
                 && slot
                     .word
@@ -313,10 +393,11 @@ pub(crate) fn put(ptr: NonNull<u8>, len: usize, cap: usize, age: MergedAge) -> b
                 // With nothing else retained there is no neighbour to merge
                 // (the common case of one block freed and taken in turn):
                 // skip the scan of every slot.
-                let (start, len, oldest) = if before == 0 {
-                    (ptr.as_ptr() as usize, len, 0)
+                let own = owner_word(me, false);
+                let (start, len, oldest, owner) = if before == 0 {
+                    (ptr.as_ptr() as usize, len, 0, own)
                 } else {
-                    coalesce(ptr.as_ptr() as usize, len)
+                    coalesce(ptr.as_ptr() as usize, len, me)
                 };
                 slot.len.store(len, Relaxed);
                 let stamp = match age {
@@ -329,6 +410,7 @@ pub(crate) fn put(ptr: NonNull<u8>, len: usize, cap: usize, age: MergedAge) -> b
                 };
                 slot.stamp.store(stamp, Relaxed);
                 slot.seq.store(PUTS.fetch_add(1, Relaxed), Relaxed);
+                slot.owner.store(owner, Relaxed);
                 slot.word.store(start, Release);
                 return true;
             }
@@ -338,13 +420,17 @@ pub(crate) fn put(ptr: NonNull<u8>, len: usize, cap: usize, age: MergedAge) -> b
     false
 }
 
-/// The block `start..start+len` grown by the retained blocks that end where
-/// it starts and start where it ends (each taken out of its slot, its bytes
-/// staying counted in [`RETAINED`]), and the oldest decay stamp among those
-/// (0 when none has one). One pass over the slots finds at most one of each:
-/// retained blocks never overlap.
-fn coalesce(mut start: usize, mut len: usize) -> (usize, usize, u64) {
+/// The block `start..start+len` that thread `me` frees, grown by the
+/// retained blocks that end where it starts and start where it ends (each
+/// taken out of its slot, its bytes staying counted in [`RETAINED`]), the
+/// oldest decay stamp among those (0 when none has one), and the merged
+/// block's owner word: that of a neighbour another thread carves from, which
+/// goes on carving its front while `me` carves the back, else `me`'s. One
+/// pass over the slots finds at most one of each: retained blocks never
+/// overlap.
+fn coalesce(mut start: usize, mut len: usize, me: u32) -> (usize, usize, u64, u64) {
     let mut oldest = 0;
+    let mut owner = owner_word(me, false);
     for shard in &CACHE {
         for slot in &shard.slots {
             let w = slot.word.load(Relaxed);
@@ -377,10 +463,14 @@ fn coalesce(mut start: usize, mut len: usize) -> (usize, usize, u64) {
             if stamp != 0 && (oldest == 0 || stamp < oldest) {
                 oldest = stamp;
             }
+            let theirs = slot.owner.load(Relaxed);
+            if group(theirs, me) == 2 {
+                owner = theirs;
+            }
             slot.word.store(EMPTY, Release);
         }
     }
-    (start, len, oldest)
+    (start, len, oldest, owner)
 }
 
 /// Take the block in `slot` if it holds one that `keep` rejects; returns its

@@ -165,3 +165,112 @@ fn an_exact_hit_takes_the_most_recently_freed_block() {
     unmap(at(4 * MIB), 6 * MIB);
     unmap(at(12 * MIB), 8 * MIB);
 }
+
+/// A thread of its own that runs the closures it is sent, one at a time,
+/// until the value is dropped: the cache tells threads apart, so each step
+/// of a test runs on a chosen thread.
+struct Worker {
+    jobs: std::sync::mpsc::Sender<Box<dyn FnOnce() + Send>>,
+}
+
+impl Worker {
+    fn new() -> Worker {
+        let (jobs, rx) = std::sync::mpsc::channel::<Box<dyn FnOnce() + Send>>();
+        std::thread::spawn(move || rx.iter().for_each(|job| job()));
+        Worker { jobs }
+    }
+
+    fn run<T: Send + 'static>(&self, f: impl FnOnce() -> T + Send + 'static) -> T {
+        let (tx, rx) = std::sync::mpsc::channel();
+        let job = move || tx.send(f()).expect("the test waits for the result");
+        self.jobs.send(Box::new(job)).expect("the worker runs");
+        rx.recv().expect("the job ran")
+    }
+}
+
+/// An address as a `Send` value.
+fn addr(p: NonNull<u8>) -> usize {
+    p.as_ptr() as usize
+}
+
+#[test]
+#[cfg_attr(
+    miri,
+    ignore = "maps real huge-page blocks (mmap flags Miri does not model)"
+)]
+fn two_threads_carve_opposite_ends_of_one_block_and_get_it_whole_back() {
+    let _only = only_user();
+    let cap = 128 * MIB;
+    let whole = addr(block(64 * MIB));
+    let (a, b) = (Worker::new(), Worker::new());
+    // Freed by the test thread: a whole block of another thread for both.
+    assert!(put(
+        NonNull::new(whole as *mut u8).unwrap(),
+        64 * MIB,
+        cap,
+        MergedAge::Reset
+    ));
+    let take_addr = |len| move || take(len, HUGE_PAGE_2M).map(addr);
+    assert_eq!(a.run(take_addr(4 * MIB)), Some(whole), "A carves the front");
+    // A is carving the block: B carves its other end.
+    assert_eq!(b.run(take_addr(4 * MIB)), Some(whole + 60 * MIB));
+    assert_eq!(
+        a.run(take_addr(8 * MIB)),
+        Some(whole + 4 * MIB),
+        "A goes on at the front"
+    );
+    let give = |at: usize, len| {
+        move || {
+            put(
+                NonNull::new(at as *mut u8).unwrap(),
+                len,
+                cap,
+                MergedAge::Reset,
+            )
+        }
+    };
+    assert!(b.run(give(whole + 60 * MIB, 4 * MIB)));
+    assert!(a.run(give(whole + 4 * MIB, 8 * MIB)));
+    assert!(a.run(give(whole, 4 * MIB)));
+    // Every piece merged back: one block, whole.
+    assert_eq!(b.run(take_addr(64 * MIB)), Some(whole));
+    assert_eq!(RETAINED.load(Relaxed), 0);
+    unmap(NonNull::new(whole as *mut u8).unwrap(), 64 * MIB);
+}
+
+#[test]
+#[cfg_attr(
+    miri,
+    ignore = "maps real huge-page blocks (mmap flags Miri does not model)"
+)]
+fn a_block_freed_next_to_one_another_thread_carves_comes_back_to_its_thread() {
+    let _only = only_user();
+    let cap = 128 * MIB;
+    // X = whole .. +64 MiB, then Y = +64 .. +80 MiB right after it.
+    let whole = addr(block(80 * MIB));
+    let (x, y) = (whole, whole + 64 * MIB);
+    let (a, b) = (Worker::new(), Worker::new());
+    let give = |at: usize, len| {
+        move || {
+            put(
+                NonNull::new(at as *mut u8).unwrap(),
+                len,
+                cap,
+                MergedAge::Reset,
+            )
+        }
+    };
+    let take_addr = |len| move || take(len, HUGE_PAGE_2M).map(addr);
+    assert!(a.run(give(x, 64 * MIB)));
+    assert_eq!(a.run(take_addr(4 * MIB)), Some(x));
+    // B frees Y: it merges with the rest of X, which A still carves.
+    assert!(b.run(give(y, 16 * MIB)));
+    assert_eq!(RETAINED.load(Relaxed), 76 * MIB);
+    // B's request takes the merged block's end, its own Y, and A's piece
+    // then merges back into the whole of X.
+    assert_eq!(b.run(take_addr(16 * MIB)), Some(y));
+    assert!(a.run(give(x, 4 * MIB)));
+    assert_eq!(a.run(take_addr(64 * MIB)), Some(x));
+    assert_eq!(RETAINED.load(Relaxed), 0);
+    unmap(NonNull::new(whole as *mut u8).unwrap(), 80 * MIB);
+}
