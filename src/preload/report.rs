@@ -117,8 +117,9 @@ pub fn remember_stderr() {
         STDERR_FILE[0].store(dev, Relaxed);
         STDERR_FILE[1].store(ino, Relaxed);
         // SAFETY: duplicates an open descriptor; no memory is passed.
+        // -1 when it fails: no copy.
         let copy = unsafe { libc::fcntl(libc::STDERR_FILENO, libc::F_DUPFD_CLOEXEC, COPY_FD_MIN) };
-        STDERR_COPY.store(copy.max(-1), Relaxed);
+        STDERR_COPY.store(copy, Relaxed);
     }
 }
 

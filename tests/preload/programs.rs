@@ -168,19 +168,23 @@ fn ckalloc_run_preloads_the_library_and_returns_the_program_status() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(err.lines().count(), 1, "{err}");
     assert!(err.contains("CKALLOC_PRELOAD_LIB"), "{err}");
+    // `ckalloc run -- [WRAPPER...] sh` with no LD_PRELOAD before: the
+    // LD_PRELOAD the shell got.
+    let preload_seen = |wrapper: &[&str], lib_var: &std::path::Path| {
+        let out = Command::new(ckalloc)
+            .args(["run", "--"])
+            .args(wrapper)
+            .args(["sh", "-c", "echo \"$LD_PRELOAD\""])
+            .env("CKALLOC_PRELOAD_LIB", lib_var)
+            .env_remove("LD_PRELOAD")
+            .output()
+            .expect("run ckalloc");
+        assert_eq!(out.status.code(), Some(0), "{out:?}");
+        String::from_utf8_lossy(&out.stdout).trim().to_owned()
+    };
+    let canonical = std::fs::canonicalize(lib).unwrap().display().to_string();
     // The library as a relative path goes in as an absolute one.
-    let rel = pathdiff(lib);
-    let out = Command::new(ckalloc)
-        .args(["run", "--", "sh", "-c", "echo \"$LD_PRELOAD\""])
-        .env("CKALLOC_PRELOAD_LIB", &rel)
-        .env_remove("LD_PRELOAD")
-        .output()
-        .expect("run ckalloc");
-    assert_eq!(out.status.code(), Some(0), "{out:?}");
-    assert_eq!(
-        String::from_utf8_lossy(&out.stdout).trim(),
-        std::fs::canonicalize(lib).unwrap().display().to_string()
-    );
+    assert_eq!(preload_seen(&[], &pathdiff(lib)), canonical);
     // Not a shared library, or another allocator already preloaded: exit
     // 1, the program not run.
     let out = run_sh("echo ran", std::path::Path::new("/etc/hostname"));
@@ -197,18 +201,7 @@ fn ckalloc_run_preloads_the_library_and_returns_the_program_status() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("already holds an allocator"));
     // The same library preloaded already (`run` inside `run`): kept as it
     // is, once.
-    let out = Command::new(ckalloc)
-        .args(["run", "--", ckalloc, "run", "--", "sh", "-c"])
-        .arg("echo \"$LD_PRELOAD\"")
-        .env("CKALLOC_PRELOAD_LIB", lib)
-        .env_remove("LD_PRELOAD")
-        .output()
-        .expect("run ckalloc");
-    assert_eq!(out.status.code(), Some(0), "{out:?}");
-    assert_eq!(
-        String::from_utf8_lossy(&out.stdout).trim(),
-        std::fs::canonicalize(lib).unwrap().display().to_string()
-    );
+    assert_eq!(preload_seen(&[ckalloc, "run", "--"], lib), canonical);
     // A directory is named as one.
     let out = run_sh("echo ran", super::scratch());
     assert_eq!(out.status.code(), Some(1), "{out:?}");

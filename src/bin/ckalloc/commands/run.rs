@@ -148,13 +148,14 @@ pub fn run(a: RunArgs) -> ExitCode {
         return err("no program given").report(false);
     };
     let old = std::env::var_os("LD_PRELOAD");
-    let mut preload = preload_value(&lib, old.as_deref());
-    if let Some(other) = old.as_deref().and_then(allocator_in) {
-        if std::fs::canonicalize(&other).is_ok_and(|o| o == lib) {
-            // The same library already (`ckalloc run` inside `ckalloc
-            // run`): the program gets it as it is.
-            preload = old.clone().unwrap_or_default();
-        } else {
+    let preload = match old.as_deref().and_then(allocator_in) {
+        None => preload_value(&lib, old.as_deref()),
+        // The same library already (`ckalloc run` inside `ckalloc run`):
+        // the program gets it as it is.
+        Some(other) if std::fs::canonicalize(&other).is_ok_and(|o| o == lib) => {
+            old.clone().unwrap_or_default()
+        }
+        Some(other) => {
             return err(format!(
                 "LD_PRELOAD already holds an allocator ({other}) other than {}; two allocators \
                  in one process corrupt each other's blocks: unset it, or preload only one",
@@ -162,7 +163,7 @@ pub fn run(a: RunArgs) -> ExitCode {
             ))
             .report(false);
         }
-    }
+    };
     let e = std::process::Command::new(program)
         .args(args)
         .env("LD_PRELOAD", preload)
