@@ -100,10 +100,13 @@
 //!   rebuild from the layout.
 //! - **threads keep to their own blocks**: a request looks at the blocks its
 //!   own thread freed or carves first, then at other threads' whole blocks,
-//!   and carves a block another thread is carving from its other end, so
-//!   each thread's pieces merge back into a whole block (as jemalloc's
-//!   threads each use an arena of their own); two threads cycling through
-//!   2 MiB to 256 MiB blocks then map nothing new.
+//!   and carves a block another thread is carving from its other end; a
+//!   freed block merges with its own thread's neighbours and with a block
+//!   another thread carves, never with another thread's whole block. Each
+//!   thread's pieces so merge back into its whole block (as jemalloc's
+//!   threads each use an arena of their own): two threads cycling through
+//!   2 MiB to 256 MiB blocks map nothing new, and a thread freeing and asking
+//!   for one length gets its own block back.
 //! - **cap**: at most [`env::retain_bytes`](crate::env::retain_bytes) bytes
 //!   (`CKALLOC_RETAIN_BYTES`, default 128 MiB; `1gib`-style sizes accepted)
 //!   and 64 blocks are retained, process-wide; a freed block that does not

@@ -29,7 +29,8 @@
 //! when a piece is unmapped or advised on its own). Every block handed out
 //! therefore has exactly the length `dealloc` and `realloc` rebuild from the
 //! layout. When a block comes back, `put` merges it with a retained block
-//! that ends where it starts or starts where it ends, so the pieces of a
+//! that ends where it starts or starts where it ends (unless it is another
+//! thread's whole block: see [Threads](self#threads)), so the pieces of a
 //! carved block become one block again and serve long requests. A request of
 //! the preload library's C API that needs no zeroing (not `calloc`) and finds
 //! no block of its length or longer takes the longest shorter one
@@ -46,12 +47,17 @@
 //! exited counts as another thread's whole block. A request that does carve
 //! a block another thread is carving takes the block's last bytes instead of
 //! its first, and a freed block that merges with such a block leaves it to
-//! that thread. So each thread carves its own end of a block and its pieces
-//! merge back there, as each thread of jemalloc takes memory from its own
-//! arena. Without this, two threads carving one block each hold a piece of
-//! the other's request: neither piece merges back into the whole block
-//! while the other is out, and the next request for the whole length
-//! misses and maps fresh memory.
+//! that thread. A freed block never merges with another thread's whole
+//! block: they are neighbours only because the kernel placed the mappings
+//! side by side. So each thread carves its own end of a block, its pieces
+//! merge back there, and a thread that frees and asks for one length again
+//! gets its own block back, as each thread of jemalloc takes memory from
+//! its own arena (whose extents merge only with each other). Without this,
+//! two threads carving one block each hold a piece of the other's request:
+//! neither piece merges back into the whole block while the other is out,
+//! and the next request for the whole length misses and maps fresh memory.
+//! The price: whole blocks that threads which have exited freed side by side
+//! stay apart until a thread carves them (its pieces then merge as its own).
 //!
 //! # Decay
 //!
@@ -274,8 +280,9 @@ pub(crate) struct Taken {
 }
 
 /// After a miss of [`take`] for `len` bytes: the longest retained block
-/// shorter than `len` whose address meets `align`, from the first group of
-/// [Threads](self#threads) that has one, removed from the cache
+/// shorter than `len` whose address meets `align` (the fewest fresh bytes;
+/// of equally long ones, the first in the order of [Threads](self#threads)),
+/// removed from the cache
 /// (no longer counted as retained); `None` when there is none. The caller
 /// grows it to `len` with `mremap`, or puts it back with
 /// [`MergedAge::Kept`] so that it goes on ageing. Never makes a system
@@ -286,7 +293,7 @@ pub(crate) fn take_longest(len: usize, align: usize) -> Option<Taken> {
         align,
         me(),
         |l| l < len,
-        |a, b| (a.group, std::cmp::Reverse(a.len)) < (b.group, std::cmp::Reverse(b.len)),
+        |a, b| (std::cmp::Reverse(a.len), a.group) < (std::cmp::Reverse(b.len), b.group),
     )?;
     let stamp = slot.stamp.load(Relaxed);
     slot.word.store(EMPTY, Release);
@@ -425,22 +432,29 @@ pub(crate) fn put(ptr: NonNull<u8>, len: usize, cap: usize, age: MergedAge) -> b
 /// taken out of its slot, its bytes staying counted in [`RETAINED`]), the
 /// oldest decay stamp among those (0 when none has one), and the merged
 /// block's owner word: that of a neighbour another thread carves from, which
-/// goes on carving its front while `me` carves the back, else `me`'s. One
-/// pass over the slots finds at most one of each: retained blocks never
-/// overlap.
+/// goes on carving its front while `me` carves the back, else `me`'s.
+/// Another thread's whole block is no piece of this one, only its neighbour
+/// in the address space (the kernel places mappings side by side): it stays
+/// apart, so each thread keeps reusing its own block. One pass over the
+/// slots finds at most one of each: retained blocks never overlap.
 fn coalesce(mut start: usize, mut len: usize, me: u32) -> (usize, usize, u64, u64) {
     let mut oldest = 0;
     let mut owner = owner_word(me, false);
+    // Whether the block `w..w+l` owned as `theirs` is a neighbour to merge.
+    let merges = |w: usize, l: usize, theirs: u64, start: usize, len: usize| {
+        (w == start + len || w.checked_add(l) == Some(start)) && group(theirs, me) != 1
+    };
     for shard in &CACHE {
         for slot in &shard.slots {
             let w = slot.word.load(Relaxed);
-            if w <= BUSY {
-                continue;
-            }
-            let l = slot.len.load(Relaxed);
-            let after = w == start + len;
-            let before = w.checked_add(l) == Some(start);
-            if !(after || before)
+            if w <= BUSY
+                || !merges(
+                    w,
+                    slot.len.load(Relaxed),
+                    slot.owner.load(Relaxed),
+                    start,
+                    len,
+                )
                 || slot
                     .word
                     .compare_exchange(w, BUSY, Acquire, Relaxed)
@@ -450,20 +464,19 @@ fn coalesce(mut start: usize, mut len: usize, me: u32) -> (usize, usize, u64, u6
             }
             // The slot is ours; recheck its block against ours.
             let l = slot.len.load(Relaxed);
-            let stamp = slot.stamp.load(Relaxed);
-            if w == start + len {
-                len += l;
-            } else if w + l == start {
-                start = w;
-                len += l;
-            } else {
+            let theirs = slot.owner.load(Relaxed);
+            if !merges(w, l, theirs, start, len) {
                 slot.word.store(w, Release);
                 continue;
             }
+            if w < start {
+                start = w;
+            }
+            len += l;
+            let stamp = slot.stamp.load(Relaxed);
             if stamp != 0 && (oldest == 0 || stamp < oldest) {
                 oldest = stamp;
             }
-            let theirs = slot.owner.load(Relaxed);
             if group(theirs, me) == 2 {
                 owner = theirs;
             }

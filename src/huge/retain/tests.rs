@@ -274,3 +274,46 @@ fn a_block_freed_next_to_one_another_thread_carves_comes_back_to_its_thread() {
     assert_eq!(RETAINED.load(Relaxed), 0);
     unmap(NonNull::new(whole as *mut u8).unwrap(), 80 * MIB);
 }
+
+#[test]
+#[cfg_attr(
+    miri,
+    ignore = "maps real huge-page blocks (mmap flags Miri does not model)"
+)]
+fn whole_blocks_of_two_threads_side_by_side_stay_apart() {
+    let _only = only_user();
+    let cap = 64 * MIB;
+    // Q = whole .. +8 MiB freed by B, P = +8 .. +16 MiB freed by A.
+    let whole = addr(block(16 * MIB));
+    let (q, p) = (whole, whole + 8 * MIB);
+    let (a, b) = (Worker::new(), Worker::new());
+    let give = |at: usize| {
+        move || {
+            put(
+                NonNull::new(at as *mut u8).unwrap(),
+                8 * MIB,
+                cap,
+                MergedAge::Reset,
+            )
+        }
+    };
+    let take_addr = || take(8 * MIB, HUGE_PAGE_2M).map(addr);
+    let carves = COUNTERS.retain_carves.load(Relaxed);
+    for _ in 0..3 {
+        assert!(a.run(give(p)));
+        assert!(b.run(give(q)));
+        assert_eq!(RETAINED.load(Relaxed), 16 * MIB);
+        // Each thread gets its own block back whole, in either order.
+        assert_eq!(a.run(take_addr), Some(p));
+        assert_eq!(b.run(take_addr), Some(q));
+    }
+    assert_eq!(COUNTERS.retain_carves.load(Relaxed), carves, "no carve");
+    // The same two pieces freed by one thread merge.
+    assert!(a.run(give(p)));
+    assert!(a.run(give(q)));
+    assert_eq!(
+        b.run(|| take(16 * MIB, HUGE_PAGE_2M).map(addr)),
+        Some(whole)
+    );
+    unmap(NonNull::new(whole as *mut u8).unwrap(), 16 * MIB);
+}
