@@ -39,25 +39,30 @@
 //!
 //! # Threads
 //!
-//! Each slot records the thread that freed its block or carved from it last
-//! ([`Slot::owner`]). A request looks first at its own thread's blocks, then
-//! at other threads' whole blocks, and only then at a block another thread
-//! is carving from; the rules above choose within the first of these groups
-//! that has a block that fits. A block freed by a thread that has since
-//! exited counts as another thread's whole block. A request that does carve
-//! a block another thread is carving takes the block's last bytes instead of
-//! its first, and a freed block that merges with such a block leaves it to
-//! that thread. A freed block never merges with another thread's whole
-//! block: they are neighbours only because the kernel placed the mappings
-//! side by side. So each thread carves its own end of a block, its pieces
-//! merge back there, and a thread that frees and asks for one length again
-//! gets its own block back, as each thread of jemalloc takes memory from
-//! its own arena (whose extents merge only with each other). Without this,
-//! two threads carving one block each hold a piece of the other's request:
-//! neither piece merges back into the whole block while the other is out,
-//! and the next request for the whole length misses and maps fresh memory.
-//! The price: whole blocks that threads which have exited freed side by side
-//! stay apart until a thread carves them (its pieces then merge as its own).
+//! Each slot records who its block belongs to ([`Owner`]): the thread that
+//! freed it or carves its front, and how many pieces other threads carved
+//! from its end are out. A request looks first at its own thread's blocks,
+//! then at other threads' whole blocks, and only then at a block another
+//! thread is carving from; the rules above choose within the first of these
+//! groups that has a block that fits. A block freed by a thread that has
+//! since exited counts as another thread's whole block. A request that does
+//! carve a block another thread is carving takes the block's last bytes
+//! instead of its first.
+//!
+//! A freed block merges with its own thread's neighbours, with a block
+//! another thread is carving (which stays that thread's), and with a block
+//! it was carved from the end of (even once that block is whole again),
+//! never otherwise with another thread's whole block: they are neighbours
+//! only because the kernel placed the mappings side by side. So each thread
+//! carves its own end of a block, its pieces merge back there, and a thread
+//! that frees and asks for one length again gets its own block back, as
+//! each thread of jemalloc takes memory from its own arena (whose extents
+//! merge only with each other). Without this, two threads carving one block
+//! each hold a piece of the other's request: neither piece merges back into
+//! the whole block while the other is out, and the next request for the
+//! whole length misses and maps fresh memory. The price: whole blocks that
+//! threads which have exited freed side by side stay apart until a thread
+//! carves them (its pieces then merge as its own).
 //!
 //! # Decay
 //!
@@ -103,9 +108,7 @@ struct Slot {
     /// The block's place in the order of [`put`]s ([`PUTS`]): [`take`]
     /// prefers the most recent of equally long blocks.
     seq: AtomicU64,
-    /// The number of the thread that put the block or carved from it last
-    /// ([`me`]), shifted left by one, with bit 0 set when that thread
-    /// carved it (the carved piece is still out).
+    /// Who the block belongs to: an [`Owner`] as a word.
     owner: AtomicU64,
 }
 
@@ -171,23 +174,54 @@ fn home(me: u32) -> usize {
     me as usize % SHARDS
 }
 
-/// A [`Slot::owner`] word.
-#[inline]
-fn owner_word(me: u32, carved: bool) -> u64 {
-    (u64::from(me) << 1) | u64::from(carved)
+/// Who a retained block belongs to ([`Slot::owner`]; see
+/// [Threads](self#threads)).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Owner {
+    /// The thread ([`me`]) that freed the block or carves its front.
+    thread: u32,
+    /// Whether that thread carves it: a piece of its front is out.
+    carved: bool,
+    /// Pieces other threads carved from its end that are still out (at
+    /// most [`Owner::MAX_BACKS`]).
+    backs: u8,
 }
 
-/// Which group of [`take`]'s search order a block with `owner` word
-/// belongs to for thread `me`: 0 its own, 1 another thread's whole block,
-/// 2 the rest of a block another thread carves from.
-#[inline]
-fn group(owner: u64, me: u32) -> u8 {
-    if me != 0 && owner >> 1 == u64::from(me) {
-        0
-    } else if owner & 1 == 0 {
-        1
-    } else {
-        2
+impl Owner {
+    const MAX_BACKS: u8 = 127;
+
+    /// A block thread `me` freed whole.
+    const fn freed_by(me: u32) -> Owner {
+        Owner {
+            thread: me,
+            carved: false,
+            backs: 0,
+        }
+    }
+
+    const fn word(self) -> u64 {
+        ((self.thread as u64) << 8) | ((self.backs as u64) << 1) | self.carved as u64
+    }
+
+    const fn from_word(w: u64) -> Owner {
+        Owner {
+            thread: (w >> 8) as u32,
+            carved: w & 1 == 1,
+            backs: ((w >> 1) & 0x7f) as u8,
+        }
+    }
+
+    /// Which group of the search order the block is for thread `me`: 0 its
+    /// own, 1 another thread's whole block, 2 a block another thread
+    /// carves.
+    fn group(self, me: u32) -> u8 {
+        if me != 0 && self.thread == me {
+            0
+        } else if !self.carved {
+            1
+        } else {
+            2
+        }
     }
 }
 
@@ -242,24 +276,32 @@ pub(crate) fn take(len: usize, align: usize) -> Option<NonNull<u8>> {
     };
     // `w + l` is the block's end, an address: no overflow; `l >= len`.
     let back = w + l - len;
-    let carving_theirs = group(slot.owner.load(Relaxed), me) == 2;
+    let owner = Owner::from_word(slot.owner.load(Relaxed));
     let p = if l == len {
         slot.word.store(EMPTY, Release);
         w
-    } else if carving_theirs && back & (align - 1) == 0 {
+    } else if owner.group(me) == 2 && back & (align - 1) == 0 {
         // Another thread carves the block's front: take its last bytes.
-        // The rest, `w .. back`, keeps its owner, decay stamp and put
-        // sequence number.
+        // The rest, `w .. back`, keeps its owner (one more piece out at
+        // its end), decay stamp and put sequence number.
+        let backs = owner.backs.saturating_add(1).min(Owner::MAX_BACKS);
+        slot.owner.store(Owner { backs, ..owner }.word(), Relaxed);
         slot.len.store(l - len, Relaxed);
         slot.word.store(w, Release);
         COUNTERS.retain_carves.fetch_add(1, Relaxed);
         back
     } else {
         // The rest, `w + len .. w + l`, is 2 MiB aligned (both lengths
-        // are multiples of 2 MiB) and keeps the block's decay stamp and
-        // put sequence number; this thread carves it now.
+        // are multiples of 2 MiB) and keeps the block's decay stamp, put
+        // sequence number and pieces out at its end; this thread carves it
+        // now.
+        let carver = Owner {
+            thread: me,
+            carved: true,
+            ..owner
+        };
+        slot.owner.store(carver.word(), Relaxed);
         slot.len.store(l - len, Relaxed);
-        slot.owner.store(owner_word(me, true), Relaxed);
         slot.word.store(w + len, Release);
         COUNTERS.retain_carves.fetch_add(1, Relaxed);
         w
@@ -304,7 +346,7 @@ pub(crate) fn take_longest(len: usize, align: usize) -> Option<Taken> {
 /// A retained block as [`claim_best`] compares it.
 #[derive(Clone, Copy)]
 struct Candidate {
-    /// Its [`group`] for the searching thread.
+    /// Its [`Owner::group`] for the searching thread.
     group: u8,
     len: usize,
     /// When it was put: larger is more recent.
@@ -334,7 +376,7 @@ fn claim_best(
                     continue;
                 }
                 let c = Candidate {
-                    group: group(slot.owner.load(Relaxed), me),
+                    group: Owner::from_word(slot.owner.load(Relaxed)).group(me),
                     len: slot.len.load(Relaxed),
                     seq: slot.seq.load(Relaxed),
                 };
@@ -400,9 +442,8 @@ pub(crate) fn put(ptr: NonNull<u8>, len: usize, cap: usize, age: MergedAge) -> b
                 // With nothing else retained there is no neighbour to merge
                 // (the common case of one block freed and taken in turn):
                 // skip the scan of every slot.
-                let own = owner_word(me, false);
                 let (start, len, oldest, owner) = if before == 0 {
-                    (ptr.as_ptr() as usize, len, 0, own)
+                    (ptr.as_ptr() as usize, len, 0, Owner::freed_by(me))
                 } else {
                     coalesce(ptr.as_ptr() as usize, len, me)
                 };
@@ -417,7 +458,7 @@ pub(crate) fn put(ptr: NonNull<u8>, len: usize, cap: usize, age: MergedAge) -> b
                 };
                 slot.stamp.store(stamp, Relaxed);
                 slot.seq.store(PUTS.fetch_add(1, Relaxed), Relaxed);
-                slot.owner.store(owner, Relaxed);
+                slot.owner.store(owner.word(), Relaxed);
                 slot.word.store(start, Release);
                 return true;
             }
@@ -431,30 +472,42 @@ pub(crate) fn put(ptr: NonNull<u8>, len: usize, cap: usize, age: MergedAge) -> b
 /// retained blocks that end where it starts and start where it ends (each
 /// taken out of its slot, its bytes staying counted in [`RETAINED`]), the
 /// oldest decay stamp among those (0 when none has one), and the merged
-/// block's owner word: that of a neighbour another thread carves from, which
-/// goes on carving its front while `me` carves the back, else `me`'s.
+/// block's owner.
+///
 /// Another thread's whole block is no piece of this one, only its neighbour
 /// in the address space (the kernel places mappings side by side): it stays
-/// apart, so each thread keeps reusing its own block. One pass over the
-/// slots finds at most one of each: retained blocks never overlap.
-fn coalesce(mut start: usize, mut len: usize, me: u32) -> (usize, usize, u64, u64) {
+/// apart, so each thread keeps reusing its own block. The exception is a
+/// block that ends where this one starts while pieces carved from its end
+/// are out: this one is taken for such a piece coming back. A merge with a
+/// block another thread carves (or with such an end) leaves the merged
+/// block to that thread, which goes on carving its front while `me` carves
+/// the back. One pass over the slots finds at most one of each: retained
+/// blocks never overlap.
+fn coalesce(mut start: usize, mut len: usize, me: u32) -> (usize, usize, u64, Owner) {
     let mut oldest = 0;
-    let mut owner = owner_word(me, false);
-    // Whether the block `w..w+l` owned as `theirs` is a neighbour to merge.
-    let merges = |w: usize, l: usize, theirs: u64, start: usize, len: usize| {
-        (w == start + len || w.checked_add(l) == Some(start)) && group(theirs, me) != 1
+    let mut merged = Owner::freed_by(me);
+    // How the block `w..w+l` owned by `o` merges: `None` when it does not,
+    // `Some(true)` when it ends where `start..start+len` starts and takes
+    // it for a piece carved from its end.
+    let merge = |w: usize, l: usize, o: Owner, start: usize, len: usize| {
+        let theirs_whole = o.group(me) == 1;
+        if w == start + len && !theirs_whole {
+            Some(false)
+        } else if w.checked_add(l) == Some(start) && (!theirs_whole || o.backs > 0) {
+            Some(o.backs > 0)
+        } else {
+            None
+        }
     };
+    let mut backs = 0u8;
     for shard in &CACHE {
         for slot in &shard.slots {
             let w = slot.word.load(Relaxed);
-            if w <= BUSY
-                || !merges(
-                    w,
-                    slot.len.load(Relaxed),
-                    slot.owner.load(Relaxed),
-                    start,
-                    len,
-                )
+            if w <= BUSY {
+                continue;
+            }
+            let o = Owner::from_word(slot.owner.load(Relaxed));
+            if merge(w, slot.len.load(Relaxed), o, start, len).is_none()
                 || slot
                     .word
                     .compare_exchange(w, BUSY, Acquire, Relaxed)
@@ -464,26 +517,26 @@ fn coalesce(mut start: usize, mut len: usize, me: u32) -> (usize, usize, u64, u6
             }
             // The slot is ours; recheck its block against ours.
             let l = slot.len.load(Relaxed);
-            let theirs = slot.owner.load(Relaxed);
-            if !merges(w, l, theirs, start, len) {
+            let o = Owner::from_word(slot.owner.load(Relaxed));
+            let Some(back_piece) = merge(w, l, o, start, len) else {
                 slot.word.store(w, Release);
                 continue;
-            }
-            if w < start {
-                start = w;
-            }
+            };
+            start = start.min(w);
             len += l;
             let stamp = slot.stamp.load(Relaxed);
             if stamp != 0 && (oldest == 0 || stamp < oldest) {
                 oldest = stamp;
             }
-            if group(theirs, me) == 2 {
-                owner = theirs;
+            let left = if back_piece { o.backs - 1 } else { o.backs };
+            backs = backs.saturating_add(left).min(Owner::MAX_BACKS);
+            if o.group(me) != 0 && (o.carved || back_piece) {
+                merged = o;
             }
             slot.word.store(EMPTY, Release);
         }
     }
-    (start, len, oldest, owner)
+    (start, len, oldest, Owner { backs, ..merged })
 }
 
 /// Take the block in `slot` if it holds one that `keep` rejects; returns its

@@ -235,6 +235,15 @@ fn two_threads_carve_opposite_ends_of_one_block_and_get_it_whole_back() {
     // Every piece merged back: one block, whole.
     assert_eq!(b.run(take_addr(64 * MIB)), Some(whole));
     assert_eq!(RETAINED.load(Relaxed), 0);
+    // Again, with the front piece back first: the block is then A's whole
+    // block, and B's piece from its end still merges back.
+    assert!(a.run(give(whole, 64 * MIB)));
+    assert_eq!(a.run(take_addr(4 * MIB)), Some(whole));
+    assert_eq!(b.run(take_addr(8 * MIB)), Some(whole + 56 * MIB));
+    assert!(a.run(give(whole, 4 * MIB)));
+    assert!(b.run(give(whole + 56 * MIB, 8 * MIB)));
+    assert_eq!(b.run(take_addr(64 * MIB)), Some(whole));
+    assert_eq!(RETAINED.load(Relaxed), 0);
     unmap(NonNull::new(whole as *mut u8).unwrap(), 64 * MIB);
 }
 
