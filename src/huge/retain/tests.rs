@@ -193,6 +193,23 @@ fn addr(p: NonNull<u8>) -> usize {
     p.as_ptr() as usize
 }
 
+/// A step for a [`Worker`]: free the block at `at` into the cache.
+fn give(at: usize, len: usize, cap: usize) -> impl FnOnce() -> bool + Send + 'static {
+    move || {
+        put(
+            NonNull::new(at as *mut u8).unwrap(),
+            len,
+            cap,
+            MergedAge::Reset,
+        )
+    }
+}
+
+/// A step for a [`Worker`]: take a block of `len` bytes from the cache.
+fn take_at(len: usize) -> impl FnOnce() -> Option<usize> + Send + 'static {
+    move || take(len, HUGE_PAGE_2M).map(addr)
+}
+
 #[test]
 #[cfg_attr(
     miri,
@@ -210,39 +227,28 @@ fn two_threads_carve_opposite_ends_of_one_block_and_get_it_whole_back() {
         cap,
         MergedAge::Reset
     ));
-    let take_addr = |len| move || take(len, HUGE_PAGE_2M).map(addr);
-    assert_eq!(a.run(take_addr(4 * MIB)), Some(whole), "A carves the front");
+    assert_eq!(a.run(take_at(4 * MIB)), Some(whole), "A carves the front");
     // A is carving the block: B carves its other end.
-    assert_eq!(b.run(take_addr(4 * MIB)), Some(whole + 60 * MIB));
+    assert_eq!(b.run(take_at(4 * MIB)), Some(whole + 60 * MIB));
     assert_eq!(
-        a.run(take_addr(8 * MIB)),
+        a.run(take_at(8 * MIB)),
         Some(whole + 4 * MIB),
         "A goes on at the front"
     );
-    let give = |at: usize, len| {
-        move || {
-            put(
-                NonNull::new(at as *mut u8).unwrap(),
-                len,
-                cap,
-                MergedAge::Reset,
-            )
-        }
-    };
-    assert!(b.run(give(whole + 60 * MIB, 4 * MIB)));
-    assert!(a.run(give(whole + 4 * MIB, 8 * MIB)));
-    assert!(a.run(give(whole, 4 * MIB)));
+    assert!(b.run(give(whole + 60 * MIB, 4 * MIB, cap)));
+    assert!(a.run(give(whole + 4 * MIB, 8 * MIB, cap)));
+    assert!(a.run(give(whole, 4 * MIB, cap)));
     // Every piece merged back: one block, whole.
-    assert_eq!(b.run(take_addr(64 * MIB)), Some(whole));
+    assert_eq!(b.run(take_at(64 * MIB)), Some(whole));
     assert_eq!(RETAINED.load(Relaxed), 0);
     // Again, with the front piece back first: the block is then A's whole
     // block, and B's piece from its end still merges back.
-    assert!(a.run(give(whole, 64 * MIB)));
-    assert_eq!(a.run(take_addr(4 * MIB)), Some(whole));
-    assert_eq!(b.run(take_addr(8 * MIB)), Some(whole + 56 * MIB));
-    assert!(a.run(give(whole, 4 * MIB)));
-    assert!(b.run(give(whole + 56 * MIB, 8 * MIB)));
-    assert_eq!(b.run(take_addr(64 * MIB)), Some(whole));
+    assert!(a.run(give(whole, 64 * MIB, cap)));
+    assert_eq!(a.run(take_at(4 * MIB)), Some(whole));
+    assert_eq!(b.run(take_at(8 * MIB)), Some(whole + 56 * MIB));
+    assert!(a.run(give(whole, 4 * MIB, cap)));
+    assert!(b.run(give(whole + 56 * MIB, 8 * MIB, cap)));
+    assert_eq!(b.run(take_at(64 * MIB)), Some(whole));
     assert_eq!(RETAINED.load(Relaxed), 0);
     unmap(NonNull::new(whole as *mut u8).unwrap(), 64 * MIB);
 }
@@ -259,27 +265,16 @@ fn a_block_freed_next_to_one_another_thread_carves_comes_back_to_its_thread() {
     let whole = addr(block(80 * MIB));
     let (x, y) = (whole, whole + 64 * MIB);
     let (a, b) = (Worker::new(), Worker::new());
-    let give = |at: usize, len| {
-        move || {
-            put(
-                NonNull::new(at as *mut u8).unwrap(),
-                len,
-                cap,
-                MergedAge::Reset,
-            )
-        }
-    };
-    let take_addr = |len| move || take(len, HUGE_PAGE_2M).map(addr);
-    assert!(a.run(give(x, 64 * MIB)));
-    assert_eq!(a.run(take_addr(4 * MIB)), Some(x));
+    assert!(a.run(give(x, 64 * MIB, cap)));
+    assert_eq!(a.run(take_at(4 * MIB)), Some(x));
     // B frees Y: it merges with the rest of X, which A still carves.
-    assert!(b.run(give(y, 16 * MIB)));
+    assert!(b.run(give(y, 16 * MIB, cap)));
     assert_eq!(RETAINED.load(Relaxed), 76 * MIB);
     // B's request takes the merged block's end, its own Y, and A's piece
     // then merges back into the whole of X.
-    assert_eq!(b.run(take_addr(16 * MIB)), Some(y));
-    assert!(a.run(give(x, 4 * MIB)));
-    assert_eq!(a.run(take_addr(64 * MIB)), Some(x));
+    assert_eq!(b.run(take_at(16 * MIB)), Some(y));
+    assert!(a.run(give(x, 4 * MIB, cap)));
+    assert_eq!(a.run(take_at(64 * MIB)), Some(x));
     assert_eq!(RETAINED.load(Relaxed), 0);
     unmap(NonNull::new(whole as *mut u8).unwrap(), 80 * MIB);
 }
@@ -296,30 +291,19 @@ fn whole_blocks_of_two_threads_side_by_side_stay_apart() {
     let whole = addr(block(16 * MIB));
     let (q, p) = (whole, whole + 8 * MIB);
     let (a, b) = (Worker::new(), Worker::new());
-    let give = |at: usize| {
-        move || {
-            put(
-                NonNull::new(at as *mut u8).unwrap(),
-                8 * MIB,
-                cap,
-                MergedAge::Reset,
-            )
-        }
-    };
-    let take_addr = || take(8 * MIB, HUGE_PAGE_2M).map(addr);
     let carves = COUNTERS.retain_carves.load(Relaxed);
     for _ in 0..3 {
-        assert!(a.run(give(p)));
-        assert!(b.run(give(q)));
+        assert!(a.run(give(p, 8 * MIB, cap)));
+        assert!(b.run(give(q, 8 * MIB, cap)));
         assert_eq!(RETAINED.load(Relaxed), 16 * MIB);
         // Each thread gets its own block back whole, in either order.
-        assert_eq!(a.run(take_addr), Some(p));
-        assert_eq!(b.run(take_addr), Some(q));
+        assert_eq!(a.run(take_at(8 * MIB)), Some(p));
+        assert_eq!(b.run(take_at(8 * MIB)), Some(q));
     }
     assert_eq!(COUNTERS.retain_carves.load(Relaxed), carves, "no carve");
     // The same two pieces freed by one thread merge.
-    assert!(a.run(give(p)));
-    assert!(a.run(give(q)));
+    assert!(a.run(give(p, 8 * MIB, cap)));
+    assert!(a.run(give(q, 8 * MIB, cap)));
     assert_eq!(
         b.run(|| take(16 * MIB, HUGE_PAGE_2M).map(addr)),
         Some(whole)
