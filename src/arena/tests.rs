@@ -715,9 +715,9 @@ fn zero_size_and_huge_alignment() {
     let p = a
         .allocate(Layout::from_size_align(rest, 1).unwrap())
         .unwrap();
-    // By address: with nothing left (`rest` 0, when the aligned requests
-    // above took the last byte), `p` is the one-past-the-end pointer,
-    // which has no offset.
+    // By address: the block ends at the arena's end, and with nothing
+    // left (`rest` 0) `p` is the one-past-the-end pointer, which has no
+    // offset.
     assert_eq!(p.cast::<u8>().as_ptr() as usize + rest, base + (1 << 16));
     assert_eq!(arena.remaining(), 0);
     let z = a.allocate(Layout::new::<()>()).unwrap();
