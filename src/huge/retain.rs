@@ -30,7 +30,7 @@
 //! therefore has exactly the length `dealloc` and `realloc` rebuild from the
 //! layout. When a block comes back, `put` merges it with a retained block
 //! that ends where it starts or starts where it ends (unless it is another
-//! thread's whole block: see [Threads](self#threads)), so the pieces of a
+//! thread's whole block: see [Threads](owner#threads)), so the pieces of a
 //! carved block become one block again and serve long requests. A request of
 //! the preload library's C API that needs no zeroing (not `calloc`) and finds
 //! no block of its length or longer takes the longest shorter one
@@ -39,30 +39,7 @@
 //!
 //! # Threads
 //!
-//! Each slot records who its block belongs to ([`Owner`]): the thread that
-//! freed it or carves its front, and how many pieces other threads carved
-//! from its end are out. A request looks first at its own thread's blocks,
-//! then at other threads' whole blocks, and only then at a block another
-//! thread is carving from; the rules above choose within the first of these
-//! groups that has a block that fits. A block freed by a thread that has
-//! since exited counts as another thread's whole block. A request that does
-//! carve a block another thread is carving takes the block's last bytes
-//! instead of its first.
-//!
-//! A freed block merges with its own thread's neighbours, with a block
-//! another thread is carving (which stays that thread's), and with a block
-//! it was carved from the end of (even once that block is whole again),
-//! never otherwise with another thread's whole block: they are neighbours
-//! only because the kernel placed the mappings side by side. So each thread
-//! carves its own end of a block, its pieces merge back there, and a thread
-//! that frees and asks for one length again gets its own block back, as
-//! each thread of jemalloc takes memory from its own arena (whose extents
-//! merge only with each other). Without this, two threads carving one block
-//! each hold a piece of the other's request: neither piece merges back into
-//! the whole block while the other is out, and the next request for the
-//! whole length misses and maps fresh memory. The price: whole blocks that
-//! threads which have exited freed side by side stay apart until a thread
-//! carves them (its pieces then merge as its own).
+//! A request looks at its own thread's blocks first: see [`owner`].
 //!
 //! # Decay
 //!
@@ -81,10 +58,11 @@ use super::unmap;
 use crate::env;
 use crate::fork::{Hooks, Stage};
 use crate::sys;
+use owner::{me, Owner};
 use std::cell::Cell;
 use std::ptr::NonNull;
 use std::sync::atomic::{
-    AtomicU32, AtomicU64, AtomicUsize,
+    AtomicU64, AtomicUsize,
     Ordering::{Acquire, Relaxed, Release},
 };
 
@@ -139,32 +117,11 @@ static CACHE: [Shard; SHARDS] = [const {
 /// slot and after it leaves one): `COUNTERS.retained`, which `huge_stats`
 /// reads.
 static RETAINED: &AtomicUsize = &COUNTERS.retained;
-/// The last thread number handed out by [`me`].
-static THREADS: AtomicU32 = AtomicU32::new(0);
 /// [`put`]s so far: the source of [`Slot::seq`].
 static PUTS: AtomicU64 = AtomicU64::new(0);
 
 thread_local! {
-    static ME: Cell<u32> = const { Cell::new(0) };
     static CALLS: Cell<u32> = const { Cell::new(0) };
-}
-
-/// This thread's number, given the first time it frees or allocates a
-/// block (1, 2, ...; after 2^32 threads numbers repeat, which only blurs
-/// the preference for a thread's own blocks); 0 while its thread-locals
-/// are gone, a number no slot's owner has.
-#[inline]
-fn me() -> u32 {
-    ME.try_with(|c| {
-        let v = c.get();
-        if v != 0 {
-            return v;
-        }
-        let n = THREADS.fetch_add(1, Relaxed).wrapping_add(1).max(1);
-        c.set(n);
-        n
-    })
-    .unwrap_or(0)
 }
 
 /// The shard a thread numbered `me` starts its searches at: threads are
@@ -172,57 +129,6 @@ fn me() -> u32 {
 #[inline]
 fn home(me: u32) -> usize {
     me as usize % SHARDS
-}
-
-/// Who a retained block belongs to ([`Slot::owner`]; see
-/// [Threads](self#threads)).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-struct Owner {
-    /// The thread ([`me`]) that freed the block or carves its front.
-    thread: u32,
-    /// Whether that thread carves it: a piece of its front is out.
-    carved: bool,
-    /// Pieces other threads carved from its end that are still out (at
-    /// most [`Owner::MAX_BACKS`]).
-    backs: u8,
-}
-
-impl Owner {
-    const MAX_BACKS: u8 = 127;
-
-    /// A block thread `me` freed whole.
-    const fn freed_by(me: u32) -> Owner {
-        Owner {
-            thread: me,
-            carved: false,
-            backs: 0,
-        }
-    }
-
-    const fn word(self) -> u64 {
-        ((self.thread as u64) << 8) | ((self.backs as u64) << 1) | self.carved as u64
-    }
-
-    const fn from_word(w: u64) -> Owner {
-        Owner {
-            thread: (w >> 8) as u32,
-            carved: w & 1 == 1,
-            backs: ((w >> 1) & 0x7f) as u8,
-        }
-    }
-
-    /// Which group of the search order the block is for thread `me`: 0 its
-    /// own, 1 another thread's whole block, 2 a block another thread
-    /// carves.
-    fn group(self, me: u32) -> u8 {
-        if me != 0 && self.thread == me {
-            0
-        } else if !self.carved {
-            1
-        } else {
-            2
-        }
-    }
 }
 
 /// Counts one allocator call; every [`TICK_EVERY`] calls runs a decay step.
@@ -251,7 +157,7 @@ pub(crate) fn tick_small() {
 /// A retained block of exactly `len` bytes aligned to `align`, removed from
 /// the cache (the most recently freed of several), or carved from the
 /// shortest longer one, looking at the calling thread's blocks first (see
-/// [Threads](self#threads)); `None` when there is none. Never makes a system
+/// [Threads](owner#threads)); `None` when there is none. Never makes a system
 /// call.
 #[inline]
 pub(crate) fn take(len: usize, align: usize) -> Option<NonNull<u8>> {
@@ -323,7 +229,7 @@ pub(crate) struct Taken {
 
 /// After a miss of [`take`] for `len` bytes: the longest retained block
 /// shorter than `len` whose address meets `align` (the fewest fresh bytes;
-/// of equally long ones, the first in the order of [Threads](self#threads)),
+/// of equally long ones, the first in the order of [Threads](owner#threads)),
 /// removed from the cache
 /// (no longer counted as retained); `None` when there is none. The caller
 /// grows it to `len` with `mremap`, or puts it back with
@@ -689,5 +595,6 @@ pub fn hold_retention_slots(hold: bool) {
     }
 }
 
+mod owner;
 #[cfg(test)]
 mod tests;
