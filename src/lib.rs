@@ -77,8 +77,9 @@
 //! [`release_on_reset(true)`](ArenaBuilder::release_on_reset) after
 //! [`BumpArena::reset`] or [`BumpArena::rewind_to`], up to the high-water
 //! mark, whatever the page size or the kernel's answer to `MADV_DONTNEED`.
-//! A zero-size request of any alignment gets a dangling, aligned pointer from
-//! every allocator, never an error.
+//! A zero-size request of any alignment gets an aligned pointer from every
+//! allocator, never an error: dangling, or in an arena at its bump pointer
+//! (taking the alignment padding) when the alignment fits before the end.
 
 #![deny(unsafe_op_in_unsafe_fn)]
 #![warn(missing_docs)]

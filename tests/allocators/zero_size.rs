@@ -1,6 +1,7 @@
-//! A zero-size request of any alignment gets a dangling, aligned pointer
-//! from every allocator of the crate, never `AllocError`: also from a full
-//! arena, and for alignments up to 1 MiB.
+//! A zero-size request of any alignment gets an aligned pointer from every
+//! allocator of the crate, never `AllocError`: also from a full arena, and
+//! for alignments up to 1 MiB. The arenas place it at the bump pointer when
+//! the alignment fits before their end, else it dangles.
 
 use allocator_api2::alloc::{Allocator, Layout};
 use ckalloc::caching::CachingAllocator;
@@ -70,6 +71,27 @@ fn bump_arena_serves_zero_size_with_room_left() {
         .unwrap();
     Allocator::allocate(&&arena, Layout::new::<u8>()).unwrap();
     serves_zero_size(&arena, "&BumpArena");
+}
+
+/// A zero-size request whose alignment only the arena's end meets sits at
+/// the end and takes the padding before it, as any aligned request does:
+/// nothing is left afterwards, in both allocation modes.
+#[test]
+fn bump_arena_zero_size_aligned_to_the_end_takes_the_padding() {
+    for chunks in [true, false] {
+        // `base + page_floor(activations_base)` is 2 MiB aligned, so the
+        // arena's end is too, and no address after its first byte is.
+        let arena = BumpArena::builder(2 << 20)
+            .thread_chunks(chunks)
+            .build()
+            .unwrap();
+        let end = arena.as_ptr() as usize + (2 << 20);
+        Allocator::allocate(&&arena, Layout::new::<u8>()).unwrap();
+        let z = Allocator::allocate(&&arena, Layout::from_size_align(0, 2 << 20).unwrap()).unwrap();
+        assert_eq!(z.cast::<u8>().as_ptr() as usize, end, "chunks {chunks}");
+        assert_eq!(arena.remaining(), 0, "chunks {chunks}");
+        assert!(Allocator::allocate(&&arena, Layout::new::<u8>()).is_err());
+    }
 }
 
 #[test]
