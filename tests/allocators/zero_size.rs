@@ -80,7 +80,8 @@ fn bump_arena_serves_zero_size_with_room_left() {
 fn bump_arena_zero_size_aligned_to_the_end_takes_the_padding() {
     for chunks in [true, false] {
         // `base + page_floor(activations_base)` is 2 MiB aligned, so the
-        // arena's end is too, and no address after its first byte is.
+        // arena's end is too, and no address between its base and its end
+        // is: past the first byte, only the end meets a 2 MiB alignment.
         let arena = BumpArena::builder(2 << 20)
             .thread_chunks(chunks)
             .build()
