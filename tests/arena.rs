@@ -176,6 +176,48 @@ fn mixed_mode_maps_every_file_kind() {
     }
 }
 
+/// Runs its body, [`child_mixed_mode_within_an_address_space_limit`], in a
+/// child process: `RLIMIT_AS` binds every thread of a process.
+#[test]
+fn mixed_mode_needs_no_address_space_beyond_its_mapping() {
+    let _serial = serial();
+    // AddressSanitizer reserves its shadow memory and maps more as it runs.
+    if !mixed_supported() || under_asan() {
+        return;
+    }
+    // Asserts that the child ran the test and passed.
+    common::run_child("child_mixed_mode_within_an_address_space_limit", &[]);
+}
+
+#[test]
+#[ignore = "run by mixed_mode_needs_no_address_space_beyond_its_mapping in a child process"]
+fn child_mixed_mode_within_an_address_space_limit() {
+    // 128 MiB of weights and 128 MiB of runtime region, with room in the
+    // address space for the arena's mapping and 64 MiB more: neither part
+    // may be mapped twice while the arena is built.
+    let (weights, total) = (128 * MIB, 256 * MIB);
+    let dir = tempfile::tempdir().unwrap();
+    let file = pattern(weights);
+    let path = write_file(dir.path(), "weights", &file);
+    let status = std::fs::read_to_string("/proc/self/status").unwrap();
+    let vm_kib: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmSize:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .expect("VmSize in /proc/self/status");
+    let limit = vm_kib * 1024 + (total + 64 * MIB) as u64;
+    let rlimit = libc::rlimit {
+        rlim_cur: limit,
+        rlim_max: libc::RLIM_INFINITY,
+    };
+    // SAFETY: a plain struct for the process's own soft limit.
+    assert_eq!(unsafe { libc::setrlimit(libc::RLIMIT_AS, &rlimit) }, 0);
+    let a = build(ModePolicy::MixedOnly, &path, total, 0, weights);
+    assert_eq!(a.mode(), ArenaMode::MixedFileBacked);
+    assert_eq!(a.weights(), &file[..]);
+    exercise_runtime(&a);
+}
+
 #[test]
 fn undersized_and_bad_files_are_typed_errors_in_both_modes() {
     let _serial = serial();

@@ -149,8 +149,9 @@ fn check_address_bound(storage: Storage, geometry: &Geometry) -> Result<Storage,
 }
 
 /// Mixed mode (Linux): reserve `PROT_NONE`, map the whole file pages of the
-/// weights read-only over it, the rest anonymous read-write, and fill the
-/// partial boundary page with `pread`. On error the reservation is released.
+/// weights read-only over it, open the rest read-write in place, and fill
+/// the partial boundary page with `pread`. On error the reservation is
+/// released.
 #[cfg(target_os = "linux")]
 pub(super) fn mixed(
     geometry: &Geometry,
@@ -158,25 +159,6 @@ pub(super) fn mixed(
     file_size: u64,
     opts: &HugeOptions,
 ) -> Result<Storage, ArenaError> {
-    let res = sys::reserve_aligned(geometry.map_len, HUGE_PAGE_2M).map_err(|source| {
-        ArenaError::MixedMap {
-            step: "reserve",
-            offset: 0,
-            len: geometry.map_len,
-            source,
-        }
-    })?;
-    // From here on, dropping `storage` releases the whole reservation, and
-    // with it every fixed mapping made inside it.
-    let mut storage = Storage {
-        map_ptr: res,
-        map_len: geometry.map_len,
-        base: offset_ptr(res, geometry.shift),
-        backing: Backing::Normal,
-        page_size: geometry.page,
-        kind: Kind::Reserved,
-    };
-    let base = storage.base;
     let map_err = |step, offset, len| {
         move |source| ArenaError::MixedMap {
             step,
@@ -198,8 +180,35 @@ pub(super) fn mixed(
         let a = geometry.page_floor(geometry.activations_base);
         (a, a)
     };
+    // Whether the file maps at all, asked before the reservation exists: a
+    // refusal under `MAP_FIXED` would leave a hole in it
+    // (`sys::probe_file_readonly`).
+    if file_end > file_start {
+        let len = file_end - file_start;
+        sys::probe_file_readonly(len, fd.raw(), file_start as u64)
+            .map_err(map_err("weights", file_start, len))?;
+    }
+    let res = sys::reserve_aligned(geometry.map_len, HUGE_PAGE_2M).map_err(|source| {
+        ArenaError::MixedMap {
+            step: "reserve",
+            offset: 0,
+            len: geometry.map_len,
+            source,
+        }
+    })?;
+    // From here on, dropping `storage` releases the whole reservation, and
+    // with it every fixed mapping made inside it.
+    let mut storage = Storage {
+        map_ptr: res,
+        map_len: geometry.map_len,
+        base: offset_ptr(res, geometry.shift),
+        backing: Backing::Normal,
+        page_size: geometry.page,
+        kind: Kind::Reserved,
+    };
+    let base = storage.base;
     if file_start > 0 {
-        sys::map_anon_fixed(base, file_start).map_err(map_err("prefix", 0, file_start))?;
+        sys::commit_read_write(base, file_start).map_err(map_err("prefix", 0, file_start))?;
     }
     if file_end > file_start {
         let len = file_end - file_start;
@@ -227,7 +236,7 @@ pub(super) fn mixed(
         storage.backing = Backing::Hugetlb;
         storage.page_size = HUGE_PAGE_2M;
     } else if runtime_len > 0 {
-        sys::map_anon_fixed(runtime, runtime_len).map_err(map_err(
+        sys::commit_read_write(runtime, runtime_len).map_err(map_err(
             "runtime",
             file_end,
             runtime_len,

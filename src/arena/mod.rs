@@ -101,8 +101,10 @@ fn new_token() -> u64 {
 /// * [`ArenaMode::MixedFileBacked`] (Linux): the range is reserved
 ///   `PROT_NONE`; the whole file pages of the weights are mapped read-only
 ///   `MAP_PRIVATE | MAP_FIXED` from the file (no copy, shared with the page
-///   cache); the partial last weights page is anonymous and filled with
-///   `pread`; the runtime region is anonymous with `MADV_HUGEPAGE` (2 MiB
+///   cache; a trial mapping elsewhere first, so a file that refuses to map
+///   leaves no hole in the reservation); the rest is opened read-write in
+///   place (`mprotect`); the partial last weights page is anonymous and
+///   filled with `pread`; the runtime region is anonymous with `MADV_HUGEPAGE` (2 MiB
 ///   hugetlb pages when [`HugeOptions::require`](crate::HugeOptions::require)
 ///   asks for [`Backing::Hugetlb`]). The file is never written.
 /// * [`ModePolicy::Auto`] tries anonymous first and falls back to mixed mode

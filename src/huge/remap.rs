@@ -193,7 +193,7 @@ impl<S: GlobalAlloc> CkHuge<S> {
             // From there `move_by_vma` cleans up after itself.
             let ready = sys::VmaQuery::open().and_then(|maps| {
                 maps.vma_at(base.as_ptr())?;
-                sys::map_anon_fixed(dst, new_len)?;
+                sys::commit_read_write(dst, new_len)?;
                 Ok(maps)
             });
             match ready {

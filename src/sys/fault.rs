@@ -16,6 +16,7 @@ pub enum Op {
     Munmap,
     Madvise,
     Mremap,
+    Mprotect,
     Mbind,
     Mlock,
     Open,

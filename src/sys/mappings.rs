@@ -49,9 +49,10 @@ pub(super) fn mmap_raw(
     let offset =
         libc::off_t::try_from(offset).map_err(|_| io::Error::from_raw_os_error(libc::EOVERFLOW))?;
     // SAFETY: without MAP_FIXED the kernel picks an unused range, so no
-    // existing memory is affected. With MAP_FIXED (callers below) `addr..+len`
-    // lies inside a reservation that the caller owns, which the new mapping
-    // replaces atomically.
+    // existing memory is affected. With MAP_FIXED (`map_file_fixed_readonly`
+    // only) `addr..+len` lies inside a reservation that the caller owns,
+    // which the new mapping replaces (or, failing, may leave unmapped: see
+    // there).
     let p = unsafe { libc::mmap(addr.cast(), len, prot.bits(), flags, fd, offset) };
     if p == libc::MAP_FAILED {
         return Err(io::Error::last_os_error());
@@ -83,8 +84,9 @@ pub(crate) fn map_hugetlb(len: usize, size: HugetlbSize) -> io::Result<NonNull<u
 
 /// Reserve `len` bytes of address space aligned to `align` (a power of two, at
 /// least the base page size) with no access and no commit charge
-/// (`PROT_NONE`, `MAP_NORESERVE`). The caller later maps over parts of it with
-/// the `*_fixed` functions. Over-reserves by `align` and trims both ends.
+/// (`PROT_NONE`). The caller later opens parts of it with
+/// [`commit_read_write`] or maps over them with the `*_fixed` functions.
+/// Over-reserves by `align` and trims both ends.
 pub(crate) fn reserve_aligned(len: usize, align: usize) -> io::Result<NonNull<u8>> {
     map_aligned(len, align, Prot::None)
 }
@@ -103,16 +105,11 @@ fn map_aligned(len: usize, align: usize, prot: Prot) -> io::Result<NonNull<u8>> 
     let over = len
         .checked_add(align - page)
         .ok_or_else(|| io::Error::from_raw_os_error(libc::ENOMEM))?;
+    // No MAP_NORESERVE: a PROT_NONE private mapping is not charged against
+    // the commit limit anyway (Linux charges writable private mappings only:
+    // `accountable_mapping`), and without the flag the parts
+    // that `commit_read_write` opens are charged as fresh mappings are.
     let flags = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS;
-    // A PROT_NONE reservation should not be charged against the commit
-    // limit; Linux needs MAP_NORESERVE for that, other systems do not charge
-    // inaccessible mappings.
-    #[cfg(any(target_os = "linux", target_os = "android"))]
-    let flags = if prot == Prot::None {
-        flags | libc::MAP_NORESERVE
-    } else {
-        flags
-    };
     let raw = mmap_raw(std::ptr::null_mut(), over, prot, flags, -1, 0)?;
     let start = raw.as_ptr() as usize;
     // The over-reservation ends inside the address space, so this cannot
@@ -143,33 +140,37 @@ fn map_aligned(len: usize, align: usize, prot: Prot) -> io::Result<NonNull<u8>> 
     Ok(unsafe { NonNull::new_unchecked(aligned as *mut u8) })
 }
 
-/// Replace `addr..addr+len` (inside a reservation the caller owns) with
-/// anonymous private read-write memory (`MAP_FIXED`): the arena's mixed
-/// mode, and a growing huge block's destination.
-pub(crate) fn map_anon_fixed(addr: NonNull<u8>, len: usize) -> io::Result<()> {
-    mmap_raw(
-        addr.as_ptr(),
-        len,
-        Prot::ReadWrite,
-        libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED,
-        -1,
-        0,
-    )
-    .map(|_| ())
+/// Make `addr..addr+len`, inside a reservation from [`reserve_aligned`]
+/// that the caller owns, private anonymous read-write memory in place
+/// (`mprotect`): the arena's mixed mode, and a growing huge block's
+/// destination. The range is charged against the commit limit as a fresh
+/// mapping of that length would be (`mprotect_fixup` in `mm/mprotect.c`),
+/// so an overcommit refusal is `ENOMEM` here. Nothing is unmapped, so no
+/// failure can leave a hole in the reservation: on error the range is still
+/// the caller's (part of it possibly read-write), and releasing the
+/// reservation releases it.
+pub(crate) fn commit_read_write(addr: NonNull<u8>, len: usize) -> io::Result<()> {
+    inject(Op::Mprotect)?;
+    // SAFETY: the caller owns the range, an inaccessible reservation that
+    // no reference points into; opening it to reads and writes changes no
+    // byte any code can see.
+    cvt(unsafe { libc::mprotect(addr.as_ptr().cast(), len, Prot::ReadWrite.bits()) })
 }
 
 /// Replace `addr..addr+len` (inside a reservation the caller owns, both
 /// 2 MiB aligned) with anonymous private 2 MiB hugetlb memory (the arena's
 /// mixed-mode runtime region when hugetlb is required). Fails with `ENOMEM`
-/// when not enough pages are free; the reservation then stays as it was.
+/// when not enough pages are free.
 ///
 /// The pages are mapped where the kernel finds room and then moved onto
-/// the reservation (`mremap` with `MREMAP_FIXED`, which replaces it
-/// atomically; hugetlb mappings move since Linux 5.16), never mapped with
+/// the reservation (`mremap` with `MREMAP_FIXED`), never mapped with
 /// `MAP_FIXED` in place: a `MAP_FIXED` hugetlb `mmap` that fails for want of
 /// pages has already unmapped the range (seen on Linux 6.18), and another
 /// thread's new mapping could land in that hole, to be unmapped with the
-/// reservation by its owner.
+/// reservation by its owner. `mremap` checks the map count before it
+/// unmaps the destination (`mremap_to` in `mm/mremap.c`, since Linux 5.1),
+/// and hugetlb mappings move since Linux 5.16. Before 5.16 the move fails
+/// with `EINVAL` after the destination is unmapped, which leaves that hole.
 #[cfg(target_os = "linux")]
 pub(crate) fn map_hugetlb_fixed(addr: NonNull<u8>, len: usize) -> io::Result<()> {
     let pages = map_hugetlb(len, HugetlbSize::Size2M)?;
@@ -180,10 +181,38 @@ pub(crate) fn map_hugetlb_fixed(addr: NonNull<u8>, len: usize) -> io::Result<()>
         })
 }
 
+/// Map `len` bytes of `fd` from `offset` read-only where the kernel finds
+/// room and unmap them again: whether [`map_file_fixed_readonly`] of the
+/// same range can succeed, asked before a reservation exists. A file whose
+/// `mmap` hook refuses the mapping (`ENODEV` from a sysfs attribute, say)
+/// fails here, where the refusal unmaps nothing; refused under `MAP_FIXED`
+/// it would leave a hole in the reservation (`vms_abort_munmap_vmas` in
+/// `mm/vma.c`; earlier releases unmapped first as well). Linux-only, as
+/// mixed mode.
+#[cfg(target_os = "linux")]
+pub(crate) fn probe_file_readonly(len: usize, fd: libc::c_int, offset: u64) -> io::Result<()> {
+    let p = mmap_raw(
+        std::ptr::null_mut(),
+        len,
+        Prot::Read,
+        libc::MAP_PRIVATE,
+        fd,
+        offset,
+    )?;
+    let _ = munmap_best_effort(p.as_ptr(), len);
+    Ok(())
+}
+
 /// Replace `addr..addr+len` (inside a reservation the caller owns) with a
 /// private read-only view of `fd` starting at `offset` (page aligned). Pages
 /// of the view past the end of the file raise SIGBUS when touched: callers map
-/// only whole pages that the file covers. Linux-only, as mixed mode.
+/// only whole pages that the file covers, and first ask
+/// [`probe_file_readonly`] whether the file maps at all, since a `MAP_FIXED`
+/// mapping the file's `mmap` hook refuses leaves the range unmapped. What
+/// can still fail here after the range is unmapped is a kernel allocation.
+/// Mapped in place, not moved onto the range as hugetlb pages are, so that
+/// the weights never take their size in address space twice (`RLIMIT_AS`).
+/// Linux-only, as mixed mode.
 #[cfg(target_os = "linux")]
 pub(crate) fn map_file_fixed_readonly(
     addr: NonNull<u8>,

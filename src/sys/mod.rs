@@ -26,7 +26,7 @@ pub(crate) use files::{fstat, open_readonly, pread_exact, Fd};
 #[cfg(feature = "weights")]
 pub(crate) use files::{link_unnamed, open_unnamed_in, unnamed_unsupported};
 pub(crate) use mappings::{
-    is_mapped, madvise, map_anon_aligned, map_anon_fixed, mlock, munmap, munmap_best_effort,
+    commit_read_write, is_mapped, madvise, map_anon_aligned, mlock, munmap, munmap_best_effort,
     reserve_aligned, Advice, HugetlbSize, VmaQuery,
 };
 #[cfg(feature = "weights")]
@@ -44,7 +44,9 @@ pub(crate) use unsupported::{fadvise_sequential, map_hugetlb, mbind, mremap, pag
 #[cfg(target_os = "linux")]
 pub(crate) use {
     files::fadvise_sequential,
-    mappings::{map_file_fixed_readonly, map_hugetlb, map_hugetlb_fixed, mbind, mremap},
+    mappings::{
+        map_file_fixed_readonly, map_hugetlb, map_hugetlb_fixed, mbind, mremap, probe_file_readonly,
+    },
     process::pagemap_scan,
 };
 

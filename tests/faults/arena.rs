@@ -57,6 +57,8 @@ fn every_failed_os_call_is_a_typed_error_without_leaks() {
         Op::Mmap,
         Op::Munmap,
         Op::Madvise,
+        Op::Mremap,
+        Op::Mprotect,
         Op::Mbind,
         Op::Mlock,
         Op::Open,
@@ -146,4 +148,49 @@ fn every_failed_os_call_is_a_typed_error_without_leaks() {
     a.materialize_weights().unwrap();
     fault::reset();
     assert!(a.weights().iter().all(|&b| b == 7));
+}
+
+/// A regular file whose `mmap` hook refuses every mapping: a sysfs
+/// attribute (4096 bytes by `stat`, `ENODEV` from `mmap`).
+#[cfg(target_os = "linux")]
+fn unmappable_file() -> Option<&'static Path> {
+    [
+        "/sys/devices/system/cpu/online",
+        "/sys/kernel/mm/transparent_hugepage/enabled",
+    ]
+    .into_iter()
+    .map(Path::new)
+    .find(|p| p.exists())
+}
+
+#[cfg(target_os = "linux")]
+#[test]
+fn a_file_that_refuses_to_map_fails_before_the_reservation_exists() {
+    let _g = serial();
+    let Some(path) = unmappable_file() else {
+        eprintln!("no sysfs attribute here: skipped");
+        return;
+    };
+    let before = big_mappings();
+    let mmaps = fault::calls(Op::Mmap);
+    let e = BumpArena::builder(4 * MIB)
+        .weights_file(path)
+        .activations_base(4096)
+        .policy(ModePolicy::MixedOnly)
+        .build()
+        .unwrap_err();
+    assert!(
+        matches!(
+            e,
+            ArenaError::MixedMap {
+                step: "weights",
+                ..
+            }
+        ),
+        "{e:?}"
+    );
+    // One mmap, the trial one: the refusal came before any reservation, so
+    // no `MAP_FIXED` mapping was refused inside one.
+    assert_eq!(fault::calls(Op::Mmap) - mmaps, 1, "{e}");
+    assert!(under_asan() || big_mappings() == before);
 }

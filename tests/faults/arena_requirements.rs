@@ -45,9 +45,9 @@ fn refused_hugetlb_mmap_fails_each_mode_with_tier_unavailable() {
         "{e:?}"
     );
 
-    // Mixed mode: the reservation, the weights pages, then the runtime
-    // region's hugetlb pages.
-    fault::fail_nth(Op::Mmap, 3, libc::ENOMEM);
+    // Mixed mode: the weights pages' trial mapping, the reservation, the
+    // weights pages, then the runtime region's hugetlb pages.
+    fault::fail_nth(Op::Mmap, 4, libc::ENOMEM);
     let e = build(ModePolicy::MixedOnly).unwrap_err();
     fault::reset();
     assert!(

@@ -46,11 +46,12 @@ use ckalloc::fault::{self, Op};
 
 /// The memory calls of the huge-page layer, each failed in turn by the
 /// `huge` and `caching` modules.
-pub const OPS: [Op; 6] = [
+pub const OPS: [Op; 7] = [
     Op::Mmap,
     Op::Munmap,
     Op::Madvise,
     Op::Mremap,
+    Op::Mprotect,
     Op::Mbind,
     Op::Mlock,
 ];
