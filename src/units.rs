@@ -1,5 +1,6 @@
 //! Byte counts for people: [`human_bytes`] writes them, `parse_size` reads
-//! the size syntax of the caching spec and the `CKALLOC_*` size variables.
+//! the size syntax of the caching spec and the `CKALLOC_*` size variables;
+//! `plural` gives a counted noun its ending.
 
 /// Format a byte count with a binary unit: whole bytes below 1 KiB
 /// (`512 B`), else two decimals of the largest unit from KiB to PiB that
@@ -43,6 +44,16 @@ impl std::fmt::Display for HumanBytes {
         }
         let len = w.len;
         f.pad(std::str::from_utf8(&buf[..len]).map_err(|_| std::fmt::Error)?)
+    }
+}
+
+/// The ending of a noun counted `n` times: `"s"`, or `""` for one
+/// (`1 block`, `0 blocks`).
+pub(crate) fn plural(n: u64) -> &'static str {
+    if n == 1 {
+        ""
+    } else {
+        "s"
     }
 }
 

@@ -312,12 +312,14 @@ impl fmt::Display for HugeStats {
         )?;
         write!(
             f,
-            "\nfirst touch: {} blocks faulted in ({} in {:.1} ms; {} met a slow page), {} blocks ({}) sent to base pages",
+            "\nfirst touch: {} block{} faulted in ({} in {:.1} ms; {} met a slow page), {} block{} ({}) sent to base pages",
             self.first_touch_probes,
+            crate::units::plural(self.first_touch_probes),
             human_bytes(self.first_touch_populated_bytes),
             self.first_touch_probe_ns as f64 / 1e6,
             self.first_touch_slow_probes,
             self.first_touch_base_blocks,
+            crate::units::plural(self.first_touch_base_blocks),
             human_bytes(self.first_touch_base_bytes)
         )?;
         write!(f, "\nsettings: {}", self.settings[0])?;

@@ -32,10 +32,11 @@ pub fn write_summary(fd: i32) -> std::io::Result<usize> {
     // A cut summary is still written: errors only mean the buffer is full.
     let _ = write!(
         text,
-        "preload: {} huge blocks served ({} requested), threshold {}, \
+        "preload: {} huge block{} served ({} requested), threshold {}, \
          retention cap {}{}, {} served by glibc because the block registry \
          was full\n{}\n",
         p.blocks,
+        crate::units::plural(p.blocks),
         crate::human_bytes(p.bytes),
         ExactBytes(p.threshold as u64),
         ExactBytes(p.retain_cap as u64),

@@ -39,7 +39,7 @@ fn show_stats_is_read_at_load_and_survives_a_closed_pipe() {
     cmd.arg("clearenv").env("CKALLOC_SHOW_STATS", "1");
     let out = run(cmd, true);
     assert_success(&out, "preload_exit clearenv");
-    assert!(String::from_utf8_lossy(&out.stderr).contains("huge blocks served"));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("preload: 1 huge block served"));
     // Standard error is a pipe whose reader is gone: the exit status stays 0.
     let mut cmd = Command::new(&prog);
     cmd.env("CKALLOC_SHOW_STATS", "1")
@@ -99,7 +99,7 @@ fn show_stats_prints_one_summary_at_exit_labelled_with_the_pid() {
         "every line labelled {label}:\n{err}"
     );
     assert!(
-        err.contains("preload: 1 huge blocks served (5.00 MiB requested)"),
+        err.contains("preload: 1 huge block served (5.00 MiB requested)"),
         "{err}"
     );
     assert!(err.contains("peak mapped: "), "{err}");
@@ -148,7 +148,10 @@ fn show_stats_prints_one_summary_at_exit_labelled_with_the_pid() {
         let out = run(cmd, true);
         assert_success(&out, "preload_exit");
         let err = String::from_utf8_lossy(&out.stderr);
-        assert!(err.contains("huge blocks served"), "{args:?}: {err}");
+        assert!(
+            err.contains("preload: 1 huge block served"),
+            "{args:?}: {err}"
+        );
     }
     assert_eq!(std::fs::read(&file).expect("the file exists"), b"");
     // A program that closed the copy too, and reused its number: nothing,
