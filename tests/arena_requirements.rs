@@ -228,7 +228,9 @@ fn populate_in_mixed_mode_prefaults_the_runtime_region() {
     let unpopulated = arena(8 * MIB, ModePolicy::MixedOnly, HugeOptions::new(), &f)
         .build()
         .unwrap();
-    assert!(runtime_resident(&unpopulated) < (MIB) as u64);
+    // Only the page that the copy of the partial last weights page faults
+    // in: 4 KiB, or a whole 2 MiB huge page where THP backs it.
+    assert!(runtime_resident(&unpopulated) <= (2 * MIB) as u64);
 }
 
 // ---- mlock

@@ -242,22 +242,6 @@ pub(super) fn mixed(
             runtime_len,
         ))?;
     }
-    // The partial last weights page: private anonymous, filled from the file.
-    // Bytes past the end of the file stay zero.
-    if has_weights && geometry.activations_base > file_end {
-        let from = geometry.weights_base.max(file_end);
-        let to = (geometry.activations_base as u64).min(file_size) as usize;
-        if to > from {
-            // SAFETY: `from..to` lies in the runtime mapping just made
-            // (read-write, owned by `storage`, no other reference exists).
-            let buf = unsafe { std::slice::from_raw_parts_mut(base.as_ptr().add(from), to - from) };
-            sys::pread_exact(fd, buf, from as u64).map_err(|source| ArenaError::ReadWeights {
-                offset: from as u64,
-                len: to - from,
-                source,
-            })?;
-        }
-    }
     let mut thp_err = None;
     if runtime_len > 0 && !hugetlb {
         storage.backing = if !crate::tier::thp_enabled() {
@@ -289,6 +273,24 @@ pub(super) fn mixed(
     if runtime_len > 0 {
         huge::apply_options(runtime, runtime_len, opts)
             .map_err(|source| ArenaError::MixedOptions { source })?;
+    }
+    // The partial last weights page: private anonymous, filled from the file
+    // once the runtime region is advised and bound, so that the page the
+    // copy faults in can be part of a huge page and follows the NUMA
+    // policy. Bytes past the end of the file stay zero.
+    if has_weights && geometry.activations_base > file_end {
+        let from = geometry.weights_base.max(file_end);
+        let to = (geometry.activations_base as u64).min(file_size) as usize;
+        if to > from {
+            // SAFETY: `from..to` lies in the runtime mapping just made
+            // (read-write, owned by `storage`, no other reference exists).
+            let buf = unsafe { std::slice::from_raw_parts_mut(base.as_ptr().add(from), to - from) };
+            sys::pread_exact(fd, buf, from as u64).map_err(|source| ArenaError::ReadWeights {
+                offset: from as u64,
+                len: to - from,
+                source,
+            })?;
+        }
     }
     check_address_bound(storage, geometry)
 }
