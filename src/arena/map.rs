@@ -180,13 +180,13 @@ pub(super) fn mixed(
         let a = geometry.page_floor(geometry.activations_base);
         (a, a)
     };
+    let file_len = file_end - file_start;
     // Whether the file maps at all, asked before the reservation exists: a
     // refusal under `MAP_FIXED` would leave a hole in it
     // (`sys::probe_file_readonly`).
-    if file_end > file_start {
-        let len = file_end - file_start;
-        sys::probe_file_readonly(len, fd.raw(), file_start as u64)
-            .map_err(map_err("weights", file_start, len))?;
+    if file_len > 0 {
+        sys::probe_file_readonly(file_len, fd.raw(), file_start as u64)
+            .map_err(map_err("weights", file_start, file_len))?;
     }
     let res = sys::reserve_aligned(geometry.map_len, HUGE_PAGE_2M).map_err(|source| {
         ArenaError::MixedMap {
@@ -210,15 +210,14 @@ pub(super) fn mixed(
     if file_start > 0 {
         sys::commit_read_write(base, file_start).map_err(map_err("prefix", 0, file_start))?;
     }
-    if file_end > file_start {
-        let len = file_end - file_start;
+    if file_len > 0 {
         sys::map_file_fixed_readonly(
             offset_ptr(base, file_start),
-            len,
+            file_len,
             fd.raw(),
             file_start as u64,
         )
-        .map_err(map_err("weights", file_start, len))?;
+        .map_err(map_err("weights", file_start, file_len))?;
     }
     let runtime_len = geometry.map_len - geometry.shift - file_end;
     let runtime = offset_ptr(base, file_end);
