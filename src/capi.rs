@@ -3,9 +3,9 @@
 //!
 //! Differences from the C original, all fixes: a size whose rounding to
 //! 2 MiB overflows returns NULL instead of wrapping to a zero-length block;
-//! `ck_huge_free` releases the whole block whatever `bytes` says (a registry
-//! remembers each block's mapped length, as the original's does) and ignores
-//! pointers it did not hand out; failures set a thread-local
+//! `ck_huge_free` releases the whole block whatever `bytes` says (the
+//! huge-page engine's extent map remembers each block's length, as the
+//! original's registry does) and ignores pointers it did not hand out; failures set a thread-local
 //! [`ck_last_error`] string instead of printing; no Rust panic crosses the
 //! boundary (each entry point catches it and reports failure).
 //!
@@ -14,22 +14,21 @@
 //! The registry of live arenas is a spin lock that the crate's
 //! `pthread_atfork` handlers (registered when the library is loaded) take
 //! before `fork()` and release after it in parent and child; live
-//! `ck_huge_alloc` blocks are in the huge-page engine's block registry,
-//! which takes no lock, so a child forked
+//! `ck_huge_alloc` blocks are in the huge-page engine's extent map, which
+//! takes no lock, so a child forked
 //! while another thread is inside `ck_huge_alloc` or `ck_bump_alloc_init`
 //! can call every function of the C ABI. The guarantee, the lock order and
 //! its limits (`vfork`, `clone`) are in `docs/reliability.md`, section "Fork
 //! safety".
 
 use crate::fork::{Hooks, Stage};
-use crate::huge::{map_huge, registry, unmap, HugeOptions};
+use crate::huge::{Fill, Policy, ENGINE};
 use crate::lock::{HeldLock, PoolLock, PoolLockGuard};
 use crate::sys::HUGE_PAGE_2M;
 use std::cell::RefCell;
 use std::collections::BTreeMap;
 use std::ffi::{c_char, c_int, c_void, CString};
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::ptr::NonNull;
 
 thread_local! {
     static LAST_ERROR: RefCell<CString> = RefCell::new(CString::default());
@@ -57,7 +56,7 @@ pub(crate) fn guard<T>(on_panic: T, f: impl FnOnce() -> T) -> T {
 /// insert or remove (an allocation failure aborts, it does not unwind).
 /// The fork hooks that take it around `fork()` are added when the library
 /// is loaded (below). Live `ck_huge_alloc` blocks are in the huge-page
-/// engine's block registry, which has no lock.
+/// engine's extent map, which has no lock.
 pub(crate) fn lock<T>(m: &PoolLock<T>) -> PoolLockGuard<'_, T> {
     m.lock()
 }
@@ -69,44 +68,47 @@ pub extern "C" fn ck_last_error() -> *const c_char {
     LAST_ERROR.with(|e| e.borrow().as_ptr())
 }
 
-/// `ck_huge_alloc(bytes)`: see `include/ckernel_alloc.h`.
+/// `ck_huge_alloc(bytes)`: see `include/ckernel_alloc.h`. A block of the
+/// huge-page engine with [`Policy::CK_HUGE`]: zeroed, 2 MiB aligned, its
+/// pages purged when freed.
 #[no_mangle]
 pub extern "C" fn ck_huge_alloc(bytes: usize) -> *mut c_void {
     guard(std::ptr::null_mut(), || {
-        match map_huge(bytes, HUGE_PAGE_2M, &HugeOptions::new()) {
-            Ok(m) => match registry::register(m.ptr, m.mapped_len) {
-                Ok(()) => m.ptr.as_ptr().cast(),
-                Err(e) => {
-                    unmap(m.ptr, m.mapped_len);
-                    set_last_error(format!("ck_huge_alloc: {e}"));
-                    std::ptr::null_mut()
-                }
-            },
-            Err(e) => {
-                set_last_error(format!("ck_huge_alloc: {e}"));
+        if bytes == 0 {
+            set_last_error("ck_huge_alloc: 0 bytes");
+            return std::ptr::null_mut();
+        }
+        match ENGINE.alloc(bytes, HUGE_PAGE_2M, Fill::Zeroed, &Policy::CK_HUGE) {
+            Some(b) => b.ptr.as_ptr().cast(),
+            None => {
+                set_last_error(format!(
+                    "ck_huge_alloc: no memory for {bytes} bytes (rounded up to 2 MiB), \
+                     or the size overflows"
+                ));
                 std::ptr::null_mut()
             }
         }
     })
 }
 
-/// `ck_huge_free(ptr, bytes)`: see `include/ckernel_alloc.h`.
+/// `ck_huge_free(ptr, bytes)`: see `include/ckernel_alloc.h`. The block is
+/// found from `ptr` alone; a pointer that is no block of `ck_huge_alloc` is
+/// ignored and recorded in [`ck_last_error`].
 ///
 /// # Safety
 /// `ptr` is NULL or a block from `ck_huge_alloc` that is not used afterwards.
 #[no_mangle]
 pub unsafe extern "C" fn ck_huge_free(ptr: *mut c_void, bytes: usize) {
     guard((), || {
-        let Some(p) = NonNull::new(ptr.cast::<u8>()) else {
+        if ptr.is_null() {
             return;
-        };
-        let Some(len) = registry::remove(p.as_ptr()) else {
+        }
+        // SAFETY: a block the engine holds at `ptr` is the caller's.
+        if !unsafe { ENGINE.free(ptr.cast(), &Policy::CK_HUGE) } {
             set_last_error(format!(
                 "ck_huge_free: {ptr:p} ({bytes} bytes) was not returned by ck_huge_alloc or is already freed"
             ));
-            return;
-        };
-        unmap(p, len);
+        }
     })
 }
 

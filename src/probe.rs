@@ -49,7 +49,8 @@ impl fmt::Display for HugeCoverage {
 
 /// Measure huge-page coverage of `ptr..ptr+len` in this process.
 ///
-/// Uses the `PAGEMAP_SCAN` ioctl with `PAGE_IS_HUGE` (Linux 6.7+), which
+/// Uses the `PAGEMAP_SCAN` ioctl with `PAGE_IS_HUGE` (Linux 6.7+,
+/// `sys::LINUX_PAGEMAP_SCAN`), which
 /// measures exactly the range; on older kernels falls back to
 /// `/proc/self/smaps` at VMA granularity and says so in
 /// [`HugeCoverage::exact`]. Reading does not fault pages in.
@@ -67,6 +68,9 @@ pub fn huge_page_coverage(ptr: *const u8, len: usize) -> io::Result<HugeCoverage
         exact: true,
         ..HugeCoverage::default()
     };
+    if !sys::linux_at_least(sys::LINUX_PAGEMAP_SCAN) {
+        return smaps_coverage(start, end);
+    }
     let scan = sys::pagemap_scan(start_p, end_p, |run| {
         let (s, e) = (run.start.max(start), run.end.min(end));
         if e > s {

@@ -307,7 +307,7 @@ fn bump_arena_rounds(ops: usize, rounds: usize, total: usize, thread_chunks: boo
 fn caching_over_ckhuge_mixed_ops_many_threads() {
     let _g = serial();
     let ops = total_ops();
-    let huge_before = huge_stats().live_bytes();
+    let huge_before = huge_stats().live_bytes;
     // Small blocks in a bounded pool, mid-size in a second, and everything
     // bigger (the CkHuge mapping path, >= 2 MiB) bypasses the cache.
     // Rounding to quarter powers of two makes blocks come back from the free
@@ -384,7 +384,7 @@ fn caching_over_ckhuge_mixed_ops_many_threads() {
     assert!(st.hits > 0 && st.misses > 0, "{st}");
     drop(c);
     assert_eq!(
-        huge_stats().live_bytes(),
+        huge_stats().live_bytes,
         huge_before,
         "every CkHuge mapping was unmapped"
     );

@@ -1,37 +1,39 @@
 //! [`huge_alloc`] / [`huge_free`]: C-Kernel-Engine's `ck_huge_alloc` and
-//! `ck_huge_free` over the tier ladder.
+//! `ck_huge_free` as a front of the huge-page engine
+//! ([`Policy::CK_HUGE`]).
 
-use super::ladder::{map_huge, unmap};
-use super::HugeOptions;
-use crate::sys::{self, HUGE_PAGE_2M};
+use super::engine::{Fill, ENGINE};
+use super::policy::Policy;
+use crate::sys::HUGE_PAGE_2M;
 use std::ptr::NonNull;
 
-/// Allocate `bytes` of zeroed huge-page memory (C-Kernel-Engine's `ck_huge_alloc`).
+/// Allocate `bytes` of zeroed huge-page memory (C-Kernel-Engine's
+/// `ck_huge_alloc`).
 ///
-/// The size is rounded up to 2 MiB; the block is 2 MiB aligned. Tiers:
-/// hugetlb, then THP, then normal pages (see the [module docs](super)). Returns
-/// `None` for 0 bytes, a size whose rounding overflows or exceeds
-/// `isize::MAX`, or when the kernel refuses the mapping. Thread-safe; never
-/// allocates on the heap. Release with [`huge_free`] and the same `bytes`.
+/// The size is rounded up to 2 MiB; the block is 2 MiB aligned, carved from
+/// a span of the engine on the tier ladder (hugetlb, THP, normal pages; see
+/// the [module docs](super)). Returns `None` for 0 bytes, a size whose
+/// rounding overflows or exceeds `isize::MAX`, or when no memory can be
+/// had. Thread-safe; never allocates on the heap. Release with
+/// [`huge_free`].
 pub fn huge_alloc(bytes: usize) -> Option<NonNull<u8>> {
-    map_huge(bytes, HUGE_PAGE_2M, &HugeOptions::new())
-        .ok()
-        .map(|m| m.ptr)
+    if bytes == 0 {
+        return None;
+    }
+    ENGINE
+        .alloc(bytes, HUGE_PAGE_2M, Fill::Zeroed, &Policy::CK_HUGE)
+        .map(|b| b.ptr)
 }
 
-/// Release a block from [`huge_alloc`]: unmaps `bytes` rounded up to 2 MiB,
-/// which is exactly what was mapped whatever tier served it (no global list
-/// or lock). `bytes == 0` or an unroundable size does nothing (no block of
-/// that size can exist).
+/// Release a block from [`huge_alloc`]: its pages go back to the kernel at
+/// once (purged), its address space to the engine. The block is found from
+/// `ptr` alone; `bytes` is not needed (C-Kernel-Engine's signature), and a
+/// pointer that is no block of the engine is ignored.
 ///
 /// # Safety
-/// `ptr` must come from `huge_alloc(bytes)` with the same `bytes`, not be
-/// freed already, and no reference into the block may be used afterwards.
+/// `ptr` is not used afterwards if it is a block from [`huge_alloc`].
 pub unsafe fn huge_free(ptr: NonNull<u8>, bytes: usize) {
-    if bytes == 0 {
-        return;
-    }
-    if let Some(len) = sys::round_up(bytes, HUGE_PAGE_2M) {
-        unmap(ptr, len);
-    }
+    let _ = bytes;
+    // SAFETY: the caller's contract.
+    unsafe { ENGINE.free(ptr.as_ptr(), &Policy::CK_HUGE) };
 }

@@ -1,112 +1,121 @@
-//! The first-touch policy of [`CkHuge`](super::CkHuge)'s fresh THP blocks:
+//! The first-touch policy [`FirstTouch::Probe`](super::FirstTouch::Probe):
 //! huge pages when the kernel can fault them in fast, base pages when a
 //! huge page costs more to fault in than 512 base pages.
-//!
-//! The policy, its numbers and its switch are documented once, in the
-//! `huge` module's "First touch" section.
+//! `docs/engine.md` ("First touch") has the measurements behind it.
 //!
 //! Never allocates, never panics, starts no thread (safe inside `malloc`,
 //! before `main` and in a fork child); thread-safe (atomics only).
 
-use super::stats::COUNTERS;
-use crate::env;
+use super::os;
+use super::stats::Counters;
 use crate::sys::{self, Advice, HUGE_PAGE_2M};
+use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
 /// Blocks shorter than this are not probed (4 MiB: at least one page after
 /// the probed one).
 pub(crate) const PROBE_MIN_LEN: usize = 2 * HUGE_PAGE_2M;
-/// A probe slower than this (1 ms for 2 MiB) sends the block to base
-/// pages: about what 512 faults of 4 KiB cost on the machine measured
-/// above, and ten times a THP fault on bare metal.
+/// A page slower than this (1 ms for 2 MiB) sends the rest of its block to
+/// base pages: about what 512 faults of 4 KiB cost on the machine measured,
+/// and ten times a THP fault on bare metal.
 pub(crate) const SLOW_NS: u64 = 1_000_000;
-/// How long after a slow probe fresh blocks go to base pages unprobed.
+/// How long after a slow page fresh blocks go to base pages unprobed.
 pub(crate) const SLOW_WINDOW_NS: u64 = 200_000_000;
 
-/// Monotonic ns until which fresh blocks go to base pages; 0: none.
-static BASE_PAGES_UNTIL: AtomicU64 = AtomicU64::new(0);
+/// The window after a slow page: monotonic ns until which fresh blocks go
+/// to base pages; 0: none.
+pub(crate) struct Window(AtomicU64);
 
-/// Test hook: `true` opens the window in which fresh blocks go to base
-/// pages unprobed (as a slow probe does) for an hour; `false` closes it.
-#[doc(hidden)]
-pub fn hold_first_touch_base_pages(hold: bool) {
-    let until = if hold {
-        sys::monotonic_ns().saturating_add(3_600_000_000_000)
-    } else {
-        0
-    };
-    BASE_PAGES_UNTIL.store(until, Relaxed);
-}
-
-/// Whether fresh memory goes to base pages right now (inside the window
-/// after a slow probe).
-pub(crate) fn base_pages_now() -> bool {
-    env::first_touch_probe() && sys::monotonic_ns() < BASE_PAGES_UNTIL.load(Relaxed)
-}
-
-/// Apply the policy to a fresh THP block of `len` bytes at `p` (the whole
-/// mapping, 2 MiB aligned, untouched): fault its first `fill` bytes (a
-/// multiple of 2 MiB, at most `len`; less than `len` when the caller keeps
-/// a short tail in base pages) in one 2 MiB page at a time while each page
-/// comes in fast, and send the rest of the block to base pages at the first
-/// slow one. Advice only: when a call fails the rest of the block keeps its
-/// advice and the caller's writes fault it in.
-pub(crate) fn settle(p: *mut u8, len: usize, fill: usize) {
-    if len < PROBE_MIN_LEN || !env::first_touch_probe() {
-        return;
+impl Window {
+    pub(crate) const fn new() -> Window {
+        Window(AtomicU64::new(0))
     }
-    let start = sys::monotonic_ns();
-    if start < BASE_PAGES_UNTIL.load(Relaxed) {
-        send_to_base_pages(p, len);
-        return;
+
+    /// Open the window for an hour (`true`), as a slow page does, or close
+    /// it (`false`): a test hook.
+    pub(crate) fn hold(&self, open: bool) {
+        let until = if open {
+            sys::monotonic_ns().saturating_add(3_600_000_000_000)
+        } else {
+            0
+        };
+        self.0.store(until, Relaxed);
     }
-    let fill = fill.min(len);
-    let mut done = 0;
-    let mut slow = None;
-    while fill - done >= HUGE_PAGE_2M {
-        let page = sys::monotonic_ns();
-        // `done + 2 MiB <= fill <= len`: the page lies inside the block.
-        if sys::madvise(p.wrapping_add(done), HUGE_PAGE_2M, Advice::PopulateWrite).is_err() {
-            // No MADV_POPULATE_WRITE (Linux before 5.14), or no memory now:
-            // the caller's writes fault the rest in, as THP.
-            break;
+
+    /// Advise `len` bytes at `p` (fresh units added to a block by a
+    /// growth) `MADV_NOHUGEPAGE` while the window is open; `true` when they
+    /// were.
+    pub(crate) fn base_pages_if_open(&self, c: &Counters, p: NonNull<u8>, len: usize) -> bool {
+        sys::monotonic_ns() < self.0.load(Relaxed) && send_to_base_pages(c, p, len)
+    }
+
+    /// Apply the policy to a fresh THP block of `len` bytes at `p` (2 MiB
+    /// aligned, untouched): fault its first `fill` bytes (a multiple of
+    /// 2 MiB, at most `len`) in one 2 MiB page at a time while each page
+    /// comes in fast, and send the rest of the block to base pages at the
+    /// first slow one. Returns the offset from which the block was advised
+    /// `MADV_NOHUGEPAGE`, if it was. Advice only: when a call fails the
+    /// block keeps its advice and the caller's writes fault it in.
+    pub(crate) fn settle(
+        &self,
+        c: &Counters,
+        p: NonNull<u8>,
+        len: usize,
+        fill: usize,
+    ) -> Option<usize> {
+        if len < PROBE_MIN_LEN || !sys::linux_at_least(sys::LINUX_MADV_POPULATE_WRITE) {
+            return None;
         }
-        done += HUGE_PAGE_2M;
-        let took = sys::monotonic_ns().saturating_sub(page);
-        if took > SLOW_NS {
-            slow = Some(took);
-            break;
+        let start = sys::monotonic_ns();
+        if start < self.0.load(Relaxed) {
+            return send_to_base_pages(c, p, len).then_some(0);
         }
-    }
-    if done == 0 {
-        return;
-    }
-    COUNTERS.first_touch_probes.fetch_add(1, Relaxed);
-    COUNTERS
-        .first_touch_probe_ns
-        .fetch_add(sys::monotonic_ns().saturating_sub(start), Relaxed);
-    COUNTERS
-        .first_touch_populated_bytes
-        .fetch_add(done as u64, Relaxed);
-    let Some(took) = slow else { return };
-    COUNTERS.first_touch_slow_probes.fetch_add(1, Relaxed);
-    let now = sys::monotonic_ns();
-    BASE_PAGES_UNTIL.store(
-        now.saturating_add(took.saturating_add(SLOW_WINDOW_NS)),
-        Relaxed,
-    );
-    if done < len {
-        send_to_base_pages(p.wrapping_add(done), len - done);
+        let fill = fill.min(len);
+        let mut done = 0;
+        let mut slow = None;
+        while fill - done >= HUGE_PAGE_2M {
+            let page = sys::monotonic_ns();
+            // `done + 2 MiB <= fill <= len`: the page lies inside the block.
+            let at = p.as_ptr().wrapping_add(done);
+            let Some(at) = NonNull::new(at) else { break };
+            if os::advise(c, at, HUGE_PAGE_2M, Advice::PopulateWrite).is_err() {
+                // No memory now: the caller's writes fault the rest in, as THP.
+                break;
+            }
+            done += HUGE_PAGE_2M;
+            let took = sys::monotonic_ns().saturating_sub(page);
+            if took > SLOW_NS {
+                slow = Some(took);
+                break;
+            }
+        }
+        if done == 0 {
+            return None;
+        }
+        c.first_touch_probes.fetch_add(1, Relaxed);
+        c.first_touch_probe_ns
+            .fetch_add(sys::monotonic_ns().saturating_sub(start), Relaxed);
+        c.first_touch_populated_bytes
+            .fetch_add(done as u64, Relaxed);
+        let took = slow?;
+        c.first_touch_slow_probes.fetch_add(1, Relaxed);
+        let now = sys::monotonic_ns();
+        self.0.store(
+            now.saturating_add(took.saturating_add(SLOW_WINDOW_NS)),
+            Relaxed,
+        );
+        let rest = NonNull::new(p.as_ptr().wrapping_add(done))?;
+        (done < len && send_to_base_pages(c, rest, len - done)).then_some(done)
     }
 }
 
 /// Advise `len` bytes at `p` (2 MiB aligned, inside one block)
 /// `MADV_NOHUGEPAGE` and count them.
-fn send_to_base_pages(p: *mut u8, len: usize) {
-    if sys::madvise(p, len, Advice::NoHugePage).is_ok() {
-        COUNTERS.first_touch_base_blocks.fetch_add(1, Relaxed);
-        COUNTERS
-            .first_touch_base_bytes
-            .fetch_add(len as u64, Relaxed);
+fn send_to_base_pages(c: &Counters, p: NonNull<u8>, len: usize) -> bool {
+    let ok = os::advise(c, p, len, Advice::NoHugePage).is_ok();
+    if ok {
+        c.first_touch_base_blocks.fetch_add(1, Relaxed);
+        c.first_touch_base_bytes.fetch_add(len as u64, Relaxed);
     }
+    ok
 }

@@ -1,19 +1,23 @@
-//! The tier ladder: [`map_huge`] walks hugetlb, THP and normal pages, one
-//! function per rung; [`finish`] applies the options and counts the mapping;
-//! [`unmap`] releases it. Nothing here allocates, locks, panics or prints
-//! (the global allocator maps through it), except a parallel prefault asked
-//! for with [`HugeOptions::populate_threads`].
+//! The tier ladder: [`Ladder::map`] walks hugetlb, THP and normal pages
+//! for a mapping of its own ([`HugeRegion`](super::HugeRegion), the arena),
+//! one function per rung; [`finish`] applies the options and counts the
+//! mapping. The ladder's state is the hugetlb back-off, which the engine's
+//! spans follow too ([`Ladder::hugetlb_now`]). Nothing here allocates,
+//! locks, panics or prints, except a parallel prefault asked for with
+//! [`HugeOptions::populate_threads`].
 
+use super::error::HugeError;
+use super::options::HugeOptions;
+use super::os;
 use super::prefault::populate;
-use super::stats::COUNTERS;
-use super::{HugeError, HugeOptions};
+use super::stats::Counters;
 use crate::env;
-use crate::sys::{self, Advice, HugetlbSize, HUGE_PAGE_1G, HUGE_PAGE_2M};
+use crate::sys::{self, Advice, HugetlbSize, Prot, HUGE_PAGE_1G, HUGE_PAGE_2M};
 use crate::tier::{self, Backing};
 use std::io;
 use std::ops::ControlFlow::{self, Break, Continue};
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 
 /// One mapping produced by the ladder.
 #[derive(Debug)]
@@ -29,41 +33,61 @@ pub(crate) struct Mapping {
 /// `Continue` falls to the next rung with the error of the last attempt.
 type Rung = ControlFlow<Result<Mapping, HugeError>, Option<io::Error>>;
 
-// ---- hugetlb back-off: after a failed hugetlb mmap, skip the tier for a while.
-
-/// Monotonic time (ns) until which hugetlb is skipped; 0: not backing off.
-static HUGETLB_RETRY_AT_NS: AtomicU64 = AtomicU64::new(0);
-
-fn hugetlb_backing_off() -> bool {
-    let until = HUGETLB_RETRY_AT_NS.load(Ordering::Relaxed);
-    until != 0 && sys::monotonic_ns() < until
+/// The ladder's state: after a failed hugetlb `mmap`, the tier is skipped
+/// for a back-off period ([`env::hugetlb_backoff_ms`], default 1000 ms)
+/// instead of paying a failed system call on every allocation, as
+/// mimalloc does.
+pub(crate) struct Ladder {
+    /// Monotonic time (ns) until which hugetlb is skipped; 0: not backing off.
+    retry_at_ns: AtomicU64,
+    /// Whether the engine's blocks may be hugetlb at all (an engine of the
+    /// unit tests uses THP or normal pages only, whatever is reserved).
+    hugetlb_blocks: bool,
 }
 
-fn start_hugetlb_backoff() {
-    let backoff_ns = env::hugetlb_backoff_ms().saturating_mul(1_000_000);
-    let until = sys::monotonic_ns().saturating_add(backoff_ns);
-    HUGETLB_RETRY_AT_NS.store(until.max(1), Ordering::Relaxed);
+impl Ladder {
+    pub(crate) const fn new(hugetlb_blocks: bool) -> Ladder {
+        Ladder {
+            retry_at_ns: AtomicU64::new(0),
+            hugetlb_blocks,
+        }
+    }
+
+    fn backing_off(&self) -> bool {
+        let until = self.retry_at_ns.load(Ordering::Relaxed);
+        until != 0 && sys::monotonic_ns() < until
+    }
+
+    fn start_backoff(&self) {
+        let backoff_ns = env::hugetlb_backoff_ms().saturating_mul(1_000_000);
+        let until = sys::monotonic_ns().saturating_add(backoff_ns);
+        self.retry_at_ns.store(until.max(1), Ordering::Relaxed);
+    }
+
+    /// Forget a previous hugetlb failure.
+    pub(crate) fn reset(&self) {
+        self.retry_at_ns.store(0, Ordering::Relaxed);
+    }
+
+    /// Whether a fresh block tries the hugetlb tier now (`CKALLOC_HUGETLB`
+    /// on, no back-off); counts a skip.
+    pub(crate) fn hugetlb_now(&self, c: &Counters) -> bool {
+        if !self.hugetlb_blocks || !env::hugetlb_allowed() {
+            return false;
+        }
+        if self.backing_off() {
+            c.hugetlb_skipped.fetch_add(1, Ordering::Relaxed);
+            return false;
+        }
+        true
+    }
+
+    /// A hugetlb `mmap` failed: count it and back off.
+    pub(crate) fn hugetlb_failed(&self, c: &Counters) {
+        c.hugetlb_fallbacks.fetch_add(1, Ordering::Relaxed);
+        self.start_backoff();
+    }
 }
-
-/// Forget a previous hugetlb failure so the next allocation tries the
-/// hugetlb tier again at once (for example after reserving pages).
-pub fn reset_hugetlb_backoff() {
-    HUGETLB_RETRY_AT_NS.store(0, Ordering::Relaxed);
-}
-
-// ---- the tier of the latest mapping
-
-/// Whether the latest mapping of the ladder came from the hugetlb tier.
-static LAST_MAP_HUGETLB: AtomicBool = AtomicBool::new(false);
-
-/// Whether the hugetlb tier served the ladder's latest mapping: while it
-/// does, the next mapping is likely hugetlb too, and so are the blocks
-/// retained from earlier ones (which `mremap` cannot grow).
-pub(crate) fn last_map_hugetlb() -> bool {
-    LAST_MAP_HUGETLB.load(Ordering::Relaxed)
-}
-
-// ---- the ladder
 
 /// A checked request: `bytes` (non-zero) rounded up to 2 MiB (`len_2m`),
 /// aligned to `align` (a power of two, at least 2 MiB).
@@ -103,119 +127,118 @@ impl Request {
     }
 }
 
-/// Map `bytes` (rounded up to 2 MiB, or 1 GiB for 1 GiB hugetlb pages) aligned to
-/// at least `align` bytes, walking the tier ladder: hugetlb, then THP, then
-/// normal pages (see the [module docs](super)). Never allocates.
-pub(crate) fn map_huge(
-    bytes: usize,
-    align: usize,
-    opts: &HugeOptions,
-) -> Result<Mapping, HugeError> {
-    let req = Request::new(bytes, align)?;
-    let hugetlb_err = match hugetlb_rung(&req, opts) {
-        Break(done) => {
-            if done.is_ok() {
-                LAST_MAP_HUGETLB.store(true, Ordering::Relaxed);
-            }
-            return done;
+impl Ladder {
+    /// Map `bytes` (rounded up to 2 MiB, or 1 GiB for 1 GiB hugetlb pages)
+    /// aligned to at least `align` bytes, walking the tier ladder: hugetlb,
+    /// then THP, then normal pages (see the [module docs](super)). Never
+    /// allocates.
+    pub(crate) fn map(
+        &self,
+        c: &Counters,
+        bytes: usize,
+        align: usize,
+        opts: &HugeOptions,
+    ) -> Result<Mapping, HugeError> {
+        let req = Request::new(bytes, align)?;
+        let hugetlb_err = match self.hugetlb_rung(c, &req, opts) {
+            Break(done) => return done,
+            Continue(err) => err,
+        };
+        if opts.require == Backing::Hugetlb {
+            return Err(HugeError::TierUnavailable {
+                requested: bytes,
+                required: Backing::Hugetlb,
+                source: hugetlb_err,
+            });
         }
-        Continue(err) => err,
-    };
-    if opts.require == Backing::Hugetlb {
-        return Err(HugeError::TierUnavailable {
-            requested: bytes,
-            required: Backing::Hugetlb,
-            source: hugetlb_err,
-        });
+        thp_or_normal_rung(c, &req, opts)
     }
-    let m = thp_or_normal_rung(&req, opts);
-    if m.is_ok() {
-        LAST_MAP_HUGETLB.store(false, Ordering::Relaxed);
-    }
-    m
-}
 
-/// Rung 1: hugetlb pages, 1 GiB pages first when allowed, then 2 MiB pages.
-/// hugetlb mappings are aligned to their page size, so larger alignments
-/// skip the size. Skipped when `CKALLOC_HUGETLB` is off or during the
-/// back-off after a failure, unless the options require hugetlb.
-fn hugetlb_rung(req: &Request, opts: &HugeOptions) -> Rung {
-    let required = opts.require == Backing::Hugetlb;
-    if !opts.hugetlb || !(required || env::hugetlb_allowed()) {
-        return Continue(None);
-    }
-    if !required && hugetlb_backing_off() {
-        COUNTERS.hugetlb_skipped.fetch_add(1, Ordering::Relaxed);
-        return Continue(None);
-    }
-    let mut err = None;
-    if opts.allow_1gib && req.align <= HUGE_PAGE_1G {
-        if let Some(len_1g) =
-            sys::round_up(req.bytes, HUGE_PAGE_1G).filter(|&l| l <= isize::MAX as usize)
-        {
-            match sys::map_hugetlb(len_1g, HugetlbSize::Size1G) {
-                Ok(ptr) => return Break(finish(ptr, len_1g, Backing::Hugetlb, HUGE_PAGE_1G, opts)),
+    /// Rung 1: hugetlb pages, 1 GiB pages first when allowed, then 2 MiB
+    /// pages. hugetlb mappings are aligned to their page size, so larger
+    /// alignments skip the size. Skipped when `CKALLOC_HUGETLB` is off or
+    /// during the back-off after a failure, unless the options require
+    /// hugetlb.
+    fn hugetlb_rung(&self, c: &Counters, req: &Request, opts: &HugeOptions) -> Rung {
+        let required = opts.require == Backing::Hugetlb;
+        if !opts.hugetlb || !(required || env::hugetlb_allowed()) {
+            return Continue(None);
+        }
+        if !required && self.backing_off() {
+            c.hugetlb_skipped.fetch_add(1, Ordering::Relaxed);
+            return Continue(None);
+        }
+        let mut err = None;
+        if opts.allow_1gib && req.align <= HUGE_PAGE_1G {
+            if let Some(len_1g) =
+                sys::round_up(req.bytes, HUGE_PAGE_1G).filter(|&l| l <= isize::MAX as usize)
+            {
+                match os::map_hugetlb(c, len_1g, HugetlbSize::Size1G) {
+                    Ok(ptr) => {
+                        let page = HUGE_PAGE_1G;
+                        return Break(finish(c, ptr, len_1g, Backing::Hugetlb, page, opts));
+                    }
+                    Err(e) => {
+                        c.hugetlb_fallbacks.fetch_add(1, Ordering::Relaxed);
+                        err = Some(e);
+                    }
+                }
+            }
+        }
+        if req.align <= HUGE_PAGE_2M {
+            match os::map_hugetlb(c, req.len_2m, HugetlbSize::Size2M) {
+                Ok(ptr) => {
+                    let page = HUGE_PAGE_2M;
+                    return Break(finish(c, ptr, req.len_2m, Backing::Hugetlb, page, opts));
+                }
                 Err(e) => {
-                    COUNTERS.hugetlb_fallbacks.fetch_add(1, Ordering::Relaxed);
+                    self.hugetlb_failed(c);
                     err = Some(e);
                 }
             }
         }
+        Continue(err)
     }
-    if req.align <= HUGE_PAGE_2M {
-        match sys::map_hugetlb(req.len_2m, HugetlbSize::Size2M) {
-            Ok(ptr) => {
-                return Break(finish(
-                    ptr,
-                    req.len_2m,
-                    Backing::Hugetlb,
-                    HUGE_PAGE_2M,
-                    opts,
-                ))
-            }
-            Err(e) => {
-                COUNTERS.hugetlb_fallbacks.fetch_add(1, Ordering::Relaxed);
-                start_hugetlb_backoff();
-                err = Some(e);
-            }
-        }
-    }
-    Continue(err)
 }
 
 /// Rungs 2 and 3: one 2 MiB-aligned anonymous mapping, advised
 /// `MADV_HUGEPAGE` when THP is enabled (rung 2), else left as normal pages
 /// (rung 3). Only the advice differs, so a failed mapping here is final.
-fn thp_or_normal_rung(req: &Request, opts: &HugeOptions) -> Result<Mapping, HugeError> {
+fn thp_or_normal_rung(
+    c: &Counters,
+    req: &Request,
+    opts: &HugeOptions,
+) -> Result<Mapping, HugeError> {
     let len = req.len_2m;
-    let ptr = sys::map_anon_aligned(len, req.align).map_err(|source| HugeError::Map {
-        requested: req.bytes,
-        mapped_len: len,
-        source,
-    })?;
-    let (backing, thp_err) = advise_thp(ptr, len);
+    let ptr =
+        os::map_aligned(c, len, req.align, Prot::ReadWrite).map_err(|source| HugeError::Map {
+            requested: req.bytes,
+            mapped_len: len,
+            source,
+        })?;
+    let (backing, thp_err) = advise_thp(c, ptr, len);
     if backing < opts.require {
-        let _ = sys::munmap_best_effort(ptr.as_ptr(), len);
+        let _ = os::unmap(c, ptr, len);
         return Err(HugeError::TierUnavailable {
             requested: req.bytes,
             required: opts.require,
             source: thp_err,
         });
     }
-    finish(ptr, len, backing, sys::page_size(), opts)
+    finish(c, ptr, len, backing, sys::page_size(), opts)
 }
 
 /// `MADV_HUGEPAGE` on a fresh anonymous mapping when THP is enabled: the
 /// tier it then has, and the error when the advice failed (the mapping
 /// stays, as normal pages).
-fn advise_thp(ptr: NonNull<u8>, len: usize) -> (Backing, Option<io::Error>) {
+fn advise_thp(c: &Counters, ptr: NonNull<u8>, len: usize) -> (Backing, Option<io::Error>) {
     if !tier::thp_enabled() {
         return (Backing::Normal, None);
     }
-    match sys::madvise(ptr.as_ptr(), len, Advice::HugePage) {
+    match os::advise(c, ptr, len, Advice::HugePage) {
         Ok(()) => (Backing::TransparentHuge, None),
         Err(e) => {
-            COUNTERS.thp_fallbacks.fetch_add(1, Ordering::Relaxed);
+            c.thp_fallbacks.fetch_add(1, Ordering::Relaxed);
             (Backing::Normal, Some(e))
         }
     }
@@ -224,6 +247,7 @@ fn advise_thp(ptr: NonNull<u8>, len: usize) -> (Backing, Option<io::Error>) {
 /// Apply the post-mapping options (bind, prefault, lock, dump) and count the
 /// mapping. On failure the mapping is released.
 fn finish(
+    c: &Counters,
     ptr: NonNull<u8>,
     mapped_len: usize,
     backing: Backing,
@@ -233,10 +257,10 @@ fn finish(
     // Prefault pieces never split a huge page between two threads.
     let granule = page_size.max(HUGE_PAGE_2M);
     if let Err(e) = apply_options_paged(ptr, mapped_len, granule, opts) {
-        let _ = sys::munmap_best_effort(ptr.as_ptr(), mapped_len);
+        let _ = os::unmap(c, ptr, mapped_len);
         return Err(e);
     }
-    COUNTERS.record_map(backing, mapped_len);
+    c.block(backing, mapped_len);
     Ok(Mapping {
         ptr,
         mapped_len,
@@ -279,11 +303,4 @@ fn apply_options_paged(
         let _ = sys::madvise(ptr.as_ptr(), len, Advice::DontDump);
     }
     Ok(())
-}
-
-/// Unmap a ladder mapping and count it.
-pub(crate) fn unmap(ptr: NonNull<u8>, mapped_len: usize) {
-    if sys::munmap_best_effort(ptr.as_ptr(), mapped_len).is_ok() {
-        COUNTERS.record_unmap(mapped_len);
-    }
 }

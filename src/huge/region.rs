@@ -1,8 +1,12 @@
 //! [`HugeRegion`]: an owned huge-page mapping, unmapped on drop.
 
-use super::{map_huge, unmap, Backing, HugeError, HugeOptions, Mapping};
+use super::engine::{map_huge, unmap};
+use super::error::HugeError;
+use super::ladder::Mapping;
+use super::options::HugeOptions;
 use crate::probe::{huge_page_coverage, HugeCoverage};
 use crate::sys::HUGE_PAGE_2M;
+use crate::tier::Backing;
 use std::fmt;
 use std::ptr::NonNull;
 

@@ -1,600 +1,405 @@
-//! The process-wide retention cache of [`CkHuge`](super::CkHuge): freed
-//! huge-page blocks kept mapped and handed out again, bounded by a byte cap
-//! and given back to the kernel after a decay delay.
+//! Retention: freed units kept with their pages for reuse (retained), up to
+//! a cap, and purged (`MADV_DONTNEED`) after a delay; the address space
+//! stays in its span, and only an idle span goes back with `munmap`.
 //!
-//! # Layout
+//! # Purge
 //!
-//! [`SHARDS`] shards of [`SLOTS`] slots, each slot one block: an atomic word
-//! (`EMPTY`, `BUSY`, or the block's address, which is 2 MiB aligned and so
-//! never 0 or 1), the block's exact length and a decay stamp. A thread
-//! claims a slot with one compare-and-swap of its word and releases it with a
-//! store: there is no lock to wait for, only slots to skip. Each thread
-//! starts its search at its home shard (assigned round-robin the first time
-//! it frees or allocates a block) and then looks at the others, so two
-//! threads rarely touch the same cache lines and a block freed by one thread
-//! serves another. A block an exiting thread freed stays in the shared
-//! slots; the thread-local state (a thread number and a call counter) is two
-//! `Cell`s without destructors.
-//!
-//! # Lengths, carving and coalescing
-//!
-//! A request takes a block of exactly its 2 MiB-rounded length when one is
-//! retained, the most recently freed of such blocks (last in, first out, as
-//! glibc's tcache and jemalloc's tcache bins hand out the newest free chunk:
-//! its pages are the likeliest to be in the CPU caches and the TLB). Else it
-//! carves the shortest longer block whose address meets its alignment: the
-//! request gets the block's first bytes, and the rest stays in the same slot
-//! as a shorter block, all without a system call (a block is an address
-//! range: carving it needs no `munmap`, and the kernel splits the VMA only
-//! when a piece is unmapped or advised on its own). Every block handed out
-//! therefore has exactly the length `dealloc` and `realloc` rebuild from the
-//! layout. When a block comes back, `put` merges it with a retained block
-//! that ends where it starts or starts where it ends (unless it is another
-//! thread's whole block: see [Threads](owner#threads)), so the pieces of a
-//! carved block become one block again and serve long requests. A request of
-//! the preload library's C API that needs no zeroing (not `calloc`) and finds
-//! no block of its length or longer takes the longest shorter one
-//! ([`take_longest`]) and grows it with `mremap`: only the added bytes are
-//! fresh memory.
-//!
-//! # Threads
-//!
-//! A request looks at its own thread's blocks first: see [`owner`].
+//! [`purge`] drops a range's pages and then makes the range plain memory
+//! again: read-write (`mprotect`) and, in a THP span, advised
+//! `MADV_HUGEPAGE`, whatever the program did to it (`mprotect`, `madvise`)
+//! before freeing it. A range with `mlock`ed pages refuses `MADV_DONTNEED`
+//! (`EINVAL`): it is unlocked (`munlock`) and purged again. So a purged
+//! unit is clean: it reads zero, is writable and unlocked, and faults in
+//! afresh. A purge that fails leaves its units retained (decay tries again
+//! a delay later); hugetlb units are never purged (their pages go back to
+//! the pool when their span is unmapped).
 //!
 //! # Decay
 //!
-//! Every [`TICK_EVERY`] allocator calls of a thread (mapped-path calls, and
-//! small-path calls while some block is retained) run one decay step: it
-//! reads the monotonic clock, stamps blocks that have no stamp yet with it,
-//! and gives back to the kernel at most [`DECAY_PER_STEP`] blocks whose stamp
-//! is at least the decay delay old. A block is therefore kept at least the
-//! delay and at most the delay plus the time to the next step after it was
-//! freed, in the thread that makes the step. With no allocator calls there is
-//! no step: a process that frees blocks and then sleeps keeps them (up to the
-//! cap) until its next allocator calls or [`release_retained`].
+//! Every [`TICK_EVERY`] engine calls of a thread run one decay step: it
+//! purges retained runs whose units were freed at least the delay ago
+//! (`CKALLOC_RETAIN_DECAY_MS`), at most [`DECAY_PER_STEP`] runs, and gives
+//! back one idle span (every unit free and clean, a hugetlb span every unit
+//! free, its last free at least the delay ago) with `munmap`. A unit is so
+//! retained at least the delay and at most the delay plus the time to the
+//! next step; with no engine calls there is no step (the process keeps
+//! what it retained until its next calls or `release_retained`).
 
-use super::stats::COUNTERS;
-use super::unmap;
+use super::bits;
+use super::os;
+use super::policy::CapRule;
+use super::span::{self, Span, Spans, View};
+use super::stats::Counters;
 use crate::env;
-use crate::fork::{Hooks, Stage};
-use crate::sys;
-use owner::{me, Owner};
+use crate::sys::Advice;
+use crate::tier::Backing;
 use std::cell::Cell;
-use std::ptr::NonNull;
-use std::sync::atomic::{
-    AtomicU64, AtomicUsize,
-    Ordering::{Acquire, Relaxed, Release},
-};
+use std::sync::atomic::Ordering::Relaxed;
 
-/// Shards of the cache.
-pub(crate) const SHARDS: usize = 4;
-/// Slots (blocks) per shard.
-pub(crate) const SLOTS: usize = 16;
-/// Allocator calls of one thread between two decay steps.
+/// Engine calls of one thread between two decay steps.
 pub(crate) const TICK_EVERY: u32 = 256;
-/// Blocks one decay step gives back at most.
+/// Retained runs one decay step purges at most.
 pub(crate) const DECAY_PER_STEP: usize = 4;
-
-const EMPTY: usize = 0;
-const BUSY: usize = 1;
-
-struct Slot {
-    word: AtomicUsize,
-    len: AtomicUsize,
-    /// Monotonic ns of the first decay step that saw the block; 0: none yet.
-    stamp: AtomicU64,
-    /// The block's place in the order of [`put`]s ([`PUTS`]): [`take`]
-    /// prefers the most recent of equally long blocks.
-    seq: AtomicU64,
-    /// Who the block belongs to: an [`Owner`] as a word.
-    owner: AtomicU64,
-}
-
-impl Slot {
-    const fn new() -> Slot {
-        Slot {
-            word: AtomicUsize::new(EMPTY),
-            len: AtomicUsize::new(0),
-            stamp: AtomicU64::new(0),
-            seq: AtomicU64::new(0),
-            owner: AtomicU64::new(0),
-        }
-    }
-}
-
-#[repr(align(128))]
-struct Shard {
-    slots: [Slot; SLOTS],
-}
-
-static CACHE: [Shard; SHARDS] = [const {
-    Shard {
-        slots: [const { Slot::new() }; SLOTS],
-    }
-}; SHARDS];
-
-/// Bytes in retained blocks (counted before a block becomes visible in a
-/// slot and after it leaves one): `COUNTERS.retained`, which `huge_stats`
-/// reads.
-static RETAINED: &AtomicUsize = &COUNTERS.retained;
-/// [`put`]s so far: the source of [`Slot::seq`].
-static PUTS: AtomicU64 = AtomicU64::new(0);
 
 thread_local! {
     static CALLS: Cell<u32> = const { Cell::new(0) };
 }
 
-/// The shard a thread numbered `me` starts its searches at: threads are
-/// spread round-robin.
+/// Counts one engine call; `true` every [`TICK_EVERY`] calls of a thread.
 #[inline]
-fn home(me: u32) -> usize {
-    me as usize % SHARDS
-}
-
-/// Counts one allocator call; every [`TICK_EVERY`] calls runs a decay step.
-#[inline]
-pub(crate) fn tick() {
-    let due = CALLS
+pub(crate) fn tick_due() -> bool {
+    CALLS
         .try_with(|c| {
             let n = c.get().wrapping_add(1);
             c.set(n);
             n % TICK_EVERY == 0
         })
-        .unwrap_or(false);
-    if due {
-        decay_step();
-    }
+        .unwrap_or(false)
 }
 
-/// Counts a small-path call when some block is retained (one load otherwise).
-#[inline]
-pub(crate) fn tick_small() {
-    if RETAINED.load(Relaxed) != 0 {
-        tick();
-    }
-}
-
-/// A retained block of exactly `len` bytes aligned to `align`, removed from
-/// the cache (the most recently freed of several), or carved from the
-/// shortest longer one, looking at the calling thread's blocks first (see
-/// [Threads](owner#threads)); `None` when there is none. Never makes a system
-/// call.
-#[inline]
-pub(crate) fn take(len: usize, align: usize) -> Option<NonNull<u8>> {
-    if len > RETAINED.load(Relaxed) {
-        // Fewer bytes are retained than the request needs.
-        COUNTERS.retain_misses.fetch_add(1, Relaxed);
-        return None;
-    }
-    // By group first; within it, exact length is the shortest that fits,
-    // and among equal lengths the newest wins.
-    let me = me();
-    let Some((slot, w, l)) = claim_best(
-        align,
-        me,
-        |l| l >= len,
-        |a, b| {
-            (a.group, a.len, std::cmp::Reverse(a.seq)) < (b.group, b.len, std::cmp::Reverse(b.seq))
-        },
-    ) else {
-        COUNTERS.retain_misses.fetch_add(1, Relaxed);
-        return None;
-    };
-    // `w + l` is the block's end, an address: no overflow; `l >= len`.
-    let back = w + l - len;
-    let owner = Owner::from_word(slot.owner.load(Relaxed));
-    let p = if l == len {
-        slot.word.store(EMPTY, Release);
-        w
-    } else if owner.group(me) == 2 && back & (align - 1) == 0 {
-        // Another thread carves the block's front: take its last bytes.
-        // The rest, `w .. back`, keeps its owner (one more piece out at
-        // its end), decay stamp and put sequence number.
-        let backs = owner.backs.saturating_add(1).min(Owner::MAX_BACKS);
-        slot.owner.store(Owner { backs, ..owner }.word(), Relaxed);
-        slot.len.store(l - len, Relaxed);
-        slot.word.store(w, Release);
-        COUNTERS.retain_carves.fetch_add(1, Relaxed);
-        back
-    } else {
-        // The rest, `w + len .. w + l`, is 2 MiB aligned (both lengths
-        // are multiples of 2 MiB) and keeps the block's decay stamp, put
-        // sequence number and pieces out at its end; this thread carves it
-        // now.
-        let carver = Owner {
-            thread: me,
-            carved: true,
-            ..owner
-        };
-        slot.owner.store(carver.word(), Relaxed);
-        slot.len.store(l - len, Relaxed);
-        slot.word.store(w + len, Release);
-        COUNTERS.retain_carves.fetch_add(1, Relaxed);
-        w
-    };
-    RETAINED.fetch_sub(len, Relaxed);
-    COUNTERS.retain_hits.fetch_add(1, Relaxed);
-    COUNTERS.note_live();
-    NonNull::new(p as *mut u8)
-}
-
-/// A block [`take_longest`] removed from the cache.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct Taken {
-    pub(crate) ptr: NonNull<u8>,
-    pub(crate) len: usize,
-    /// Its decay stamp, for [`MergedAge::Kept`] if it goes back.
-    pub(crate) stamp: u64,
-}
-
-/// After a miss of [`take`] for `len` bytes: the longest retained block
-/// shorter than `len` whose address meets `align` (the fewest fresh bytes;
-/// of equally long ones, the first in the order of [Threads](owner#threads)),
-/// removed from the cache
-/// (no longer counted as retained); `None` when there is none. The caller
-/// grows it to `len` with `mremap`, or puts it back with
-/// [`MergedAge::Kept`] so that it goes on ageing. Never makes a system
-/// call.
-#[cold]
-pub(crate) fn take_longest(len: usize, align: usize) -> Option<Taken> {
-    let (slot, w, l) = claim_best(
-        align,
-        me(),
-        |l| l < len,
-        |a, b| (std::cmp::Reverse(a.len), a.group) < (std::cmp::Reverse(b.len), b.group),
-    )?;
-    let stamp = slot.stamp.load(Relaxed);
-    slot.word.store(EMPTY, Release);
-    RETAINED.fetch_sub(l, Relaxed);
-    NonNull::new(w as *mut u8).map(|ptr| Taken { ptr, len: l, stamp })
-}
-
-/// A retained block as [`claim_best`] compares it.
-#[derive(Clone, Copy)]
-struct Candidate {
-    /// Its [`Owner::group`] for the searching thread.
-    group: u8,
-    len: usize,
-    /// When it was put: larger is more recent.
-    seq: u64,
-}
-
-/// Claims (marks `BUSY`) the slot of the retained block whose address meets
-/// `align`, whose length `fits`, and that `better` prefers (`better(a,
-/// best)`: block `a` over block `best`) to every other such block; returns
-/// the slot, the block's address and its length, which still `fits`. `None`
-/// when no block fits. Thread `me` searches, from its home shard on; a slot
-/// another thread claims between the scan and the compare-and-swap starts a
-/// new scan.
-fn claim_best(
-    align: usize,
-    me: u32,
-    fits: impl Fn(usize) -> bool,
-    better: impl Fn(Candidate, Candidate) -> bool,
-) -> Option<(&'static Slot, usize, usize)> {
-    let mask = align - 1;
-    loop {
-        let mut best: Option<(&'static Slot, usize, Candidate)> = None;
-        for i in 0..SHARDS {
-            for slot in &CACHE[(home(me) + i) % SHARDS].slots {
-                let w = slot.word.load(Relaxed);
-                if w <= BUSY || w & mask != 0 {
-                    continue;
-                }
-                let c = Candidate {
-                    group: Owner::from_word(slot.owner.load(Relaxed)).group(me),
-                    len: slot.len.load(Relaxed),
-                    seq: slot.seq.load(Relaxed),
-                };
-                if fits(c.len) && best.is_none_or(|(_, _, b)| better(c, b)) {
-                    best = Some((slot, w, c));
-                }
-            }
+/// The cap on retained bytes under `rule` now.
+pub(crate) fn cap(c: &Counters, rule: CapRule) -> usize {
+    match rule {
+        CapRule::Nothing => 0,
+        CapRule::Environment => env::retain_bytes(),
+        CapRule::TwiceLivePeak if env::retain_bytes_set() => env::retain_bytes(),
+        CapRule::TwiceLivePeak => {
+            let peak = usize::try_from(c.live_peak()).unwrap_or(usize::MAX);
+            env::retain_bytes().max(peak.saturating_mul(2))
         }
-        let (slot, w, _) = best?;
-        if slot
-            .word
-            .compare_exchange(w, BUSY, Acquire, Relaxed)
-            .is_err()
-        {
-            continue;
-        }
-        // The slot is ours: its block may have changed since the scan.
-        let l = slot.len.load(Relaxed);
-        if fits(l) {
-            return Some((slot, w, l));
-        }
-        slot.word.store(w, Release);
     }
 }
 
-/// The decay stamp of a block merged with retained neighbours in [`put`].
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum MergedAge {
-    /// The merged block starts a new delay: its newest part was just freed.
-    Reset,
-    /// The merged block keeps the stamp of its oldest part, so a block that
-    /// requests keep being carved from and merged back into still ages.
-    Oldest,
-    /// A block taken out and put back unused (a growth that failed) keeps
-    /// its own stamp, or a neighbour's if that is older: it goes on ageing.
-    Kept(u64),
-}
-
-/// Keep the block `ptr` of `len` bytes (2 MiB aligned, a multiple of 2 MiB)
-/// for reuse, merged with the retained blocks right before and after it
-/// (stamped as `age` says); `false` when `cap` (the most bytes retained at
-/// once) or a full cache refuses it (the caller then unmaps it). Never makes
-/// a system call.
-#[inline]
-pub(crate) fn put(ptr: NonNull<u8>, len: usize, cap: usize, age: MergedAge) -> bool {
+/// Count `len` more retained bytes if they fit under `cap`; `false` (and
+/// nothing counted) when they do not.
+pub(crate) fn admit(c: &Counters, len: usize, cap: usize) -> bool {
     if len > cap {
         return false;
     }
-    let before = RETAINED.fetch_add(len, Relaxed);
-    if before + len > cap {
-        RETAINED.fetch_sub(len, Relaxed);
+    let before = c.retained.fetch_add(len as u64, Relaxed);
+    if before.saturating_add(len as u64) > cap as u64 {
+        c.retained.fetch_sub(len as u64, Relaxed);
         return false;
     }
-    let me = me();
-    for i in 0..SHARDS {
-        for slot in &CACHE[(home(me) + i) % SHARDS].slots {
-            if slot.word.load(Relaxed) == EMPTY
-                && slot
-                    .word
-                    .compare_exchange(EMPTY, BUSY, Acquire, Relaxed)
-                    .is_ok()
-            {
-                // With nothing else retained there is no neighbour to merge
-                // (the common case of one block freed and taken in turn):
-                // skip the scan of every slot.
-                let (start, len, oldest, owner) = if before == 0 {
-                    (ptr.as_ptr() as usize, len, 0, Owner::freed_by(me))
-                } else {
-                    coalesce(ptr.as_ptr() as usize, len, me)
-                };
-                slot.len.store(len, Relaxed);
-                let stamp = match age {
-                    MergedAge::Reset => 0,
-                    MergedAge::Oldest => oldest,
-                    // The older of two stamps; 0 is no stamp.
-                    MergedAge::Kept(0) => oldest,
-                    MergedAge::Kept(own) if oldest == 0 => own,
-                    MergedAge::Kept(own) => own.min(oldest),
-                };
-                slot.stamp.store(stamp, Relaxed);
-                slot.seq.store(PUTS.fetch_add(1, Relaxed), Relaxed);
-                slot.owner.store(owner.word(), Relaxed);
-                slot.word.store(start, Release);
-                return true;
-            }
-        }
-    }
-    RETAINED.fetch_sub(len, Relaxed);
-    false
+    true
 }
 
-/// The block `start..start+len` that thread `me` frees, grown by the
-/// retained blocks that end where it starts and start where it ends (each
-/// taken out of its slot, its bytes staying counted in [`RETAINED`]), the
-/// oldest decay stamp among those (0 when none has one), and the merged
-/// block's owner.
-///
-/// Another thread's whole block is no piece of this one, only its neighbour
-/// in the address space (the kernel places mappings side by side): it stays
-/// apart, so each thread keeps reusing its own block. The exception is a
-/// block that ends where this one starts while pieces carved from its end
-/// are out: this one is taken for such a piece coming back. A merge with a
-/// block another thread carves (or with such an end) leaves the merged
-/// block to that thread, which goes on carving its front while `me` carves
-/// the back. One pass over the slots finds at most one of each: retained
-/// blocks never overlap.
-fn coalesce(mut start: usize, mut len: usize, me: u32) -> (usize, usize, u64, Owner) {
-    let mut oldest = 0;
-    let mut merged = Owner::freed_by(me);
-    // How the block `w..w+l` owned by `o` merges: `None` when it does not,
-    // `Some(true)` when it ends where `start..start+len` starts and takes
-    // it for a piece carved from its end.
-    let merge = |w: usize, l: usize, o: Owner, start: usize, len: usize| {
-        let theirs_whole = o.group(me) == 1;
-        if w == start + len && !theirs_whole {
-            Some(false)
-        } else if w.checked_add(l) == Some(start) && (!theirs_whole || o.backs > 0) {
-            Some(o.backs > 0)
+/// What a purge does to a range's protection and flags besides dropping
+/// its pages.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Restore {
+    /// Only a range found locked (`MADV_DONTNEED` refuses it) is unlocked
+    /// and made plain memory again; otherwise the range keeps what the
+    /// program did to it (as jemalloc and mimalloc leave freed memory).
+    IfLocked,
+    /// The range is made plain memory again whatever it was: the engine
+    /// moved a block away from it, and what the program did to the block
+    /// went with the block.
+    Always,
+}
+
+/// Purge units `start..start + n` of span `v` (claimed by the caller):
+/// see the [module docs](self). `true` when they read zero now (and are
+/// restored as `restore` says); `false` leaves them as they were (and their
+/// dirty bits set).
+pub(crate) fn purge(
+    c: &Counters,
+    span: &Span,
+    v: &View,
+    start: u32,
+    n: u32,
+    restore: Restore,
+) -> bool {
+    if v.tier == Backing::Hugetlb {
+        return false;
+    }
+    let (p, len) = (v.addr(start), v.len(n));
+    let mut plain = restore == Restore::Always;
+    let mut r = os::purge(c, p, len);
+    if r.as_ref()
+        .is_err_and(|e| e.raw_os_error() == Some(libc::EINVAL))
+    {
+        // `mlock`ed pages refuse MADV_DONTNEED.
+        let _ = os::munlock(c, p, len);
+        r = os::purge(c, p, len);
+        plain = true;
+    }
+    if r.is_err() || (plain && os::commit(c, p, len).is_err()) {
+        return false;
+    }
+    if v.tier == Backing::TransparentHuge && (plain || span.base_pages.count(start, n) > 0) {
+        // Advice only: a failure leaves the range as it was advised.
+        let _ = os::advise(c, p, len, Advice::HugePage);
+        span.base_pages.clear(start, n);
+    }
+    span.dirty.clear(start, n);
+    c.purged_bytes.fetch_add(len as u64, Relaxed);
+    true
+}
+
+/// What became of units given back to the kernel.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Back {
+    /// Purged: clean, free for the next block.
+    Clean,
+    /// hugetlb units unmapped (their pages back in the pool): a hole of
+    /// their span, in use by no block for good.
+    Hole,
+    /// The system call failed: the units are as they were.
+    Kept,
+}
+
+/// Give claimed units `start..start + n` back to the kernel: purged as
+/// `restore` says, or, in a hugetlb span (which cannot purge), unmapped as
+/// a hole. A hole in a span no block uses any more gives the span back.
+fn give_to_kernel(
+    c: &Counters,
+    spans: &Spans,
+    span: &Span,
+    v: &View,
+    start: u32,
+    n: u32,
+    restore: Restore,
+) -> Back {
+    if v.tier != Backing::Hugetlb {
+        return if purge(c, span, v, start, n, restore) {
+            Back::Clean
         } else {
+            Back::Kept
+        };
+    }
+    if os::unmap(c, v.addr(start), v.len(n)).is_err() {
+        return Back::Kept;
+    }
+    span.holes.set(start, n);
+    span.dirty.clear(start, n);
+    c.span_hole(v.len(n));
+    if unused(span, v) {
+        let _ = spans.retire(c, v);
+    }
+    Back::Hole
+}
+
+/// Give back free units `start..start + n` that the caller claimed from a
+/// snapshot of the retained ones, and release them: the retained among
+/// them (counted now: another thread may have used and purged some since
+/// the snapshot) stop counting. Returns their bytes, `None` when the system
+/// call failed.
+fn release_claimed(
+    c: &Counters,
+    spans: &Spans,
+    span: &Span,
+    v: &View,
+    start: u32,
+    n: u32,
+) -> Option<usize> {
+    let bytes = v.len(span.dirty.count(start, n));
+    match give_to_kernel(c, spans, span, v, start, n, Restore::IfLocked) {
+        Back::Kept => {
+            span.release(start, n);
             None
         }
-    };
-    let mut backs = 0u8;
-    for shard in &CACHE {
-        for slot in &shard.slots {
-            let w = slot.word.load(Relaxed);
-            if w <= BUSY {
-                continue;
+        back => {
+            c.retained.fetch_sub(bytes as u64, Relaxed);
+            if back == Back::Clean {
+                span.release(start, n);
             }
-            let o = Owner::from_word(slot.owner.load(Relaxed));
-            if merge(w, slot.len.load(Relaxed), o, start, len).is_none()
-                || slot
-                    .word
-                    .compare_exchange(w, BUSY, Acquire, Relaxed)
-                    .is_err()
-            {
-                continue;
-            }
-            // The slot is ours; recheck its block against ours.
-            let l = slot.len.load(Relaxed);
-            let o = Owner::from_word(slot.owner.load(Relaxed));
-            let Some(back_piece) = merge(w, l, o, start, len) else {
-                slot.word.store(w, Release);
-                continue;
-            };
-            start = start.min(w);
-            len += l;
-            let stamp = slot.stamp.load(Relaxed);
-            if stamp != 0 && (oldest == 0 || stamp < oldest) {
-                oldest = stamp;
-            }
-            let left = if back_piece { o.backs - 1 } else { o.backs };
-            backs = backs.saturating_add(left).min(Owner::MAX_BACKS);
-            if o.group(me) != 0 && (o.carved || back_piece) {
-                merged = o;
-            }
-            slot.word.store(EMPTY, Release);
+            Some(bytes)
         }
     }
-    (start, len, oldest, Owner { backs, ..merged })
 }
 
-/// Take the block in `slot` if it holds one that `keep` rejects; returns its
-/// address and length. The slot is left empty; the block's bytes stay counted
-/// in [`RETAINED`] until [`give_back`] unmaps it.
-fn evict(slot: &Slot, keep: impl Fn(&Slot) -> bool) -> Option<(NonNull<u8>, usize)> {
-    let w = slot.word.load(Relaxed);
-    if w <= BUSY || keep(slot) {
-        return None;
-    }
-    if slot
-        .word
-        .compare_exchange(w, BUSY, Acquire, Relaxed)
-        .is_err()
-    {
-        return None;
-    }
-    if keep(slot) {
-        slot.word.store(w, Release);
-        return None;
-    }
-    let len = slot.len.load(Relaxed);
-    slot.word.store(EMPTY, Release);
-    // `w > BUSY`: never null.
-    NonNull::new(w as *mut u8).map(|p| (p, len))
-}
-
-/// Unmap an evicted block, then stop counting it as retained. In this order
-/// the mapped bytes drop first, so a thread that reads both counters
-/// meanwhile (the high-water mark of live bytes is mapped minus retained)
-/// never counts the block as live.
-fn give_back(p: NonNull<u8>, len: usize) {
-    unmap(p, len);
-    RETAINED.fetch_sub(len, Relaxed);
-}
-
-/// Give retained blocks back to the kernel until a block of `len` bytes fits
-/// under `cap` with them; `false` when it cannot (`len` alone is over the
-/// cap). The block about to be freed is the one most likely to be asked for
-/// again, so the blocks already retained make room for it.
-#[cold]
-pub(crate) fn make_room(len: usize, cap: usize) -> bool {
-    if len > cap {
-        return false;
-    }
-    for shard in &CACHE {
-        for slot in &shard.slots {
-            if RETAINED.load(Relaxed) + len <= cap {
-                return true;
-            }
-            if let Some((p, l)) = evict(slot, |_| false) {
-                give_back(p, l);
+/// Units `start..start + n` of span `v` leave a block (freed, or cut off by
+/// a shrink): stamped now, then retained when `kept` (their bytes already
+/// [admitted](admit)), else given back to the kernel as `restore` says
+/// (retained after all if that fails), then released.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn give(
+    c: &Counters,
+    spans: &Spans,
+    span: &Span,
+    v: &View,
+    start: u32,
+    n: u32,
+    kept: bool,
+    restore: Restore,
+) {
+    span.stamp(start, n, span::stamp_now());
+    if !kept {
+        match give_to_kernel(c, spans, span, v, start, n, restore) {
+            Back::Clean => return span.release(start, n),
+            Back::Hole => return,
+            Back::Kept => {
+                c.retained.fetch_add(v.len(n) as u64, Relaxed);
             }
         }
     }
-    RETAINED.load(Relaxed) + len <= cap
+    span.dirty.set(start, n);
+    span.release(start, n);
 }
 
-/// One decay step (see the [module docs](self)).
-#[cold]
-fn decay_step() {
-    let now = sys::monotonic_ns().max(1);
-    let delay = env::retain_decay_ms().saturating_mul(1_000_000);
-    let mut given = 0;
-    for shard in &CACHE {
-        for slot in &shard.slots {
-            if given == DECAY_PER_STEP {
-                return;
-            }
-            let young = |s: &Slot| {
-                let stamp = s.stamp.load(Relaxed);
-                if stamp == 0 {
-                    // Racing stampers store nearly the same time.
-                    s.stamp.store(now, Relaxed);
-                    delay > 0
-                } else {
-                    now.saturating_sub(stamp) < delay
+/// Units `start..start + n` were just claimed for a block: the retained
+/// ones among them stop counting as retained. Returns how many were.
+pub(crate) fn taken(c: &Counters, span: &Span, v: &View, start: u32, n: u32) -> u32 {
+    let d = span.dirty.count(start, n);
+    c.retained.fetch_sub(v.len(d) as u64, Relaxed);
+    d
+}
+
+/// Purge retained runs, the least recently freed first, until `need`
+/// more bytes fit under `cap`; `false` when they cannot.
+pub(crate) fn make_room(c: &Counters, spans: &Spans, need: usize, cap: usize) -> bool {
+    loop {
+        if c.retained.load(Relaxed).saturating_add(need as u64) <= cap as u64 {
+            return true;
+        }
+        let Some((span, v, s, e)) = oldest_run(spans) else {
+            return false;
+        };
+        if span.claim(&v, s, e - s) && release_claimed(c, spans, span, &v, s, e - s).is_none() {
+            span.stamp(s, e - s, span::stamp_now());
+            return false;
+        }
+    }
+}
+
+/// The retained units freed at the oldest stamp (and next to each other):
+/// a block freed long ago, as a run.
+fn oldest_run(spans: &Spans) -> Option<(&Span, View, u32, u32)> {
+    let now = span::stamp_now();
+    let mut best: Option<(u32, &Span, View, u32, u32, u32)> = None;
+    for (span, v) in spans.live() {
+        for (s, e) in bits::runs(&retained(span, &v)) {
+            for u in s..e {
+                let age = now.wrapping_sub(span.stamp_of(u));
+                if best.as_ref().is_none_or(|b| age > b.0) {
+                    best = Some((age, span, v, u, s, e));
                 }
-            };
-            if let Some((p, len)) = evict(slot, young) {
-                give_back(p, len);
-                COUNTERS.decayed_bytes.fetch_add(len as u64, Relaxed);
-                given += 1;
             }
+        }
+    }
+    let (_, span, v, u, s, e) = best?;
+    let t = span.stamp_of(u);
+    let first = (s..u)
+        .rev()
+        .take_while(|&i| span.stamp_of(i) == t)
+        .last()
+        .unwrap_or(u);
+    let end = u + (u..e).take_while(|&i| span.stamp_of(i) == t).count() as u32;
+    Some((span, v, first, end))
+}
+
+/// The free units of `span` that hold pages.
+fn retained(span: &Span, v: &View) -> bits::Snapshot {
+    let free = bits::not_below(&span.in_use.snapshot(), v.units);
+    bits::and(&free, &span.dirty.snapshot())
+}
+
+/// Whether stamp `t` is at least `delay` stamps before `now`.
+fn expired(now: u32, t: u32, delay: u32) -> bool {
+    now.wrapping_sub(t) >= delay
+}
+
+/// The decay delay in stamps (`CKALLOC_RETAIN_DECAY_MS`).
+pub(crate) fn delay() -> u32 {
+    let ns = env::retain_decay_ms().saturating_mul(1_000_000);
+    u32::try_from(ns >> 20).unwrap_or(u32::MAX)
+}
+
+/// One decay step at stamp `now` with a delay of `delay` stamps (see the
+/// [module docs](self)).
+#[cold]
+pub(crate) fn decay(c: &Counters, spans: &Spans, now: u32, delay: u32) {
+    let mut budget = DECAY_PER_STEP;
+    for (span, v) in spans.live() {
+        let expired_at = |u: u32| expired(now, span.stamp_of(u), delay);
+        if unused(span, &v) {
+            // Every unit free, the last freed the delay ago: the whole span
+            // goes back, its retained units with it.
+            if (0..v.units).all(expired_at) {
+                if let Some(dirty) = spans.retire(c, &v) {
+                    c.decayed_bytes.fetch_add(dirty as u64, Relaxed);
+                    budget -= 1;
+                }
+            }
+        } else {
+            for (s, e) in bits::runs(&retained(span, &v)) {
+                let mut u = s;
+                while u < e && budget > 0 {
+                    if !expired_at(u) {
+                        u += 1;
+                        continue;
+                    }
+                    let end = (u..e).find(|&i| !expired_at(i)).unwrap_or(e);
+                    if span.claim(&v, u, end - u) {
+                        match release_claimed(c, spans, span, &v, u, end - u) {
+                            Some(bytes) => {
+                                c.decayed_bytes.fetch_add(bytes as u64, Relaxed);
+                            }
+                            // Tried again a delay later.
+                            None => span.stamp(u, end - u, now),
+                        }
+                        budget -= 1;
+                    }
+                    u = end;
+                }
+            }
+        }
+        if budget == 0 {
+            return;
         }
     }
 }
 
-/// Gives every retained huge-page block back to the kernel (`munmap`) and
-/// returns how many bytes that released. Blocks other threads free
-/// meanwhile may be retained again. Never allocates; thread-safe.
-pub fn release_retained() -> usize {
+/// Whether no unit of the span is in use by a block.
+fn unused(span: &Span, v: &View) -> bool {
+    span.busy(v) == 0
+}
+
+/// The last resort when address space is short (`RLIMIT_AS`): unmap every
+/// free run of the spans that blocks still use, so that a new span can
+/// take its address space. The units become holes, in use by no block,
+/// until their span is given back whole. Returns the bytes unmapped.
+#[cold]
+pub(crate) fn punch(c: &Counters, spans: &Spans) -> usize {
+    let mut unmapped = 0;
+    for (span, v) in spans.live() {
+        let free = bits::not_below(&span.in_use.snapshot(), v.units);
+        for (s, e) in bits::runs(&free) {
+            if !span.claim(&v, s, e - s) {
+                continue;
+            }
+            let dirty = v.len(span.dirty.count(s, e - s));
+            if os::unmap(c, v.addr(s), v.len(e - s)).is_err() {
+                span.release(s, e - s);
+                continue;
+            }
+            span.holes.set(s, e - s);
+            span.dirty.clear(s, e - s);
+            c.retained.fetch_sub(dirty as u64, Relaxed);
+            c.span_hole(v.len(e - s));
+            unmapped += v.len(e - s);
+        }
+    }
+    unmapped
+}
+
+/// Purge every retained run and give back every span no block uses;
+/// returns the bytes that released (purged, or given back with a span).
+pub(crate) fn release_all(c: &Counters, spans: &Spans) -> usize {
     let mut released = 0;
-    for shard in &CACHE {
-        for slot in &shard.slots {
-            if let Some((p, len)) = evict(slot, |_| false) {
-                give_back(p, len);
-                released += len;
+    for (span, v) in spans.live() {
+        if unused(span, &v) {
+            if let Some(dirty) = spans.retire(c, &v) {
+                released += dirty;
+                continue;
+            }
+        }
+        for (s, e) in bits::runs(&retained(span, &v)) {
+            if span.claim(&v, s, e - s) {
+                released += release_claimed(c, spans, span, &v, s, e - s).unwrap_or(0);
             }
         }
     }
     released
 }
-
-/// `pthread_atfork` child handler: slots a thread of the parent held mid
-/// operation are left `BUSY` in the child, where that thread does not exist;
-/// they become empty again (a block being freed or taken at that moment
-/// stays mapped in the child and is not reused). Such a thread may also have
-/// counted its block in [`RETAINED`] without a slot holding it, so the child
-/// recounts the bytes of the blocks its slots hold (the child has one
-/// thread: nothing changes the slots meanwhile).
-unsafe fn fork_child() {
-    let mut held = 0usize;
-    for shard in &CACHE {
-        for slot in &shard.slots {
-            match slot.word.load(Relaxed) {
-                BUSY => slot.word.store(EMPTY, Relaxed),
-                EMPTY => {}
-                _ => held = held.saturating_add(slot.len.load(Relaxed)),
-            }
-        }
-    }
-    RETAINED.store(held, Relaxed);
-}
-
-fn fork_nothing() {}
-
-/// The fork hooks of stage `Retention` (`crate::fork`), added when the
-/// library is loaded: nothing to take before `fork()`, the slots to repair
-/// in the child.
-static FORK_HOOKS: Hooks = Hooks {
-    prepare: fork_nothing,
-    parent: fork_nothing,
-    child: fork_child,
-};
-
-crate::fork::at_load!(ADD_RETENTION_FORK_HOOKS, {
-    crate::fork::add(Stage::Retention, &FORK_HOOKS);
-});
-
-/// Test hook: marks every empty slot busy (`true`) as a thread caught mid
-/// operation would, or frees the slots so marked (`false`).
-#[doc(hidden)]
-pub fn hold_retention_slots(hold: bool) {
-    for shard in &CACHE {
-        for slot in &shard.slots {
-            let (from, to) = if hold { (EMPTY, BUSY) } else { (BUSY, EMPTY) };
-            let _ = slot.word.compare_exchange(from, to, Relaxed, Relaxed);
-        }
-    }
-}
-
-mod owner;
-#[cfg(test)]
-mod tests;

@@ -1,5 +1,6 @@
-//! Process-wide counters of the huge-page tiers ([`huge_stats`]): mappings
-//! and bytes per tier, fallbacks, unmaps, and the retention cache.
+//! The engine's counters and their public snapshot, [`HugeStats`]:
+//! blocks per tier, the engine's system calls by kind, its spans, live and
+//! retained bytes, retention, growth, purges and first touch.
 //!
 //! Counters are relaxed atomics: each is exact, but a snapshot taken while
 //! other threads allocate may mix moments (as any statistics read under
@@ -7,23 +8,51 @@
 
 use crate::env::{self, Setting, Source};
 use crate::tier::Backing;
-use crate::units::human_bytes;
+use crate::units::{human_bytes, plural};
 use std::fmt;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
+/// The kinds of system call the engine counts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Call {
+    Mmap = 0,
+    Munmap,
+    Mremap,
+    Madvise,
+    Mprotect,
+    Munlock,
+}
+
+const CALLS: usize = 6;
+
+#[allow(clippy::declare_interior_mutable_const)]
+const Z: AtomicU64 = AtomicU64::new(0);
+
+/// The engine's counters (one set per engine).
 pub(crate) struct Counters {
-    maps: [AtomicU64; 3],
-    map_bytes: [AtomicU64; 3],
+    blocks: [AtomicU64; 3],
+    block_bytes: [AtomicU64; 3],
     pub(crate) hugetlb_fallbacks: AtomicU64,
     pub(crate) hugetlb_skipped: AtomicU64,
     pub(crate) thp_fallbacks: AtomicU64,
-    pub(crate) remaps: AtomicU64,
-    unmaps: AtomicU64,
-    unmapped_bytes: AtomicU64,
-    pub(crate) retain_hits: AtomicU64,
-    pub(crate) retain_misses: AtomicU64,
-    pub(crate) retain_carves: AtomicU64,
-    pub(crate) retain_grows: AtomicU64,
+    calls: [AtomicU64; CALLS],
+    spans: AtomicU64,
+    span_bytes: AtomicU64,
+    span_bytes_peak: AtomicU64,
+    pub(crate) spans_released: AtomicU64,
+    unmapped: AtomicU64,
+    live: AtomicU64,
+    live_peak: AtomicU64,
+    /// Bytes of free units that hold pages (dirty), process-wide.
+    pub(crate) retained: AtomicU64,
+    pub(crate) hits: AtomicU64,
+    pub(crate) misses: AtomicU64,
+    pub(crate) carves: AtomicU64,
+    pub(crate) extends: AtomicU64,
+    pub(crate) grown_in_place: AtomicU64,
+    pub(crate) moved: AtomicU64,
+    pub(crate) copied: AtomicU64,
+    pub(crate) purged_bytes: AtomicU64,
     pub(crate) decayed_bytes: AtomicU64,
     pub(crate) first_touch_probes: AtomicU64,
     pub(crate) first_touch_slow_probes: AtomicU64,
@@ -31,43 +60,7 @@ pub(crate) struct Counters {
     pub(crate) first_touch_populated_bytes: AtomicU64,
     pub(crate) first_touch_base_blocks: AtomicU64,
     pub(crate) first_touch_base_bytes: AtomicU64,
-    /// Bytes mapped right now (live and retained), and its high-water mark.
-    mapped_now: AtomicU64,
-    mapped_peak: AtomicU64,
-    /// The high-water mark of live bytes (mapped minus retained).
-    live_peak: AtomicU64,
-    /// Bytes in the retention cache right now (`retain` keeps it).
-    pub(crate) retained: AtomicUsize,
 }
-
-#[allow(clippy::declare_interior_mutable_const)]
-const Z: AtomicU64 = AtomicU64::new(0);
-
-pub(crate) static COUNTERS: Counters = Counters {
-    maps: [Z; 3],
-    map_bytes: [Z; 3],
-    hugetlb_fallbacks: Z,
-    hugetlb_skipped: Z,
-    thp_fallbacks: Z,
-    remaps: Z,
-    unmaps: Z,
-    unmapped_bytes: Z,
-    retain_hits: Z,
-    retain_misses: Z,
-    retain_carves: Z,
-    retain_grows: Z,
-    decayed_bytes: Z,
-    first_touch_probes: Z,
-    first_touch_slow_probes: Z,
-    first_touch_probe_ns: Z,
-    first_touch_populated_bytes: Z,
-    first_touch_base_blocks: Z,
-    first_touch_base_bytes: Z,
-    mapped_now: Z,
-    mapped_peak: Z,
-    live_peak: Z,
-    retained: AtomicUsize::new(0),
-};
 
 fn tier(b: Backing) -> usize {
     match b {
@@ -78,30 +71,60 @@ fn tier(b: Backing) -> usize {
 }
 
 impl Counters {
-    pub(crate) fn record_map(&self, backing: Backing, bytes: usize) {
-        self.maps[tier(backing)].fetch_add(1, Relaxed);
-        self.map_bytes[tier(backing)].fetch_add(bytes as u64, Relaxed);
-        self.mapped(bytes as u64);
+    pub(crate) const fn new() -> Counters {
+        Counters {
+            blocks: [Z; 3],
+            block_bytes: [Z; 3],
+            hugetlb_fallbacks: Z,
+            hugetlb_skipped: Z,
+            thp_fallbacks: Z,
+            calls: [Z; CALLS],
+            spans: Z,
+            span_bytes: Z,
+            span_bytes_peak: Z,
+            spans_released: Z,
+            unmapped: Z,
+            live: Z,
+            live_peak: Z,
+            retained: Z,
+            hits: Z,
+            misses: Z,
+            carves: Z,
+            extends: Z,
+            grown_in_place: Z,
+            moved: Z,
+            copied: Z,
+            purged_bytes: Z,
+            decayed_bytes: Z,
+            first_touch_probes: Z,
+            first_touch_slow_probes: Z,
+            first_touch_probe_ns: Z,
+            first_touch_populated_bytes: Z,
+            first_touch_base_blocks: Z,
+            first_touch_base_bytes: Z,
+        }
     }
 
-    /// `bytes` more are mapped: raise the high-water mark if it is passed.
-    fn mapped(&self, bytes: u64) {
-        let now = self
-            .mapped_now
-            .fetch_add(bytes, Relaxed)
-            .wrapping_add(bytes);
-        self.mapped_peak.fetch_max(now, Relaxed);
-        self.note_live();
+    /// `n` system calls of kind `c` were made.
+    #[inline]
+    pub(crate) fn call(&self, c: Call, n: u32) {
+        self.calls[c as usize].fetch_add(u64::from(n), Relaxed);
     }
 
-    /// Raise the high-water mark of live bytes to what is live now: after a
-    /// mapping, a growth, or a block taken from the retention cache.
-    pub(crate) fn note_live(&self) {
-        let live = self
-            .mapped_now
-            .load(Relaxed)
-            .saturating_sub(self.retained.load(Relaxed) as u64);
-        self.live_peak.fetch_max(live, Relaxed);
+    /// A block of `bytes` was handed out on tier `b` (fresh or reused).
+    pub(crate) fn block(&self, b: Backing, bytes: usize) {
+        self.blocks[tier(b)].fetch_add(1, Relaxed);
+        self.block_bytes[tier(b)].fetch_add(bytes as u64, Relaxed);
+    }
+
+    /// Live bytes grew by `bytes`: raise the high-water mark if passed.
+    pub(crate) fn live_add(&self, bytes: usize) {
+        let now = self.live.fetch_add(bytes as u64, Relaxed) + bytes as u64;
+        self.live_peak.fetch_max(now, Relaxed);
+    }
+
+    pub(crate) fn live_sub(&self, bytes: usize) {
+        self.live.fetch_sub(bytes as u64, Relaxed);
     }
 
     /// The high-water mark of live bytes.
@@ -109,84 +132,179 @@ impl Counters {
         self.live_peak.load(Relaxed)
     }
 
-    pub(crate) fn record_unmap(&self, bytes: usize) {
-        self.unmaps.fetch_add(1, Relaxed);
-        self.unmapped_bytes.fetch_add(bytes as u64, Relaxed);
-        self.mapped_now.fetch_sub(bytes as u64, Relaxed);
+    /// A span of `bytes` was reserved.
+    pub(crate) fn span_reserved(&self, bytes: usize) {
+        self.spans.fetch_add(1, Relaxed);
+        let now = self.span_bytes.fetch_add(bytes as u64, Relaxed) + bytes as u64;
+        self.span_bytes_peak.fetch_max(now, Relaxed);
     }
 
-    /// A mapping grew from `old` to `new` bytes by `mremap`; the added bytes
-    /// count as mapped on the books of `backing`, the tier of the grown
-    /// mapping (THP or normal pages: hugetlb never grows this way).
-    pub(crate) fn record_grow(&self, old: usize, new: usize, backing: Backing) {
-        self.remaps.fetch_add(1, Relaxed);
-        self.map_bytes[tier(backing)].fetch_add((new - old) as u64, Relaxed);
-        self.mapped((new - old) as u64);
+    /// A span was given back whole (its bytes counted by [`span_hole`](Self::span_hole)).
+    pub(crate) fn span_retired(&self) {
+        self.spans.fetch_sub(1, Relaxed);
+        self.spans_released.fetch_add(1, Relaxed);
+    }
+
+    /// `bytes` of a span were unmapped (the whole span, or a hole in it).
+    pub(crate) fn span_hole(&self, bytes: usize) {
+        self.span_bytes.fetch_sub(bytes as u64, Relaxed);
+        self.unmapped.fetch_add(bytes as u64, Relaxed);
+    }
+
+    /// Set the retained bytes (a fork child that recounted them).
+    pub(crate) fn set_retained(&self, bytes: u64) {
+        self.retained.store(bytes, Relaxed);
+    }
+
+    /// The snapshot [`huge_stats`](super::huge_stats) returns.
+    pub(crate) fn snapshot(&self) -> HugeStats {
+        let t = |i: usize| TierStats {
+            blocks: self.blocks[i].load(Relaxed),
+            bytes: self.block_bytes[i].load(Relaxed),
+        };
+        let c = |k: Call| self.calls[k as usize].load(Relaxed);
+        let l = |a: &AtomicU64| a.load(Relaxed);
+        HugeStats {
+            hugetlb: t(0),
+            thp: t(1),
+            normal: t(2),
+            hugetlb_fallbacks: l(&self.hugetlb_fallbacks),
+            hugetlb_skipped: l(&self.hugetlb_skipped),
+            thp_fallbacks: l(&self.thp_fallbacks),
+            syscalls: Syscalls {
+                mmap: c(Call::Mmap),
+                munmap: c(Call::Munmap),
+                mremap: c(Call::Mremap),
+                madvise: c(Call::Madvise),
+                mprotect: c(Call::Mprotect),
+                munlock: c(Call::Munlock),
+            },
+            spans: l(&self.spans),
+            span_bytes: l(&self.span_bytes),
+            peak_span_bytes: l(&self.span_bytes_peak),
+            spans_released: l(&self.spans_released),
+            unmapped_bytes: l(&self.unmapped),
+            live_bytes: l(&self.live),
+            peak_live_bytes: l(&self.live_peak),
+            retained_bytes: l(&self.retained),
+            retention_hits: l(&self.hits),
+            retention_misses: l(&self.misses),
+            retention_carves: l(&self.carves),
+            retention_extends: l(&self.extends),
+            grown_in_place: l(&self.grown_in_place),
+            moved: l(&self.moved),
+            copied: l(&self.copied),
+            purged_bytes: l(&self.purged_bytes),
+            decayed_bytes: l(&self.decayed_bytes),
+            first_touch_probes: l(&self.first_touch_probes),
+            first_touch_slow_probes: l(&self.first_touch_slow_probes),
+            first_touch_probe_ns: l(&self.first_touch_probe_ns),
+            first_touch_populated_bytes: l(&self.first_touch_populated_bytes),
+            first_touch_base_blocks: l(&self.first_touch_base_blocks),
+            first_touch_base_bytes: l(&self.first_touch_base_bytes),
+            settings: env::settings(),
+        }
     }
 }
 
-/// Mappings and bytes of one tier.
+/// Blocks of one tier.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct TierStats {
-    /// Mappings made on this tier.
-    pub mappings: u64,
-    /// Bytes mapped on this tier (including growth by `mremap`).
+    /// Blocks handed out on this tier: the engine's blocks, fresh or
+    /// reused, and [`HugeRegion`](crate::HugeRegion) mappings.
+    pub blocks: u64,
+    /// Their bytes (each block's whole length, a multiple of 2 MiB).
     pub bytes: u64,
 }
 
-/// A snapshot of the huge-page counters since the process started.
+/// The engine's system calls since the process started, by kind (each
+/// call counted, failed ones included).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Syscalls {
+    /// `mmap`: span reservations, hugetlb spans, extent-map leaves,
+    /// `HugeRegion` mappings.
+    pub mmap: u64,
+    /// `munmap`: idle spans given back, trimming an aligned reservation.
+    pub munmap: u64,
+    /// `mremap`: a block moved to grow.
+    pub mremap: u64,
+    /// `madvise`: purges (`MADV_DONTNEED`), THP advice, first touch.
+    pub madvise: u64,
+    /// `mprotect`: units committed, purged units made read-write again.
+    pub mprotect: u64,
+    /// `munlock`: a purge of units the program had locked.
+    pub munlock: u64,
+}
+
+/// A snapshot of the huge-page engine's counters since the process
+/// started ([`huge_stats`]).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct HugeStats {
-    /// hugetlb mappings.
+    /// hugetlb blocks.
     pub hugetlb: TierStats,
-    /// THP-advised mappings.
+    /// THP blocks (advised `MADV_HUGEPAGE`).
     pub thp: TierStats,
-    /// Normal-page mappings.
+    /// Normal-page blocks.
     pub normal: TierStats,
     /// hugetlb attempts that failed (the ladder fell to THP).
     pub hugetlb_fallbacks: u64,
     /// Allocations that skipped hugetlb because of the back-off after a failure.
     pub hugetlb_skipped: u64,
-    /// `madvise(MADV_HUGEPAGE)` failures (the mapping was kept as normal pages).
+    /// `madvise(MADV_HUGEPAGE)` failures (a span or mapping kept as normal pages).
     pub thp_fallbacks: u64,
-    /// Resizes done by `mremap` or a tail `munmap`.
-    pub remaps: u64,
-    /// `munmap` calls that released memory.
-    pub unmaps: u64,
-    /// Bytes released by those calls.
+    /// The engine's system calls by kind.
+    pub syscalls: Syscalls,
+    /// Spans (reserved address space the engine carves blocks from) now.
+    pub spans: u64,
+    /// Bytes of address space those spans hold now.
+    pub span_bytes: u64,
+    /// The high-water mark of `span_bytes`.
+    pub peak_span_bytes: u64,
+    /// Spans given back to the kernel (`munmap`) since the start.
+    pub spans_released: u64,
+    /// Bytes of address space given back with `munmap` since the start:
+    /// idle spans (a hugetlb span's pages go back to the pool with it) and,
+    /// under an address-space limit, free runs of spans in use.
     pub unmapped_bytes: u64,
-    /// Bytes of freed blocks [`CkHuge`](crate::CkHuge) keeps mapped for
-    /// reuse right now (its retention cache); still mapped, but not live.
-    pub retained_bytes: u64,
-    /// The high-water mark of bytes mapped at once by the huge-page paths
-    /// (live and retained blocks), since the process started.
-    pub peak_mapped_bytes: u64,
-    /// The high-water mark of live bytes (handed out and not yet freed)
-    /// of the huge-page paths, since the process started. The preload
-    /// library's retention cap follows it
-    /// ([Retention](crate::huge#retention-ckhuge)).
+    /// Bytes of live blocks (handed out and not yet freed), each block's
+    /// whole length.
+    pub live_bytes: u64,
+    /// The high-water mark of `live_bytes`. The preload library's retention
+    /// cap follows it ([`CapRule::TwiceLivePeak`](crate::huge::CapRule)).
     pub peak_live_bytes: u64,
-    /// `CkHuge` mapped-path allocations served from the retention cache
-    /// (no system call).
+    /// Bytes of freed blocks kept with their pages for reuse right now (the
+    /// retained units, not yet purged).
+    pub retained_bytes: u64,
+    /// Allocations of a retaining front served from retained units (no
+    /// system call, no page fault).
     pub retention_hits: u64,
-    /// `CkHuge` mapped-path allocations of a retaining value that found no
-    /// block of their length and alignment in the cache: they mapped
-    /// afresh, or grew a shorter retained block (`retention_grows`).
+    /// Allocations of a retaining front that found no retained run of
+    /// their length and alignment.
     pub retention_misses: u64,
-    /// Of the hits, those carved from a longer retained block (the rest of
-    /// it stays retained).
+    /// Of the hits, those taken from the front of a longer retained run
+    /// (the rest stays retained).
     pub retention_carves: u64,
-    /// Of the misses, those the preload library's C API served by growing
-    /// the longest shorter retained block with `mremap` (only the added
-    /// bytes fresh) instead of mapping the whole block.
-    pub retention_grows: u64,
-    /// Bytes of retained blocks given back to the kernel by decay (also
-    /// counted in `unmapped_bytes`).
+    /// Of the misses, those served by a retained run extended with free
+    /// units after it ([`OnMiss::ExtendRetained`](crate::huge::OnMiss)):
+    /// only the added units are fresh.
+    pub retention_extends: u64,
+    /// Resizes that grew a block in place, over the free units after it.
+    pub grown_in_place: u64,
+    /// Resizes that moved a block's pages with `mremap` (no copy).
+    pub moved: u64,
+    /// Resizes that copied a block (hugetlb, a kernel before 5.7, a range
+    /// the kernel would not move).
+    pub copied: u64,
+    /// Bytes purged (`MADV_DONTNEED`): given back to the kernel with their
+    /// address space kept.
+    pub purged_bytes: u64,
+    /// Of those, bytes purged by decay (retained longer than the delay);
+    /// hugetlb spans given back by decay count here too.
     pub decayed_bytes: u64,
-    /// Fresh `CkHuge` THP blocks the first-touch policy faulted in, one
-    /// 2 MiB page at a time, timing each page
-    /// ([First touch](crate::huge#first-touch-ckhuge)).
+    /// Fresh THP blocks the first-touch policy faulted in, one 2 MiB page
+    /// at a time, timing each page ([`FirstTouch::Probe`](crate::huge::FirstTouch)).
     pub first_touch_probes: u64,
     /// Of those, blocks in which a page took longer than 1 ms: the rest of
     /// the block went to base pages.
@@ -205,9 +323,8 @@ pub struct HugeStats {
     /// cap, the decay delay, the hugetlb back-off, the hugetlb, THP and
     /// first-touch probe switches, and the preload library's threshold and
     /// statistics switch, each with where it came from. A variable that
-    /// does not parse shows as
-    /// [`Source::Unparsed`] (taken as unset) and is named on the last
-    /// line of this snapshot's `Display`.
+    /// does not parse shows as [`Source::Unparsed`] (taken as unset) and is
+    /// named on the last line of this snapshot's `Display`.
     pub settings: [Setting; env::SETTINGS],
 }
 
@@ -218,60 +335,13 @@ impl HugeStats {
             .iter()
             .filter(|s| s.source == Source::Unparsed)
     }
-
-    /// Bytes mapped on all tiers minus bytes unmapped and bytes retained:
-    /// what this crate's huge-page paths hand out right now.
-    pub fn live_bytes(&self) -> u64 {
-        (self.hugetlb.bytes + self.thp.bytes + self.normal.bytes)
-            .saturating_sub(self.unmapped_bytes)
-            .saturating_sub(self.retained_bytes)
-    }
-}
-
-/// Read the huge-page counters. Never allocates.
-pub fn huge_stats() -> HugeStats {
-    let c = &COUNTERS;
-    let t = |i: usize| TierStats {
-        mappings: c.maps[i].load(Relaxed),
-        bytes: c.map_bytes[i].load(Relaxed),
-    };
-    HugeStats {
-        hugetlb: t(0),
-        thp: t(1),
-        normal: t(2),
-        hugetlb_fallbacks: c.hugetlb_fallbacks.load(Relaxed),
-        hugetlb_skipped: c.hugetlb_skipped.load(Relaxed),
-        thp_fallbacks: c.thp_fallbacks.load(Relaxed),
-        remaps: c.remaps.load(Relaxed),
-        unmaps: c.unmaps.load(Relaxed),
-        unmapped_bytes: c.unmapped_bytes.load(Relaxed),
-        retained_bytes: c.retained.load(Relaxed) as u64,
-        peak_mapped_bytes: c.mapped_peak.load(Relaxed),
-        peak_live_bytes: c.live_peak.load(Relaxed),
-        retention_hits: c.retain_hits.load(Relaxed),
-        retention_misses: c.retain_misses.load(Relaxed),
-        retention_carves: c.retain_carves.load(Relaxed),
-        retention_grows: c.retain_grows.load(Relaxed),
-        decayed_bytes: c.decayed_bytes.load(Relaxed),
-        first_touch_probes: c.first_touch_probes.load(Relaxed),
-        first_touch_slow_probes: c.first_touch_slow_probes.load(Relaxed),
-        first_touch_probe_ns: c.first_touch_probe_ns.load(Relaxed),
-        first_touch_populated_bytes: c.first_touch_populated_bytes.load(Relaxed),
-        first_touch_base_blocks: c.first_touch_base_blocks.load(Relaxed),
-        first_touch_base_bytes: c.first_touch_base_bytes.load(Relaxed),
-        settings: env::settings(),
-    }
 }
 
 impl fmt::Display for HugeStats {
     /// Several lines, no trailing newline. Never allocates (the preload
     /// library prints it at exit, inside the allocator).
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        writeln!(
-            f,
-            "{:<10} {:>10} {:>14}",
-            "tier", "mappings", "bytes mapped"
-        )?;
+        writeln!(f, "{:<10} {:>10} {:>14}", "tier", "blocks", "bytes")?;
         for (name, t) in [
             ("hugetlb", self.hugetlb),
             ("THP", self.thp),
@@ -281,7 +351,7 @@ impl fmt::Display for HugeStats {
                 f,
                 "{:<10} {:>10} {:>14}",
                 name,
-                t.mappings,
+                t.blocks,
                 human_bytes(t.bytes)
             )?;
         }
@@ -290,36 +360,47 @@ impl fmt::Display for HugeStats {
             "fallbacks: hugetlb {} (skipped by back-off {}), THP advice {}",
             self.hugetlb_fallbacks, self.hugetlb_skipped, self.thp_fallbacks
         )?;
-        write!(
+        writeln!(
             f,
-            "unmaps: {} ({}), remaps: {}, live: {} (peak {}), peak mapped: {}",
-            self.unmaps,
-            human_bytes(self.unmapped_bytes),
-            self.remaps,
-            human_bytes(self.live_bytes()),
+            "live: {} (peak {}), retained: {}, spans: {} ({}, peak {}; {} given back)",
+            human_bytes(self.live_bytes),
             human_bytes(self.peak_live_bytes),
-            human_bytes(self.peak_mapped_bytes)
-        )?;
-        write!(
-            f,
-            "\nretained: {} (hits {} of which carved {}, misses {} of which grew a retained block {}, given back by decay {})",
             human_bytes(self.retained_bytes),
+            self.spans,
+            human_bytes(self.span_bytes),
+            human_bytes(self.peak_span_bytes),
+            self.spans_released
+        )?;
+        writeln!(
+            f,
+            "retention: hits {} of which carved {}, misses {} of which extended a retained run {}; \
+             resizes in place {}, moved {}, copied {}; purged {} (by decay {})",
             self.retention_hits,
             self.retention_carves,
             self.retention_misses,
-            self.retention_grows,
+            self.retention_extends,
+            self.grown_in_place,
+            self.moved,
+            self.copied,
+            human_bytes(self.purged_bytes),
             human_bytes(self.decayed_bytes)
+        )?;
+        let s = &self.syscalls;
+        writeln!(
+            f,
+            "system calls: mmap {}, munmap {}, mremap {}, madvise {}, mprotect {}, munlock {}",
+            s.mmap, s.munmap, s.mremap, s.madvise, s.mprotect, s.munlock
         )?;
         write!(
             f,
-            "\nfirst touch: {} block{} faulted in ({} in {:.1} ms; {} met a slow page), {} block{} ({}) sent to base pages",
+            "first touch: {} block{} faulted in ({} in {:.1} ms; {} met a slow page), {} block{} ({}) sent to base pages",
             self.first_touch_probes,
-            crate::units::plural(self.first_touch_probes),
+            plural(self.first_touch_probes),
             human_bytes(self.first_touch_populated_bytes),
             self.first_touch_probe_ns as f64 / 1e6,
             self.first_touch_slow_probes,
             self.first_touch_base_blocks,
-            crate::units::plural(self.first_touch_base_blocks),
+            plural(self.first_touch_base_blocks),
             human_bytes(self.first_touch_base_bytes)
         )?;
         write!(f, "\nsettings: {}", self.settings[0])?;

@@ -2,31 +2,27 @@
 //! entry points the preload library exports under the C names, callable
 //! from Rust (the `preload_ops` fuzz target drives them).
 
-use super::glibc::{self, GlibcMalloc, MALLOC_ALIGNMENT};
+use super::glibc::{self, MALLOC_ALIGNMENT};
 use super::COUNTERS;
 use crate::env;
-use crate::huge::{registry, CkHuge};
+use crate::huge::{Fill, Policy, ResizeError, ENGINE};
 use crate::sys::{self, HUGE_PAGE_2M};
-use std::alloc::{GlobalAlloc, Layout};
 use std::ffi::{c_int, c_void};
-use std::ptr::{self, NonNull};
+use std::ptr;
 use std::sync::atomic::Ordering::Relaxed;
 
-/// The huge-page engine behind the C API: `CkHuge` with glibc as its small
-/// allocator. Threshold 1: every block it is handed is a mapped one (the
-/// routing by size happens here, against [`env::preload_threshold`]).
-/// In C API mode: fresh blocks fault in as THP when written, the retention
-/// cap follows the high-water mark of live bytes, and a miss grows the
-/// longest retained block (see the
+/// The policy of the huge-page engine's C front ([`Policy::C_MALLOC`]):
+/// fresh blocks fault in as THP when written, a retained block is cleared
+/// with `MADV_DONTNEED`, the retention cap follows the high-water mark of
+/// live bytes, a full cache purges its oldest runs, and a miss extends the
+/// longest retained run (see the
 /// [module docs](crate::preload#huge-blocks-first-touch-and-retention)).
-const ENGINE: CkHuge<GlibcMalloc> = CkHuge::with_small_allocator(GlibcMalloc)
-    .threshold_bytes(1)
-    .c_api();
+const POLICY: Policy = Policy::C_MALLOC;
 
-/// The retention cap of the C API's engine now, in bytes
+/// The retention cap of the C front now, in bytes
 /// ([`PreloadStats::retain_cap`](super::PreloadStats::retain_cap)).
 pub(super) fn retain_cap() -> usize {
-    ENGINE.retain_cap()
+    ENGINE.retain_cap(&POLICY)
 }
 
 fn errno() -> c_int {
@@ -45,70 +41,41 @@ fn is_huge(size: usize) -> bool {
     size >= env::preload_threshold()
 }
 
-/// The length of the block registered at `p` (a live ckalloc block),
-/// `None` for any other pointer. Touches no memory at `p`.
+/// The length of the engine block at `p`, `None` for any other pointer.
+/// Touches no memory at `p`.
 #[inline]
 fn block_len(p: *mut c_void) -> Option<usize> {
     if !(p as usize).is_multiple_of(HUGE_PAGE_2M) || p.is_null() {
         return None;
     }
-    registry::lookup(p.cast())
+    ENGINE.usable_size(p.cast())
 }
 
 /// A huge-page block for `size` bytes (at least the threshold) aligned to
-/// `align` (a power of two), registered; null with `errno = ENOMEM` when
-/// none can be had. `errno` is left as it was on success.
+/// `align` (a power of two), or, when the engine has no memory for it,
+/// glibc's (counted); null with `errno = ENOMEM` when neither has.
+/// `errno` is left as it was on success.
 #[cold]
 fn huge_alloc(size: usize, align: usize, zeroed: bool) -> *mut c_void {
-    let Ok(layout) = Layout::from_size_align(size, align.max(MALLOC_ALIGNMENT)) else {
-        set_errno(libc::ENOMEM);
-        return ptr::null_mut();
-    };
     let saved = errno();
-    // SAFETY: `size` is at least the threshold, at least 1.
-    let p = unsafe {
-        if zeroed {
-            ENGINE.alloc_zeroed(layout)
-        } else {
-            ENGINE.alloc(layout)
-        }
-    };
-    let (Some(block), Some(len)) = (NonNull::new(p), sys::round_up(size, HUGE_PAGE_2M)) else {
-        set_errno(libc::ENOMEM);
-        return ptr::null_mut();
-    };
-    if registry::register(block, len).is_err() {
-        // A block the registry cannot hold could never be told from glibc's
-        // on `free`: give it back and serve the request from glibc.
-        // SAFETY: the block came from `ENGINE` with `layout`, unused.
-        unsafe { ENGINE.dealloc(p, layout) };
-        COUNTERS.registry_fallbacks.fetch_add(1, Relaxed);
+    let fill = if zeroed { Fill::Zeroed } else { Fill::Uninit };
+    if let Some(b) = ENGINE.alloc(size, align.max(MALLOC_ALIGNMENT), fill, &POLICY) {
+        COUNTERS.blocks.fetch_add(1, Relaxed);
+        COUNTERS.bytes.fetch_add(size as u64, Relaxed);
         set_errno(saved);
-        return if zeroed {
-            glibc::calloc(1, size)
-        } else {
-            glibc::memalign(layout.align(), size)
-        };
+        return b.ptr.as_ptr().cast();
     }
-    COUNTERS.blocks.fetch_add(1, Relaxed);
-    COUNTERS.bytes.fetch_add(size as u64, Relaxed);
+    COUNTERS.glibc_fallbacks.fetch_add(1, Relaxed);
     set_errno(saved);
-    p.cast()
-}
-
-/// Give back a block removed from the registry.
-///
-/// # Safety
-/// `p` is a ckalloc block of `len` mapped bytes, no longer used.
-#[cold]
-unsafe fn huge_free(p: *mut c_void, len: usize) {
-    // SAFETY: the caller's contract; `len` rounds to the block's length.
-    unsafe {
-        ENGINE.dealloc(
-            p.cast(),
-            Layout::from_size_align_unchecked(len, MALLOC_ALIGNMENT),
-        )
+    let p = if zeroed {
+        glibc::calloc(1, size)
+    } else {
+        glibc::memalign(align.max(MALLOC_ALIGNMENT), size)
+    };
+    if p.is_null() {
+        set_errno(libc::ENOMEM);
     }
+    p
 }
 
 /// `malloc(3)`: at least `size` bytes aligned to 16, or null with `errno =
@@ -128,11 +95,10 @@ pub fn malloc(size: usize) -> *mut c_void {
 /// `p` is null or a live block of this API or of glibc's allocator.
 #[inline]
 pub unsafe fn free(p: *mut c_void) {
-    if (p as usize).is_multiple_of(HUGE_PAGE_2M) && !p.is_null() {
-        if let Some(len) = registry::remove(p.cast()) {
-            // SAFETY: the registry held the block: ours, `len` bytes.
-            return unsafe { huge_free(p, len) };
-        }
+    // SAFETY: a block the engine holds at `p` is the caller's, not used
+    // afterwards.
+    if (p as usize).is_multiple_of(HUGE_PAGE_2M) && unsafe { ENGINE.free(p.cast(), &POLICY) } {
+        return;
     }
     // SAFETY: not a ckalloc block, so glibc's (the caller's contract).
     unsafe { glibc::free(p) }
@@ -168,13 +134,28 @@ pub unsafe fn realloc(p: *mut c_void, size: usize) -> *mut c_void {
         unsafe { free(p) };
         return ptr::null_mut();
     }
-    if let Some(len) = block_len(p) {
-        // SAFETY: `p` is a ckalloc block of `len` bytes.
-        return unsafe { realloc_huge(p, len, size) };
-    }
     if !is_huge(size) {
+        if let Some(len) = block_len(p) {
+            // SAFETY: an engine block of `len` bytes, the caller's.
+            return unsafe { shrink_to_glibc(p, len, size) };
+        }
         // SAFETY: a glibc block (the caller's contract).
         return unsafe { glibc::realloc(p, size) };
+    }
+    if (p as usize).is_multiple_of(HUGE_PAGE_2M) {
+        let saved = errno();
+        // SAFETY: a block the engine holds at `p` is the caller's.
+        match unsafe { ENGINE.resize(p.cast(), size, MALLOC_ALIGNMENT, Fill::Uninit, &POLICY) } {
+            Ok(b) => {
+                set_errno(saved);
+                return b.ptr.as_ptr().cast();
+            }
+            Err(ResizeError::NoMemory) => {
+                // SAFETY: the engine's block, as it was.
+                return unsafe { move_to_glibc(p, size) };
+            }
+            Err(ResizeError::NotOurs) => {}
+        }
     }
     let q = huge_alloc(size, MALLOC_ALIGNMENT, false);
     if !q.is_null() {
@@ -189,70 +170,48 @@ pub unsafe fn realloc(p: *mut c_void, size: usize) -> *mut c_void {
     q
 }
 
-/// `realloc` of a ckalloc block of `len` bytes to `size` (non-zero).
+/// `realloc` of an engine block of `len` bytes to `size`, below the
+/// threshold: into glibc's memory.
 ///
 /// # Safety
-/// `p` is a live ckalloc block of `len` bytes.
+/// `p` is a live engine block of `len >= size` bytes, the caller's.
 #[cold]
-unsafe fn realloc_huge(p: *mut c_void, len: usize, size: usize) -> *mut c_void {
-    if Layout::from_size_align(size, MALLOC_ALIGNMENT).is_err() {
-        set_errno(libc::ENOMEM);
-        return ptr::null_mut();
-    }
-    if !is_huge(size) {
-        let q = glibc::malloc(size);
-        if !q.is_null() {
-            // SAFETY: `size < threshold <= len`: both hold `size` bytes.
-            unsafe { ptr::copy_nonoverlapping(p.cast::<u8>(), q.cast::<u8>(), size) };
-            // SAFETY: `p` is ours and no longer used.
-            unsafe { free(p) };
+unsafe fn shrink_to_glibc(p: *mut c_void, len: usize, size: usize) -> *mut c_void {
+    let q = glibc::malloc(size);
+    if !q.is_null() {
+        // SAFETY: both hold `size <= len` bytes; distinct blocks; `p` is
+        // the engine's, not used again.
+        unsafe {
+            ptr::copy_nonoverlapping(p.cast::<u8>(), q.cast::<u8>(), size.min(len));
+            ENGINE.free_moved(p.cast(), &POLICY);
         }
+    }
+    q
+}
+
+/// `realloc` of an engine block the engine cannot resize for want of
+/// memory: into glibc's memory, so that a request glibc would serve is
+/// served; null with `errno = ENOMEM` and the block untouched when glibc
+/// has none either.
+///
+/// # Safety
+/// `p` is a live engine block, the caller's.
+#[cold]
+unsafe fn move_to_glibc(p: *mut c_void, size: usize) -> *mut c_void {
+    let len = block_len(p).unwrap_or(0);
+    let q = glibc::malloc(size);
+    if q.is_null() {
+        set_errno(libc::ENOMEM);
         return q;
     }
-    let saved = errno();
-    // Out of the registry while it moves, so that no other thread can find
-    // the old address taken by a block it maps there meanwhile.
-    if registry::remove(p.cast()).is_none() {
-        set_errno(libc::EINVAL);
-        return ptr::null_mut();
+    COUNTERS.glibc_fallbacks.fetch_add(1, Relaxed);
+    // SAFETY: both hold at least `min(len, size)` bytes; distinct blocks;
+    // `p` is the engine's, not used again.
+    unsafe {
+        ptr::copy_nonoverlapping(p.cast::<u8>(), q.cast::<u8>(), len.min(size));
+        ENGINE.free_moved(p.cast(), &POLICY);
     }
-    // SAFETY: `p` came from `ENGINE` with `len` bytes (any size rounding to
-    // it is valid); `size` is non-zero.
-    let q = unsafe {
-        ENGINE.realloc(
-            p.cast(),
-            Layout::from_size_align_unchecked(len, MALLOC_ALIGNMENT),
-            size,
-        )
-    };
-    let (Some(block), Some(new_len)) = (NonNull::new(q), sys::round_up(size, HUGE_PAGE_2M)) else {
-        // The block is as it was: back into the registry (its word is
-        // free: nothing else can be mapped at a live block's address).
-        if let Some(b) = NonNull::new(p.cast()) {
-            let _ = registry::register(b, len);
-        }
-        set_errno(libc::ENOMEM);
-        return ptr::null_mut();
-    };
-    if registry::register(block, new_len).is_err() {
-        // The moved block cannot be registered: copy what it holds (the
-        // old contents, up to the smaller size) into glibc's memory, or
-        // fail having lost nothing but the moved copy's bytes (see the
-        // module docs' "Limits").
-        let keep = len.min(size);
-        let r = glibc::malloc(size);
-        if !r.is_null() {
-            // SAFETY: both hold at least `keep` bytes; distinct blocks.
-            unsafe { ptr::copy_nonoverlapping(q.cast::<u8>(), r.cast::<u8>(), keep) };
-            set_errno(saved);
-        }
-        // SAFETY: `q` came from `ENGINE`, unregistered and no longer used.
-        unsafe { huge_free(q.cast(), new_len) };
-        COUNTERS.registry_fallbacks.fetch_add(1, Relaxed);
-        return r;
-    }
-    set_errno(saved);
-    q.cast()
+    q
 }
 
 /// `reallocarray(3)`: `realloc(p, n * size)`, or null with `errno =

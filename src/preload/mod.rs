@@ -275,13 +275,13 @@ pub const BLOCK_ALIGN: usize = crate::sys::HUGE_PAGE_2M;
 pub(crate) struct Counters {
     pub(crate) blocks: AtomicU64,
     pub(crate) bytes: AtomicU64,
-    pub(crate) registry_fallbacks: AtomicU64,
+    pub(crate) glibc_fallbacks: AtomicU64,
 }
 
 pub(crate) static COUNTERS: Counters = Counters {
     blocks: AtomicU64::new(0),
     bytes: AtomicU64::new(0),
-    registry_fallbacks: AtomicU64::new(0),
+    glibc_fallbacks: AtomicU64::new(0),
 };
 
 /// The threshold ([`env::preload_threshold`](crate::env::preload_threshold))
@@ -303,9 +303,9 @@ pub struct PreloadStats {
     pub blocks: u64,
     /// Bytes those requests asked for.
     pub bytes: u64,
-    /// Requests over the threshold served by glibc because the block
-    /// registry could not hold their block.
-    pub registry_fallbacks: u64,
+    /// Requests over the threshold served by glibc because the engine had
+    /// no memory for them (glibc would serve them, so ckalloc does too).
+    pub glibc_fallbacks: u64,
     /// The threshold in use, in bytes.
     pub threshold: usize,
     /// The most bytes the retention cache may hold now: while
@@ -321,7 +321,7 @@ pub fn stats() -> PreloadStats {
     PreloadStats {
         blocks: COUNTERS.blocks.load(Relaxed),
         bytes: COUNTERS.bytes.load(Relaxed),
-        registry_fallbacks: COUNTERS.registry_fallbacks.load(Relaxed),
+        glibc_fallbacks: COUNTERS.glibc_fallbacks.load(Relaxed),
         threshold: crate::env::preload_threshold(),
         retain_cap: api::retain_cap(),
     }

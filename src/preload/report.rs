@@ -33,8 +33,8 @@ pub fn write_summary(fd: i32) -> std::io::Result<usize> {
     let _ = write!(
         text,
         "preload: {} huge block{} served ({} requested), threshold {}, \
-         retention cap {}{}, {} served by glibc because the block registry \
-         was full\n{}\n",
+         retention cap {}{}, {} served by glibc because the engine had no \
+         memory\n{}\n",
         p.blocks,
         crate::units::plural(p.blocks),
         crate::human_bytes(p.bytes),
@@ -45,7 +45,7 @@ pub fn write_summary(fd: i32) -> std::io::Result<usize> {
         } else {
             " (twice the live peak, at least the default)"
         },
-        p.registry_fallbacks,
+        p.glibc_fallbacks,
         huge_stats()
     );
     let len = w.len;

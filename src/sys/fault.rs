@@ -19,6 +19,8 @@ pub enum Op {
     Mprotect,
     Mbind,
     Mlock,
+    /// `munlock`, before a purge of a range the program locked.
+    Munlock,
     Open,
     Fstat,
     Pread,

@@ -88,17 +88,22 @@ pub(crate) fn map_hugetlb(len: usize, size: HugetlbSize) -> io::Result<NonNull<u
 /// [`commit_read_write`] or maps over them with the `*_fixed` functions.
 /// Over-reserves by `align` and trims both ends.
 pub(crate) fn reserve_aligned(len: usize, align: usize) -> io::Result<NonNull<u8>> {
-    map_aligned(len, align, Prot::None)
+    map_aligned(len, align, Prot::None).map(|m| m.ptr)
 }
 
-/// Anonymous private read-write memory of `len` bytes whose start is aligned
-/// to `align` (a power of two): over-reserve, then unmap the unaligned head
-/// and the tail.
-pub(crate) fn map_anon_aligned(len: usize, align: usize) -> io::Result<NonNull<u8>> {
-    map_aligned(len, align, Prot::ReadWrite)
+/// An aligned mapping from [`map_aligned`].
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Aligned {
+    pub(crate) ptr: NonNull<u8>,
+    /// The `munmap` calls that trimmed the over-reservation (0 to 2), for
+    /// callers that count their system calls.
+    pub(crate) trims: u32,
 }
 
-fn map_aligned(len: usize, align: usize, prot: Prot) -> io::Result<NonNull<u8>> {
+/// Anonymous private memory of `len` bytes with protection `prot`, its
+/// start aligned to `align` (a power of two): over-reserve by `align`, then
+/// unmap the unaligned head and the tail.
+pub(crate) fn map_aligned(len: usize, align: usize, prot: Prot) -> io::Result<Aligned> {
     let page = page_size();
     let align = align.max(page);
     let len = round_up(len, page).ok_or_else(|| io::Error::from_raw_os_error(libc::ENOMEM))?;
@@ -120,6 +125,7 @@ fn map_aligned(len: usize, align: usize, prot: Prot) -> io::Result<NonNull<u8>> 
     };
     let head = aligned - start;
     let tail = over - head - len;
+    let trims = u32::from(head > 0) + u32::from(tail > 0);
     // Trimming cannot be undone halfway: if an unmap fails, release the whole
     // over-reservation and report the error, so the caller holds nothing.
     let trim = (|| {
@@ -137,23 +143,26 @@ fn map_aligned(len: usize, align: usize, prot: Prot) -> io::Result<NonNull<u8>> 
         return Err(e);
     }
     // SAFETY: aligned >= start > 0.
-    Ok(unsafe { NonNull::new_unchecked(aligned as *mut u8) })
+    let ptr = unsafe { NonNull::new_unchecked(aligned as *mut u8) };
+    Ok(Aligned { ptr, trims })
 }
 
-/// Make `addr..addr+len`, inside a reservation from [`reserve_aligned`]
-/// that the caller owns, private anonymous read-write memory in place
-/// (`mprotect`): the arena's mixed mode, and a growing huge block's
-/// destination. The range is charged against the commit limit as a fresh
-/// mapping of that length would be (`mprotect_fixup` in `mm/mprotect.c`),
-/// so an overcommit refusal is `ENOMEM` here. Nothing is unmapped, so no
-/// failure can leave a hole in the reservation: on error the range is still
-/// the caller's (part of it possibly read-write), and releasing the
+/// Make `addr..addr+len` private anonymous read-write memory in place
+/// (`mprotect`): a part of a reservation from [`reserve_aligned`] that the
+/// caller owns (the arena's mixed mode, a huge-page span's committed
+/// units), or a range of the caller's whose protection a program may have
+/// changed (a purged span unit). The range is charged against the commit
+/// limit as a fresh mapping of that length would be (`mprotect_fixup` in
+/// `mm/mprotect.c`), so an overcommit refusal is `ENOMEM` here; a range
+/// already read-write is left as it is. Nothing is unmapped, so no failure
+/// can leave a hole in the reservation: on error the range is still the
+/// caller's (part of it possibly read-write), and releasing the
 /// reservation releases it.
 pub(crate) fn commit_read_write(addr: NonNull<u8>, len: usize) -> io::Result<()> {
     inject(Op::Mprotect)?;
-    // SAFETY: the caller owns the range, an inaccessible reservation that
-    // no reference points into; opening it to reads and writes changes no
-    // byte any code can see.
+    // SAFETY: the caller owns the range, and no reference points into it
+    // that a change of protection could invalidate: opening it to reads and
+    // writes changes no byte any code can see.
     cvt(unsafe { libc::mprotect(addr.as_ptr().cast(), len, Prot::ReadWrite.bits()) })
 }
 
@@ -169,16 +178,20 @@ pub(crate) fn commit_read_write(addr: NonNull<u8>, len: usize) -> io::Result<()>
 /// thread's new mapping could land in that hole, to be unmapped with the
 /// reservation by its owner. `mremap` checks the map count before it
 /// unmaps the destination (`mremap_to` in `mm/mremap.c`, since Linux 5.1),
-/// and hugetlb mappings move since Linux 5.16. Before 5.16 the move fails
-/// with `EINVAL` after the destination is unmapped, which leaves that hole.
+/// and hugetlb mappings move since Linux 5.16
+/// ([`LINUX_HUGETLB_MREMAP`](super::LINUX_HUGETLB_MREMAP)). Before 5.16 the
+/// move would fail with `EINVAL` after the destination is unmapped, which
+/// would leave that hole: there this fails with `EINVAL` before mapping.
 #[cfg(target_os = "linux")]
 pub(crate) fn map_hugetlb_fixed(addr: NonNull<u8>, len: usize) -> io::Result<()> {
+    if !super::linux_at_least(super::LINUX_HUGETLB_MREMAP) {
+        // The move would fail after unmapping the destination: refuse first.
+        return Err(io::Error::from_raw_os_error(libc::EINVAL));
+    }
     let pages = map_hugetlb(len, HugetlbSize::Size2M)?;
-    mremap(pages, len, len, Some(addr))
-        .map(|_| ())
-        .inspect_err(|_| {
-            let _ = munmap_best_effort(pages.as_ptr(), len);
-        })
+    mremap_fixed(pages, len, addr, Source::Unmapped).inspect_err(|_| {
+        let _ = munmap_best_effort(pages.as_ptr(), len);
+    })
 }
 
 /// Map `len` bytes of `fd` from `offset` read-only where the kernel finds
@@ -247,15 +260,6 @@ pub(crate) fn munmap_best_effort(addr: *mut u8, len: usize) -> io::Result<()> {
     cvt(unsafe { libc::munmap(addr.cast(), len) })
 }
 
-/// Whether every page of `addr..addr+len` is mapped (with any protection):
-/// `msync(MS_ASYNC)`, a no-op on mapped memory, fails with `ENOMEM` when
-/// part of the range is not (msync(2)). Reads and writes no memory.
-pub(crate) fn is_mapped(addr: *mut u8, len: usize) -> bool {
-    // SAFETY: MS_ASYNC schedules no write-back for anonymous memory and
-    // touches no page; an unmapped range is reported, not accessed.
-    unsafe { libc::msync(addr.cast(), len, libc::MS_ASYNC) == 0 }
-}
-
 /// `madvise` advice used by the crate.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Advice {
@@ -299,132 +303,77 @@ pub(crate) fn madvise(addr: *mut u8, len: usize, advice: Advice) -> io::Result<(
     }
 }
 
-/// Resize the mapping at `old` in place (`new_addr == None`, no move), or
-/// move it onto `new_addr` (`MREMAP_MAYMOVE | MREMAP_FIXED`), which atomically
-/// replaces whatever was mapped there (a reservation of the caller's).
-/// hugetlb mappings cannot grow (`EINVAL`).
+/// `MREMAP_DONTUNMAP` of `linux/mman.h` (Linux 5.7), which libc 0.2.143
+/// lacks.
 #[cfg(target_os = "linux")]
-pub(crate) fn mremap(
+const MREMAP_DONTUNMAP: libc::c_int = 4;
+
+/// What [`mremap_fixed`] leaves at the source range.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Source {
+    /// Nothing: the source range is unmapped, as `mremap` does by default.
+    Unmapped,
+    /// The source mapping, with no pages (`MREMAP_DONTUNMAP`,
+    /// [`LINUX_MREMAP_DONTUNMAP`](super::LINUX_MREMAP_DONTUNMAP)): private
+    /// anonymous memory there reads zero and faults in afresh. The kernel
+    /// refuses it (`EINVAL`) for hugetlb mappings and before Linux 5.7.
+    KeptEmpty,
+}
+
+/// Move the `len` bytes of the mapping at `old` (one VMA, or a part of
+/// one: `EFAULT` when the range crosses a VMA boundary) onto `dst` with
+/// `MREMAP_MAYMOVE | MREMAP_FIXED`, which replaces whatever the caller had
+/// mapped at `dst..dst+len` (a range of its own). The pages move without a
+/// copy, with their VMA's flags. On error nothing moved.
+#[cfg(target_os = "linux")]
+pub(crate) fn mremap_fixed(
     old: NonNull<u8>,
-    old_len: usize,
-    new_len: usize,
-    new_addr: Option<NonNull<u8>>,
-) -> io::Result<NonNull<u8>> {
+    len: usize,
+    dst: NonNull<u8>,
+    source: Source,
+) -> io::Result<()> {
     inject(Op::Mremap)?;
-    // SAFETY: the caller owns the old mapping and, when moving, the
-    // destination reservation; no reference into the old range outlives this.
+    let keep = match source {
+        Source::Unmapped => 0,
+        Source::KeptEmpty => MREMAP_DONTUNMAP,
+    };
+    // SAFETY: the caller owns the old range and the destination; no
+    // reference into the old range outlives this, and the destination's
+    // old contents are the caller's to discard.
     let p = unsafe {
-        match new_addr {
-            None => libc::mremap(old.as_ptr().cast(), old_len, new_len, 0),
-            Some(dst) => libc::mremap(
-                old.as_ptr().cast(),
-                old_len,
-                new_len,
-                libc::MREMAP_MAYMOVE | libc::MREMAP_FIXED,
-                dst.as_ptr().cast::<libc::c_void>(),
-            ),
-        }
+        libc::mremap(
+            old.as_ptr().cast(),
+            len,
+            len,
+            libc::MREMAP_MAYMOVE | libc::MREMAP_FIXED | keep,
+            dst.as_ptr().cast::<libc::c_void>(),
+        )
     };
     if p == libc::MAP_FAILED {
         return Err(io::Error::last_os_error());
     }
-    NonNull::new(p.cast()).ok_or_else(|| io::Error::from_raw_os_error(libc::ENOMEM))
+    Ok(())
 }
 
-/// The VMA that holds an address, as [`VmaQuery::vma_at`] reads it.
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct Vma {
-    /// The address one past its last byte.
-    pub(crate) end: usize,
-    /// Private, readable and writable: memory as `malloc` hands it out.
-    pub(crate) private_read_write: bool,
-}
-
-/// `/proc/self/maps`, open for `PROCMAP_QUERY` (Linux 6.11, `linux/fs.h`):
-/// one `ioctl` per VMA, no text to parse, no allocation. Closed on drop.
-#[derive(Debug)]
-pub(crate) struct VmaQuery(
-    #[cfg_attr(not(target_os = "linux"), allow(dead_code))] super::files::Fd,
-);
-
-impl VmaQuery {
-    /// The VMA at `addr` and its length from `addr`, cut at `limit` bytes;
-    /// `None` when the query fails.
-    pub(crate) fn len_at(&self, addr: *mut u8, limit: usize) -> Option<(usize, Vma)> {
-        let vma = self.vma_at(addr).ok()?;
-        let n = vma.end.checked_sub(addr as usize).filter(|&n| n > 0)?;
-        Some((n.min(limit), vma))
-    }
-}
-
-#[cfg(target_os = "linux")]
-impl VmaQuery {
-    /// Opens `/proc/self/maps`; fault injection counts it as an `open`.
-    pub(crate) fn open() -> io::Result<VmaQuery> {
-        inject(Op::Open)?;
-        // SAFETY: a NUL-terminated path; the descriptor is owned by the
-        // `Fd` below.
-        let raw = unsafe {
-            libc::open(
-                c"/proc/self/maps".as_ptr(),
-                libc::O_RDONLY | libc::O_CLOEXEC,
-            )
-        };
-        if raw < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        Ok(VmaQuery(super::files::Fd::from_raw(raw)))
-    }
-
-    /// The VMA that holds `addr`. Fails with `ENOTTY` or `EINVAL` on kernels
-    /// before 6.11, `ENOENT` when nothing is mapped at `addr`; fault
-    /// injection counts each query as an `open` too.
-    pub(crate) fn vma_at(&self, addr: *mut u8) -> io::Result<Vma> {
-        inject(Op::Open)?;
-        /// `struct procmap_query` of `linux/fs.h`.
-        #[repr(C)]
-        #[derive(Default)]
-        struct ProcmapQuery {
-            size: u64,
-            query_flags: u64,
-            query_addr: u64,
-            vma_start: u64,
-            vma_end: u64,
-            vma_flags: u64,
-            vma_page_size: u64,
-            vma_offset: u64,
-            inode: u64,
-            dev_major: u32,
-            dev_minor: u32,
-            vma_name_size: u32,
-            build_id_size: u32,
-            vma_name_addr: u64,
-            build_id_addr: u64,
-        }
-        /// `_IOWR('f', 17, struct procmap_query)`.
-        const PROCMAP_QUERY: libc::c_ulong = (3 << 30)
-            | ((std::mem::size_of::<ProcmapQuery>() as libc::c_ulong) << 16)
-            | ((b'f' as libc::c_ulong) << 8)
-            | 17;
-        let mut q = ProcmapQuery {
-            size: std::mem::size_of::<ProcmapQuery>() as u64,
-            query_addr: addr as u64,
-            ..ProcmapQuery::default()
-        };
-        // SAFETY: `q` is a `struct procmap_query` with its size set; with no
-        // name or build-id buffers the kernel writes only into `q`.
-        if unsafe { libc::ioctl(self.0.raw(), PROCMAP_QUERY, &mut q as *mut ProcmapQuery) } < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        // `PROCMAP_QUERY_VMA_READABLE`, `_WRITABLE` and `_SHARED`.
-        const READ_WRITE: u64 = 0x1 | 0x2;
-        const SHARED: u64 = 0x8;
-        Ok(Vma {
-            end: usize::try_from(q.vma_end)
-                .map_err(|_| io::Error::from_raw_os_error(libc::EOVERFLOW))?,
-            private_read_write: q.vma_flags & (READ_WRITE | SHARED) == READ_WRITE,
-        })
-    }
+/// Drop the pages of `addr..addr+len`, a private anonymous range of the
+/// caller's: it reads zero afterwards, and its pages fault in afresh. On
+/// Linux `MADV_DONTNEED` (madvise(2)), which refuses (`EINVAL`) a range
+/// with `mlock`ed pages and (`EPERM`) a sealed one; elsewhere a fresh
+/// anonymous mapping over the range (`MAP_FIXED`, which those systems apply
+/// under the map's lock), since their `MADV_DONTNEED` need not zero.
+pub(crate) fn purge(addr: NonNull<u8>, len: usize) -> io::Result<()> {
+    #[cfg(target_os = "linux")]
+    return madvise(addr.as_ptr(), len, Advice::DontNeed);
+    #[cfg(not(target_os = "linux"))]
+    return mmap_raw(
+        addr.as_ptr(),
+        len,
+        Prot::ReadWrite,
+        libc::MAP_PRIVATE | libc::MAP_ANON | libc::MAP_FIXED,
+        -1,
+        0,
+    )
+    .map(|_| ());
 }
 
 /// Bind `addr..addr+len` to NUMA node `node` (`MPOL_BIND`, `MPOL_MF_MOVE`).
@@ -469,9 +418,24 @@ pub(crate) fn mlock(addr: *mut u8, len: usize) -> io::Result<()> {
     cvt(unsafe { libc::mlock(addr.cast(), len) })
 }
 
+/// Unlock `addr..addr+len` (`munlock`): its pages may be swapped and
+/// purged again.
+pub(crate) fn munlock(addr: NonNull<u8>, len: usize) -> io::Result<()> {
+    inject(Op::Munlock)?;
+    // SAFETY: munlock only changes residency of a range the caller owns.
+    cvt(unsafe { libc::munlock(addr.as_ptr().cast(), len) })
+}
+
 #[cfg(all(test, target_os = "linux"))]
 mod tests {
     use super::*;
+
+    /// Whether every page of `addr..addr+len` is mapped: `msync(MS_ASYNC)`
+    /// fails with `ENOMEM` when part of the range is not (msync(2)).
+    fn is_mapped(addr: *mut u8, len: usize) -> bool {
+        // SAFETY: MS_ASYNC touches no page; an unmapped range is reported.
+        unsafe { libc::msync(addr.cast(), len, libc::MS_ASYNC) == 0 }
+    }
 
     /// More 2 MiB hugetlb pages than the pool and its surplus can give.
     fn beyond_pool() -> usize {

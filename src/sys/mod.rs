@@ -26,13 +26,14 @@ pub(crate) use files::{fstat, open_readonly, pread_exact, Fd};
 #[cfg(feature = "weights")]
 pub(crate) use files::{link_unnamed, open_unnamed_in, unnamed_unsupported};
 pub(crate) use mappings::{
-    commit_read_write, is_mapped, madvise, map_anon_aligned, mlock, munmap, munmap_best_effort,
-    reserve_aligned, Advice, HugetlbSize, VmaQuery,
+    commit_read_write, madvise, map_aligned, mlock, munlock, munmap, munmap_best_effort, purge,
+    reserve_aligned, Advice, HugetlbSize, Prot, Source,
 };
 #[cfg(feature = "weights")]
 pub(crate) use process::block_termination_signals;
 pub(crate) use process::{
-    environment_ready, getenv, memlock_limit, monotonic_ns, read_small_file, register_atfork,
+    address_space_limited, environment_ready, getenv, linux_at_least, memlock_limit, monotonic_ns,
+    read_small_file, register_atfork,
 };
 
 #[cfg(target_os = "linux")]
@@ -40,18 +41,35 @@ use mappings::advice_raw;
 #[cfg(not(target_os = "linux"))]
 use unsupported::advice_raw;
 #[cfg(not(target_os = "linux"))]
-pub(crate) use unsupported::{fadvise_sequential, map_hugetlb, mbind, mremap, pagemap_scan};
+pub(crate) use unsupported::{fadvise_sequential, map_hugetlb, mbind, mremap_fixed, pagemap_scan};
 #[cfg(target_os = "linux")]
 pub(crate) use {
     files::fadvise_sequential,
     mappings::{
-        map_file_fixed_readonly, map_hugetlb, map_hugetlb_fixed, mbind, mremap, probe_file_readonly,
+        map_file_fixed_readonly, map_hugetlb, map_hugetlb_fixed, mbind, mremap_fixed,
+        probe_file_readonly,
     },
     process::pagemap_scan,
 };
 
 use std::io;
 use std::sync::atomic::{AtomicUsize, Ordering};
+
+/// A Linux release, as (major, minor): the first release with a kernel
+/// feature the crate uses. The documentation cites these constants.
+pub(crate) type Linux = (u32, u32);
+/// `MREMAP_DONTUNMAP` for private anonymous mappings: a move that leaves
+/// the source mapped and empty.
+pub(crate) const LINUX_MREMAP_DONTUNMAP: Linux = (5, 7);
+/// `mremap` moves a range of several VMAs (one by one): a move that fails
+/// midway leaves the VMAs before the failing one moved.
+pub(crate) const LINUX_MREMAP_MULTI_VMA: Linux = (6, 17);
+/// `MADV_POPULATE_WRITE`: prefault writable pages, reporting failure.
+pub(crate) const LINUX_MADV_POPULATE_WRITE: Linux = (5, 14);
+/// `mremap` moves hugetlb mappings (it refused them before).
+pub(crate) const LINUX_HUGETLB_MREMAP: Linux = (5, 16);
+/// The `PAGEMAP_SCAN` ioctl on `/proc/self/pagemap`.
+pub(crate) const LINUX_PAGEMAP_SCAN: Linux = (6, 7);
 
 /// The huge page size the crate rounds to (2 MiB), in bytes.
 pub(crate) const HUGE_PAGE_2M: usize = 2 << 20;

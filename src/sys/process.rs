@@ -79,6 +79,51 @@ pub(crate) fn memlock_limit() -> io::Result<(Option<u64>, Option<u64>)> {
     Ok((conv(rl.rlim_cur), conv(rl.rlim_max)))
 }
 
+/// Whether the running kernel is Linux `at_least` (major, minor) or
+/// later, read once from `uname(2)` and cached; `false` on other systems
+/// and when the release does not parse. Never allocates.
+pub(crate) fn linux_at_least(at_least: super::Linux) -> bool {
+    static RELEASE: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let mut r = RELEASE.load(std::sync::atomic::Ordering::Relaxed);
+    if r == 0 {
+        // Bit 0: read; bits 1..17: minor; bits 17..32: major.
+        r = 1 | linux_release().map_or(0, |(major, minor)| {
+            (major.min(0x7fff) << 17) | (minor.min(0xffff) << 1)
+        });
+        RELEASE.store(r, std::sync::atomic::Ordering::Relaxed);
+    }
+    let (major, minor) = (r >> 17, (r >> 1) & 0xffff);
+    cfg!(target_os = "linux") && (major, minor) >= at_least
+}
+
+/// The (major, minor) of `uname(2)`'s release (`6.18.0-1-amd64`).
+fn linux_release() -> Option<(u32, u32)> {
+    // SAFETY: plain out-struct of byte arrays.
+    let mut u: libc::utsname = unsafe { std::mem::zeroed() };
+    // SAFETY: valid out pointer.
+    if unsafe { libc::uname(&mut u) } != 0 {
+        return None;
+    }
+    let release = u.release.map(|c| c as u8);
+    let mut parts = release.split(|&b| !b.is_ascii_digit());
+    let number = |p: Option<&[u8]>| -> Option<u32> {
+        let p = p.filter(|p| !p.is_empty() && p.len() < 6)?;
+        p.iter()
+            .try_fold(0u32, |n, &d| Some(n * 10 + u32::from(d - b'0')))
+    };
+    Some((number(parts.next())?, number(parts.next())?))
+}
+
+/// Whether `RLIMIT_AS` (the address-space limit of `ulimit -v`) is finite
+/// now. Never allocates.
+pub(crate) fn address_space_limited() -> bool {
+    // SAFETY: plain out-struct.
+    let mut rl: libc::rlimit = unsafe { std::mem::zeroed() };
+    // SAFETY: valid out pointer.
+    let ok = unsafe { libc::getrlimit(libc::RLIMIT_AS, &mut rl) } == 0;
+    ok && rl.rlim_cur != libc::RLIM_INFINITY
+}
+
 /// Monotonic clock in nanoseconds (`CLOCK_MONOTONIC`), without allocating.
 pub(crate) fn monotonic_ns() -> u64 {
     // SAFETY: plain out-struct.

@@ -27,26 +27,14 @@ pub(super) fn advice_raw(advice: Advice) -> io::Result<libc::c_int> {
 }
 
 /// `mremap` is Linux-only.
-pub(crate) fn mremap(
+pub(crate) fn mremap_fixed(
     _old: NonNull<u8>,
-    _old_len: usize,
-    _new_len: usize,
-    _new_addr: Option<NonNull<u8>>,
-) -> io::Result<NonNull<u8>> {
+    _len: usize,
+    _dst: NonNull<u8>,
+    _source: super::mappings::Source,
+) -> io::Result<()> {
     inject(Op::Mremap)?;
     unsupported()
-}
-
-/// `PROCMAP_QUERY` is Linux-only: nothing to open.
-impl super::mappings::VmaQuery {
-    pub(crate) fn open() -> io::Result<Self> {
-        inject(Op::Open)?;
-        unsupported()
-    }
-
-    pub(crate) fn vma_at(&self, _addr: *mut u8) -> io::Result<super::mappings::Vma> {
-        unsupported()
-    }
 }
 
 /// `mbind` is Linux-only.

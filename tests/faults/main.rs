@@ -1,5 +1,5 @@
 //! Fault injection into the OS layer: the N-th `mmap`, `munmap`, `madvise`,
-//! `mremap`, `mbind`, `mlock`, `open`, `fstat`, `pread`, `posix_fadvise`,
+//! `mremap`, `mprotect`, `mbind`, `mlock`, `munlock`, `open`, `fstat`, `pread`, `posix_fadvise`,
 //! `open(O_TMPFILE)` or `linkat` fails with a chosen errno, and each module
 //! checks what its subject makes of that: a typed error (or null,
 //! `AllocError`, -1), no panic, nothing left mapped, statistics back where
@@ -46,7 +46,7 @@ use ckalloc::fault::{self, Op};
 
 /// The memory calls of the huge-page layer, each failed in turn by the
 /// `huge` and `caching` modules.
-pub const OPS: [Op; 7] = [
+pub const OPS: [Op; 8] = [
     Op::Mmap,
     Op::Munmap,
     Op::Madvise,
@@ -54,6 +54,7 @@ pub const OPS: [Op; 7] = [
     Op::Mprotect,
     Op::Mbind,
     Op::Mlock,
+    Op::Munlock,
 ];
 
 /// The binary's lock, held for the whole of a test (see the module docs).

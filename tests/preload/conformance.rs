@@ -102,7 +102,7 @@ fn show_stats_prints_one_summary_at_exit_labelled_with_the_pid() {
         err.contains("preload: 1 huge block served (5.00 MiB requested)"),
         "{err}"
     );
-    assert!(err.contains("peak mapped: "), "{err}");
+    assert!(err.contains("system calls: mmap "), "{err}");
     assert!(err.contains("CKALLOC_SHOW_STATS on"), "{err}");
     // The cap in use, not only the variable's default.
     assert!(

@@ -1,9 +1,12 @@
-//! The preload engine's huge blocks, called from Rust in a process of their
-//! own (`ckalloc::preload::malloc`, `calloc` and `free`, the functions the
-//! library exports): they fault in lazily as THP, a zeroed retained block
-//! commits nothing, the retention cap follows the high-water mark of live
-//! bytes unless `CKALLOC_RETAIN_BYTES` is set, and a miss grows the longest
-//! retained block.
+//! The preload library's C front of the huge-page engine, called from Rust
+//! in a process of its own (`ckalloc::preload::malloc`, `calloc`,
+//! `realloc` and `free`, the functions the library exports): blocks fault
+//! in lazily as THP, a zeroed retained block commits nothing, the retention
+//! cap follows the high-water mark of live bytes unless
+//! `CKALLOC_RETAIN_BYTES` is set, a miss extends the longest retained run,
+//! a steady loop makes no mapping call, and growth moves a block the
+//! program split, copies what the kernel will not move, and never gives
+//! the added bytes the program's flags.
 
 use ckalloc::preload::{calloc, free, malloc, realloc};
 use ckalloc::{env, huge_stats, HugeStats};
@@ -14,8 +17,9 @@ mod common;
 
 const MIB: usize = 1 << 20;
 
-fn mappings(s: &HugeStats) -> u64 {
-    s.hugetlb.mappings + s.thp.mappings + s.normal.mappings
+/// The engine's system calls that map or unmap.
+fn maps(s: &HugeStats) -> u64 {
+    s.syscalls.mmap + s.syscalls.munmap + s.syscalls.mremap
 }
 
 fn alloc(size: usize) -> *mut c_void {
@@ -87,8 +91,23 @@ fn writes_and_reads_back(p: *mut c_void, size: usize) {
         .all(|(i, &b)| b == i as u8));
 }
 
-fn vm_flags(p: *mut c_void) -> String {
-    vma(p).flags
+/// A pattern byte for offset `i`.
+fn byte(i: usize) -> u8 {
+    (i / 4096) as u8 ^ 0x5a
+}
+
+fn write_pattern(p: *mut c_void, size: usize) {
+    for i in (0..size).step_by(4096) {
+        // SAFETY: `i < size`, inside the caller's block.
+        unsafe { p.cast::<u8>().add(i).write(byte(i)) };
+    }
+}
+
+fn holds_pattern(p: *mut c_void, size: usize) -> bool {
+    (0..size)
+        .step_by(4096)
+        // SAFETY: `i < size`, inside the caller's block.
+        .all(|i| unsafe { p.cast::<u8>().add(i).read() } == byte(i))
 }
 
 #[test]
@@ -105,8 +124,8 @@ fn child_live_peak() {
     let p = alloc(size);
     let s = huge_stats();
     assert_eq!(s.first_touch_probes, 0, "the C API's blocks stay lazy");
-    if common::thp_available() && s.thp.mappings > 0 {
-        assert!(vm_flags(p).contains(" hg"), "{}", vm_flags(p));
+    if common::thp_available() && s.thp.blocks > 0 {
+        assert!(vma(p).flags.contains(" hg"), "{}", vma(p).flags);
     }
     assert_eq!(s.peak_live_bytes, size as u64);
     // SAFETY: `p` came from `malloc` and is not used again.
@@ -120,15 +139,14 @@ fn child_live_peak() {
     let q = alloc(size);
     let after = huge_stats();
     assert_eq!(
-        mappings(&after),
-        mappings(&before),
-        "served without mapping"
+        after.syscalls, before.syscalls,
+        "served without a system call"
     );
     assert_eq!(after.retention_hits, before.retention_hits + 1);
     // SAFETY: as above.
     unsafe { free(q) };
     // A zeroed block carved from the retained one (never written) reads zero
-    // without committing its pages, as a fresh mapping would.
+    // without committing its pages.
     let rss = vm_rss_kib();
     let z = calloc(1, 16 * MIB);
     assert!(!z.is_null());
@@ -165,12 +183,17 @@ fn a_set_retain_bytes_is_the_exact_cap_of_the_c_api() {
 fn child_exact_cap() {
     assert!(env::retain_bytes_set());
     let p = alloc(100 * MIB);
-    let unmapped = huge_stats().unmapped_bytes;
+    let purged = huge_stats().purged_bytes;
+    let hugetlb = huge_stats().hugetlb.blocks > 0;
     // SAFETY: `p` came from `malloc` and is not used again.
     unsafe { free(p) };
     let s = huge_stats();
     assert_eq!(s.retained_bytes, 0, "{s:?}");
-    assert_eq!(s.unmapped_bytes, unmapped + 100 * MIB as u64);
+    // hugetlb units are never purged: their span goes back whole.
+    assert!(
+        hugetlb || s.purged_bytes == purged + 100 * MIB as u64,
+        "{s:?}"
+    );
     let p = alloc(32 * MIB);
     // SAFETY: as above.
     unsafe { free(p) };
@@ -178,14 +201,14 @@ fn child_exact_cap() {
 }
 
 #[test]
-fn a_miss_grows_the_longest_retained_block() {
-    // THP blocks: hugetlb ones cannot grow (the next test).
-    common::run_child("engine::child_grow_on_miss", &[("CKALLOC_HUGETLB", "0")]);
+fn a_miss_extends_the_longest_retained_run() {
+    // THP blocks: a hugetlb span holds one block's length (the last test).
+    common::run_child("engine::child_extend_on_miss", &[("CKALLOC_HUGETLB", "0")]);
 }
 
 #[test]
-#[ignore = "run in a child process by a_miss_grows_the_longest_retained_block"]
-fn child_grow_on_miss() {
+#[ignore = "run in a child process by a_miss_extends_the_longest_retained_run"]
+fn child_extend_on_miss() {
     let small = 32 * MIB;
     let p = alloc(small);
     // SAFETY: `p` holds `small` bytes.
@@ -195,165 +218,179 @@ fn child_grow_on_miss() {
     unsafe { free(p) };
     let before = huge_stats();
     assert_eq!(before.retained_bytes, small as u64);
-    // No retained block is long enough: the 32 MiB one grows to 96 MiB.
+    // No retained run is long enough: the 32 MiB one is extended to 96 MiB
+    // over the free units after it.
     let size = 96 * MIB;
     let q = alloc(size);
     let after = huge_stats();
+    assert_eq!(q, p, "the retained run's start");
     assert_eq!(
-        after.retention_grows,
-        before.retention_grows + 1,
+        after.retention_extends,
+        before.retention_extends + 1,
         "{after:?}"
     );
-    assert_eq!(mappings(&after), mappings(&before), "no fresh mapping");
+    assert_eq!(maps(&after), maps(&before), "nothing mapped");
     assert_eq!(after.retained_bytes, 0);
-    assert_eq!(after.peak_mapped_bytes, size as u64, "only 64 MiB added");
     assert_eq!(after.peak_live_bytes, size as u64);
-    let grown = vma(q);
+    let v = vma(q);
     assert!(
-        grown.range.start <= q as usize && q as usize + size <= grown.range.end,
-        "the grown block is one VMA: {:x?} for {q:?}",
-        grown.range
+        v.range.start <= q as usize && q as usize + size <= v.range.end,
+        "one VMA: {:x?} for {q:?}",
+        v.range
     );
     if common::thp_available() && after.thp.bytes > 0 {
-        assert!(grown.flags.contains(" hg"), "{}", grown.flags);
+        assert!(v.flags.contains(" hg"), "{}", v.flags);
     }
-    // The moved pages are still huge pages (before anything writes the
-    // added bytes).
-    assert!(
-        grown.anon_huge_kib >= huge_before,
-        "{} KiB in huge pages, {huge_before} before the growth",
-        grown.anon_huge_kib
-    );
-    assert_eq!(q as usize % (2 * MIB), 0);
-    // Every byte of the grown block is the caller's.
+    // The retained pages stayed where they were, huge pages and all.
+    assert!(v.anon_huge_kib >= huge_before, "{} KiB", v.anon_huge_kib);
+    // Every byte of the block is the caller's.
     writes_and_reads_back(q, size);
     // SAFETY: as above.
     unsafe { free(q) };
-    // A zeroed request never gets moved pages: it maps afresh and reads 0.
+    // A zeroed request never gets retained pages: fresh units, reading 0.
     let before = huge_stats();
     let z = calloc(1, 2 * size);
     assert!(!z.is_null());
     let after = huge_stats();
-    assert_eq!(after.retention_grows, before.retention_grows);
-    assert_eq!(mappings(&after), mappings(&before) + 1);
+    assert_eq!(after.retention_extends, before.retention_extends);
     // SAFETY: `z` holds `2 * size` bytes.
     let zeros = unsafe { std::slice::from_raw_parts(z.cast::<u8>(), 2 * size) };
     assert!(zeros.iter().step_by(4096).all(|&b| b == 0));
     // SAFETY: as above.
     unsafe { free(z) };
     assert!(ckalloc::release_retained() >= size);
-    assert_eq!(huge_stats().live_bytes(), 0);
+    assert_eq!(huge_stats().live_bytes, 0);
 }
 
 #[test]
-fn a_retained_block_of_two_vmas_moves_vma_by_vma_to_grow() {
-    common::run_child("engine::child_grow_two_vmas", &[("CKALLOC_HUGETLB", "0")]);
+fn a_steady_loop_makes_no_mapping_call() {
+    common::run_child("engine::child_steady", &[]);
 }
 
 #[test]
-#[ignore = "run in a child process by a_retained_block_of_two_vmas_moves_vma_by_vma_to_grow"]
-fn child_grow_two_vmas() {
-    if !common::thp_available() {
-        return;
-    }
-    // 32 MiB + 16 bytes: the last 2 MiB page holds a short tail and is
-    // advised apart, a VMA of its own.
-    let small = 32 * MIB + 16;
-    let len = 34 * MIB;
-    let p = alloc(small);
-    assert!(
-        vma(p).range.end < p as usize + len,
-        "one VMA: {:x?}",
-        vma(p).range
-    );
-    // SAFETY: `p` holds `small` bytes.
-    unsafe { std::ptr::write_bytes(p.cast::<u8>(), 7, 32 * MIB) };
-    let huge_before = vma(p).anon_huge_kib;
-    // Something mapped right after the block: it cannot grow in place.
-    let blocker = common::map_blocker_page(p.cast::<u8>().wrapping_add(len));
-    // SAFETY: `p` came from `malloc` and is not used again.
-    unsafe { free(p) };
+#[ignore = "run in a child process by a_steady_loop_makes_no_mapping_call"]
+fn child_steady() {
+    // A forward pass's pattern: blocks of a few lengths, live together,
+    // freed in another order, one of them shrunk.
+    let round = || {
+        let a = alloc(12 * MIB);
+        let b = alloc(7 * MIB);
+        let c = calloc(1, 12 * MIB);
+        assert!(!c.is_null());
+        // SAFETY: blocks of this API, freed once.
+        unsafe {
+            let b = realloc(b, 3 * MIB + 5);
+            assert!(!b.is_null());
+            free(a);
+            let d = alloc(24 * MIB);
+            free(c);
+            free(b);
+            free(d);
+        }
+    };
+    round();
+    round();
     let before = huge_stats();
-    let size = 96 * MIB;
-    let q = alloc(size);
+    for _ in 0..200 {
+        round();
+    }
     let after = huge_stats();
-    assert_eq!(q as usize % (2 * MIB), 0);
-    if common::blocks_move_vma_by_vma() {
-        // Moved VMA by VMA onto a fresh mapping of 96 MiB: no block mapped.
-        assert_ne!(q, p, "grew in place past a mapped page");
-        assert_eq!(
-            after.retention_grows,
-            before.retention_grows + 1,
-            "{after:?}"
-        );
-        assert_eq!(mappings(&after), mappings(&before), "no fresh block");
-        assert_eq!(after.retained_bytes, 0);
-        common::assert_unmapped(p as usize, len);
-        let moved = vma(q);
-        assert!(moved.range.start <= q as usize, "{:x?}", moved.range);
-        assert!(
-            moved.anon_huge_kib >= huge_before,
-            "{} KiB in huge pages, {huge_before} before the move",
-            moved.anon_huge_kib
-        );
-    } else {
-        // Linux before 6.11 has no PROCMAP_QUERY to find the VMAs: a fresh
-        // mapping.
-        assert_eq!(after.retention_grows, before.retention_grows);
-        assert_eq!(mappings(&after), mappings(&before) + 1);
-        assert_eq!(after.retained_bytes, len as u64, "the block went back");
-    }
-    writes_and_reads_back(q, size);
-    if let Some(b) = blocker {
-        common::unmap_blocker_page(b);
-    }
-    // SAFETY: as above.
-    unsafe { free(q) };
-    ckalloc::release_retained();
-    assert_eq!(huge_stats().live_bytes(), 0);
+    assert_eq!(
+        maps(&after),
+        maps(&before),
+        "{:?} -> {:?}",
+        before.syscalls,
+        after.syscalls
+    );
+    assert!(after.retention_hits >= before.retention_hits + 800);
 }
 
 #[test]
-fn a_block_with_a_vma_that_cannot_move_grows_with_every_byte() {
-    common::run_child("engine::child_sealed_vma", &[("CKALLOC_HUGETLB", "0")]);
+fn a_block_the_program_split_moves_piece_by_piece() {
+    common::run_child("engine::child_split_block", &[("CKALLOC_HUGETLB", "0")]);
 }
 
 #[test]
-#[ignore = "run in a child process by a_block_with_a_vma_that_cannot_move_grows_with_every_byte"]
-fn child_sealed_vma() {
-    const SYS_MSEAL: libc::c_long = 462;
-    let size = 64 * MIB + 100;
-    let len = 66 * MIB;
+#[ignore = "run in a child process by a_block_the_program_split_moves_piece_by_piece"]
+fn child_split_block() {
+    let size = 32 * MIB + 100;
     let p = alloc(size);
-    let byte = |i: usize| (i / 4096) as u8 ^ 0x5a;
-    for i in (0..size).step_by(4096) {
-        // SAFETY: `i < size`, inside the block.
-        unsafe { p.cast::<u8>().add(i).write(byte(i)) };
-    }
-    // One sealed page (mseal(2), Linux 6.10) in the middle of the block: a
-    // VMA that `mremap` may not move (`EPERM`), between two that it may. The
-    // first moves, the rest is copied.
-    let sealed = p.cast::<u8>().wrapping_add(8 * MIB);
-    // SAFETY: 4 KiB inside the block; sealing changes no byte.
-    if unsafe { libc::syscall(SYS_MSEAL, sealed, 4096usize, 0usize) } != 0 {
-        eprintln!(
-            "child_sealed_vma: skipped, mseal: {}",
-            std::io::Error::last_os_error()
-        );
-        return;
-    }
-    let blocker = common::map_blocker_page(p.cast::<u8>().wrapping_add(len));
+    write_pattern(p, size);
+    // The program makes 2 MiB in the middle read-only: three VMAs.
+    let ro = p.cast::<u8>().wrapping_add(8 * MIB);
+    // SAFETY: 2 MiB inside the block, made read-only and nothing else.
+    assert_eq!(
+        unsafe { libc::mprotect(ro.cast(), 2 * MIB, libc::PROT_READ) },
+        0
+    );
+    // A block right after it: the growth cannot stay in place.
+    let next = alloc(2 * MIB);
+    assert_eq!(next as usize, p as usize + 34 * MIB);
+    let before = huge_stats();
     let grown = 128 * MIB;
     // SAFETY: `p` came from `malloc`.
     let q = unsafe { realloc(p, grown) };
     assert!(!q.is_null());
-    let holds = |q: *mut c_void| {
-        (0..size)
-            .step_by(4096)
-            // SAFETY: `i < size <= grown`, inside the grown block.
-            .all(|i| unsafe { q.cast::<u8>().add(i).read() } == byte(i))
-    };
-    assert!(holds(q), "the grown block lost the old bytes");
+    let after = huge_stats();
+    assert_ne!(q, p);
+    assert!(holds_pattern(q, size), "the grown block lost old bytes");
+    assert_eq!(
+        after.moved,
+        before.moved + 1,
+        "moved, not copied: {after:?}"
+    );
+    assert_eq!(after.copied, before.copied);
+    // The added bytes are the engine's, read-write; the moved read-only
+    // piece keeps the program's protection (as `mremap` keeps it).
+    writes_and_reads_back(
+        q.cast::<u8>().wrapping_add(34 * MIB).cast(),
+        grown - 34 * MIB,
+    );
+    // The old place is plain memory again for the next block.
+    // SAFETY: blocks of this API.
+    unsafe { free(next) };
+    let z = calloc(1, 34 * MIB);
+    assert_eq!(z, p, "the old units serve again");
+    writes_and_reads_back(z, 34 * MIB);
+    // SAFETY: as above.
+    unsafe {
+        free(z);
+        let w = q.cast::<u8>().wrapping_add(8 * MIB);
+        assert_eq!(
+            libc::mprotect(w.cast(), 2 * MIB, libc::PROT_READ | libc::PROT_WRITE),
+            0
+        );
+        free(q);
+    }
+}
+
+#[test]
+fn a_block_with_a_sealed_page_grows_with_every_byte() {
+    common::run_child("engine::child_sealed_page", &[("CKALLOC_HUGETLB", "0")]);
+}
+
+#[test]
+#[ignore = "run in a child process by a_block_with_a_sealed_page_grows_with_every_byte"]
+fn child_sealed_page() {
+    const SYS_MSEAL: libc::c_long = 462;
+    let size = 64 * MIB + 100;
+    let p = alloc(size);
+    write_pattern(p, size);
+    // One sealed page (mseal(2), Linux 6.10) in the middle of the block: a
+    // range `mremap` may not move (`EPERM`). Its piece is copied, the rest
+    // moves.
+    let sealed = p.cast::<u8>().wrapping_add(8 * MIB);
+    // SAFETY: 4 KiB inside the block; sealing changes no byte.
+    if unsafe { libc::syscall(SYS_MSEAL, sealed, 4096usize, 0usize) } != 0 {
+        eprintln!("skipped, mseal: {}", std::io::Error::last_os_error());
+        return;
+    }
+    let next = alloc(2 * MIB);
+    let grown = 128 * MIB;
+    // SAFETY: `p` came from `malloc`.
+    let q = unsafe { realloc(p, grown) };
+    assert!(!q.is_null());
+    assert!(holds_pattern(q, size), "the grown block lost the old bytes");
     // The next block never overlaps the grown one, and writing it leaves
     // the grown one as it was.
     let r = alloc(60 * MIB);
@@ -364,26 +401,16 @@ fn child_sealed_vma() {
     );
     // SAFETY: `r` holds 60 MiB.
     unsafe { std::ptr::write_bytes(r.cast::<u8>(), 0xaa, 60 * MIB) };
-    assert!(holds(q), "writing the next block changed the grown one");
+    assert!(
+        holds_pattern(q, size),
+        "writing the next block changed the grown one"
+    );
     writes_and_reads_back(q, grown);
-    if let Some(b) = blocker {
-        common::unmap_blocker_page(b);
-    }
-    // A page the program made read-only (outside `malloc`'s contract) does
-    // not move either: it is copied, and the grown block is writable
-    // throughout, as glibc's copy is.
-    let p = alloc(size);
-    let read_only = p.cast::<u8>().wrapping_add(8 * MIB);
-    // SAFETY: 4 KiB inside the block, made read-only and nothing else.
-    let protected = unsafe { libc::mprotect(read_only.cast(), 4096, libc::PROT_READ) };
-    assert_eq!(protected, 0);
-    let blocker = common::map_blocker_page(p.cast::<u8>().wrapping_add(len));
-    // SAFETY: `p` came from `malloc`.
-    let q = unsafe { realloc(p, grown) };
-    assert!(!q.is_null());
-    writes_and_reads_back(q, grown);
-    if let Some(b) = blocker {
-        common::unmap_blocker_page(b);
+    // SAFETY: blocks of this API.
+    unsafe {
+        free(next);
+        free(r);
+        free(q);
     }
 }
 
@@ -398,97 +425,46 @@ fn a_block_whose_last_page_the_program_changed_grows_with_writable_added_bytes()
 #[test]
 #[ignore = "run in a child process by a_block_whose_last_page_the_program_changed_grows_with_writable_added_bytes"]
 fn child_changed_last_page() {
-    let (size, len, grown) = (32 * MIB, 32 * MIB, 128 * MIB);
-    // Whether the address space right after a block is free: NOREPLACE maps
-    // only where nothing is mapped, and the probe is unmapped again.
-    let room_after = |p: *mut c_void| {
-        let after = p.cast::<u8>().wrapping_add(len);
-        // SAFETY: a fresh mapping of ours or none.
-        let probe = unsafe {
-            libc::mmap(
-                after.cast(),
-                grown - len,
-                libc::PROT_NONE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED_NOREPLACE,
-                -1,
-                0,
-            )
-        };
-        if probe == libc::MAP_FAILED {
-            return false;
-        }
-        // SAFETY: the probe just mapped (at `after`, or elsewhere on a
-        // kernel without NOREPLACE).
-        assert_eq!(unsafe { libc::munmap(probe, grown - len) }, 0);
-        probe == after.cast()
-    };
-    // A block with free address space after it, so that growing where it
-    // is would be possible: mapped top-down, a block lands below the
-    // mapping made just before it, which is then unmapped. A block that
-    // landed in a higher hole instead stays to fill it, and the next try
-    // goes lower.
-    let mut held = Vec::new();
-    let p = loop {
-        // SAFETY: a fresh anonymous mapping of ours, unmapped below.
-        let above = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                grown,
-                libc::PROT_NONE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-                -1,
-                0,
-            )
-        };
-        assert_ne!(above, libc::MAP_FAILED);
-        let p = alloc(size);
-        // SAFETY: the mapping made above.
-        assert_eq!(unsafe { libc::munmap(above, grown) }, 0);
-        if room_after(p) {
-            break p;
-        }
-        assert!(held.len() < 32, "no block with free address space after it");
-        held.push(p);
-    };
-    for h in held {
-        // SAFETY: blocks from `malloc`, unused.
-        unsafe { free(h) };
-    }
+    let (size, grown) = (32 * MIB, 128 * MIB);
+    let p = alloc(size);
     // SAFETY: `p` holds `size` bytes.
     unsafe { std::ptr::write_bytes(p.cast::<u8>(), 0x3c, size) };
-    // The block's last 2 MiB made read-only: a VMA of its own, whose flags
-    // the added bytes must not get.
-    let last = p.cast::<u8>().wrapping_add(len - 2 * MIB);
+    // The block's last 2 MiB made read-only: a VMA of its own.
+    let last = p.cast::<u8>().wrapping_add(size - 2 * MIB);
     // SAFETY: 2 MiB inside the block, made read-only and nothing else.
-    let protected = unsafe { libc::mprotect(last.cast(), 2 * MIB, libc::PROT_READ) };
-    assert_eq!(protected, 0);
+    assert_eq!(
+        unsafe { libc::mprotect(last.cast(), 2 * MIB, libc::PROT_READ) },
+        0
+    );
     // SAFETY: `p` came from `malloc`.
     let q = unsafe { realloc(p, grown) };
-    assert!(!q.is_null());
+    assert_eq!(q, p, "grown in place over the span's free units");
     // SAFETY: `size` bytes of the grown block are the old ones.
     let old = unsafe { std::slice::from_raw_parts(q.cast::<u8>(), size) };
     assert!(
         old.iter().all(|&b| b == 0x3c),
         "the grown block lost old bytes"
     );
-    assert_ne!(q, p, "grew where it was: the added bytes are read-only");
-    common::assert_unmapped(p as usize, len);
-    writes_and_reads_back(q, grown);
-    // SAFETY: `q` came from `realloc`.
-    unsafe { free(q) };
+    // The added bytes are the span's own: read-write.
+    writes_and_reads_back(q.cast::<u8>().wrapping_add(size).cast(), grown - size);
+    // SAFETY: the program restores what it changed, then frees.
+    unsafe {
+        assert_eq!(
+            libc::mprotect(last.cast(), 2 * MIB, libc::PROT_READ | libc::PROT_WRITE),
+            0
+        );
+        free(q);
+    }
 }
 
 #[test]
-fn a_short_tail_block_grown_again_and_again_stays_two_vmas() {
+fn a_block_grown_again_and_again_stays_in_its_spans_vma() {
     common::run_child("engine::child_grown_again", &[("CKALLOC_HUGETLB", "0")]);
 }
 
 #[test]
-#[ignore = "run in a child process by a_short_tail_block_grown_again_and_again_stays_two_vmas"]
+#[ignore = "run in a child process by a_block_grown_again_and_again_stays_in_its_spans_vma"]
 fn child_grown_again() {
-    // 8 MiB + 4 KiB grown by 2 MiB at a time: a short tail every time, its
-    // last 2 MiB page a VMA of its own. The crate's own advice merges back
-    // before each growth, so the block is never more than two VMAs.
     let mut size = 8 * MIB + 4096;
     let mut p = alloc(size);
     // SAFETY: `p` holds `size` bytes.
@@ -497,14 +473,14 @@ fn child_grown_again() {
         let grown = size + 2 * MIB;
         // SAFETY: `p` came from `malloc`.
         let q = unsafe { realloc(p, grown) };
-        assert!(!q.is_null());
+        assert_eq!(q, p, "in place");
         // SAFETY: the last byte of the grown block, and its first.
         unsafe {
             q.cast::<u8>().add(grown - 1).write(0x22);
             assert_eq!(q.cast::<u8>().read(), 0x11);
         }
         let vmas = common::mappings_overlapping(q as usize, grown.next_multiple_of(2 * MIB));
-        assert!(vmas.len() <= 2, "{grown:#x}: {vmas:?}");
+        assert_eq!(vmas.len(), 1, "{grown:#x}: {vmas:?}");
         (p, size) = (q, grown);
     }
     // SAFETY: `p` came from `realloc`.
@@ -512,37 +488,39 @@ fn child_grown_again() {
 }
 
 #[test]
-fn a_hugetlb_block_is_not_grown_and_a_fresh_mapping_serves() {
-    if common::skip_without_hugetlb(
-        "a_hugetlb_block_is_not_grown_and_a_fresh_mapping_serves",
-        80,
-    ) {
+fn a_hugetlb_block_grows_within_its_span_or_is_copied() {
+    if common::skip_without_hugetlb("a_hugetlb_block_grows_within_its_span_or_is_copied", 80) {
         return;
     }
-    common::run_child("engine::child_hugetlb_not_grown", &[]);
+    common::run_child("engine::child_hugetlb_grow", &[]);
 }
 
 #[test]
-#[ignore = "run in a child process by a_hugetlb_block_is_not_grown_and_a_fresh_mapping_serves"]
-fn child_hugetlb_not_grown() {
+#[ignore = "run in a child process by a_hugetlb_block_grows_within_its_span_or_is_copied"]
+fn child_hugetlb_grow() {
     let small = 32 * MIB;
     let p = alloc(small);
-    assert_eq!(huge_stats().hugetlb.mappings, 1, "{:?}", huge_stats());
-    // SAFETY: `p` holds `small` bytes, and came from `malloc`.
-    unsafe {
-        std::ptr::write_bytes(p.cast::<u8>(), 7, small);
-        free(p);
-    }
-    let before = huge_stats();
-    let size = 96 * MIB;
-    let q = alloc(size);
-    let after = huge_stats();
-    assert_eq!(after.retention_grows, before.retention_grows, "{after:?}");
-    assert_eq!(mappings(&after), mappings(&before) + 1, "a fresh mapping");
-    assert_eq!(after.retained_bytes, small as u64, "the block went back");
-    writes_and_reads_back(q, size);
+    assert_eq!(huge_stats().hugetlb.blocks, 1, "{:?}", huge_stats());
+    write_pattern(p, small);
+    // A shorter block from its span's front, grown back within it.
+    // SAFETY: blocks of this API.
+    let q = unsafe { realloc(p, 10 * MIB) };
+    assert_eq!(q, p);
     // SAFETY: as above.
-    unsafe { free(q) };
-    assert!(ckalloc::release_retained() >= small + size);
-    assert_eq!(huge_stats().live_bytes(), 0);
+    let q = unsafe { realloc(q, small) };
+    assert_eq!(q, p, "grown in place within the span");
+    assert!(holds_pattern(q, 10 * MIB));
+    // Past the span's end: hugetlb pages do not move, the block is copied.
+    let before = huge_stats();
+    // SAFETY: as above.
+    let r = unsafe { realloc(q, 96 * MIB) };
+    assert!(!r.is_null());
+    let after = huge_stats();
+    assert_eq!(after.copied, before.copied + 1, "{after:?}");
+    assert!(holds_pattern(r, 10 * MIB));
+    writes_and_reads_back(r, 96 * MIB);
+    // SAFETY: as above.
+    unsafe { free(r) };
+    ckalloc::release_retained();
+    assert_eq!(huge_stats().live_bytes, 0);
 }

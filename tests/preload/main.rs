@@ -3,7 +3,8 @@
 //! programs no part of ckalloc knows of (a C++ program growing a
 //! `std::vector` to 1 GiB, `git`, `python3` with `numpy`), each checked for
 //! the same output as without the library, the `CKALLOC_SHOW_STATS`
-//! summary, `ckalloc run`, and the engine's first touch and retention cap
+//! summary, `ckalloc run`, a C program at the process's limits (VMAs,
+//! `vm.max_map_count`, locked memory, `RLIMIT_AS`), and the engine's C front
 //! called from Rust.
 //!
 //! The library is built once per test binary with `cargo build -p
@@ -14,6 +15,7 @@
 
 mod conformance;
 mod engine;
+mod limits;
 mod programs;
 
 use std::path::{Path, PathBuf};

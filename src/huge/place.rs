@@ -1,0 +1,200 @@
+//! Where a block goes: a search of the spans' bitmaps for free units,
+//! the calling thread's group first ([`Want`] says which units).
+//!
+//! The search reads snapshots of the bitmaps; the caller claims the units
+//! it found ([`Span::claim`](super::span::Span::claim)) and searches again
+//! when another thread took them first.
+
+use super::bits::{self, Snapshot};
+use super::span::{Span, Spans, View};
+use crate::sys::HUGE_PAGE_2M;
+use crate::tier::Backing;
+use std::cmp::Reverse;
+
+/// Which free units a search looks for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Want {
+    /// Retained units only (a hit: no page faults, no system call): the
+    /// shortest retained run the block fits (an exact fit first), the most
+    /// recently freed of equals, the lowest address of those; the block
+    /// takes the run's front.
+    Retained,
+    /// Clean units (never used, or purged) of a THP or normal-page span:
+    /// the lowest address.
+    Clean,
+    /// A retained run shorter than the block, with free units around it:
+    /// the placement with the most retained units (the fewest to fault
+    /// in), the lowest address of equals. Never a hugetlb span.
+    MostRetained,
+}
+
+/// Units a search found: `n` units from `start` in the span `view`, of
+/// which `dirty` are retained, in a free run of `run` units.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Placement {
+    pub(crate) view: View,
+    pub(crate) start: u32,
+    pub(crate) n: u32,
+    pub(crate) dirty: u32,
+    pub(crate) run: u32,
+}
+
+/// The first unit index at or after `from` where a block aligned to
+/// `align` (a power of two, at least 2 MiB) may start in span `v`.
+fn aligned_from(v: &View, align: usize, from: u32) -> Option<u32> {
+    let unit = 1usize << v.shift;
+    if align <= HUGE_PAGE_2M {
+        return Some(from);
+    }
+    // Offset of the first aligned address from the span's base.
+    let off = (align - v.base % align) % align;
+    if !off.is_multiple_of(unit) {
+        return None;
+    }
+    let (first, step) = ((off / unit) as u64, (align / unit).max(1) as u64);
+    let i = if u64::from(from) <= first {
+        first
+    } else {
+        first + (u64::from(from) - first).div_ceil(step) * step
+    };
+    u32::try_from(i).ok()
+}
+
+/// Which spans a search looks at.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Groups {
+    /// The spans of the calling thread's group only.
+    Home,
+    /// Those first, then every other span.
+    Any,
+}
+
+/// Search the live spans of `groups` for `len` bytes aligned to `align`:
+/// the spans of `home` first, the others (for [`Groups::Any`]) when none
+/// of those has a place.
+pub(crate) fn find(
+    spans: &Spans,
+    len: usize,
+    align: usize,
+    want: Want,
+    home: u32,
+    groups: Groups,
+) -> Option<Placement> {
+    let passes: &[bool] = match groups {
+        Groups::Home => &[true],
+        Groups::Any => &[true, false],
+    };
+    for &mine in passes {
+        let mut best: Option<(Score, Placement)> = None;
+        for (span, v) in spans.live() {
+            if (v.group == home) != mine || !v.serves(len) {
+                continue;
+            }
+            if want != Want::Retained && v.tier == Backing::Hugetlb {
+                continue;
+            }
+            let found = in_span(span, &v, v.units_for(len), align, want);
+            if let Some((score, p)) = found {
+                if best.as_ref().is_none_or(|(b, _)| score < *b) {
+                    best = Some((score, p));
+                }
+                if want == Want::Clean {
+                    // First fit: spans in slot order, units by address.
+                    break;
+                }
+            }
+        }
+        if let Some((_, p)) = best {
+            return Some(p);
+        }
+    }
+    None
+}
+
+/// Lower is better: (run length or 0, newness, more retained units, address).
+type Score = (u32, Reverse<u32>, Reverse<u32>, usize);
+
+/// The best placement of `n` units in one span.
+fn in_span(span: &Span, v: &View, n: u32, align: usize, want: Want) -> Option<(Score, Placement)> {
+    let free = bits::not_below(&span.in_use.snapshot(), v.units);
+    let dirty = span.dirty.snapshot();
+    let at = |start: u32| v.base + v.len(start);
+    let mut best: Option<(Score, Placement)> = None;
+    let mut offer = |score: Score, p: Placement| {
+        if best.as_ref().is_none_or(|(b, _)| score < *b) {
+            best = Some((score, p));
+        }
+    };
+    match want {
+        Want::Retained => {
+            for (s, e) in bits::runs(&bits::and(&free, &dirty)) {
+                let Some(i) = aligned_from(v, align, s).filter(|&i| i + n <= e) else {
+                    continue;
+                };
+                let p = Placement {
+                    view: *v,
+                    start: i,
+                    n,
+                    dirty: n,
+                    run: e - s,
+                };
+                offer((e - s, Reverse(span.stamp_of(i)), Reverse(n), at(i)), p);
+            }
+        }
+        Want::Clean => {
+            let clean = bits::and(&free, &not(&dirty));
+            for (s, e) in bits::runs(&clean) {
+                if let Some(i) = aligned_from(v, align, s).filter(|&i| i + n <= e) {
+                    let p = Placement {
+                        view: *v,
+                        start: i,
+                        n,
+                        dirty: 0,
+                        run: e - s,
+                    };
+                    return Some(((0, Reverse(0), Reverse(0), at(i)), p));
+                }
+            }
+        }
+        Want::MostRetained => {
+            let retained = bits::and(&free, &dirty);
+            for (fs, fe) in bits::runs(&free) {
+                for (ds, de) in bits::runs(&within(&retained, fs, fe)) {
+                    // Windows that hold the whole retained run and stay
+                    // inside the free run start from `lo` to `hi`.
+                    let lo = fs.max(de.saturating_sub(n));
+                    let hi = ds.min(fe.saturating_sub(n));
+                    let Some(i) = aligned_from(v, align, lo).filter(|&i| i <= hi && i + n <= fe)
+                    else {
+                        continue;
+                    };
+                    let d = bits::count(&retained, i, n);
+                    if d > 0 && d < n {
+                        let p = Placement {
+                            view: *v,
+                            start: i,
+                            n,
+                            dirty: d,
+                            run: fe - fs,
+                        };
+                        offer((0, Reverse(0), Reverse(d), at(i)), p);
+                    }
+                }
+            }
+        }
+    }
+    best
+}
+
+fn not(a: &Snapshot) -> Snapshot {
+    a.map(|w| !w)
+}
+
+/// The bits of `a` in `s..e`.
+fn within(a: &Snapshot, s: u32, e: u32) -> Snapshot {
+    let range = bits::and(
+        &bits::not_below(&[0; bits::WORDS], e),
+        &not(&bits::not_below(&[0; bits::WORDS], s)),
+    );
+    bits::and(a, &range)
+}

@@ -1,0 +1,148 @@
+//! [`Policy`]: every rule in which the fronts of the huge-page engine
+//! differ, as one value per front.
+//!
+//! The engine is one: the tier ladder, the spans, retention, the extent
+//! map, first touch and the statistics. Its fronts are
+//! [`CkHuge`](super::CkHuge) (through `GlobalAlloc` and through
+//! `allocator_api2`'s `Allocator`), the preload library's C API
+//! ([`preload`](crate::preload), feature `preload`), and
+//! [`huge_alloc`](super::huge_alloc) / C-Kernel-Engine's `ck_huge_alloc`.
+//! Each passes a `const` `Policy` with every call; the normative table of
+//! the rules, a row per field and a column per front, is
+//! [docs/engine.md](https://github.com/ckalloc/ckalloc/blob/main/docs/engine.md#the-rules).
+
+/// How a front's blocks are faulted in, cleared, retained and placed (see
+/// the [module docs](self) for the table of every front's values).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Policy {
+    /// How a fresh THP block is faulted in.
+    pub first_touch: FirstTouch,
+    /// How a reused block that must read zero is cleared.
+    pub zeroing: Zeroing,
+    /// The most bytes of freed blocks retained with their pages.
+    pub cap: CapRule,
+    /// What a freed block that does not fit under the cap does.
+    pub when_full: WhenFull,
+    /// What an allocation no retained run serves takes.
+    pub on_miss: OnMiss,
+    /// The longest block (bytes) this front retains; longer ones are purged
+    /// when freed ([`CkHuge::retain_max_bytes`](super::CkHuge::retain_max_bytes)).
+    pub retain_max: usize,
+}
+
+/// How a fresh THP block is faulted in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FirstTouch {
+    /// A block of 4 MiB or more is faulted in at allocation, one 2 MiB page
+    /// at a time, while each page comes in within 1 ms; at the first slower
+    /// page the rest of the block, and the fresh blocks of the next 200 ms,
+    /// go to base pages (`MADV_NOHUGEPAGE`). A last 2 MiB holding less than
+    /// 1 MiB of the request is left to the caller's writes.
+    /// `CKALLOC_FIRST_TOUCH_PROBE=off` turns it off.
+    Probe,
+    /// Nothing at allocation: the block faults in as THP when written, as
+    /// glibc's and jemalloc's mappings do.
+    OnWrite,
+}
+
+/// How a reused block (retained units) that must read zero is cleared.
+/// Fresh and purged units read zero already.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Zeroing {
+    /// `memset` of the requested bytes when the block is at most
+    /// [`ZERO_BY_MEMSET_MAX`] (its pages are resident, and clearing them
+    /// costs less than faulting them back in for the kernel to clear);
+    /// longer blocks are purged. The range is made read-write first, so a
+    /// block the program freed read-only is cleared, not faulted on.
+    MemsetResident,
+    /// Purged (`MADV_DONTNEED`) whatever its length, so that pages the
+    /// program never writes stay uncommitted.
+    Purge,
+}
+
+/// The cap on retained bytes, process-wide.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CapRule {
+    /// `CKALLOC_RETAIN_BYTES` ([`env::retain_bytes`](crate::env::retain_bytes),
+    /// default 128 MiB).
+    Environment,
+    /// `CKALLOC_RETAIN_BYTES` when it is set; else the larger of its
+    /// default and twice the high-water mark of live bytes
+    /// ([`HugeStats::peak_live_bytes`](super::HugeStats::peak_live_bytes)).
+    TwiceLivePeak,
+    /// Nothing is retained: a freed block is purged.
+    Nothing,
+}
+
+/// What a freed block that does not fit under the cap does.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WhenFull {
+    /// The freed block is purged; older retained blocks stay.
+    PurgeFreed,
+    /// Older retained runs are purged, oldest first, to make room: the
+    /// block freed last is the one a program asks for again.
+    PurgeOldest,
+}
+
+/// What an allocation that finds no retained run of its length takes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OnMiss {
+    /// Fresh (or purged) units, which read zero.
+    FreshExtent,
+    /// For a request that needs no zeroing: the longest retained run
+    /// shorter than the request, with the free units after (or before) it,
+    /// so that only the added units fault in; else fresh units.
+    ExtendRetained,
+}
+
+/// Retained blocks up to this length are cleared with `memset` by
+/// [`Zeroing::MemsetResident`] (16 MiB).
+pub const ZERO_BY_MEMSET_MAX: usize = 16 << 20;
+
+impl Policy {
+    /// [`CkHuge`](super::CkHuge) through `GlobalAlloc`.
+    pub const RUST_GLOBAL: Policy = Policy {
+        first_touch: FirstTouch::Probe,
+        zeroing: Zeroing::MemsetResident,
+        cap: CapRule::Environment,
+        when_full: WhenFull::PurgeFreed,
+        on_miss: OnMiss::FreshExtent,
+        retain_max: usize::MAX,
+    };
+
+    /// [`CkHuge`](super::CkHuge) through `allocator_api2`'s `Allocator`:
+    /// nothing is retained (a block's slice covers its whole length, and
+    /// `CachingAllocator<CkHuge>` is the cache there).
+    pub const RUST_ALLOCATOR: Policy = Policy {
+        cap: CapRule::Nothing,
+        ..Policy::RUST_GLOBAL
+    };
+
+    /// The preload library's C API (`malloc`, `calloc`, `realloc`, ...).
+    pub const C_MALLOC: Policy = Policy {
+        first_touch: FirstTouch::OnWrite,
+        zeroing: Zeroing::Purge,
+        cap: CapRule::TwiceLivePeak,
+        when_full: WhenFull::PurgeOldest,
+        on_miss: OnMiss::ExtendRetained,
+        retain_max: usize::MAX,
+    };
+
+    /// [`huge_alloc`](super::huge_alloc) and C-Kernel-Engine's
+    /// `ck_huge_alloc`: zeroed blocks, purged when freed.
+    pub const CK_HUGE: Policy = Policy {
+        first_touch: FirstTouch::OnWrite,
+        zeroing: Zeroing::Purge,
+        cap: CapRule::Nothing,
+        when_full: WhenFull::PurgeFreed,
+        on_miss: OnMiss::FreshExtent,
+        retain_max: usize::MAX,
+    };
+
+    /// Whether this policy probes fresh THP blocks now
+    /// (`CKALLOC_FIRST_TOUCH_PROBE` can turn it off).
+    pub(crate) fn probes(&self) -> bool {
+        self.first_touch == FirstTouch::Probe && crate::env::first_touch_probe()
+    }
+}

@@ -1,0 +1,508 @@
+//! Spans: the address space the engine carves blocks from.
+//!
+//! A span is one reservation: 1 GiB of `PROT_NONE` address space (512 units
+//! of 2 MiB; a request longer than 1 GiB gets a span of its own length in
+//! units of a larger power of two), or one hugetlb mapping of a block's
+//! length. Its state lives in a slot of a static table ([`Spans`]): three
+//! bitmaps of its units (in use, dirty: freed with its pages still there,
+//! advised to base pages), a stamp per unit (when it was last freed) and
+//! the length of its committed prefix. Units are committed (`mprotect` to
+//! read-write) from the span's start on, as far as blocks reach, so the
+//! committed part is one VMA with the span's THP advice, however many
+//! blocks it holds.
+//!
+//! Every thread has a home group ([`home_group`]); a span belongs to the
+//! group of the thread that reserved it, and a thread looks at its own
+//! group's spans first, so threads keep to their own address space.
+//!
+//! Slots are reused. A slot's state word carries a generation that changes
+//! whenever its span is retired or created: a thread that read a span's
+//! [`View`], claims units and then finds another generation undoes its
+//! claim ([`Span::claim`]), so a stale view never hands out an address.
+
+use super::bits::{self, Bits, BITS};
+use super::extents::ExtentMap;
+use super::os;
+use super::stats::Counters;
+use crate::sys::{self, Advice, HugetlbSize, Prot, HUGE_PAGE_2M};
+use crate::tier::Backing;
+use std::cell::Cell;
+use std::io;
+use std::ptr::NonNull;
+use std::sync::atomic::{
+    AtomicBool, AtomicU32, AtomicU64, AtomicUsize,
+    Ordering::{AcqRel, Acquire, Relaxed, Release, SeqCst},
+};
+
+/// log2 of the unit of a span up to 1 GiB (2 MiB).
+pub(crate) const UNIT_SHIFT: u32 = HUGE_PAGE_2M.trailing_zeros();
+/// The length of a span shared by many blocks (512 units of 2 MiB).
+pub(crate) const SPAN_LEN: usize = (BITS as usize) << UNIT_SHIFT;
+/// Slots of the span table.
+pub(crate) const MAX_SPANS: usize = 2048;
+/// Home groups of threads.
+pub(crate) const GROUPS: u32 = 4;
+
+const EMPTY: u64 = 0;
+const CREATING: u64 = 1;
+const LIVE: u64 = 2;
+const DYING: u64 = 3;
+
+/// The state word: generation, tier and phase.
+fn state(gen: u64, tier: Backing, phase: u64) -> u64 {
+    let t = match tier {
+        Backing::Normal => 0,
+        Backing::TransparentHuge => 1,
+        Backing::Hugetlb => 2,
+    };
+    gen << 8 | t << 2 | phase
+}
+
+fn gen_of(s: u64) -> u64 {
+    s >> 8
+}
+
+fn tier_of(s: u64) -> Backing {
+    match (s >> 2) & 3 {
+        0 => Backing::Normal,
+        1 => Backing::TransparentHuge,
+        _ => Backing::Hugetlb,
+    }
+}
+
+thread_local! {
+    static HOME: Cell<u32> = const { Cell::new(u32::MAX) };
+}
+
+/// The calling thread's home group: threads are numbered as they first
+/// ask, round-robin over [`GROUPS`]; 0 while its thread-locals are gone.
+pub(crate) fn home_group() -> u32 {
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    HOME.try_with(|h| {
+        if h.get() == u32::MAX {
+            h.set(NEXT.fetch_add(1, Relaxed) % GROUPS);
+        }
+        h.get()
+    })
+    .unwrap_or(0)
+}
+
+/// A stamp of the monotonic clock: ns / 2^20 (about 1 ms), wrapping every
+/// 52 days (compared with `wrapping_sub`).
+pub(crate) fn stamp_now() -> u32 {
+    (sys::monotonic_ns() >> 20) as u32
+}
+
+/// One slot of the span table.
+pub(crate) struct Span {
+    /// Generation, tier and phase ([`state`]).
+    state: AtomicU64,
+    base: AtomicUsize,
+    units: AtomicU32,
+    shift: AtomicU32,
+    group: AtomicU32,
+    /// Units committed read-write from the start.
+    committed: AtomicU32,
+    /// Set when `munmap` of the idle span was refused for good (`EPERM`: a
+    /// sealed range): not tried again.
+    pinned: AtomicBool,
+    pub(crate) in_use: Bits,
+    pub(crate) dirty: Bits,
+    pub(crate) base_pages: Bits,
+    /// Units unmapped for good to give their address space back under an
+    /// address-space limit ([`punch`](super::retain::punch)); they stay in
+    /// use, by no block.
+    pub(crate) holes: Bits,
+    stamps: [AtomicU32; BITS as usize],
+}
+
+/// What a thread read of a live span: its geometry, valid while the span
+/// keeps the generation in `state`.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct View {
+    pub(crate) index: u16,
+    state: u64,
+    pub(crate) tier: Backing,
+    pub(crate) base: usize,
+    pub(crate) units: u32,
+    pub(crate) shift: u32,
+    pub(crate) group: u32,
+}
+
+impl View {
+    /// The address of unit `u`.
+    pub(crate) fn addr(&self, u: u32) -> NonNull<u8> {
+        // A live span's base is a mapping's address: never 0.
+        NonNull::new((self.base + ((u as usize) << self.shift)) as *mut u8)
+            .unwrap_or(NonNull::dangling())
+    }
+
+    /// The bytes of `n` units.
+    pub(crate) fn len(&self, n: u32) -> usize {
+        (n as usize) << self.shift
+    }
+
+    /// The unit at address `p` (inside the span).
+    pub(crate) fn unit_of(&self, p: usize) -> u32 {
+        ((p - self.base) >> self.shift) as u32
+    }
+
+    /// Units a block of `len` bytes takes here.
+    pub(crate) fn units_for(&self, len: usize) -> u32 {
+        len.div_ceil(1 << self.shift).min(u32::MAX as usize) as u32
+    }
+
+    /// Whether this span serves blocks of `len` bytes: spans of 2 MiB
+    /// units those up to 1 GiB, larger units only longer ones.
+    pub(crate) fn serves(&self, len: usize) -> bool {
+        (self.shift == UNIT_SHIFT) == (len <= SPAN_LEN) && self.units_for(len) <= self.units
+    }
+}
+
+impl Span {
+    const fn new() -> Span {
+        Span {
+            state: AtomicU64::new(EMPTY),
+            base: AtomicUsize::new(0),
+            units: AtomicU32::new(0),
+            shift: AtomicU32::new(UNIT_SHIFT),
+            group: AtomicU32::new(0),
+            committed: AtomicU32::new(0),
+            pinned: AtomicBool::new(false),
+            in_use: Bits::new(),
+            dirty: Bits::new(),
+            base_pages: Bits::new(),
+            holes: Bits::new(),
+            stamps: [const { AtomicU32::new(0) }; BITS as usize],
+        }
+    }
+
+    /// The view of the span, `None` unless it is live.
+    pub(crate) fn view(&self, index: u16) -> Option<View> {
+        let s = self.state.load(Acquire);
+        (s & 3 == LIVE).then(|| View {
+            index,
+            state: s,
+            tier: tier_of(s),
+            base: self.base.load(Relaxed),
+            units: self.units.load(Relaxed),
+            shift: self.shift.load(Relaxed),
+            group: self.group.load(Relaxed),
+        })
+    }
+
+    /// Set units `start..start + n` in use if all are free and the span
+    /// is still the one `v` saw; `true` when they are now the caller's.
+    pub(crate) fn claim(&self, v: &View, start: u32, n: u32) -> bool {
+        if n == 0 || start.checked_add(n).is_none_or(|e| e > v.units) {
+            return false;
+        }
+        if !self.in_use.try_set(start, n) {
+            return false;
+        }
+        if self.state.load(SeqCst) != v.state {
+            self.in_use.clear(start, n);
+            return false;
+        }
+        true
+    }
+
+    /// Units in use by blocks (or claimed), holes not counted.
+    pub(crate) fn busy(&self, v: &View) -> u32 {
+        let used = bits::and(&self.in_use.snapshot(), &self.holes.snapshot().map(|w| !w));
+        bits::count(&used, 0, v.units)
+    }
+
+    /// Claim every unit that is no hole, if all are free and the span is
+    /// still the one `v` saw.
+    fn claim_all(&self, v: &View) -> bool {
+        let free = bits::not_below(&self.in_use.snapshot(), v.units);
+        let holes = bits::count(&self.holes.snapshot(), 0, v.units);
+        if bits::count(&free, 0, v.units) + holes != v.units {
+            return false;
+        }
+        let mut done = 0;
+        let mut taken = bits::runs(&free).all(|(a, b)| {
+            let ok = self.claim(v, a, b - a);
+            if ok {
+                done = b;
+            }
+            ok
+        });
+        // With no free run (every unit a hole) no claim checked the span.
+        taken &= self.state.load(SeqCst) == v.state;
+        if !taken {
+            for (a, b) in bits::runs(&free).take_while(|&(_, b)| b <= done) {
+                self.release(a, b - a);
+            }
+        }
+        taken
+    }
+
+    /// Free units `start..start + n` (the caller's), for other threads.
+    pub(crate) fn release(&self, start: u32, n: u32) {
+        self.in_use.clear(start, n);
+    }
+
+    /// Commit the units before `end` (make them read-write), if they are
+    /// not yet: the committed prefix grows, one VMA.
+    pub(crate) fn commit(&self, c: &Counters, v: &View, end: u32) -> io::Result<()> {
+        let done = self.committed.load(Acquire);
+        if end <= done {
+            return Ok(());
+        }
+        // Two threads may commit overlapping ranges: read-write twice is
+        // read-write. A hole's address space is no longer the span's: it is
+        // skipped (the committed part is then more than one VMA).
+        let keep = bits::not_below(&self.holes.snapshot(), end);
+        for (a, b) in bits::runs(&keep).filter(|&(_, b)| b > done) {
+            let a = a.max(done);
+            os::commit(c, v.addr(a), v.len(b - a))?;
+        }
+        self.committed.fetch_max(end, Release);
+        Ok(())
+    }
+
+    /// Stamp units `start..start + n` freed at `now`.
+    pub(crate) fn stamp(&self, start: u32, n: u32, now: u32) {
+        for s in &self.stamps[start as usize..(start + n) as usize] {
+            s.store(now, Relaxed);
+        }
+    }
+
+    /// The stamp of unit `u`.
+    pub(crate) fn stamp_of(&self, u: u32) -> u32 {
+        self.stamps[u as usize].load(Relaxed)
+    }
+}
+
+/// What a new span of address space is for.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Reserve {
+    /// THP (the span is advised `MADV_HUGEPAGE`, or becomes normal pages
+    /// when that fails) or normal pages.
+    pub(crate) tier: Backing,
+    /// The block it is reserved for, in bytes.
+    pub(crate) len: usize,
+    /// That block's alignment (a power of two): the span's start meets it.
+    pub(crate) align: usize,
+    /// The home group of the thread that reserves it.
+    pub(crate) group: u32,
+    /// The span holds the block's length only, not 1 GiB (an address-space
+    /// limit is set).
+    pub(crate) exact: bool,
+}
+
+/// The span table.
+pub(crate) struct Spans {
+    slots: [Span; MAX_SPANS],
+    /// Slots ever used: the bound of every scan.
+    high: AtomicUsize,
+}
+
+impl Spans {
+    pub(crate) const fn new() -> Spans {
+        Spans {
+            slots: [const { Span::new() }; MAX_SPANS],
+            high: AtomicUsize::new(0),
+        }
+    }
+
+    /// The span in slot `index`.
+    pub(crate) fn get(&self, index: u16) -> &Span {
+        &self.slots[usize::from(index) % MAX_SPANS]
+    }
+
+    /// The live spans with their views, in slot order.
+    pub(crate) fn live(&self) -> impl Iterator<Item = (&Span, View)> {
+        let high = self.high.load(Acquire).min(MAX_SPANS);
+        self.slots[..high]
+            .iter()
+            .enumerate()
+            .filter_map(|(i, s)| s.view(i as u16).map(|v| (s, v)))
+    }
+
+    /// Reserve a span for `r` (see [`Reserve`]). Its units are free; the
+    /// extent map covers it. Never allocates.
+    pub(crate) fn reserve(&self, c: &Counters, map: &ExtentMap, r: Reserve) -> io::Result<View> {
+        let want = if r.exact { r.len } else { r.len.max(SPAN_LEN) };
+        let (shift, units) = geometry(want)?;
+        let bytes = (units as usize) << shift;
+        let p = os::map_aligned(c, bytes, r.align.max(HUGE_PAGE_2M), Prot::None)?;
+        let mut tier = r.tier;
+        if tier == Backing::TransparentHuge && os::advise(c, p, bytes, Advice::HugePage).is_err() {
+            c.thp_fallbacks.fetch_add(1, Relaxed);
+            tier = Backing::Normal;
+        }
+        self.publish(c, map, p, tier, shift, units, 0, r.group)
+    }
+
+    /// A span of hugetlb pages holding one block of `len` bytes (a
+    /// multiple of 2 MiB), all its units committed.
+    pub(crate) fn reserve_hugetlb(
+        &self,
+        c: &Counters,
+        map: &ExtentMap,
+        len: usize,
+        group: u32,
+    ) -> io::Result<View> {
+        let (shift, units) = geometry(len)?;
+        let bytes = (units as usize) << shift;
+        let p = os::map_hugetlb(c, bytes, HugetlbSize::Size2M)?;
+        self.publish(c, map, p, Backing::Hugetlb, shift, units, units, group)
+    }
+
+    /// Put the fresh mapping `p` in a free slot (or unmap it when the table
+    /// is full or the extent map cannot cover it).
+    #[allow(clippy::too_many_arguments)]
+    fn publish(
+        &self,
+        c: &Counters,
+        map: &ExtentMap,
+        p: NonNull<u8>,
+        tier: Backing,
+        shift: u32,
+        units: u32,
+        committed: u32,
+        group: u32,
+    ) -> io::Result<View> {
+        let bytes = (units as usize) << shift;
+        let slot = if map.prepare(c, p.as_ptr() as usize, bytes) {
+            self.take_slot()
+        } else {
+            None
+        };
+        let Some((i, gen)) = slot else {
+            let _ = os::unmap(c, p, bytes);
+            return Err(io::Error::from_raw_os_error(libc::ENOMEM));
+        };
+        let s = &self.slots[i];
+        s.base.store(p.as_ptr() as usize, Relaxed);
+        s.units.store(units, Relaxed);
+        s.shift.store(shift, Relaxed);
+        s.group.store(group, Relaxed);
+        s.committed.store(committed, Relaxed);
+        s.pinned.store(false, Relaxed);
+        s.dirty.store([0; bits::WORDS]);
+        s.base_pages.store([0; bits::WORDS]);
+        s.holes.store([0; bits::WORDS]);
+        // Bits past the last unit stay set: never free.
+        s.in_use
+            .store(bits::not_below(&[0; bits::WORDS], units).map(|w| !w));
+        s.stamp(0, units, stamp_now());
+        c.span_reserved(bytes);
+        s.state.store(state(gen, tier, LIVE), Release);
+        s.view(i as u16)
+            .ok_or_else(|| io::Error::from_raw_os_error(libc::ENOMEM))
+    }
+
+    /// An empty slot, marked creating with a new generation.
+    fn take_slot(&self) -> Option<(usize, u64)> {
+        loop {
+            let high = self.high.load(Acquire);
+            for (i, s) in self.slots[..high.min(MAX_SPANS)].iter().enumerate() {
+                let cur = s.state.load(Relaxed);
+                if cur & 3 == EMPTY {
+                    let gen = gen_of(cur) + 1;
+                    let next = state(gen, Backing::Normal, CREATING);
+                    if s.state.compare_exchange(cur, next, SeqCst, Relaxed).is_ok() {
+                        return Some((i, gen));
+                    }
+                }
+            }
+            if high >= MAX_SPANS {
+                return None;
+            }
+            // A new slot at the end; another thread may take it first.
+            let _ = self.high.compare_exchange(high, high + 1, AcqRel, Relaxed);
+        }
+    }
+
+    /// Give the span `v` back to the kernel (`munmap`) if no block uses it:
+    /// its units are claimed first, so nothing is handed out from it
+    /// meanwhile, and unmapped run by run around its holes (whose address
+    /// space may be another mapping's by now). Its retained units stop
+    /// counting. Returns their bytes; `None` when a block uses the span or
+    /// `munmap` failed (the span then stays, what was unmapped as holes;
+    /// pinned, never tried again, when the kernel refused it for good).
+    pub(crate) fn retire(&self, c: &Counters, v: &View) -> Option<usize> {
+        let s = self.get(v.index);
+        if s.pinned.load(Relaxed) || !s.claim_all(v) {
+            return None;
+        }
+        let gen = gen_of(v.state) + 1;
+        s.state.store(state(gen, v.tier, DYING), SeqCst);
+        let mut dirty = 0;
+        let mapped = bits::not_below(&s.holes.snapshot(), v.units);
+        for (a, b) in bits::runs(&mapped) {
+            let run_dirty = v.len(s.dirty.count(a, b - a));
+            if let Err(e) = os::unmap(c, v.addr(a), v.len(b - a)) {
+                s.pinned
+                    .store(e.raw_os_error() == Some(libc::EPERM), Relaxed);
+                c.retained.fetch_sub(dirty as u64, Relaxed);
+                s.state.store(state(gen, v.tier, LIVE), SeqCst);
+                let left = bits::not_below(&s.holes.snapshot(), v.units);
+                for (a, b) in bits::runs(&left) {
+                    s.release(a, b - a);
+                }
+                return None;
+            }
+            s.holes.set(a, b - a);
+            s.dirty.clear(a, b - a);
+            c.span_hole(v.len(b - a));
+            dirty += run_dirty;
+        }
+        c.retained.fetch_sub(dirty as u64, Relaxed);
+        c.span_retired();
+        s.state.store(state(gen, v.tier, EMPTY), Release);
+        Some(dirty)
+    }
+
+    /// In the child of `fork()`: a slot another thread of the parent was
+    /// creating or retiring has no owner left; it becomes empty (its
+    /// mapping, if any, stays out of use). Returns the bytes of dirty free
+    /// units of the live spans, which the caller makes the retained count.
+    pub(crate) fn repair_after_fork(&self) -> u64 {
+        let mut retained = 0;
+        for (i, s) in self.slots[..self.high.load(Relaxed).min(MAX_SPANS)]
+            .iter()
+            .enumerate()
+        {
+            let cur = s.state.load(Relaxed);
+            match cur & 3 {
+                CREATING | DYING => {
+                    s.state
+                        .store(state(gen_of(cur) + 1, Backing::Normal, EMPTY), Relaxed);
+                }
+                LIVE => {
+                    if let Some(v) = s.view(i as u16) {
+                        let free = bits::not_below(&s.in_use.snapshot(), v.units);
+                        let d = bits::and(&free, &s.dirty.snapshot());
+                        retained += v.len(bits::count(&d, 0, v.units)) as u64;
+                    }
+                }
+                _ => {}
+            }
+        }
+        retained
+    }
+}
+
+/// The unit size (as a shift) and unit count of a span of at least `len`
+/// bytes: 2 MiB units up to 1 GiB, else the smallest power of two that
+/// keeps the count within [`BITS`].
+fn geometry(len: usize) -> io::Result<(u32, u32)> {
+    let too_large = || io::Error::from_raw_os_error(libc::ENOMEM);
+    let mut shift = UNIT_SHIFT;
+    while len.div_ceil(1 << shift) > BITS as usize {
+        shift += 1;
+        if shift >= usize::BITS - 1 {
+            return Err(too_large());
+        }
+    }
+    let units = len.div_ceil(1 << shift).max(1) as u32;
+    match (units as usize).checked_mul(1 << shift) {
+        Some(b) if b <= isize::MAX as usize => Ok((shift, units)),
+        _ => Err(too_large()),
+    }
+}

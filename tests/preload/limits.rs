@@ -1,0 +1,78 @@
+//! The preload library at a process's limits, in a C program under
+//! `LD_PRELOAD` and, for reference, under glibc (`tests/c/preload_limits.c`):
+//! the VMAs of 40,000 live blocks, a shrink at `vm.max_map_count`, a block
+//! freed locked and read-only, and requests under an address-space limit.
+
+use super::{assert_success, compile, run};
+use std::process::Command;
+
+/// Run a mode of `preload_limits` with the library or without; its stdout.
+fn limits(args: &[&str], preload: bool) -> String {
+    let prog = compile("preload_limits.c", "cc", &[]);
+    let mut cmd = Command::new(prog);
+    cmd.args(args).env_remove("CKALLOC_SHOW_STATS");
+    let out = run(cmd, preload);
+    assert_success(
+        &out,
+        &format!("preload_limits {args:?} (preload: {preload})"),
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// The number after `label` in `out`.
+fn number(out: &str, label: &str) -> u64 {
+    out.lines()
+        .find_map(|l| l.strip_prefix(label))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .unwrap_or_else(|| panic!("no {label:?} in {out}"))
+}
+
+#[test]
+fn forty_thousand_live_blocks_of_2_25_mib_add_few_vmas() {
+    let args = ["vmas", "40000", "2359296"];
+    let ckalloc = number(&limits(&args, true), "added VMAs: ");
+    let glibc = number(&limits(&args, false), "added VMAs: ");
+    eprintln!("VMAs added by 40,000 live malloc(9 << 18): ckalloc {ckalloc}, glibc {glibc}");
+    assert!(ckalloc <= 1000, "{ckalloc} VMAs");
+}
+
+#[test]
+fn at_the_vma_limit_a_shrink_stays_in_place_and_no_freed_block_stays_mapped() {
+    // The program fails (exit 1) if memory stays mapped once everything is
+    // freed and trimmed.
+    let out = limits(&["map-count"], true);
+    assert!(out.contains("ok: shrunk at the VMA limit"), "{out}");
+    assert!(out.contains("in place"), "{out}");
+    assert!(limits(&["map-count"], false).contains("ok: shrunk"));
+}
+
+#[test]
+fn a_block_freed_locked_and_read_only_serves_calloc_zeroed_and_writable() {
+    let out = limits(&["locked-calloc"], true);
+    if out.contains("SKIP") {
+        eprintln!("{out}");
+        return;
+    }
+    assert!(out.contains("ok: calloc"), "{out}");
+    assert!(out.contains("locked after malloc_trim: 0 kB"), "{out}");
+    // The same program under glibc, which unmaps on free.
+    assert!(limits(&["locked-calloc"], false).contains("ok: calloc"));
+}
+
+#[test]
+fn under_an_address_space_limit_every_request_glibc_serves_is_served() {
+    for preload in [false, true] {
+        let out = limits(&["as-promise", "256"], preload);
+        assert!(
+            out.contains("ok: every request served"),
+            "preload {preload}: {out}"
+        );
+    }
+    // Whole 2 MiB pages cost address space: 3 MiB requests take 4 MiB.
+    let glibc = number(&limits(&["as-3mib", "2048"], false), "3 MiB blocks: ");
+    let ckalloc = number(&limits(&["as-3mib", "2048"], true), "3 MiB blocks: ");
+    eprintln!(
+        "live malloc(3 MiB) under RLIMIT_AS of VmSize + 2 GiB: ckalloc {ckalloc}, glibc {glibc}"
+    );
+    assert!(ckalloc * 100 >= glibc * 70, "{ckalloc} against {glibc}");
+}
