@@ -754,18 +754,19 @@ fn caching_allocator_over_ckhuge_trims_to_the_kernel() {
 }
 
 #[test]
-fn decay_gives_blocks_back_after_the_delay() {
+fn decay_gives_blocks_back_after_the_delay_and_then_their_idle_span() {
     run_child(
         "child_decay",
         &[
             ("CKALLOC_RETAIN_DECAY_MS", "20"),
             ("CKALLOC_RETAIN_BYTES", "33554432"),
+            ("CKALLOC_HUGETLB", "0"),
         ],
     );
 }
 
 #[test]
-#[ignore = "run by decay_gives_blocks_back_after_the_delay"]
+#[ignore = "run by decay_gives_blocks_back_after_the_delay_and_then_their_idle_span"]
 fn child_decay() {
     assert_eq!(env::retain_decay_ms(), 20);
     assert_eq!(env::retain_bytes(), 32 * MIB);
@@ -775,23 +776,38 @@ fn child_decay() {
     let p = galloc(&a, l);
     gfree(&a, p, l);
     assert_eq!(huge_stats().retained_bytes, 4 * MIB as u64);
-    let small = layout(64, 8);
-    for _ in 0..20 {
-        std::thread::sleep(std::time::Duration::from_millis(25));
-        // Small allocations while a block is retained drive the decay steps.
-        for _ in 0..1024 {
-            let q = galloc(&a, small);
-            gfree(&a, q, small);
+    // Small allocations while a block is retained drive the decay steps.
+    let steps = |done: &dyn Fn(&HugeStats) -> bool| {
+        let small = layout(64, 8);
+        for _ in 0..20 {
+            std::thread::sleep(std::time::Duration::from_millis(25));
+            for _ in 0..1024 {
+                gfree(&a, galloc(&a, small), small);
+            }
+            if done(&huge_stats()) {
+                break;
+            }
         }
-        if huge_stats().retained_bytes == 0 {
-            break;
-        }
-    }
+    };
+    let munmaps = huge_stats().syscalls.munmap;
+    steps(&|s| s.retained_bytes == 0);
     let s = huge_stats();
     assert_eq!(s.retained_bytes, 0, "{s:?}");
     assert_eq!(s.decayed_bytes, 4 * MIB as u64);
     assert_eq!(s.spans, 1, "purged: the span another block uses stays");
+    assert_eq!(s.syscalls.munmap, munmaps, "purged, not unmapped");
+    // SAFETY: the purged units read zero, and are ours to read no more
+    // than the span's: `keep` is live, so the span is mapped.
+    let purged = unsafe { std::slice::from_raw_parts(p, 4 * MIB) };
+    assert!(purged.iter().step_by(4096).all(|&b| b == 0));
+    // Once no block uses the span and its last free is the delay old, the
+    // span goes back whole.
     gfree(&a, keep, layout(2 * MIB, 8));
+    steps(&|s| s.spans == 0);
+    let s = huge_stats();
+    assert_eq!((s.spans, s.spans_released), (0, 1), "{s:?}");
+    assert_eq!(s.retained_bytes, 0);
+    assert_eq!(s.syscalls.munmap, munmaps + 1, "one munmap: the span");
 }
 
 #[test]
@@ -928,4 +944,163 @@ fn blocks_freed_by_an_exited_thread_serve_other_threads() {
     assert_eq!(q as usize, addr, "the exited thread's block is shared");
     gfree(&a, q, l);
     release_retained();
+}
+
+#[test]
+fn a_shrink_stays_in_place_and_a_growth_takes_the_free_units_after_it() {
+    let _s = serial();
+    release_retained();
+    let a = CkHuge::new();
+    let l = layout(32 * MIB, 8);
+    let p = galloc(&a, l);
+    // SAFETY: 32 MiB of ours.
+    unsafe { p.write_bytes(5, 32 * MIB) };
+    let before = huge_stats();
+    // SAFETY: `p` came from `a` with `l`.
+    let s = unsafe { std::alloc::GlobalAlloc::realloc(&a, p, l, 3 * MIB) };
+    let mid = huge_stats();
+    assert_eq!(s, p);
+    assert_eq!(
+        maps(&mid),
+        maps(&before),
+        "a shrink maps and unmaps nothing"
+    );
+    // SAFETY: 3 MiB of ours.
+    assert!(unsafe { std::slice::from_raw_parts(s, 3 * MIB) }
+        .iter()
+        .all(|&b| b == 5));
+    // The units after it are free (retained): it grows in place.
+    // SAFETY: `s` came from `a` with 3 MiB.
+    let g = unsafe { std::alloc::GlobalAlloc::realloc(&a, s, layout(3 * MIB, 8), 20 * MIB) };
+    let after = huge_stats();
+    assert_eq!(g, p);
+    assert_eq!(after.grown_in_place, before.grown_in_place + 1);
+    assert_eq!(maps(&after), maps(&before));
+    gfree(&a, g, layout(20 * MIB, 8));
+    release_retained();
+}
+
+#[test]
+fn a_block_freed_read_only_is_cleared_and_writable_for_the_next_zeroed_request() {
+    let _s = serial();
+    release_retained();
+    let a = CkHuge::new();
+    let l = layout(4 * MIB, 8);
+    let p = galloc(&a, l);
+    // SAFETY: our block; protecting it changes no byte.
+    unsafe {
+        p.write_bytes(7, 4 * MIB);
+        assert_eq!(libc::mprotect(p.cast(), 4 * MIB, libc::PROT_READ), 0);
+    }
+    gfree(&a, p, l);
+    // The memset that clears the hit is preceded by making it writable.
+    // SAFETY: non-zero size.
+    let z = unsafe { std::alloc::GlobalAlloc::alloc_zeroed(&a, l) };
+    assert_eq!(z, p, "a hit");
+    // SAFETY: 4 MiB of ours.
+    let s = unsafe { std::slice::from_raw_parts_mut(z, 4 * MIB) };
+    assert!(s.iter().all(|&b| b == 0));
+    s.fill(9);
+    gfree(&a, z, l);
+    release_retained();
+}
+
+#[test]
+fn threads_take_their_fresh_blocks_from_spans_of_their_own() {
+    run_child("child_thread_spans", &[("CKALLOC_HUGETLB", "0")]);
+}
+
+#[test]
+#[ignore = "run by threads_take_their_fresh_blocks_from_spans_of_their_own"]
+fn child_thread_spans() {
+    assert_eq!(huge_stats().spans, 0, "a fresh process");
+    let both = std::sync::Barrier::new(2);
+    std::thread::scope(|s| {
+        for _ in 0..2 {
+            s.spawn(|| {
+                let a = CkHuge::new();
+                let l = layout(8 * MIB, 8);
+                let p = galloc(&a, l);
+                both.wait();
+                gfree(&a, p, l);
+            });
+        }
+    });
+    assert_eq!(huge_stats().spans, 2, "a span for each thread's group");
+}
+
+#[test]
+fn a_block_longer_than_a_span_gets_one_of_its_own_and_shrinks_in_place() {
+    let _s = serial();
+    let a = CkHuge::new();
+    let l = Layout::from_size_align(3 << 30, 8).unwrap();
+    // `hugetlb_blocks` probes with an allocation of its own: ask before counting spans.
+    let plain = !hugetlb_blocks();
+    let spans = huge_stats().spans;
+    let b = a.allocate(l).unwrap();
+    assert_eq!(b.len(), 3 << 30);
+    if plain {
+        assert_eq!(huge_stats().spans, spans + 1);
+    }
+    let small = Layout::from_size_align(6 * MIB, 8).unwrap();
+    // SAFETY: `b` is live with layout `l`; `small` is not larger.
+    let s = unsafe { a.shrink(b.cast(), l, small) }.unwrap();
+    assert_eq!(s.cast::<u8>(), b.cast::<u8>(), "in place");
+    // SAFETY: the shrunk block, live with `small`.
+    unsafe { a.deallocate(s.cast(), small) };
+    release_retained();
+}
+
+#[test]
+fn racing_threads_with_decay_and_release_never_share_a_block() {
+    run_child(
+        "child_racing",
+        &[
+            ("CKALLOC_RETAIN_DECAY_MS", "0"),
+            ("CKALLOC_RETAIN_BYTES", "64MiB"),
+        ],
+    );
+}
+
+#[test]
+#[ignore = "run by racing_threads_with_decay_and_release_never_share_a_block"]
+fn child_racing() {
+    std::thread::scope(|s| {
+        for t in 0..4u8 {
+            s.spawn(move || {
+                let a = CkHuge::new();
+                let mut live: Vec<(*mut u8, Layout, u8)> = Vec::new();
+                for i in 0..400usize {
+                    let size = ((i * 7 + t as usize) % 9 + 1) * MIB + 3;
+                    let l = Layout::from_size_align(size, 8).unwrap();
+                    // Retained (`GlobalAlloc`) and purged (`Allocator`) blocks.
+                    let p = if i % 2 == 0 {
+                        galloc(&a, l)
+                    } else {
+                        a.allocate(l).unwrap().cast::<u8>().as_ptr()
+                    };
+                    let seed = (i as u8) ^ t;
+                    // SAFETY: `size` bytes of ours.
+                    unsafe { p.write_bytes(seed, size) };
+                    live.push((p, l, seed));
+                    if live.len() > 6 {
+                        let (p, l, seed) = live.swap_remove(i % live.len());
+                        // SAFETY: a live block of ours, `l.size()` bytes.
+                        let s = unsafe { std::slice::from_raw_parts(p, l.size()) };
+                        assert!(s.iter().step_by(4096).all(|&b| b == seed), "thread {t}");
+                        gfree(&a, p, l);
+                    }
+                    if i % 50 == 0 {
+                        release_retained();
+                    }
+                }
+                for (p, l, _) in live {
+                    gfree(&a, p, l);
+                }
+            });
+        }
+    });
+    release_retained();
+    let s = huge_stats();
+    assert_eq!((s.live_bytes, s.retained_bytes), (0, 0), "{s:?}");
 }

@@ -8,7 +8,8 @@
 //! `scripts/perf-report`); a relative FILE is taken from the repository root
 //! (cargo runs benches in the package's directory, `benches/compare`).
 //! Arguments without `--` select rows by substring (`bump`, `first_touch`,
-//! `random_reads`, `cache_loop`, `weights`, `threads`, `pool_lock`, `trace`;
+//! `random_reads`, `cache_loop`, `weights`, `threads`, `pool_lock`, `trace`,
+//! `purge`;
 //! `sweep` runs only the plot data).
 //!
 //! Each row measures ckalloc and its peer alternately in the same process,
@@ -23,6 +24,7 @@ use std::time::{Duration, Instant};
 mod alloc;
 mod pages;
 mod plot;
+mod purge;
 mod rows;
 mod trace;
 mod weights;

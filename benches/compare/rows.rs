@@ -14,6 +14,7 @@ pub fn all() -> Vec<(&'static str, RowFn)> {
         ("threads", crate::alloc::threads as RowFn),
         ("pool_lock", crate::alloc::pool_lock as RowFn),
         ("trace", crate::trace::replay_rows as RowFn),
+        ("purge", crate::purge::purge as RowFn),
         ("sweep", crate::plot::sweep as RowFn),
     ]
 }

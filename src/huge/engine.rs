@@ -19,12 +19,11 @@ use super::policy::{CapRule, OnMiss, Policy, WhenFull, Zeroing, ZERO_BY_MEMSET_M
 use super::relocate::{relocate, Moved};
 use super::retain::{self, Restore};
 use super::span::{self, Reserve, Span, Spans, View};
-use super::stats::{Counters, HugeStats};
+use super::stats::{Count, Counters, HugeStats};
 use crate::fork::{Hooks, Stage};
 use crate::sys::{self, HUGE_PAGE_2M};
 use crate::tier::{self, Backing};
 use std::ptr::{self, NonNull};
-use std::sync::atomic::Ordering::Relaxed;
 
 /// Whether the bytes a call hands out must read zero.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -121,7 +120,7 @@ impl Engine {
     /// glibc's path as it is.
     #[inline]
     pub(crate) fn small_call(&self) {
-        if self.stats.retained.load(Relaxed) != 0 {
+        if self.stats.get(Count::Retained) != 0 {
             self.tick();
         }
     }
@@ -165,19 +164,19 @@ impl Engine {
     fn claim(&self, ask: &Ask<'_>) -> Option<Claimed<'_>> {
         let (fill, policy) = (ask.fill, ask.policy);
         if self.retains(ask.len, policy) {
-            if self.stats.retained.load(Relaxed) >= ask.len as u64 {
+            if self.stats.get(Count::Retained) >= ask.len as u64 {
                 if let Some(c) = self.take(Want::Retained, Groups::Any, ask) {
-                    self.stats.hits.fetch_add(1, Relaxed);
+                    self.stats.add(Count::Hits, 1);
                     if c.p.run > c.p.n {
-                        self.stats.carves.fetch_add(1, Relaxed);
+                        self.stats.add(Count::Carves, 1);
                     }
                     return Some(c);
                 }
             }
-            self.stats.misses.fetch_add(1, Relaxed);
+            self.stats.add(Count::Misses, 1);
             if policy.on_miss == OnMiss::ExtendRetained && fill == Fill::Uninit {
                 if let Some(c) = self.take(Want::MostRetained, Groups::Any, ask) {
-                    self.stats.extends.fetch_add(1, Relaxed);
+                    self.stats.add(Count::Extends, 1);
                     return Some(c);
                 }
             }
@@ -275,7 +274,7 @@ impl Engine {
         let dirty = retain::taken(&self.stats, span, v, p.start, p.n);
         if dirty > 0 && fill == Fill::Zeroed && !self.zero(span, v, p.start, p.n, policy) {
             // Back as they were: retained.
-            self.stats.retained.fetch_add(v.len(dirty) as u64, Relaxed);
+            self.stats.add(Count::Retained, v.len(dirty) as u64);
             span.release(p.start, p.n);
             return false;
         }
@@ -407,7 +406,7 @@ impl Engine {
         let Some((span, v, start, n)) = self.units_of(p, d) else {
             return true;
         };
-        self.stats.live_sub(v.len(n));
+        self.stats.sub(Count::Live, v.len(n) as u64);
         self.give_back(span, &v, start, n, policy, restore);
         true
     }
@@ -468,7 +467,7 @@ impl Engine {
         }
         if m != 0 && m < n {
             self.extents.update(ptr, descriptor(m));
-            self.stats.live_sub(v.len(n - m));
+            self.stats.sub(Count::Live, v.len(n - m) as u64);
             self.give_back(span, &v, start + m, n - m, policy, Restore::IfLocked);
             return Ok(Block { ptr, len: v.len(m) });
         }
@@ -476,7 +475,7 @@ impl Engine {
             zero_to(old_len);
             self.extents.update(ptr, descriptor(m));
             self.stats.live_add(v.len(m - n));
-            self.stats.grown_in_place.fetch_add(1, Relaxed);
+            self.stats.add(Count::GrownInPlace, 1);
             self.advise_growth(span, &v, start + n, m - n, policy);
             return Ok(Block { ptr, len: v.len(m) });
         }
@@ -499,11 +498,11 @@ impl Engine {
             && c.p.view.tier != Backing::Hugetlb
             && self.purge_dirty(c.span, &c.p.view, c.p.start, head);
         let moved = relocate(&self.stats, ptr, dst, old_len, 1 << v.shift, pages);
-        let counter = match moved {
-            Moved::Pages => &self.stats.moved,
-            Moved::Copied => &self.stats.copied,
+        let count = match moved {
+            Moved::Pages => Count::Moved,
+            Moved::Copied => Count::Copied,
         };
-        counter.fetch_add(1, Relaxed);
+        self.stats.add(count, 1);
         if fill == Fill::Zeroed && old_size < old_len {
             self.writable(dst, old_size, old_len);
             // SAFETY: the new block holds `new_len > old_len` bytes, and
@@ -512,7 +511,7 @@ impl Engine {
             unsafe { ptr::write_bytes(dst.as_ptr().add(old_size), 0, old_len - old_size) };
         }
         self.extents.remove(p);
-        self.stats.live_sub(old_len);
+        self.stats.sub(Count::Live, old_len as u64);
         // The old units are purged and made plain memory, never retained as
         // they are: what the program did to the block went with it.
         retain::give(
@@ -648,9 +647,9 @@ pub fn hold_first_touch_base_pages(hold: bool) {
 pub fn hold_retained_bytes(hold: bool) {
     let tib = 1u64 << 40;
     if hold {
-        ENGINE.stats.retained.fetch_add(tib, Relaxed);
+        ENGINE.stats.add(Count::Retained, tib);
     } else {
-        ENGINE.stats.retained.fetch_sub(tib, Relaxed);
+        ENGINE.stats.sub(Count::Retained, tib);
     }
 }
 
@@ -660,7 +659,7 @@ pub fn hold_retained_bytes(hold: bool) {
 /// the fork stay out of use in the child).
 unsafe fn fork_child() {
     let retained = ENGINE.spans.repair_after_fork();
-    ENGINE.stats.set_retained(retained);
+    ENGINE.stats.set(Count::Retained, retained);
 }
 
 fn fork_nothing() {}

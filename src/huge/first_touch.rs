@@ -7,7 +7,7 @@
 //! before `main` and in a fork child); thread-safe (atomics only).
 
 use super::os;
-use super::stats::Counters;
+use super::stats::{Count, Counters};
 use crate::sys::{self, Advice, HUGE_PAGE_2M};
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
@@ -92,13 +92,11 @@ impl Window {
         if done == 0 {
             return None;
         }
-        c.first_touch_probes.fetch_add(1, Relaxed);
-        c.first_touch_probe_ns
-            .fetch_add(sys::monotonic_ns().saturating_sub(start), Relaxed);
-        c.first_touch_populated_bytes
-            .fetch_add(done as u64, Relaxed);
+        c.add(Count::Probes, 1);
+        c.add(Count::ProbeNs, sys::monotonic_ns().saturating_sub(start));
+        c.add(Count::Populated, done as u64);
         let took = slow?;
-        c.first_touch_slow_probes.fetch_add(1, Relaxed);
+        c.add(Count::SlowProbes, 1);
         let now = sys::monotonic_ns();
         self.0.store(
             now.saturating_add(took.saturating_add(SLOW_WINDOW_NS)),
@@ -114,8 +112,8 @@ impl Window {
 fn send_to_base_pages(c: &Counters, p: NonNull<u8>, len: usize) -> bool {
     let ok = os::advise(c, p, len, Advice::NoHugePage).is_ok();
     if ok {
-        c.first_touch_base_blocks.fetch_add(1, Relaxed);
-        c.first_touch_base_bytes.fetch_add(len as u64, Relaxed);
+        c.add(Count::BaseBlocks, 1);
+        c.add(Count::BaseBytes, len as u64);
     }
     ok
 }

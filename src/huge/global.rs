@@ -211,7 +211,12 @@ impl<S: GlobalAlloc> CkHuge<S> {
                         q.as_ptr().cast(),
                         old.size().min(new_size),
                     );
-                    self.release(p, old, policy);
+                    if from_huge {
+                        // Moved: what the program did to the block went with it.
+                        ENGINE.free_moved(p.as_ptr(), policy);
+                    } else {
+                        self.small.dealloc(p.as_ptr(), old);
+                    }
                 }
                 Some(q)
             }

@@ -10,7 +10,7 @@ use super::error::HugeError;
 use super::options::HugeOptions;
 use super::os;
 use super::prefault::populate;
-use super::stats::Counters;
+use super::stats::{Count, Counters};
 use crate::env;
 use crate::sys::{self, Advice, HugetlbSize, Prot, HUGE_PAGE_1G, HUGE_PAGE_2M};
 use crate::tier::{self, Backing};
@@ -76,7 +76,7 @@ impl Ladder {
             return false;
         }
         if self.backing_off() {
-            c.hugetlb_skipped.fetch_add(1, Ordering::Relaxed);
+            c.add(Count::HugetlbSkipped, 1);
             return false;
         }
         true
@@ -84,7 +84,7 @@ impl Ladder {
 
     /// A hugetlb `mmap` failed: count it and back off.
     pub(crate) fn hugetlb_failed(&self, c: &Counters) {
-        c.hugetlb_fallbacks.fetch_add(1, Ordering::Relaxed);
+        c.add(Count::HugetlbFallbacks, 1);
         self.start_backoff();
     }
 }
@@ -165,7 +165,7 @@ impl Ladder {
             return Continue(None);
         }
         if !required && self.backing_off() {
-            c.hugetlb_skipped.fetch_add(1, Ordering::Relaxed);
+            c.add(Count::HugetlbSkipped, 1);
             return Continue(None);
         }
         let mut err = None;
@@ -179,7 +179,7 @@ impl Ladder {
                         return Break(finish(c, ptr, len_1g, Backing::Hugetlb, page, opts));
                     }
                     Err(e) => {
-                        c.hugetlb_fallbacks.fetch_add(1, Ordering::Relaxed);
+                        c.add(Count::HugetlbFallbacks, 1);
                         err = Some(e);
                     }
                 }
@@ -238,7 +238,7 @@ fn advise_thp(c: &Counters, ptr: NonNull<u8>, len: usize) -> (Backing, Option<io
     match os::advise(c, ptr, len, Advice::HugePage) {
         Ok(()) => (Backing::TransparentHuge, None),
         Err(e) => {
-            c.thp_fallbacks.fetch_add(1, Ordering::Relaxed);
+            c.add(Count::ThpFallbacks, 1);
             (Backing::Normal, Some(e))
         }
     }

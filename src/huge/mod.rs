@@ -123,8 +123,6 @@ mod relocate;
 mod retain;
 mod span;
 mod stats;
-#[cfg(test)]
-mod tests;
 
 pub use crate::tier::Backing;
 pub use alloc::{huge_alloc, huge_free};
@@ -138,8 +136,10 @@ pub use policy::{CapRule, FirstTouch, OnMiss, Policy, WhenFull, Zeroing, ZERO_BY
 pub use region::HugeRegion;
 pub use stats::{HugeStats, Syscalls, TierStats};
 
+#[cfg(feature = "preload")]
+pub(crate) use engine::ResizeError;
 pub(crate) use engine::{map_huge, unmap};
 #[cfg(any(feature = "capi", feature = "preload"))]
-pub(crate) use engine::{Fill, ResizeError, ENGINE};
+pub(crate) use engine::{Fill, ENGINE};
 #[cfg(target_os = "linux")]
 pub(crate) use ladder::apply_options;

@@ -2,7 +2,7 @@
 //! engine's [`Counters`] ([`Syscalls`](super::Syscalls)), so that
 //! `huge_stats()` can say what the engine asked of the kernel.
 
-use super::stats::{Call, Counters};
+use super::stats::{Count, Counters};
 use crate::sys::{self, Advice, HugetlbSize, Prot, Source};
 use std::io;
 use std::ptr::NonNull;
@@ -15,53 +15,51 @@ pub(crate) fn map_aligned(
     align: usize,
     prot: Prot,
 ) -> io::Result<NonNull<u8>> {
-    c.call(Call::Mmap, 1);
+    c.add(Count::Mmap, 1);
     let m = sys::map_aligned(len, align, prot)?;
-    c.call(Call::Munmap, m.trims);
+    c.add(Count::Munmap, u64::from(m.trims));
     Ok(m.ptr)
 }
 
 /// Private anonymous hugetlb memory of `len` bytes.
 pub(crate) fn map_hugetlb(c: &Counters, len: usize, size: HugetlbSize) -> io::Result<NonNull<u8>> {
-    c.call(Call::Mmap, 1);
+    c.add(Count::Mmap, 1);
     sys::map_hugetlb(len, size)
 }
 
 /// `munmap`.
 pub(crate) fn unmap(c: &Counters, p: NonNull<u8>, len: usize) -> io::Result<()> {
-    c.call(Call::Munmap, 1);
+    c.add(Count::Munmap, 1);
     sys::munmap(p.as_ptr(), len)
 }
 
 /// `madvise` with `advice`.
 pub(crate) fn advise(c: &Counters, p: NonNull<u8>, len: usize, advice: Advice) -> io::Result<()> {
-    c.call(Call::Madvise, 1);
+    c.add(Count::Madvise, 1);
     sys::madvise(p.as_ptr(), len, advice)
 }
 
 /// `mprotect` to read-write: commit reserved units, or make purged ones
 /// writable again.
 pub(crate) fn commit(c: &Counters, p: NonNull<u8>, len: usize) -> io::Result<()> {
-    c.call(Call::Mprotect, 1);
+    c.add(Count::Mprotect, 1);
     sys::commit_read_write(p, len)
 }
 
 /// Drop the pages of a range ([`sys::purge`]): it reads zero afterwards.
 pub(crate) fn purge(c: &Counters, p: NonNull<u8>, len: usize) -> io::Result<()> {
-    c.call(
-        if cfg!(target_os = "linux") {
-            Call::Madvise
-        } else {
-            Call::Mmap
-        },
-        1,
-    );
+    let kind = if cfg!(target_os = "linux") {
+        Count::Madvise
+    } else {
+        Count::Mmap
+    };
+    c.add(kind, 1);
     sys::purge(p, len)
 }
 
 /// `munlock`.
 pub(crate) fn munlock(c: &Counters, p: NonNull<u8>, len: usize) -> io::Result<()> {
-    c.call(Call::Munlock, 1);
+    c.add(Count::Munlock, 1);
     sys::munlock(p, len)
 }
 
@@ -73,6 +71,6 @@ pub(crate) fn move_pages(
     len: usize,
     dst: NonNull<u8>,
 ) -> io::Result<()> {
-    c.call(Call::Mremap, 1);
+    c.add(Count::Mremap, 1);
     sys::mremap_fixed(src, len, dst, Source::KeptEmpty)
 }

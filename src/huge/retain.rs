@@ -29,12 +29,11 @@ use super::bits;
 use super::os;
 use super::policy::CapRule;
 use super::span::{self, Span, Spans, View};
-use super::stats::Counters;
+use super::stats::{Count, Counters};
 use crate::env;
 use crate::sys::Advice;
 use crate::tier::Backing;
 use std::cell::Cell;
-use std::sync::atomic::Ordering::Relaxed;
 
 /// Engine calls of one thread between two decay steps.
 pub(crate) const TICK_EVERY: u32 = 256;
@@ -64,7 +63,7 @@ pub(crate) fn cap(c: &Counters, rule: CapRule) -> usize {
         CapRule::Environment => env::retain_bytes(),
         CapRule::TwiceLivePeak if env::retain_bytes_set() => env::retain_bytes(),
         CapRule::TwiceLivePeak => {
-            let peak = usize::try_from(c.live_peak()).unwrap_or(usize::MAX);
+            let peak = usize::try_from(c.get(Count::LivePeak)).unwrap_or(usize::MAX);
             env::retain_bytes().max(peak.saturating_mul(2))
         }
     }
@@ -76,9 +75,9 @@ pub(crate) fn admit(c: &Counters, len: usize, cap: usize) -> bool {
     if len > cap {
         return false;
     }
-    let before = c.retained.fetch_add(len as u64, Relaxed);
+    let before = c.add(Count::Retained, len as u64);
     if before.saturating_add(len as u64) > cap as u64 {
-        c.retained.fetch_sub(len as u64, Relaxed);
+        c.sub(Count::Retained, len as u64);
         return false;
     }
     true
@@ -133,7 +132,7 @@ pub(crate) fn purge(
         span.base_pages.clear(start, n);
     }
     span.dirty.clear(start, n);
-    c.purged_bytes.fetch_add(len as u64, Relaxed);
+    c.add(Count::Purged, len as u64);
     true
 }
 
@@ -200,7 +199,7 @@ fn release_claimed(
             None
         }
         back => {
-            c.retained.fetch_sub(bytes as u64, Relaxed);
+            c.sub(Count::Retained, bytes as u64);
             if back == Back::Clean {
                 span.release(start, n);
             }
@@ -230,7 +229,7 @@ pub(crate) fn give(
             Back::Clean => return span.release(start, n),
             Back::Hole => return,
             Back::Kept => {
-                c.retained.fetch_add(v.len(n) as u64, Relaxed);
+                c.add(Count::Retained, v.len(n) as u64);
             }
         }
     }
@@ -242,7 +241,7 @@ pub(crate) fn give(
 /// ones among them stop counting as retained. Returns how many were.
 pub(crate) fn taken(c: &Counters, span: &Span, v: &View, start: u32, n: u32) -> u32 {
     let d = span.dirty.count(start, n);
-    c.retained.fetch_sub(v.len(d) as u64, Relaxed);
+    c.sub(Count::Retained, v.len(d) as u64);
     d
 }
 
@@ -250,7 +249,7 @@ pub(crate) fn taken(c: &Counters, span: &Span, v: &View, start: u32, n: u32) -> 
 /// more bytes fit under `cap`; `false` when they cannot.
 pub(crate) fn make_room(c: &Counters, spans: &Spans, need: usize, cap: usize) -> bool {
     loop {
-        if c.retained.load(Relaxed).saturating_add(need as u64) <= cap as u64 {
+        if c.get(Count::Retained).saturating_add(need as u64) <= cap as u64 {
             return true;
         }
         let Some((span, v, s, e)) = oldest_run(spans) else {
@@ -318,7 +317,7 @@ pub(crate) fn decay(c: &Counters, spans: &Spans, now: u32, delay: u32) {
             // goes back, its retained units with it.
             if (0..v.units).all(expired_at) {
                 if let Some(dirty) = spans.retire(c, &v) {
-                    c.decayed_bytes.fetch_add(dirty as u64, Relaxed);
+                    c.add(Count::Decayed, dirty as u64);
                     budget -= 1;
                 }
             }
@@ -334,7 +333,7 @@ pub(crate) fn decay(c: &Counters, spans: &Spans, now: u32, delay: u32) {
                     if span.claim(&v, u, end - u) {
                         match release_claimed(c, spans, span, &v, u, end - u) {
                             Some(bytes) => {
-                                c.decayed_bytes.fetch_add(bytes as u64, Relaxed);
+                                c.add(Count::Decayed, bytes as u64);
                             }
                             // Tried again a delay later.
                             None => span.stamp(u, end - u, now),
@@ -376,7 +375,7 @@ pub(crate) fn punch(c: &Counters, spans: &Spans) -> usize {
             }
             span.holes.set(s, e - s);
             span.dirty.clear(s, e - s);
-            c.retained.fetch_sub(dirty as u64, Relaxed);
+            c.sub(Count::Retained, dirty as u64);
             c.span_hole(v.len(e - s));
             unmapped += v.len(e - s);
         }

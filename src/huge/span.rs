@@ -23,7 +23,7 @@
 use super::bits::{self, Bits, BITS};
 use super::extents::ExtentMap;
 use super::os;
-use super::stats::Counters;
+use super::stats::{Count, Counters};
 use crate::sys::{self, Advice, HugetlbSize, Prot, HUGE_PAGE_2M};
 use crate::tier::Backing;
 use std::cell::Cell;
@@ -331,7 +331,7 @@ impl Spans {
         let p = os::map_aligned(c, bytes, r.align.max(HUGE_PAGE_2M), Prot::None)?;
         let mut tier = r.tier;
         if tier == Backing::TransparentHuge && os::advise(c, p, bytes, Advice::HugePage).is_err() {
-            c.thp_fallbacks.fetch_add(1, Relaxed);
+            c.add(Count::ThpFallbacks, 1);
             tier = Backing::Normal;
         }
         self.publish(c, map, p, tier, shift, units, 0, r.group)
@@ -439,7 +439,7 @@ impl Spans {
             if let Err(e) = os::unmap(c, v.addr(a), v.len(b - a)) {
                 s.pinned
                     .store(e.raw_os_error() == Some(libc::EPERM), Relaxed);
-                c.retained.fetch_sub(dirty as u64, Relaxed);
+                c.sub(Count::Retained, dirty as u64);
                 s.state.store(state(gen, v.tier, LIVE), SeqCst);
                 let left = bits::not_below(&s.holes.snapshot(), v.units);
                 for (a, b) in bits::runs(&left) {
@@ -452,7 +452,7 @@ impl Spans {
             c.span_hole(v.len(b - a));
             dirty += run_dirty;
         }
-        c.retained.fetch_sub(dirty as u64, Relaxed);
+        c.sub(Count::Retained, dirty as u64);
         c.span_retired();
         s.state.store(state(gen, v.tier, EMPTY), Release);
         Some(dirty)

@@ -12,55 +12,56 @@ use crate::units::{human_bytes, plural};
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
-/// The kinds of system call the engine counts.
+/// The engine's counters, each an index into [`Counters`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Call {
-    Mmap = 0,
+pub(crate) enum Count {
+    // System calls, by kind (`os`).
+    Mmap,
     Munmap,
     Mremap,
     Madvise,
     Mprotect,
     Munlock,
+    // The tier ladder.
+    HugetlbFallbacks,
+    HugetlbSkipped,
+    ThpFallbacks,
+    // Spans and their address space.
+    Spans,
+    SpanBytes,
+    SpanBytesPeak,
+    SpansReleased,
+    Unmapped,
+    // Live and retained bytes.
+    Live,
+    LivePeak,
+    Retained,
+    // Retention, resizes, purges.
+    Hits,
+    Misses,
+    Carves,
+    Extends,
+    GrownInPlace,
+    Moved,
+    Copied,
+    Purged,
+    Decayed,
+    // First touch.
+    Probes,
+    SlowProbes,
+    ProbeNs,
+    Populated,
+    BaseBlocks,
+    BaseBytes,
+    // Blocks and bytes per tier: hugetlb, THP, normal.
+    Blocks,
+    Bytes = Count::Blocks as isize + 3,
 }
 
-const CALLS: usize = 6;
+const COUNTS: usize = Count::Bytes as usize + 3;
 
-#[allow(clippy::declare_interior_mutable_const)]
-const Z: AtomicU64 = AtomicU64::new(0);
-
-/// The engine's counters (one set per engine).
-pub(crate) struct Counters {
-    blocks: [AtomicU64; 3],
-    block_bytes: [AtomicU64; 3],
-    pub(crate) hugetlb_fallbacks: AtomicU64,
-    pub(crate) hugetlb_skipped: AtomicU64,
-    pub(crate) thp_fallbacks: AtomicU64,
-    calls: [AtomicU64; CALLS],
-    spans: AtomicU64,
-    span_bytes: AtomicU64,
-    span_bytes_peak: AtomicU64,
-    pub(crate) spans_released: AtomicU64,
-    unmapped: AtomicU64,
-    live: AtomicU64,
-    live_peak: AtomicU64,
-    /// Bytes of free units that hold pages (dirty), process-wide.
-    pub(crate) retained: AtomicU64,
-    pub(crate) hits: AtomicU64,
-    pub(crate) misses: AtomicU64,
-    pub(crate) carves: AtomicU64,
-    pub(crate) extends: AtomicU64,
-    pub(crate) grown_in_place: AtomicU64,
-    pub(crate) moved: AtomicU64,
-    pub(crate) copied: AtomicU64,
-    pub(crate) purged_bytes: AtomicU64,
-    pub(crate) decayed_bytes: AtomicU64,
-    pub(crate) first_touch_probes: AtomicU64,
-    pub(crate) first_touch_slow_probes: AtomicU64,
-    pub(crate) first_touch_probe_ns: AtomicU64,
-    pub(crate) first_touch_populated_bytes: AtomicU64,
-    pub(crate) first_touch_base_blocks: AtomicU64,
-    pub(crate) first_touch_base_bytes: AtomicU64,
-}
+/// The engine's counters (one set per engine): relaxed atomics.
+pub(crate) struct Counters([AtomicU64; COUNTS]);
 
 fn tier(b: Backing) -> usize {
     match b {
@@ -72,136 +73,110 @@ fn tier(b: Backing) -> usize {
 
 impl Counters {
     pub(crate) const fn new() -> Counters {
-        Counters {
-            blocks: [Z; 3],
-            block_bytes: [Z; 3],
-            hugetlb_fallbacks: Z,
-            hugetlb_skipped: Z,
-            thp_fallbacks: Z,
-            calls: [Z; CALLS],
-            spans: Z,
-            span_bytes: Z,
-            span_bytes_peak: Z,
-            spans_released: Z,
-            unmapped: Z,
-            live: Z,
-            live_peak: Z,
-            retained: Z,
-            hits: Z,
-            misses: Z,
-            carves: Z,
-            extends: Z,
-            grown_in_place: Z,
-            moved: Z,
-            copied: Z,
-            purged_bytes: Z,
-            decayed_bytes: Z,
-            first_touch_probes: Z,
-            first_touch_slow_probes: Z,
-            first_touch_probe_ns: Z,
-            first_touch_populated_bytes: Z,
-            first_touch_base_blocks: Z,
-            first_touch_base_bytes: Z,
-        }
+        Counters([const { AtomicU64::new(0) }; COUNTS])
     }
 
-    /// `n` system calls of kind `c` were made.
+    /// Add `n` to `c`; returns the value before.
     #[inline]
-    pub(crate) fn call(&self, c: Call, n: u32) {
-        self.calls[c as usize].fetch_add(u64::from(n), Relaxed);
+    pub(crate) fn add(&self, c: Count, n: u64) -> u64 {
+        self.0[c as usize].fetch_add(n, Relaxed)
+    }
+
+    #[inline]
+    pub(crate) fn sub(&self, c: Count, n: u64) {
+        self.0[c as usize].fetch_sub(n, Relaxed);
+    }
+
+    #[inline]
+    pub(crate) fn get(&self, c: Count) -> u64 {
+        self.0[c as usize].load(Relaxed)
+    }
+
+    pub(crate) fn set(&self, c: Count, v: u64) {
+        self.0[c as usize].store(v, Relaxed);
+    }
+
+    /// Add `n` to `c` and raise the high-water mark `peak` to its new value.
+    fn add_peak(&self, c: Count, peak: Count, n: u64) {
+        let now = self.add(c, n) + n;
+        self.0[peak as usize].fetch_max(now, Relaxed);
     }
 
     /// A block of `bytes` was handed out on tier `b` (fresh or reused).
     pub(crate) fn block(&self, b: Backing, bytes: usize) {
-        self.blocks[tier(b)].fetch_add(1, Relaxed);
-        self.block_bytes[tier(b)].fetch_add(bytes as u64, Relaxed);
+        self.0[Count::Blocks as usize + tier(b)].fetch_add(1, Relaxed);
+        self.0[Count::Bytes as usize + tier(b)].fetch_add(bytes as u64, Relaxed);
     }
 
-    /// Live bytes grew by `bytes`: raise the high-water mark if passed.
+    /// Live bytes grew by `bytes`.
     pub(crate) fn live_add(&self, bytes: usize) {
-        let now = self.live.fetch_add(bytes as u64, Relaxed) + bytes as u64;
-        self.live_peak.fetch_max(now, Relaxed);
-    }
-
-    pub(crate) fn live_sub(&self, bytes: usize) {
-        self.live.fetch_sub(bytes as u64, Relaxed);
-    }
-
-    /// The high-water mark of live bytes.
-    pub(crate) fn live_peak(&self) -> u64 {
-        self.live_peak.load(Relaxed)
+        self.add_peak(Count::Live, Count::LivePeak, bytes as u64);
     }
 
     /// A span of `bytes` was reserved.
     pub(crate) fn span_reserved(&self, bytes: usize) {
-        self.spans.fetch_add(1, Relaxed);
-        let now = self.span_bytes.fetch_add(bytes as u64, Relaxed) + bytes as u64;
-        self.span_bytes_peak.fetch_max(now, Relaxed);
+        self.add(Count::Spans, 1);
+        self.add_peak(Count::SpanBytes, Count::SpanBytesPeak, bytes as u64);
     }
 
-    /// A span was given back whole (its bytes counted by [`span_hole`](Self::span_hole)).
+    /// A span was given back whole (its bytes counted by
+    /// [`span_hole`](Self::span_hole)).
     pub(crate) fn span_retired(&self) {
-        self.spans.fetch_sub(1, Relaxed);
-        self.spans_released.fetch_add(1, Relaxed);
+        self.sub(Count::Spans, 1);
+        self.add(Count::SpansReleased, 1);
     }
 
     /// `bytes` of a span were unmapped (the whole span, or a hole in it).
     pub(crate) fn span_hole(&self, bytes: usize) {
-        self.span_bytes.fetch_sub(bytes as u64, Relaxed);
-        self.unmapped.fetch_add(bytes as u64, Relaxed);
-    }
-
-    /// Set the retained bytes (a fork child that recounted them).
-    pub(crate) fn set_retained(&self, bytes: u64) {
-        self.retained.store(bytes, Relaxed);
+        self.sub(Count::SpanBytes, bytes as u64);
+        self.add(Count::Unmapped, bytes as u64);
     }
 
     /// The snapshot [`huge_stats`](super::huge_stats) returns.
     pub(crate) fn snapshot(&self) -> HugeStats {
+        let g = |c: Count| self.get(c);
         let t = |i: usize| TierStats {
-            blocks: self.blocks[i].load(Relaxed),
-            bytes: self.block_bytes[i].load(Relaxed),
+            blocks: self.0[Count::Blocks as usize + i].load(Relaxed),
+            bytes: self.0[Count::Bytes as usize + i].load(Relaxed),
         };
-        let c = |k: Call| self.calls[k as usize].load(Relaxed);
-        let l = |a: &AtomicU64| a.load(Relaxed);
         HugeStats {
             hugetlb: t(0),
             thp: t(1),
             normal: t(2),
-            hugetlb_fallbacks: l(&self.hugetlb_fallbacks),
-            hugetlb_skipped: l(&self.hugetlb_skipped),
-            thp_fallbacks: l(&self.thp_fallbacks),
+            hugetlb_fallbacks: g(Count::HugetlbFallbacks),
+            hugetlb_skipped: g(Count::HugetlbSkipped),
+            thp_fallbacks: g(Count::ThpFallbacks),
             syscalls: Syscalls {
-                mmap: c(Call::Mmap),
-                munmap: c(Call::Munmap),
-                mremap: c(Call::Mremap),
-                madvise: c(Call::Madvise),
-                mprotect: c(Call::Mprotect),
-                munlock: c(Call::Munlock),
+                mmap: g(Count::Mmap),
+                munmap: g(Count::Munmap),
+                mremap: g(Count::Mremap),
+                madvise: g(Count::Madvise),
+                mprotect: g(Count::Mprotect),
+                munlock: g(Count::Munlock),
             },
-            spans: l(&self.spans),
-            span_bytes: l(&self.span_bytes),
-            peak_span_bytes: l(&self.span_bytes_peak),
-            spans_released: l(&self.spans_released),
-            unmapped_bytes: l(&self.unmapped),
-            live_bytes: l(&self.live),
-            peak_live_bytes: l(&self.live_peak),
-            retained_bytes: l(&self.retained),
-            retention_hits: l(&self.hits),
-            retention_misses: l(&self.misses),
-            retention_carves: l(&self.carves),
-            retention_extends: l(&self.extends),
-            grown_in_place: l(&self.grown_in_place),
-            moved: l(&self.moved),
-            copied: l(&self.copied),
-            purged_bytes: l(&self.purged_bytes),
-            decayed_bytes: l(&self.decayed_bytes),
-            first_touch_probes: l(&self.first_touch_probes),
-            first_touch_slow_probes: l(&self.first_touch_slow_probes),
-            first_touch_probe_ns: l(&self.first_touch_probe_ns),
-            first_touch_populated_bytes: l(&self.first_touch_populated_bytes),
-            first_touch_base_blocks: l(&self.first_touch_base_blocks),
-            first_touch_base_bytes: l(&self.first_touch_base_bytes),
+            spans: g(Count::Spans),
+            span_bytes: g(Count::SpanBytes),
+            peak_span_bytes: g(Count::SpanBytesPeak),
+            spans_released: g(Count::SpansReleased),
+            unmapped_bytes: g(Count::Unmapped),
+            live_bytes: g(Count::Live),
+            peak_live_bytes: g(Count::LivePeak),
+            retained_bytes: g(Count::Retained),
+            retention_hits: g(Count::Hits),
+            retention_misses: g(Count::Misses),
+            retention_carves: g(Count::Carves),
+            retention_extends: g(Count::Extends),
+            grown_in_place: g(Count::GrownInPlace),
+            moved: g(Count::Moved),
+            copied: g(Count::Copied),
+            purged_bytes: g(Count::Purged),
+            decayed_bytes: g(Count::Decayed),
+            first_touch_probes: g(Count::Probes),
+            first_touch_slow_probes: g(Count::SlowProbes),
+            first_touch_probe_ns: g(Count::ProbeNs),
+            first_touch_populated_bytes: g(Count::Populated),
+            first_touch_base_blocks: g(Count::BaseBlocks),
+            first_touch_base_bytes: g(Count::BaseBytes),
             settings: env::settings(),
         }
     }

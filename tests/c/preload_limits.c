@@ -143,9 +143,10 @@ static int locked_calloc(void) {
     unsigned char *p = malloc(len);
     if (!p) return fail("malloc");
     memset(p, 0xa5, len);
-    /* The whole pages of the block (glibc's blocks start past a header). */
+    /* The whole pages of the block (glibc's blocks start past a header;
+     * a hugetlb block is all whole pages and takes no other range). */
     unsigned char *a = (unsigned char *)(((uintptr_t)p + 4095) & ~(uintptr_t)4095);
-    size_t alen = len - 4096;
+    size_t alen = (len - (size_t)(a - p)) & ~(size_t)4095;
     if (mlock(a, alen)) {
         printf("SKIP: mlock of 16 MiB (errno %d; RLIMIT_MEMLOCK too low)\n", errno);
         free(p);

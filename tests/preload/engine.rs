@@ -201,6 +201,53 @@ fn child_exact_cap() {
 }
 
 #[test]
+fn a_full_cache_purges_the_block_freed_longest_ago() {
+    // THP blocks: hugetlb units are not purged but given back whole.
+    common::run_child(
+        "engine::child_purge_oldest",
+        &[("CKALLOC_RETAIN_BYTES", "64MiB"), ("CKALLOC_HUGETLB", "0")],
+    );
+}
+
+/// How many of the 4 KiB pages of `[p, p + len)` are resident (`mincore(2)`).
+fn resident_pages(p: *mut c_void, len: usize) -> usize {
+    let mut vec = vec![0u8; len / 4096];
+    // SAFETY: `p` is page-aligned (a huge block) and `[p, p + len)` is
+    // mapped (retained units of a span); `vec` holds one byte per page.
+    let r = unsafe { libc::mincore(p, len, vec.as_mut_ptr()) };
+    assert_eq!(r, 0, "mincore");
+    vec.iter().filter(|&&b| b & 1 != 0).count()
+}
+
+#[test]
+#[ignore = "run in a child process by a_full_cache_purges_the_block_freed_longest_ago"]
+fn child_purge_oldest() {
+    let len = 32 * MIB;
+    let blocks = [alloc(len), alloc(len), alloc(len)];
+    for &p in &blocks {
+        write_pattern(p, len);
+    }
+    let purged = huge_stats().purged_bytes;
+    for &p in &blocks {
+        // SAFETY: `p` came from `malloc` and is not used again.
+        unsafe { free(p) };
+        // Stamps count milliseconds: each block is freed at a stamp of its own.
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    let s = huge_stats();
+    assert_eq!(s.retained_bytes, 2 * len as u64, "{s:?}");
+    assert_eq!(s.purged_bytes, purged + len as u64, "{s:?}");
+    assert_eq!(
+        resident_pages(blocks[0], len),
+        0,
+        "the oldest block is purged"
+    );
+    for &p in &blocks[1..] {
+        assert_eq!(resident_pages(p, len), len / 4096, "the newer blocks stay");
+    }
+}
+
+#[test]
 fn a_miss_extends_the_longest_retained_run() {
     // THP blocks: a hugetlb span holds one block's length (the last test).
     common::run_child("engine::child_extend_on_miss", &[("CKALLOC_HUGETLB", "0")]);
@@ -319,10 +366,8 @@ fn child_split_block() {
     // The program makes 2 MiB in the middle read-only: three VMAs.
     let ro = p.cast::<u8>().wrapping_add(8 * MIB);
     // SAFETY: 2 MiB inside the block, made read-only and nothing else.
-    assert_eq!(
-        unsafe { libc::mprotect(ro.cast(), 2 * MIB, libc::PROT_READ) },
-        0
-    );
+    let rc = unsafe { libc::mprotect(ro.cast(), 2 * MIB, libc::PROT_READ) };
+    assert_eq!(rc, 0);
     // A block right after it: the growth cannot stay in place.
     let next = alloc(2 * MIB);
     assert_eq!(next as usize, p as usize + 34 * MIB);
@@ -432,10 +477,8 @@ fn child_changed_last_page() {
     // The block's last 2 MiB made read-only: a VMA of its own.
     let last = p.cast::<u8>().wrapping_add(size - 2 * MIB);
     // SAFETY: 2 MiB inside the block, made read-only and nothing else.
-    assert_eq!(
-        unsafe { libc::mprotect(last.cast(), 2 * MIB, libc::PROT_READ) },
-        0
-    );
+    let rc = unsafe { libc::mprotect(last.cast(), 2 * MIB, libc::PROT_READ) };
+    assert_eq!(rc, 0);
     // SAFETY: `p` came from `malloc`.
     let q = unsafe { realloc(p, grown) };
     assert_eq!(q, p, "grown in place over the span's free units");

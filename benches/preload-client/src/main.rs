@@ -17,7 +17,14 @@
 //! preload-client --python PY --model DIR --library SO --serve serve.py --blocks-src blocks.c
 //!                --small-src small.c [--rounds N] [--quick] [--state thp,4k,none] [--only a,b]
 //!                [--no-blocks] [--blocks-state thp,4k] [--no-serve] [--no-small]
+//!                [--baseline-library SO] [--records FILE]
 //! ```
+//!
+//! `--baseline-library SO` adds the configuration `ckalloc@base`: another
+//! build of the preload library (another version of ckalloc), interleaved
+//! with the rest and left out of the "best of the others"; `--records FILE`
+//! appends every serve and blocks run as a line of JSON, which
+//! `scripts/ab-stats` turns into paired ratios of ckalloc to its baseline.
 //!
 //! `benches/preload-client/run` passes the paths.
 
@@ -28,7 +35,7 @@ mod icount;
 mod memory_state;
 
 use memory_state::{
-    loadavg, median, page_reporting, parse_states, prepare, prepare_once, quantile, State,
+    loadavg, median, page_reporting, parse_states, prepare, prepare_once, quantile, record, State,
     DEFAULT_PREP_MIB,
 };
 use std::path::{Path, PathBuf};
@@ -111,7 +118,18 @@ const CONFIGS: &[Config] = &[
         preload: Some("ckalloc"),
         env: &[],
     },
+    Config {
+        name: "ckalloc@base",
+        preload: Some("ckalloc@base"),
+        env: &[],
+    },
 ];
+
+/// Whether a configuration is ckalloc's (this build's or the baseline's),
+/// not one of the others.
+fn is_ckalloc(c: &Config) -> bool {
+    c.name.starts_with("ckalloc")
+}
 
 /// Columns of a serve run: key, title, lower is better.
 const COLUMNS: &[(&str, &str)] = &[
@@ -139,6 +157,9 @@ struct Args {
     run_serve: bool,
     /// Whether to count a small request's instructions (`--no-small`).
     small: bool,
+    /// The baseline build of the preload library (`ckalloc@base`).
+    baseline: Option<PathBuf>,
+    records: Option<String>,
 }
 
 fn parse_args() -> Result<Args, String> {
@@ -156,6 +177,8 @@ fn parse_args() -> Result<Args, String> {
         blocks_states: vec![State::Thp, State::Base4k],
         run_serve: true,
         small: true,
+        baseline: None,
+        records: None,
     };
     let mut it = std::env::args().skip(1);
     while let Some(arg) = it.next() {
@@ -165,6 +188,8 @@ fn parse_args() -> Result<Args, String> {
             "--model" => a.model = val("--model")?.into(),
             "--library" => a.library = val("--library")?.into(),
             "--serve" => a.serve = val("--serve")?.into(),
+            "--baseline-library" => a.baseline = Some(val("--baseline-library")?.into()),
+            "--records" => a.records = Some(val("--records")?),
             "--blocks-src" => a.blocks_src = val("--blocks-src")?.into(),
             "--small-src" => a.small_src = val("--small-src")?.into(),
             "--rounds" => {
@@ -240,6 +265,10 @@ fn environment(c: &Config, a: &Args) -> Result<Vec<(String, String)>, String> {
     match c.preload {
         None => {}
         Some("ckalloc") => env.push(("LD_PRELOAD".into(), a.library.display().to_string())),
+        Some("ckalloc@base") => {
+            let lib = a.baseline.as_ref().ok_or("no --baseline-library")?;
+            env.push(("LD_PRELOAD".into(), lib.display().to_string()))
+        }
         Some(key) => env.push(("LD_PRELOAD".into(), peer_lib(key)?.display().to_string())),
     }
     Ok(env)
@@ -313,6 +342,7 @@ fn main() -> ExitCode {
     };
     let configs: Vec<&Config> = CONFIGS
         .iter()
+        .filter(|c| c.name != "ckalloc@base" || a.baseline.is_some())
         .filter(|c| {
             a.only
                 .as_ref()
@@ -377,6 +407,13 @@ fn run_state(state: State, a: &Args, configs: &[&Config], envs: &[Vec<(String, S
             }
             match serve(a, &envs[i]) {
                 Ok(r) => {
+                    let keyed: Vec<(&str, f64)> = COLUMNS
+                        .iter()
+                        .map(|c| c.0)
+                        .zip(r.values.iter().copied())
+                        .collect();
+                    let name = configs[i].name;
+                    record(a.records.as_deref(), state.name(), name, round + 1, &keyed);
                     let cells: Vec<String> = r.values.iter().map(|v| format!("{v:.1}")).collect();
                     println!(
                         "{:<3} {:<15} {}  {}",
@@ -447,7 +484,7 @@ fn run_state(state: State, a: &Args, configs: &[&Config], envs: &[Vec<(String, S
                 let peers: Vec<(f64, &str)> = configs
                     .iter()
                     .enumerate()
-                    .filter(|(i, c)| c.name != "ckalloc" && !runs[*i].is_empty())
+                    .filter(|(i, c)| !is_ckalloc(c) && !runs[*i].is_empty())
                     .map(|(i, c)| (median(col(i, k)), c.name))
                     .collect();
                 if let Some((v, n)) = peers.iter().copied().min_by(|x, y| x.0.total_cmp(&y.0)) {
@@ -523,16 +560,27 @@ fn run_blocks(state: State, a: &Args, configs: &[&Config], envs: &[Vec<(String, 
                     failed = true;
                     continue;
                 };
-                for line in String::from_utf8_lossy(&out.stdout).lines() {
+                let mut keyed = Vec::new();
+                let text = String::from_utf8_lossy(&out.stdout);
+                for line in text.lines() {
                     let f: Vec<&str> = line.split_whitespace().collect();
                     if let ["ROW", name, _, ns] = f[..] {
                         let ns: f64 = ns.parse().unwrap_or(f64::NAN);
+                        keyed.push((name, ns));
                         match rows[i].iter_mut().find(|(n, _)| n == name) {
                             Some((_, v)) => v.push(ns),
                             None => rows[i].push((name.to_string(), vec![ns])),
                         }
                     }
                 }
+                let label = format!("blocks-{threads}t-{}", state.name());
+                record(
+                    a.records.as_deref(),
+                    &label,
+                    configs[i].name,
+                    round + 1,
+                    &keyed,
+                );
             }
         }
         println!();
@@ -579,7 +627,7 @@ fn run_blocks(state: State, a: &Args, configs: &[&Config], envs: &[Vec<(String, 
             let best = configs
                 .iter()
                 .zip(&med)
-                .filter(|(c, _)| c.name != "ckalloc")
+                .filter(|(c, _)| !is_ckalloc(c))
                 .filter_map(|(c, m)| m.map(|v| (v, c.name)))
                 .min_by(|x, y| x.0.total_cmp(&y.0));
             let ratio = match (ck, best) {

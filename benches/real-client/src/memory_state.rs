@@ -185,3 +185,43 @@ pub fn loadavg() -> String {
         .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
         .unwrap_or_default()
 }
+
+/// Append one run to `path` as a line of JSON (`--records FILE` of the
+/// drivers): the memory state, the contender, the round and the run's
+/// values by key. `scripts/ab-stats` pairs a contender with its baseline
+/// (`NAME@base`) round by round. An error is printed, not fatal.
+pub fn record(
+    path: Option<&str>,
+    state: &str,
+    contender: &str,
+    round: usize,
+    values: &[(&str, f64)],
+) {
+    use std::io::Write as _;
+    let Some(path) = path else { return };
+    let fields: Vec<String> = values
+        .iter()
+        .map(|(k, v)| {
+            format!(
+                "\"{k}\": {}",
+                if v.is_finite() {
+                    v.to_string()
+                } else {
+                    "null".into()
+                }
+            )
+        })
+        .collect();
+    let line = format!(
+        "{{\"state\": \"{state}\", \"contender\": \"{contender}\", \"round\": {round}, \"values\": {{{}}}}}\n",
+        fields.join(", ")
+    );
+    let written = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+        .and_then(|mut f| f.write_all(line.as_bytes()));
+    if let Err(e) = written {
+        eprintln!("records: {path}: {e}");
+    }
+}

@@ -11,7 +11,14 @@
 //! ```text
 //! real-client [--rounds N] [--quick] [--passes N] [--batch N] [--state thp,4k,none]
 //!             [--prep-mib M] [--model DIR] [--only system,mimalloc,...]
+//!             [--baseline DIR] [--records FILE]
 //! ```
+//!
+//! `--baseline DIR` adds each `CkHuge` configuration built from another
+//! version of ckalloc (the `minilm-ckhuge*` binaries in `DIR`) as a
+//! contender `NAME@base`, interleaved with the rest; `--records FILE`
+//! appends every run as a line of JSON, which `scripts/ab-stats` turns into
+//! paired ratios of each configuration to its baseline.
 //!
 //! Peers: `System` (glibc), `System` with glibc's own huge-page mode
 //! (`GLIBC_TUNABLES=glibc.malloc.hugetlb=1`, glibc 2.35 and later: THP
@@ -23,7 +30,7 @@
 mod memory_state;
 
 use memory_state::{
-    loadavg, median, page_reporting, parse_states, prepare, prepare_once, quantile, State,
+    loadavg, median, page_reporting, parse_states, prepare, prepare_once, quantile, record, State,
     DEFAULT_PREP_MIB, STATE_4K_PER_RUN_MIB,
 };
 use std::path::{Path, PathBuf};
@@ -69,6 +76,8 @@ struct Args {
     prep_mib: usize,
     model: Option<String>,
     only: Option<Vec<String>>,
+    baseline: Option<PathBuf>,
+    records: Option<String>,
 }
 
 /// `v` if it is a decimal number from `lo` to `hi`.
@@ -88,6 +97,8 @@ fn parse_args() -> Result<Args, String> {
         prep_mib: DEFAULT_PREP_MIB,
         model: None,
         only: None,
+        baseline: None,
+        records: None,
     };
     let mut it = std::env::args().skip(1);
     while let Some(arg) = it.next() {
@@ -111,6 +122,8 @@ fn parse_args() -> Result<Args, String> {
                     .map_err(|_| "--prep-mib: not a number")?
             }
             "--model" => a.model = Some(val("--model")?),
+            "--baseline" => a.baseline = Some(val("--baseline")?.into()),
+            "--records" => a.records = Some(val("--records")?),
             "--only" => {
                 a.only = Some(
                     val("--only")?
@@ -121,7 +134,8 @@ fn parse_args() -> Result<Args, String> {
             }
             "-h" | "--help" => {
                 return Err("usage: real-client [--rounds N] [--quick] [--passes N] \
-                            [--batch N] [--state thp,4k,none] [--prep-mib M (thp state)] [--model DIR] [--only a,b]"
+                            [--batch N] [--state thp,4k,none] [--prep-mib M (thp state)] [--model DIR] [--only a,b] \
+                            [--baseline DIR] [--records FILE]"
                     .into())
             }
             other => return Err(format!("unknown argument {other:?}")),
@@ -220,15 +234,26 @@ fn main() -> ExitCode {
         .ok()
         .and_then(|p| p.parent().map(Path::to_path_buf))
         .unwrap_or_default();
-    let contenders: Vec<(&str, PathBuf, Envs)> = CONTENDERS
+    let mut contenders: Vec<(String, PathBuf, Envs)> = CONTENDERS
         .iter()
         .filter(|(name, _, _)| {
             args.only
                 .as_ref()
                 .is_none_or(|o| o.iter().any(|x| x == name))
         })
-        .map(|&(name, bin, envs)| (name, dir.join(bin), envs))
+        .map(|&(name, bin, envs)| (name.to_owned(), dir.join(bin), envs))
         .collect();
+    if let Some(base) = &args.baseline {
+        let based: Vec<(String, PathBuf, Envs)> = contenders
+            .iter()
+            .filter(|(name, _, _)| !PEERS.contains(&name.as_str()))
+            .map(|(name, bin, envs)| {
+                let file = bin.file_name().unwrap_or_default();
+                (format!("{name}@base"), base.join(file), *envs)
+            })
+            .collect();
+        contenders.extend(based);
+    }
     if contenders.is_empty() {
         eprintln!("real-client: --only selects no allocator");
         return ExitCode::from(2);
@@ -246,7 +271,7 @@ fn main() -> ExitCode {
 
 /// Every round of one memory state, then its medians, ratios and checksum
 /// check; `true` when a run failed or checksums differ.
-fn run_state(state: State, args: &Args, contenders: &[(&str, PathBuf, Envs)]) -> bool {
+fn run_state(state: State, args: &Args, contenders: &[(String, PathBuf, Envs)]) -> bool {
     let thp =
         std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/enabled").unwrap_or_default();
     println!();
@@ -299,6 +324,15 @@ fn run_state(state: State, args: &Args, contenders: &[(&str, PathBuf, Envs)]) ->
             match run_one(bin, envs, args) {
                 Ok(r) => {
                     let v = &r.values;
+                    let keyed: Vec<(&str, f64)> =
+                        COLUMNS.iter().map(|c| c.0).zip(v.iter().copied()).collect();
+                    record(
+                        args.records.as_deref(),
+                        state.name(),
+                        name,
+                        round + 1,
+                        &keyed,
+                    );
                     println!(
                         "{:<5} {:<15} {:>9} {:>9} {:>9} {:>10} {:>9} {:>9} {:>9} {:>9}  {}",
                         round + 1,
@@ -377,7 +411,7 @@ fn run_state(state: State, args: &Args, contenders: &[(&str, PathBuf, Envs)]) ->
     let peer_idx: Vec<usize> = contenders
         .iter()
         .enumerate()
-        .filter(|(i, (n, _, _))| PEERS.contains(n) && med[*i].is_some())
+        .filter(|(i, (n, _, _))| PEERS.contains(&n.as_str()) && med[*i].is_some())
         .map(|(i, _)| i)
         .collect();
     if !peer_idx.is_empty() {
@@ -389,7 +423,7 @@ fn run_state(state: State, args: &Args, contenders: &[(&str, PathBuf, Envs)]) ->
         println!("| configuration | {} |", header.join(" | "));
         println!("|{}", " --- |".repeat(cost_cols + 1));
         for (i, (name, _, _)) in contenders.iter().enumerate() {
-            if PEERS.contains(name) {
+            if PEERS.contains(&name.as_str()) {
                 continue;
             }
             let Some(m) = &med[i] else { continue };
@@ -411,7 +445,7 @@ fn run_state(state: State, args: &Args, contenders: &[(&str, PathBuf, Envs)]) ->
     let mut sums: Vec<(&str, &str)> = Vec::new();
     for (i, rs) in runs.iter().enumerate() {
         for r in rs {
-            sums.push((contenders[i].0, r.checksum.as_str()));
+            sums.push((contenders[i].0.as_str(), r.checksum.as_str()));
         }
     }
     if let Some(&(_, first)) = sums.first() {
