@@ -34,13 +34,14 @@
 //!
 //! | module | uses |
 //! | --- | --- |
-//! | `sys` (the OS calls), `par` (work split over threads), `lock` (the spin lock), `escape` ([`Escaped`]), `units` ([`human_bytes`], the size syntax), `zero_size` (the block of a zero-size request) | nothing of the crate |
+//! | `sys` (the OS calls), `par` (work split over threads), `bits` (atomic bitmaps of 512 bits), `lock` (the spin lock), `escape` ([`Escaped`]), `units` ([`human_bytes`], the size syntax), `zero_size` (the block of a zero-size request) | nothing of the crate |
 //! | `fork` (the `pthread_atfork` registrar) | `sys` |
+//! | `prefault` (`MADV_POPULATE_WRITE` on several threads) | `par`, `sys` |
 //! | [`env`](mod@env) (environment variables) | `sys`, `units` |
 //! | `tier` ([`Backing`], the kernel's THP mode) | `env`, `sys` |
 //! | `probe` ([`probe()`], [`huge_page_coverage`]) | `sys`, `tier`, `units` |
 //! | [`weights`] (the `weights.bump` format) | `sys`, `escape` |
-//! | [`huge`] (the tier ladder, [`CkHuge`], its retention cache, the block registry, [`huge_stats`]) | `env`, `fork`, `par`, `probe`, `sys`, `tier`, `units`, `zero_size` |
+//! | [`huge`] (the tier ladder, [`HugeRegion`], the huge-page engine behind [`CkHuge`], [`huge_stats`]) | `bits`, `env`, `fork`, `prefault`, `probe`, `sys`, `tier`, `units`, `zero_size` |
 //! | the arena ([`BumpArena`]) | `env`, `escape`, `huge`, `par`, `probe`, `sys`, `tier`, `weights`, `zero_size` |
 //! | [`caching`] | `env`, `escape`, `fork`, `lock`, `units`, `zero_size` |
 //! | `capi` | `arena`, `fork`, `huge`, `lock`, `sys` |
@@ -87,6 +88,7 @@
 mod sys;
 
 mod arena;
+mod bits;
 pub mod caching;
 #[cfg(feature = "capi")]
 pub mod capi;
@@ -96,6 +98,7 @@ mod fork;
 pub mod huge;
 mod lock;
 mod par;
+mod prefault;
 #[cfg(all(feature = "preload", target_os = "linux", target_env = "gnu"))]
 pub mod preload;
 mod probe;

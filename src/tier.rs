@@ -21,6 +21,22 @@ pub enum Backing {
     Hugetlb,
 }
 
+impl Backing {
+    /// The tiers, indexed by [`code`](Self::code).
+    pub(crate) const ALL: [Backing; 3] =
+        [Backing::Normal, Backing::TransparentHuge, Backing::Hugetlb];
+
+    /// A two-bit code of the tier (0, 1, 2), for packed words.
+    pub(crate) const fn code(self) -> u64 {
+        self as u64
+    }
+
+    /// The tier of a [`code`](Self::code); `None` for 3.
+    pub(crate) fn from_code(code: u64) -> Option<Backing> {
+        Backing::ALL.get(code as usize).copied()
+    }
+}
+
 impl fmt::Display for Backing {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {

@@ -1088,25 +1088,58 @@ fn child_short_tail_first_touch() {
 }
 
 #[test]
-fn live_blocks_of_one_span_share_its_vma() {
-    run_child("child_span_vmas", &[("CKALLOC_HUGETLB", "0")]);
+fn live_blocks_of_one_span_share_its_vma_and_short_tails_fault_in_no_huge_page() {
+    // No probe: a slow page would send whole blocks to base pages.
+    run_child(
+        "child_span_vmas",
+        &[("CKALLOC_HUGETLB", "0"), ("CKALLOC_FIRST_TOUCH_PROBE", "0")],
+    );
 }
 
 #[test]
-#[ignore = "run by live_blocks_of_one_span_share_its_vma"]
+#[ignore = "run by live_blocks_of_one_span_share_its_vma_and_short_tails_fault_in_no_huge_page"]
 fn child_span_vmas() {
-    // 2.25 MiB requests: each block's last 2 MiB holds a short tail, which
-    // costs no VMA of its own.
-    let l = layout(9 << 18, 8);
+    let span = |blocks: &[*mut u8]| {
+        let lo = blocks.iter().map(|&p| p as usize).min().unwrap();
+        let hi = blocks.iter().map(|&p| p as usize + 4 * MIB).max().unwrap();
+        common::mappings_overlapping(lo, hi - lo).len()
+    };
+    // 3 MiB requests: the last 2 MiB holds 1 MiB of each; no VMA of their own.
+    let l = layout(3 * MIB, 8);
     let blocks: Vec<*mut u8> = (0..100).map(|_| alloc(l)).collect();
-    let lo = blocks.iter().map(|&p| p as usize).min().unwrap();
-    let hi = blocks.iter().map(|&p| p as usize + 4 * MIB).max().unwrap();
-    let vmas = common::mappings_overlapping(lo, hi - lo);
-    assert!(vmas.len() <= 3, "{} VMAs: {vmas:?}", vmas.len());
+    assert!(span(&blocks) <= 3, "{} VMAs", span(&blocks));
     for p in blocks {
         free(p, l);
     }
     release_retained();
+    assert_eq!(huge_stats().short_tails, 0);
+    // 2.25 MiB requests: each last 2 MiB holds a short tail, advised base
+    // pages (a VMA of its own) for the first 256 live ones, then left to
+    // huge pages.
+    let l = layout(9 << 18, 8);
+    let before = huge_stats().short_tails_over_budget;
+    let blocks: Vec<*mut u8> = (0..300).map(|_| alloc(l)).collect();
+    let s = huge_stats();
+    assert_eq!(s.short_tails, 256, "{s:?}");
+    assert_eq!(s.short_tails_over_budget, before + 44, "{s:?}");
+    assert!(span(&blocks) <= 2 * 256 + 3, "{} VMAs", span(&blocks));
+    if maps_thp() {
+        let p = blocks[0];
+        fill(p, 9 << 18, 1);
+        let tail = ckalloc::huge_page_coverage(p.wrapping_add(2 * MIB), 2 * MIB).unwrap();
+        assert_eq!(tail.huge_bytes, 0, "the short tail's 2 MiB: {tail}");
+        let head = ckalloc::huge_page_coverage(p, 2 * MIB).unwrap();
+        eprintln!("head {head}, tail {tail}");
+    }
+    for p in blocks {
+        free(p, l);
+    }
+    release_retained();
+    assert_eq!(
+        huge_stats().short_tails,
+        0,
+        "purged tails are advised for THP again"
+    );
 }
 
 #[test]

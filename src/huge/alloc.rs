@@ -10,12 +10,10 @@ use std::ptr::NonNull;
 /// Allocate `bytes` of zeroed huge-page memory (C-Kernel-Engine's
 /// `ck_huge_alloc`).
 ///
-/// The size is rounded up to 2 MiB; the block is 2 MiB aligned, carved from
-/// a span of the engine on the tier ladder (hugetlb, THP, normal pages; see
-/// the [module docs](super)). Returns `None` for 0 bytes, a size whose
-/// rounding overflows or exceeds `isize::MAX`, or when no memory can be
-/// had. Thread-safe; never allocates on the heap. Release with
-/// [`huge_free`].
+/// The size is rounded up to 2 MiB; the block is 2 MiB aligned, units of
+/// the engine's spans ([`Policy::CK_HUGE`]). `None` for 0 bytes, a size
+/// whose rounding exceeds `isize::MAX`, or when no memory can be had.
+/// Thread-safe; never allocates on the heap. Release with [`huge_free`].
 pub fn huge_alloc(bytes: usize) -> Option<NonNull<u8>> {
     if bytes == 0 {
         return None;

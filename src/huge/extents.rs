@@ -1,23 +1,11 @@
-//! The extent map: the [`Descriptor`] of every live block, found from the
-//! block's address alone, so that `free`, `realloc` and
-//! `malloc_usable_size` of a pointer need no size and touch no memory at
-//! the pointer.
-//!
-//! # Layout
-//!
-//! A two-level radix map over the 2 MiB-aligned addresses of the 47-bit user
-//! address space (x86_64 and aarch64 Linux without a 5-level hint), after
-//! tcmalloc's page map: a root of [`ROOT_LEN`] pointers (128 KiB of
-//! zero-filled memory, resident only where touched) to leaves of
-//! [`LEAF_LEN`] words, each leaf covering 8 GiB of address space. A word
-//! holds the descriptor of the block that starts at its address, or 0. A
-//! leaf is mapped (`mmap`, 32 KiB) when a span that reaches into its range
-//! is reserved ([`ExtentMap::prepare`]), never on an allocation path, and
-//! is never unmapped: a reader needs no lock, and a lookup is two loads.
-//!
-//! Inserting and removing are one atomic compare-and-swap or swap of a
-//! word: thread-safe, lock-free, no allocation through any allocator (and so
-//! usable inside `malloc`), nothing to repair after `fork()`.
+//! The extent map: the [`Descriptor`] of every live block, found from its
+//! address alone (an alignment test and two loads, touching no memory at
+//! the pointer), after tcmalloc's page map: a root of [`ROOT_LEN`] leaf
+//! pointers over the 2 MiB addresses below 2^47, leaves of [`LEAF_LEN`]
+//! words mapped when a span reaching into them is reserved
+//! ([`ExtentMap::prepare`]), never on an allocation path, and never
+//! unmapped. Insert and remove are one atomic operation on a word:
+//! lock-free, allocation-free, nothing to repair after `fork()`.
 
 use super::os;
 use super::stats::Counters;
@@ -87,12 +75,15 @@ impl Descriptor {
         }
     }
 
+    /// Whether the request ends within the first 1 MiB of the block's last
+    /// 2 MiB (a short tail: a huge page there would be mostly unused).
+    pub(crate) fn short_tail(self) -> bool {
+        self.tail != 0 && (self.tail as usize) < HUGE_PAGE_2M / 2
+    }
+
     fn encode(self) -> u64 {
-        let tier = match self.tier {
-            Backing::Normal => 1u64,
-            Backing::TransparentHuge => 2,
-            Backing::Hugetlb => 3,
-        };
+        // Tier code + 1: a word of 0 holds no block.
+        let tier = self.tier.code() + 1;
         u64::from(self.granules)
             | u64::from(self.tail) << GRANULE_BITS
             | u64::from(self.span) << (GRANULE_BITS + TAIL_BITS)
@@ -101,12 +92,8 @@ impl Descriptor {
 
     fn decode(w: u64) -> Option<Descriptor> {
         let field = |shift: u32, bits: u32| (w >> shift) & ((1 << bits) - 1);
-        let tier = match field(GRANULE_BITS + TAIL_BITS + SPAN_BITS, 2) {
-            1 => Backing::Normal,
-            2 => Backing::TransparentHuge,
-            3 => Backing::Hugetlb,
-            _ => return None,
-        };
+        let tier =
+            Backing::from_code(field(GRANULE_BITS + TAIL_BITS + SPAN_BITS, 2).checked_sub(1)?)?;
         Some(Descriptor {
             granules: field(0, GRANULE_BITS) as u32,
             tail: field(GRANULE_BITS, TAIL_BITS) as u32,
@@ -235,49 +222,31 @@ mod tests {
     fn a_block_is_found_by_its_address_and_removed_once() {
         static MAP: ExtentMap = ExtentMap::new();
         let c = Counters::new();
-        let d = Descriptor::new(
-            6 * HUGE_PAGE_2M,
-            5 * HUGE_PAGE_2M + 7,
-            2047,
-            Backing::Hugetlb,
-        );
-        assert_eq!(d.size(), 5 * HUGE_PAGE_2M + 7);
+        let d = Descriptor::new(6 << 21, (5 << 21) + 7, 2047, Backing::Hugetlb);
+        assert_eq!(d.size(), (5 << 21) + 7);
         assert!(!MAP.insert(at(BASE), d), "no leaf before prepare");
         assert!(MAP.prepare(&c, BASE, 10 << 30), "two leaves");
         assert!(MAP.insert(at(BASE), d));
         assert_eq!(MAP.lookup(at(BASE).as_ptr()), Some(d));
         assert!(!MAP.insert(at(BASE), d), "taken");
         assert_eq!(MAP.remove(at(BASE).as_ptr()), Some(d));
-        assert_eq!(
-            MAP.remove(at(BASE).as_ptr()),
-            None,
-            "a second free finds nothing"
-        );
+        assert_eq!(MAP.remove(at(BASE).as_ptr()), None, "a second free");
         // The second leaf, and addresses the map cannot hold.
         let far = BASE + (9 << 30);
-        assert!(MAP.insert(
-            at(far),
-            Descriptor::new(HUGE_PAGE_2M, 0, 0, Backing::Normal)
-        ));
+        let one = Descriptor::new(HUGE_PAGE_2M, 0, 0, Backing::Normal);
+        assert!(MAP.insert(at(far), one));
         assert_eq!(MAP.lookup((far + 4096) as *const u8), None);
         assert_eq!(MAP.lookup((1usize << 47) as *const u8), None);
         assert!(!MAP.prepare(&c, (1 << 47) - HUGE_PAGE_2M, 4 * HUGE_PAGE_2M));
-        assert_eq!(
-            MAP.remove(far as *mut u8).map(|d| d.len()),
-            Some(HUGE_PAGE_2M)
-        );
+        assert_eq!(MAP.remove(far as *mut u8), Some(one));
     }
 
     #[test]
     fn descriptors_round_trip_at_their_limits() {
+        let max = ((1 << 26) - 1) * HUGE_PAGE_2M;
         for d in [
             Descriptor::new(HUGE_PAGE_2M, 1, 0, Backing::Normal),
-            Descriptor::new(
-                ((1 << 26) - 1) * HUGE_PAGE_2M,
-                HUGE_PAGE_2M - 1,
-                2047,
-                Backing::TransparentHuge,
-            ),
+            Descriptor::new(max, HUGE_PAGE_2M - 1, 2047, Backing::TransparentHuge),
         ] {
             assert_eq!(Descriptor::decode(d.encode()), Some(d));
         }

@@ -1,10 +1,7 @@
 //! The first-touch policy [`FirstTouch::Probe`](super::FirstTouch::Probe):
-//! huge pages when the kernel can fault them in fast, base pages when a
-//! huge page costs more to fault in than 512 base pages.
-//! `docs/engine.md` ("First touch") has the measurements behind it.
-//!
-//! Never allocates, never panics, starts no thread (safe inside `malloc`,
-//! before `main` and in a fork child); thread-safe (atomics only).
+//! huge pages when the kernel faults them in fast, base pages when a huge
+//! page costs more than 512 base pages (measured in `benches/README.md`).
+//! No allocation, no panic, no thread; atomics only.
 
 use super::os;
 use super::stats::{Count, Counters};
@@ -12,12 +9,10 @@ use crate::sys::{self, Advice, HUGE_PAGE_2M};
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
-/// Blocks shorter than this are not probed (4 MiB: at least one page after
-/// the probed one).
+/// Blocks shorter than this (4 MiB) are not probed.
 pub(crate) const PROBE_MIN_LEN: usize = 2 * HUGE_PAGE_2M;
-/// A page slower than this (1 ms for 2 MiB) sends the rest of its block to
-/// base pages: about what 512 faults of 4 KiB cost on the machine measured,
-/// and ten times a THP fault on bare metal.
+/// A page slower than this (1 ms for 2 MiB: about 512 faults of 4 KiB on
+/// the machine measured) sends the rest of its block to base pages.
 pub(crate) const SLOW_NS: u64 = 1_000_000;
 /// How long after a slow page fresh blocks go to base pages unprobed.
 pub(crate) const SLOW_WINDOW_NS: u64 = 200_000_000;

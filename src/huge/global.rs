@@ -14,39 +14,30 @@ use std::ptr::{self, NonNull};
 /// `allocator_api2` [`Allocator`].
 ///
 /// Requests of at least [`threshold`](Self::threshold) bytes (default
-/// 2 MiB) get a block of the huge-page engine: its length rounded up to
-/// 2 MiB, aligned to at least 2 MiB (larger alignments are honoured),
-/// carved from a span of reserved address space on the tier ladder
-/// (hugetlb, THP, normal pages). Smaller requests go to the small
-/// allocator `S`, [`std::alloc::System`] by default
-/// ([`with_small_allocator`](Self::with_small_allocator) picks another). The
-/// path a block takes depends only on its size, so a block is always freed
-/// by the path that served it.
+/// 2 MiB) get a block of the huge-page engine: the request rounded up to
+/// 2 MiB (all of it usable), aligned to at least 2 MiB (larger alignments
+/// are honoured), on the tier ladder (hugetlb, THP, normal pages). Smaller
+/// requests go to the small allocator `S` ([`System`] by default, see
+/// [`with_small_allocator`](Self::with_small_allocator)); the path depends
+/// only on the size, so a block is freed by the path that served it.
 ///
-/// Each interface is a front with a `const` [`Policy`]: through
-/// [`GlobalAlloc`], [`Policy::RUST_GLOBAL`] (freed blocks are retained with
-/// their pages for later requests of any length, up to
-/// `CKALLOC_RETAIN_BYTES`, and purged after a delay; fresh THP blocks are
-/// faulted in by the first-touch probe); through [`Allocator`],
-/// [`Policy::RUST_ALLOCATOR`] (nothing is retained: a freed block is
-/// purged at once, so `CachingAllocator<CkHuge>`, IREE's caching allocator
-/// on top, is the only cache and its `trim` gives memory back to the
-/// kernel). A block's slice through [`Allocator`] is its whole length.
-/// [docs/engine.md](https://github.com/ckalloc/ckalloc/blob/main/docs/engine.md)
-/// states every rule.
+/// Through [`GlobalAlloc`] the front's policy is [`Policy::RUST_GLOBAL`]:
+/// freed blocks are retained for later requests of any length, up to
+/// `CKALLOC_RETAIN_BYTES`, and purged after `CKALLOC_RETAIN_DECAY_MS`;
+/// fresh THP blocks are faulted in by the first-touch probe. Through
+/// [`Allocator`] it is [`Policy::RUST_ALLOCATOR`]: nothing is retained, so
+/// `CachingAllocator<CkHuge>` is the only cache and its `trim` reaches the
+/// kernel. Every rule is a row of
+/// [docs/engine.md](https://github.com/ckalloc/ckalloc/blob/main/docs/engine.md#the-rules).
 ///
-/// `realloc` resizes in place when the length stays, shrinks, or the
-/// address space after the block is free; else the block's pages move with
-/// `mremap` (hugetlb blocks are copied). A failed `realloc` leaves the
-/// block as it was.
+/// `realloc`, `grow` and `shrink` resize in place when the length stays,
+/// shrinks, or the units after the block are free; else the block's pages
+/// move with `mremap` (hugetlb blocks are copied). A failed resize leaves
+/// the block as it was. The paths never allocate, take no lock, never
+/// panic and never print. Thread-safe.
 ///
-/// The allocation paths never allocate, take no lock, never panic and
-/// never print; configuration is read with `getenv`. Thread-safe.
-///
-/// `CkHuge<S>` is `Copy` and `Debug` when `S` is: `CkHuge` (with `System`)
-/// is both, `CkHuge<mimalloc::MiMalloc>` is neither (`MiMalloc` derives
-/// nothing). Equality compares the threshold and the per-value retention
-/// limit, not the small allocator.
+/// `CkHuge<S>` is `Copy` and `Debug` when `S` is. Equality compares the
+/// threshold and the per-value retention limit, not the small allocator.
 ///
 /// ```no_run
 /// #[global_allocator]
@@ -86,9 +77,7 @@ impl CkHuge {
         CkHuge::new().threshold_bytes(bytes)
     }
 
-    /// A `CkHuge` that never retains: every freed block is purged at once
-    /// (its pages go back to the kernel; the address space stays in the
-    /// engine's span).
+    /// A `CkHuge` that never retains: every freed block is purged at once.
     pub const fn uncached() -> CkHuge {
         CkHuge::new().retain_max_bytes(0)
     }
@@ -113,8 +102,7 @@ impl<S> CkHuge<S> {
     }
 
     /// This allocator retaining only blocks of at most `bytes` bytes (after
-    /// rounding to 2 MiB); `0` retains nothing, like [`CkHuge::uncached`].
-    /// The process-wide cap still applies.
+    /// rounding to 2 MiB; `0`: none). The process-wide cap still applies.
     pub const fn retain_max_bytes(mut self, bytes: usize) -> Self {
         self.retain_max = bytes;
         self
@@ -159,9 +147,8 @@ impl<S: GlobalAlloc> CkHuge<S> {
     }
 
     /// Resize a block of `old` to `new_size` bytes keeping its alignment,
-    /// across the threshold in either direction; `Fill::Zeroed` asks for
-    /// the bytes from the old size to the new one to read zero. Null on
-    /// failure, the old block intact.
+    /// across the threshold either way, the added bytes reading zero for
+    /// `Fill::Zeroed`; `None` on failure, the old block intact.
     ///
     /// # Safety
     /// `ptr` was allocated by `self` with `old`; `new_size` is a valid,

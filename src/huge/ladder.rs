@@ -1,17 +1,15 @@
 //! The tier ladder: [`Ladder::map`] walks hugetlb, THP and normal pages
-//! for a mapping of its own ([`HugeRegion`](super::HugeRegion), the arena),
-//! one function per rung; [`finish`] applies the options and counts the
-//! mapping. The ladder's state is the hugetlb back-off, which the engine's
-//! spans follow too ([`Ladder::hugetlb_now`]). Nothing here allocates,
-//! locks, panics or prints, except a parallel prefault asked for with
-//! [`HugeOptions::populate_threads`].
+//! for a mapping of its own ([`HugeRegion`](super::HugeRegion), the arena);
+//! its state is the hugetlb back-off, which the engine's spans follow too
+//! ([`Ladder::hugetlb_now`]). No allocation, lock, panic or print, except a
+//! parallel prefault ([`HugeOptions::populate_threads`]).
 
 use super::error::HugeError;
 use super::options::HugeOptions;
 use super::os;
-use super::prefault::populate;
 use super::stats::{Count, Counters};
 use crate::env;
+use crate::prefault::populate;
 use crate::sys::{self, Advice, HugetlbSize, Prot, HUGE_PAGE_1G, HUGE_PAGE_2M};
 use crate::tier::{self, Backing};
 use std::io;
@@ -40,16 +38,12 @@ type Rung = ControlFlow<Result<Mapping, HugeError>, Option<io::Error>>;
 pub(crate) struct Ladder {
     /// Monotonic time (ns) until which hugetlb is skipped; 0: not backing off.
     retry_at_ns: AtomicU64,
-    /// Whether the engine's blocks may be hugetlb at all (an engine of the
-    /// unit tests uses THP or normal pages only, whatever is reserved).
-    hugetlb_blocks: bool,
 }
 
 impl Ladder {
-    pub(crate) const fn new(hugetlb_blocks: bool) -> Ladder {
+    pub(crate) const fn new() -> Ladder {
         Ladder {
             retry_at_ns: AtomicU64::new(0),
-            hugetlb_blocks,
         }
     }
 
@@ -72,7 +66,7 @@ impl Ladder {
     /// Whether a fresh block tries the hugetlb tier now (`CKALLOC_HUGETLB`
     /// on, no back-off); counts a skip.
     pub(crate) fn hugetlb_now(&self, c: &Counters) -> bool {
-        if !self.hugetlb_blocks || !env::hugetlb_allowed() {
+        if !env::hugetlb_allowed() {
             return false;
         }
         if self.backing_off() {
@@ -90,7 +84,8 @@ impl Ladder {
 }
 
 /// A checked request: `bytes` (non-zero) rounded up to 2 MiB (`len_2m`),
-/// aligned to `align` (a power of two, at least 2 MiB).
+/// aligned to `align` (a power of two, at least 2 MiB; aligning needs up to
+/// `align` bytes of slack in the address space).
 struct Request {
     bytes: usize,
     align: usize,
@@ -105,20 +100,13 @@ impl Request {
         if !align.is_power_of_two() {
             return Err(HugeError::BadAlignment { align });
         }
-        let too_large = HugeError::TooLarge { requested: bytes };
-        let len_2m = match sys::round_up(bytes, HUGE_PAGE_2M) {
-            Some(l) if l <= isize::MAX as usize => l,
-            _ => return Err(too_large),
-        };
         let align = align.max(HUGE_PAGE_2M);
-        // Aligning needs up to `align` bytes of slack in the address space; an
-        // alignment that cannot fit is the request's fault, not the kernel's.
-        if len_2m
-            .checked_add(align)
-            .is_none_or(|n| n > isize::MAX as usize)
-        {
-            return Err(too_large);
-        }
+        let len_2m = sys::round_up(bytes, HUGE_PAGE_2M)
+            .filter(|l| {
+                l.checked_add(align)
+                    .is_some_and(|n| n <= isize::MAX as usize)
+            })
+            .ok_or(HugeError::TooLarge { requested: bytes })?;
         Ok(Request {
             bytes,
             align,

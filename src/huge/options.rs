@@ -85,34 +85,24 @@ impl HugeOptions {
     /// The gain needs idle cores: with every core busy, two threads take as
     /// long as one.
     ///
-    /// - **Count**: `threads == 1` (the default) prefaults on the calling
-    ///   thread with one `madvise(MADV_POPULATE_WRITE)`, as `populate(true)`
-    ///   does; `threads == 0` means [`std::thread::available_parallelism`].
-    ///   The count actually used is at most `available_parallelism` and at
-    ///   most one per chunk: a mapping of one chunk (8 MiB or less) is
-    ///   prefaulted by the calling thread alone.
+    /// - **Count**: `threads == 1` (the default) is one `madvise` on the
+    ///   calling thread; `0` means [`std::thread::available_parallelism`].
+    ///   At most `available_parallelism` threads and one per chunk are used.
     /// - **Chunks**: the mapping is cut at multiples of 8 MiB in address
-    ///   space (of 1 GiB for 1 GiB hugetlb pages), so a chunk holds whole huge
-    ///   pages and no huge page is faulted by two threads. The threads take
-    ///   chunks from a shared counter, one `madvise` per chunk, until none is
-    ///   left: a thread that starts late or is scheduled out holds back at
-    ///   most one chunk.
-    /// - **Threads**: the calling thread works too; the others are
-    ///   `threads - 1` scoped threads (`std::thread::scope`, 64 KiB stacks),
-    ///   all joined before the constructor returns, so no thread outlives
-    ///   the call and the mapping is not visible to anyone before every chunk
-    ///   is done. A thread that cannot be spawned is not an error: the others
-    ///   take its chunks.
-    /// - **Errors**: if any chunk fails, no new chunk is started, and after
-    ///   every thread has been joined the call fails with
-    ///   [`HugeError::Populate`](super::HugeError::Populate) (the error of the lowest failed chunk, the
-    ///   full mapping length); the mapping is released, so no partially
-    ///   prefaulted region is returned.
-    /// - **Where**: spawning threads allocates, so this is only for explicit
-    ///   constructors ([`HugeRegion::with_options`](super::HugeRegion::with_options), the arena's
-    ///   [`huge`](crate::ArenaBuilder::huge) options); the global-allocator
-    ///   path ([`CkHuge`](super::CkHuge), [`huge_alloc`](super::huge_alloc), the C ABI) uses fixed options that
-    ///   never prefault.
+    ///   space (1 GiB for 1 GiB pages), so no huge page is faulted by two
+    ///   threads; threads take chunks from a shared counter until none is
+    ///   left.
+    /// - **Threads**: the calling thread and `threads - 1` scoped threads
+    ///   (64 KiB stacks), all joined before the constructor returns; a
+    ///   thread that cannot be spawned is not an error.
+    /// - **Errors**: after a failed chunk no new one starts, and once every
+    ///   thread is joined the call fails with
+    ///   [`HugeError::Populate`](super::HugeError::Populate) (the lowest
+    ///   failed chunk's error) and the mapping is released.
+    /// - **Where**: spawning threads allocates, so only explicit
+    ///   constructors ([`HugeRegion::with_options`](super::HugeRegion::with_options),
+    ///   the arena's [`huge`](crate::ArenaBuilder::huge) options) take it;
+    ///   the engine's blocks never prefault this way.
     ///
     /// A later `populate(false)` turns prefaulting off again.
     ///

@@ -1,6 +1,5 @@
-//! The engine's system calls: each a `sys` call, counted by kind in the
-//! engine's [`Counters`] ([`Syscalls`](super::Syscalls)), so that
-//! `huge_stats()` can say what the engine asked of the kernel.
+//! The engine's system calls: `sys` calls counted by kind
+//! ([`Syscalls`](super::Syscalls)).
 
 use super::stats::{Count, Counters};
 use crate::sys::{self, Advice, HugetlbSize, Prot, Source};

@@ -1,12 +1,9 @@
-//! Where a block goes: a search of the spans' bitmaps for free units,
-//! the calling thread's group first ([`Want`] says which units).
-//!
-//! The search reads snapshots of the bitmaps; the caller claims the units
-//! it found ([`Span::claim`](super::span::Span::claim)) and searches again
-//! when another thread took them first.
+//! Where a block goes: a search of snapshots of the spans' bitmaps for
+//! free units ([`Want`]), the calling thread's group first; the caller
+//! claims what it found and searches again if another thread was first.
 
-use super::bits::{self, Snapshot};
 use super::span::{Span, Spans, View};
+use crate::bits;
 use crate::sys::HUGE_PAGE_2M;
 use crate::tier::Backing;
 use std::cmp::Reverse;
@@ -14,17 +11,14 @@ use std::cmp::Reverse;
 /// Which free units a search looks for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Want {
-    /// Retained units only (a hit: no page faults, no system call): the
-    /// shortest retained run the block fits (an exact fit first), the most
-    /// recently freed of equals, the lowest address of those; the block
-    /// takes the run's front.
+    /// Retained units (a hit): the shortest retained run the block fits,
+    /// the most recently freed of equals, then the lowest address.
     Retained,
     /// Clean units (never used, or purged) of a THP or normal-page span:
     /// the lowest address.
     Clean,
-    /// A retained run shorter than the block, with free units around it:
-    /// the placement with the most retained units (the fewest to fault
-    /// in), the lowest address of equals. Never a hugetlb span.
+    /// Retained units with free units around them: the most retained units
+    /// (the fewest to fault in), then the lowest address. No hugetlb span.
     MostRetained,
 }
 
@@ -119,6 +113,13 @@ fn in_span(span: &Span, v: &View, n: u32, align: usize, want: Want) -> Option<(S
     let free = bits::not_below(&span.in_use.snapshot(), v.units);
     let dirty = span.dirty.snapshot();
     let at = |start: u32| v.base + v.len(start);
+    let place = |start: u32, dirty: u32, run: u32| Placement {
+        view: *v,
+        start,
+        n,
+        dirty,
+        run,
+    };
     let mut best: Option<(Score, Placement)> = None;
     let mut offer = |score: Score, p: Placement| {
         if best.as_ref().is_none_or(|(b, _)| score < *b) {
@@ -131,35 +132,22 @@ fn in_span(span: &Span, v: &View, n: u32, align: usize, want: Want) -> Option<(S
                 let Some(i) = aligned_from(v, align, s).filter(|&i| i + n <= e) else {
                     continue;
                 };
-                let p = Placement {
-                    view: *v,
-                    start: i,
-                    n,
-                    dirty: n,
-                    run: e - s,
-                };
-                offer((e - s, Reverse(span.stamp_of(i)), Reverse(n), at(i)), p);
+                let score = (e - s, Reverse(span.stamp_of(i)), Reverse(n), at(i));
+                offer(score, place(i, n, e - s));
             }
         }
         Want::Clean => {
-            let clean = bits::and(&free, &not(&dirty));
+            let clean = bits::and(&free, &bits::not(&dirty));
             for (s, e) in bits::runs(&clean) {
                 if let Some(i) = aligned_from(v, align, s).filter(|&i| i + n <= e) {
-                    let p = Placement {
-                        view: *v,
-                        start: i,
-                        n,
-                        dirty: 0,
-                        run: e - s,
-                    };
-                    return Some(((0, Reverse(0), Reverse(0), at(i)), p));
+                    return Some(((0, Reverse(0), Reverse(0), at(i)), place(i, 0, e - s)));
                 }
             }
         }
         Want::MostRetained => {
             let retained = bits::and(&free, &dirty);
             for (fs, fe) in bits::runs(&free) {
-                for (ds, de) in bits::runs(&within(&retained, fs, fe)) {
+                for (ds, de) in bits::runs(&bits::within(&retained, fs, fe)) {
                     // Windows that hold the whole retained run and stay
                     // inside the free run start from `lo` to `hi`.
                     let lo = fs.max(de.saturating_sub(n));
@@ -170,31 +158,11 @@ fn in_span(span: &Span, v: &View, n: u32, align: usize, want: Want) -> Option<(S
                     };
                     let d = bits::count(&retained, i, n);
                     if d > 0 && d < n {
-                        let p = Placement {
-                            view: *v,
-                            start: i,
-                            n,
-                            dirty: d,
-                            run: fe - fs,
-                        };
-                        offer((0, Reverse(0), Reverse(d), at(i)), p);
+                        offer((0, Reverse(0), Reverse(d), at(i)), place(i, d, fe - fs));
                     }
                 }
             }
         }
     }
     best
-}
-
-fn not(a: &Snapshot) -> Snapshot {
-    a.map(|w| !w)
-}
-
-/// The bits of `a` in `s..e`.
-fn within(a: &Snapshot, s: u32, e: u32) -> Snapshot {
-    let range = bits::and(
-        &bits::not_below(&[0; bits::WORDS], e),
-        &not(&bits::not_below(&[0; bits::WORDS], s)),
-    );
-    bits::and(a, &range)
 }

@@ -1,18 +1,11 @@
 //! [`Policy`]: every rule in which the fronts of the huge-page engine
-//! differ, as one value per front.
-//!
-//! The engine is one: the tier ladder, the spans, retention, the extent
-//! map, first touch and the statistics. Its fronts are
-//! [`CkHuge`](super::CkHuge) (through `GlobalAlloc` and through
-//! `allocator_api2`'s `Allocator`), the preload library's C API
-//! ([`preload`](crate::preload), feature `preload`), and
-//! [`huge_alloc`](super::huge_alloc) / C-Kernel-Engine's `ck_huge_alloc`.
-//! Each passes a `const` `Policy` with every call; the normative table of
-//! the rules, a row per field and a column per front, is
+//! differ, as one `const` value per front; the normative table, a row per
+//! field and a column per front, is
 //! [docs/engine.md](https://github.com/ckalloc/ckalloc/blob/main/docs/engine.md#the-rules).
 
-/// How a front's blocks are faulted in, cleared, retained and placed (see
-/// the [module docs](self) for the table of every front's values).
+/// How a front's blocks are faulted in, cleared, retained and placed; each
+/// field is a row of
+/// [docs/engine.md](https://github.com/ckalloc/ckalloc/blob/main/docs/engine.md#the-rules).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct Policy {
@@ -34,12 +27,10 @@ pub struct Policy {
 /// How a fresh THP block is faulted in.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum FirstTouch {
-    /// A block of 4 MiB or more is faulted in at allocation, one 2 MiB page
-    /// at a time, while each page comes in within 1 ms; at the first slower
-    /// page the rest of the block, and the fresh blocks of the next 200 ms,
-    /// go to base pages (`MADV_NOHUGEPAGE`). A last 2 MiB holding less than
-    /// 1 MiB of the request is left to the caller's writes.
-    /// `CKALLOC_FIRST_TOUCH_PROBE=off` turns it off.
+    /// A block of 4 MiB or more is faulted in at allocation one 2 MiB page
+    /// at a time while each comes in within 1 ms; at the first slower page
+    /// the rest, and the fresh blocks of the next 200 ms, go to base pages
+    /// (`MADV_NOHUGEPAGE`). `CKALLOC_FIRST_TOUCH_PROBE=off` turns it off.
     Probe,
     /// Nothing at allocation: the block faults in as THP when written, as
     /// glibc's and jemalloc's mappings do.
@@ -50,11 +41,9 @@ pub enum FirstTouch {
 /// Fresh and purged units read zero already.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Zeroing {
-    /// `memset` of the requested bytes when the block is at most
-    /// [`ZERO_BY_MEMSET_MAX`] (its pages are resident, and clearing them
-    /// costs less than faulting them back in for the kernel to clear);
-    /// longer blocks are purged. The range is made read-write first, so a
-    /// block the program freed read-only is cleared, not faulted on.
+    /// `memset` (made read-write first) when the block is at most
+    /// [`ZERO_BY_MEMSET_MAX`]: its pages are resident, and clearing them
+    /// costs less than faulting them in again; longer blocks are purged.
     MemsetResident,
     /// Purged (`MADV_DONTNEED`) whatever its length, so that pages the
     /// program never writes stay uncommitted.
@@ -64,8 +53,7 @@ pub enum Zeroing {
 /// The cap on retained bytes, process-wide.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum CapRule {
-    /// `CKALLOC_RETAIN_BYTES` ([`env::retain_bytes`](crate::env::retain_bytes),
-    /// default 128 MiB).
+    /// `CKALLOC_RETAIN_BYTES` ([`env::retain_bytes`](crate::env::retain_bytes)).
     Environment,
     /// `CKALLOC_RETAIN_BYTES` when it is set; else the larger of its
     /// default and twice the high-water mark of live bytes
@@ -80,8 +68,7 @@ pub enum CapRule {
 pub enum WhenFull {
     /// The freed block is purged; older retained blocks stay.
     PurgeFreed,
-    /// Older retained runs are purged, oldest first, to make room: the
-    /// block freed last is the one a program asks for again.
+    /// Older retained runs are purged, oldest first, to make room.
     PurgeOldest,
 }
 
@@ -90,9 +77,9 @@ pub enum WhenFull {
 pub enum OnMiss {
     /// Fresh (or purged) units, which read zero.
     FreshExtent,
-    /// For a request that needs no zeroing: the longest retained run
-    /// shorter than the request, with the free units after (or before) it,
-    /// so that only the added units fault in; else fresh units.
+    /// For a request that needs no zeroing: the placement with the most
+    /// retained units and free units around them, so that only the added
+    /// units fault in; else fresh units.
     ExtendRetained,
 }
 
@@ -112,8 +99,7 @@ impl Policy {
     };
 
     /// [`CkHuge`](super::CkHuge) through `allocator_api2`'s `Allocator`:
-    /// nothing is retained (a block's slice covers its whole length, and
-    /// `CachingAllocator<CkHuge>` is the cache there).
+    /// nothing retained (`CachingAllocator<CkHuge>` is the cache there).
     pub const RUST_ALLOCATOR: Policy = Policy {
         cap: CapRule::Nothing,
         ..Policy::RUST_GLOBAL
@@ -140,8 +126,7 @@ impl Policy {
         retain_max: usize::MAX,
     };
 
-    /// Whether this policy probes fresh THP blocks now
-    /// (`CKALLOC_FIRST_TOUCH_PROBE` can turn it off).
+    /// Whether this policy probes fresh THP blocks now (see `Probe`).
     pub(crate) fn probes(&self) -> bool {
         self.first_touch == FirstTouch::Probe && crate::env::first_touch_probe()
     }

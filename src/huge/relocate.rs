@@ -1,21 +1,10 @@
-//! Moving a block whose growth cannot happen in place: its pages move to
-//! the new place with `mremap`, copying no byte, and the old place is left
-//! mapped and empty (`MREMAP_DONTUNMAP`, Linux 5.7:
-//! `sys::LINUX_MREMAP_DONTUNMAP`), so the span keeps its address space and
-//! no other mapping can land there.
-//!
-//! A block is more than one VMA where the program changed part of it
-//! (`mprotect`, `mlock`, `madvise`), where the first-touch policy sent its
-//! rest to base pages, or where an earlier move put part of it. Before
-//! Linux 6.17 `mremap` refuses a range of several VMAs (`EFAULT`) and moves
-//! nothing: the range is split in halves (at unit boundaries) until each
-//! piece moves, with no `/proc` query. Since 6.17
-//! (`sys::LINUX_MREMAP_MULTI_VMA`) it moves them one by one, and a move that
-//! fails midway (a sealed VMA, no memory) leaves the earlier ones moved:
-//! the destination read zero before the move, and a moved page leaves the
-//! source empty (reading zero), so a source page that still reads non-zero
-//! is one that did not move, and is copied. A piece the kernel will not
-//! move at all (a hugetlb block, a kernel before 5.7) is copied.
+//! Moving a block whose growth cannot happen in place: its pages move with
+//! `mremap(MREMAP_FIXED | MREMAP_DONTUNMAP)` (`sys::LINUX_MREMAP_DONTUNMAP`),
+//! leaving the old place mapped and empty; a range of several VMAs moves in
+//! halves before `sys::LINUX_MREMAP_MULTI_VMA`, and after it a move that
+//! fails midway is completed by [`complete`]. Copied where the kernel
+//! cannot move (hugetlb, older kernels).
+//! [docs/engine.md](https://github.com/ckalloc/ckalloc/blob/main/docs/engine.md#growth-and-moves).
 
 use super::os;
 use super::stats::Counters;

@@ -1,35 +1,15 @@
-//! Retention: freed units kept with their pages for reuse (retained), up to
-//! a cap, and purged (`MADV_DONTNEED`) after a delay; the address space
-//! stays in its span, and only an idle span goes back with `munmap`.
-//!
-//! # Purge
-//!
-//! [`purge`] drops a range's pages and then makes the range plain memory
-//! again: read-write (`mprotect`) and, in a THP span, advised
-//! `MADV_HUGEPAGE`, whatever the program did to it (`mprotect`, `madvise`)
-//! before freeing it. A range with `mlock`ed pages refuses `MADV_DONTNEED`
-//! (`EINVAL`): it is unlocked (`munlock`) and purged again. So a purged
-//! unit is clean: it reads zero, is writable and unlocked, and faults in
-//! afresh. A purge that fails leaves its units retained (decay tries again
-//! a delay later); hugetlb units are never purged (their pages go back to
-//! the pool when their span is unmapped).
-//!
-//! # Decay
-//!
-//! Every [`TICK_EVERY`] engine calls of a thread run one decay step: it
-//! purges retained runs whose units were freed at least the delay ago
-//! (`CKALLOC_RETAIN_DECAY_MS`), at most [`DECAY_PER_STEP`] runs, and gives
-//! back one idle span (every unit free and clean, a hugetlb span every unit
-//! free, its last free at least the delay ago) with `munmap`. A unit is so
-//! retained at least the delay and at most the delay plus the time to the
-//! next step; with no engine calls there is no step (the process keeps
-//! what it retained until its next calls or `release_retained`).
+//! Retention: freed units kept with their pages (retained) up to a cap,
+//! purged ([`purge`]: `MADV_DONTNEED`, keeping the address space) after the
+//! decay delay, one [`decay`] step every [`TICK_EVERY`] engine calls of a
+//! thread; only idle spans go back with `munmap`. hugetlb units are never
+//! purged: they are unmapped as holes. The rules are in
+//! [docs/engine.md](https://github.com/ckalloc/ckalloc/blob/main/docs/engine.md#purge-not-unmap).
 
-use super::bits;
 use super::os;
 use super::policy::CapRule;
 use super::span::{self, Span, Spans, View};
 use super::stats::{Count, Counters};
+use crate::bits;
 use crate::env;
 use crate::sys::Advice;
 use crate::tier::Backing;
@@ -83,24 +63,21 @@ pub(crate) fn admit(c: &Counters, len: usize, cap: usize) -> bool {
     true
 }
 
-/// What a purge does to a range's protection and flags besides dropping
-/// its pages.
+/// Whether a purge also makes the range plain memory again (read-write,
+/// unlocked, advised for its tier).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Restore {
-    /// Only a range found locked (`MADV_DONTNEED` refuses it) is unlocked
-    /// and made plain memory again; otherwise the range keeps what the
-    /// program did to it (as jemalloc and mimalloc leave freed memory).
+    /// Only a range found locked (`MADV_DONTNEED` refuses it); otherwise it
+    /// keeps what the program did to it (as jemalloc and mimalloc leave
+    /// freed memory).
     IfLocked,
-    /// The range is made plain memory again whatever it was: the engine
-    /// moved a block away from it, and what the program did to the block
-    /// went with the block.
+    /// Whatever it was: a block moved away, taking the program's changes.
     Always,
 }
 
-/// Purge units `start..start + n` of span `v` (claimed by the caller):
-/// see the [module docs](self). `true` when they read zero now (and are
-/// restored as `restore` says); `false` leaves them as they were (and their
-/// dirty bits set).
+/// Purge units `start..start + n` of span `v` (claimed by the caller); a
+/// locked range is unlocked and purged again. `true` when they read zero
+/// now (restored as `restore` says); `false` leaves them as they were.
 pub(crate) fn purge(
     c: &Counters,
     span: &Span,
@@ -129,7 +106,7 @@ pub(crate) fn purge(
     if v.tier == Backing::TransparentHuge && (plain || span.base_pages.count(start, n) > 0) {
         // Advice only: a failure leaves the range as it was advised.
         let _ = os::advise(c, p, len, Advice::HugePage);
-        span.base_pages.clear(start, n);
+        span.forget_advice(c, start, n);
     }
     span.dirty.clear(start, n);
     c.add(Count::Purged, len as u64);
@@ -148,9 +125,8 @@ enum Back {
     Kept,
 }
 
-/// Give claimed units `start..start + n` back to the kernel: purged as
-/// `restore` says, or, in a hugetlb span (which cannot purge), unmapped as
-/// a hole. A hole in a span no block uses any more gives the span back.
+/// Give claimed units back to the kernel: purged, or in a hugetlb span
+/// unmapped as a hole (retiring the span when no block uses it).
 fn give_to_kernel(
     c: &Counters,
     spans: &Spans,
@@ -167,23 +143,18 @@ fn give_to_kernel(
             Back::Kept
         };
     }
-    if os::unmap(c, v.addr(start), v.len(n)).is_err() {
+    if span.unmap_hole(c, v, start, n).is_err() {
         return Back::Kept;
     }
-    span.holes.set(start, n);
-    span.dirty.clear(start, n);
-    c.span_hole(v.len(n));
     if unused(span, v) {
         let _ = spans.retire(c, v);
     }
     Back::Hole
 }
 
-/// Give back free units `start..start + n` that the caller claimed from a
-/// snapshot of the retained ones, and release them: the retained among
-/// them (counted now: another thread may have used and purged some since
-/// the snapshot) stop counting. Returns their bytes, `None` when the system
-/// call failed.
+/// Give back free units the caller claimed from a snapshot of the retained
+/// ones, and release them; the retained among them (counted now) stop
+/// counting. Returns their bytes, `None` when the system call failed.
 fn release_claimed(
     c: &Counters,
     spans: &Spans,
@@ -208,10 +179,9 @@ fn release_claimed(
     }
 }
 
-/// Units `start..start + n` of span `v` leave a block (freed, or cut off by
-/// a shrink): stamped now, then retained when `kept` (their bytes already
-/// [admitted](admit)), else given back to the kernel as `restore` says
-/// (retained after all if that fails), then released.
+/// Units leave a block (freed, or cut off by a shrink): stamped now, then
+/// retained when `kept` (their bytes [admitted](admit)), else given back to
+/// the kernel (retained after all if that fails), then released.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn give(
     c: &Counters,
@@ -262,8 +232,7 @@ pub(crate) fn make_room(c: &Counters, spans: &Spans, need: usize, cap: usize) ->
     }
 }
 
-/// The retained units freed at the oldest stamp (and next to each other):
-/// a block freed long ago, as a run.
+/// The run of retained units freed at the oldest stamp.
 fn oldest_run(spans: &Spans) -> Option<(&Span, View, u32, u32)> {
     let now = span::stamp_now();
     let mut best: Option<(u32, &Span, View, u32, u32, u32)> = None;
@@ -355,10 +324,9 @@ fn unused(span: &Span, v: &View) -> bool {
     span.busy(v) == 0
 }
 
-/// The last resort when address space is short (`RLIMIT_AS`): unmap every
-/// free run of the spans that blocks still use, so that a new span can
-/// take its address space. The units become holes, in use by no block,
-/// until their span is given back whole. Returns the bytes unmapped.
+/// The last resort when address space is short: unmap every free run of
+/// the spans in use as holes, so a new span can take the address space.
+/// Returns the bytes unmapped.
 #[cold]
 pub(crate) fn punch(c: &Counters, spans: &Spans) -> usize {
     let mut unmapped = 0;
@@ -368,16 +336,13 @@ pub(crate) fn punch(c: &Counters, spans: &Spans) -> usize {
             if !span.claim(&v, s, e - s) {
                 continue;
             }
-            let dirty = v.len(span.dirty.count(s, e - s));
-            if os::unmap(c, v.addr(s), v.len(e - s)).is_err() {
-                span.release(s, e - s);
-                continue;
+            match span.unmap_hole(c, &v, s, e - s) {
+                Ok(dirty) => {
+                    c.sub(Count::Retained, dirty as u64);
+                    unmapped += v.len(e - s);
+                }
+                Err(_) => span.release(s, e - s),
             }
-            span.holes.set(s, e - s);
-            span.dirty.clear(s, e - s);
-            c.sub(Count::Retained, dirty as u64);
-            c.span_hole(v.len(e - s));
-            unmapped += v.len(e - s);
         }
     }
     unmapped

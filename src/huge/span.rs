@@ -1,31 +1,19 @@
-//! Spans: the address space the engine carves blocks from.
-//!
-//! A span is one reservation: 1 GiB of `PROT_NONE` address space (512 units
-//! of 2 MiB; a request longer than 1 GiB gets a span of its own length in
-//! units of a larger power of two), or one hugetlb mapping of a block's
-//! length. Its state lives in a slot of a static table ([`Spans`]): three
-//! bitmaps of its units (in use, dirty: freed with its pages still there,
-//! advised to base pages), a stamp per unit (when it was last freed) and
-//! the length of its committed prefix. Units are committed (`mprotect` to
-//! read-write) from the span's start on, as far as blocks reach, so the
-//! committed part is one VMA with the span's THP advice, however many
-//! blocks it holds.
-//!
-//! Every thread has a home group ([`home_group`]); a span belongs to the
-//! group of the thread that reserved it, and a thread looks at its own
-//! group's spans first, so threads keep to their own address space.
-//!
-//! Slots are reused. A slot's state word carries a generation that changes
-//! whenever its span is retired or created: a thread that read a span's
-//! [`View`], claims units and then finds another generation undoes its
-//! claim ([`Span::claim`]), so a stale view never hands out an address.
+//! Spans: the reservations of address space the engine carves blocks from
+//! (1 GiB of `PROT_NONE` in 2 MiB units, one hugetlb block, or one block
+//! longer than 1 GiB), each a slot of a static table ([`Spans`]) with
+//! atomic bitmaps of its units, a stamp per unit and a committed prefix
+//! (one VMA). A slot's state word carries a generation that changes when
+//! its span is created or retired: a claim made through a stale [`View`]
+//! is undone ([`Span::claim`]), so it never hands out an address.
+//! [docs/engine.md](https://github.com/ckalloc/ckalloc/blob/main/docs/engine.md#spans-and-units)
+//! has the design.
 
-use super::bits::{self, Bits, BITS};
 use super::extents::ExtentMap;
 use super::os;
 use super::stats::{Count, Counters};
+use crate::bits::{self, Bits, BITS};
 use crate::sys::{self, Advice, HugetlbSize, Prot, HUGE_PAGE_2M};
-use crate::tier::Backing;
+use crate::tier::{self, Backing};
 use std::cell::Cell;
 use std::io;
 use std::ptr::NonNull;
@@ -50,24 +38,11 @@ const DYING: u64 = 3;
 
 /// The state word: generation, tier and phase.
 fn state(gen: u64, tier: Backing, phase: u64) -> u64 {
-    let t = match tier {
-        Backing::Normal => 0,
-        Backing::TransparentHuge => 1,
-        Backing::Hugetlb => 2,
-    };
-    gen << 8 | t << 2 | phase
+    gen << 8 | tier.code() << 2 | phase
 }
 
 fn gen_of(s: u64) -> u64 {
     s >> 8
-}
-
-fn tier_of(s: u64) -> Backing {
-    match (s >> 2) & 3 {
-        0 => Backing::Normal,
-        1 => Backing::TransparentHuge,
-        _ => Backing::Hugetlb,
-    }
 }
 
 thread_local! {
@@ -87,8 +62,7 @@ pub(crate) fn home_group() -> u32 {
     .unwrap_or(0)
 }
 
-/// A stamp of the monotonic clock: ns / 2^20 (about 1 ms), wrapping every
-/// 52 days (compared with `wrapping_sub`).
+/// The monotonic clock in units of 2^20 ns (about 1 ms), wrapping.
 pub(crate) fn stamp_now() -> u32 {
     (sys::monotonic_ns() >> 20) as u32
 }
@@ -109,9 +83,9 @@ pub(crate) struct Span {
     pub(crate) in_use: Bits,
     pub(crate) dirty: Bits,
     pub(crate) base_pages: Bits,
-    /// Units unmapped for good to give their address space back under an
-    /// address-space limit ([`punch`](super::retain::punch)); they stay in
-    /// use, by no block.
+    /// Of those, short tails (`Engine::keep_tail_out`).
+    pub(crate) tails: Bits,
+    /// Units unmapped for good (hugetlb, `retain::punch`): in use by no block.
     pub(crate) holes: Bits,
     stamps: [AtomicU32; BITS as usize],
 }
@@ -172,6 +146,7 @@ impl Span {
             in_use: Bits::new(),
             dirty: Bits::new(),
             base_pages: Bits::new(),
+            tails: Bits::new(),
             holes: Bits::new(),
             stamps: [const { AtomicU32::new(0) }; BITS as usize],
         }
@@ -183,7 +158,7 @@ impl Span {
         (s & 3 == LIVE).then(|| View {
             index,
             state: s,
-            tier: tier_of(s),
+            tier: Backing::from_code((s >> 2) & 3).unwrap_or(Backing::Normal),
             base: self.base.load(Relaxed),
             units: self.units.load(Relaxed),
             shift: self.shift.load(Relaxed),
@@ -209,7 +184,7 @@ impl Span {
 
     /// Units in use by blocks (or claimed), holes not counted.
     pub(crate) fn busy(&self, v: &View) -> u32 {
-        let used = bits::and(&self.in_use.snapshot(), &self.holes.snapshot().map(|w| !w));
+        let used = bits::and(&self.in_use.snapshot(), &bits::not(&self.holes.snapshot()));
         bits::count(&used, 0, v.units)
     }
 
@@ -263,6 +238,41 @@ impl Span {
         Ok(())
     }
 
+    /// Unmap units `start..start + n` (the caller's) for good: they become
+    /// a hole, whose address space is no longer the span's. Returns the
+    /// bytes of retained units among them, which the caller stops counting.
+    pub(crate) fn unmap_hole(
+        &self,
+        c: &Counters,
+        v: &View,
+        start: u32,
+        n: u32,
+    ) -> io::Result<usize> {
+        let dirty = v.len(self.dirty.count(start, n));
+        os::unmap(c, v.addr(start), v.len(n))?;
+        self.holes.set(start, n);
+        self.dirty.clear(start, n);
+        self.forget_advice(c, start, n);
+        c.span_hole(v.len(n));
+        Ok(dirty)
+    }
+
+    /// Units `start..start + n` are advised for their span's tier again:
+    /// no base-page bits, no short tails.
+    pub(crate) fn forget_advice(&self, c: &Counters, start: u32, n: u32) {
+        self.base_pages.clear(start, n);
+        c.sub(Count::ShortTails, u64::from(self.tails.count(start, n)));
+        self.tails.clear(start, n);
+    }
+
+    /// The runs of retained (dirty) units among `start..start + n`.
+    pub(crate) fn dirty_runs(&self, start: u32, n: u32) -> impl Iterator<Item = (u32, u32)> {
+        let end = start + n;
+        bits::runs(&self.dirty.snapshot())
+            .map(move |(s, e)| (s.max(start), e.min(end)))
+            .filter(|(s, e)| s < e)
+    }
+
     /// Stamp units `start..start + n` freed at `now`.
     pub(crate) fn stamp(&self, start: u32, n: u32, now: u32) {
         for s in &self.stamps[start as usize..(start + n) as usize] {
@@ -274,23 +284,6 @@ impl Span {
     pub(crate) fn stamp_of(&self, u: u32) -> u32 {
         self.stamps[u as usize].load(Relaxed)
     }
-}
-
-/// What a new span of address space is for.
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct Reserve {
-    /// THP (the span is advised `MADV_HUGEPAGE`, or becomes normal pages
-    /// when that fails) or normal pages.
-    pub(crate) tier: Backing,
-    /// The block it is reserved for, in bytes.
-    pub(crate) len: usize,
-    /// That block's alignment (a power of two): the span's start meets it.
-    pub(crate) align: usize,
-    /// The home group of the thread that reserves it.
-    pub(crate) group: u32,
-    /// The span holds the block's length only, not 1 GiB (an address-space
-    /// limit is set).
-    pub(crate) exact: bool,
 }
 
 /// The span table.
@@ -322,19 +315,28 @@ impl Spans {
             .filter_map(|(i, s)| s.view(i as u16).map(|v| (s, v)))
     }
 
-    /// Reserve a span for `r` (see [`Reserve`]). Its units are free; the
-    /// extent map covers it. Never allocates.
-    pub(crate) fn reserve(&self, c: &Counters, map: &ExtentMap, r: Reserve) -> io::Result<View> {
-        let want = if r.exact { r.len } else { r.len.max(SPAN_LEN) };
-        let (shift, units) = geometry(want)?;
+    /// Reserve a span for a block of `len` bytes aligned to `align` for
+    /// threads of `group`: 1 GiB (just `len` under an address-space limit)
+    /// of `PROT_NONE`, advised `MADV_HUGEPAGE` when THP is on (normal pages
+    /// when that fails). Its units are free; the extent map covers it.
+    pub(crate) fn reserve(
+        &self,
+        c: &Counters,
+        map: &ExtentMap,
+        len: usize,
+        align: usize,
+        group: u32,
+    ) -> io::Result<View> {
+        let exact = sys::address_space_limited();
+        let (shift, units) = geometry(if exact { len } else { len.max(SPAN_LEN) })?;
         let bytes = (units as usize) << shift;
-        let p = os::map_aligned(c, bytes, r.align.max(HUGE_PAGE_2M), Prot::None)?;
-        let mut tier = r.tier;
+        let p = os::map_aligned(c, bytes, align.max(HUGE_PAGE_2M), Prot::None)?;
+        let mut tier = tier::anon_tier();
         if tier == Backing::TransparentHuge && os::advise(c, p, bytes, Advice::HugePage).is_err() {
             c.add(Count::ThpFallbacks, 1);
             tier = Backing::Normal;
         }
-        self.publish(c, map, p, tier, shift, units, 0, r.group)
+        self.publish(c, map, p, tier, shift, units, 0, group)
     }
 
     /// A span of hugetlb pages holding one block of `len` bytes (a
@@ -385,6 +387,7 @@ impl Spans {
         s.pinned.store(false, Relaxed);
         s.dirty.store([0; bits::WORDS]);
         s.base_pages.store([0; bits::WORDS]);
+        s.tails.store([0; bits::WORDS]);
         s.holes.store([0; bits::WORDS]);
         // Bits past the last unit stay set: never free.
         s.in_use
@@ -435,22 +438,20 @@ impl Spans {
         let mut dirty = 0;
         let mapped = bits::not_below(&s.holes.snapshot(), v.units);
         for (a, b) in bits::runs(&mapped) {
-            let run_dirty = v.len(s.dirty.count(a, b - a));
-            if let Err(e) = os::unmap(c, v.addr(a), v.len(b - a)) {
-                s.pinned
-                    .store(e.raw_os_error() == Some(libc::EPERM), Relaxed);
-                c.sub(Count::Retained, dirty as u64);
-                s.state.store(state(gen, v.tier, LIVE), SeqCst);
-                let left = bits::not_below(&s.holes.snapshot(), v.units);
-                for (a, b) in bits::runs(&left) {
-                    s.release(a, b - a);
+            match s.unmap_hole(c, v, a, b - a) {
+                Ok(d) => dirty += d,
+                Err(e) => {
+                    s.pinned
+                        .store(e.raw_os_error() == Some(libc::EPERM), Relaxed);
+                    c.sub(Count::Retained, dirty as u64);
+                    s.state.store(state(gen, v.tier, LIVE), SeqCst);
+                    let left = bits::not_below(&s.holes.snapshot(), v.units);
+                    for (a, b) in bits::runs(&left) {
+                        s.release(a, b - a);
+                    }
+                    return None;
                 }
-                return None;
             }
-            s.holes.set(a, b - a);
-            s.dirty.clear(a, b - a);
-            c.span_hole(v.len(b - a));
-            dirty += run_dirty;
         }
         c.sub(Count::Retained, dirty as u64);
         c.span_retired();
@@ -461,9 +462,10 @@ impl Spans {
     /// In the child of `fork()`: a slot another thread of the parent was
     /// creating or retiring has no owner left; it becomes empty (its
     /// mapping, if any, stays out of use). Returns the bytes of dirty free
-    /// units of the live spans, which the caller makes the retained count.
-    pub(crate) fn repair_after_fork(&self) -> u64 {
-        let mut retained = 0;
+    /// units of the live spans and their short tails, which the caller makes
+    /// the retained and short-tail counts.
+    pub(crate) fn repair_after_fork(&self) -> (u64, u64) {
+        let (mut retained, mut tails) = (0, 0);
         for (i, s) in self.slots[..self.high.load(Relaxed).min(MAX_SPANS)]
             .iter()
             .enumerate()
@@ -479,12 +481,13 @@ impl Spans {
                         let free = bits::not_below(&s.in_use.snapshot(), v.units);
                         let d = bits::and(&free, &s.dirty.snapshot());
                         retained += v.len(bits::count(&d, 0, v.units)) as u64;
+                        tails += u64::from(s.tails.count(0, v.units));
                     }
                 }
                 _ => {}
             }
         }
-        retained
+        (retained, tails)
     }
 }
 

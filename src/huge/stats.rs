@@ -1,10 +1,6 @@
-//! The engine's counters and their public snapshot, [`HugeStats`]:
-//! blocks per tier, the engine's system calls by kind, its spans, live and
-//! retained bytes, retention, growth, purges and first touch.
-//!
+//! The engine's counters and their public snapshot, [`HugeStats`].
 //! Counters are relaxed atomics: each is exact, but a snapshot taken while
-//! other threads allocate may mix moments (as any statistics read under
-//! load). Reading them never allocates.
+//! other threads allocate may mix moments. Reading them never allocates.
 
 use crate::env::{self, Setting, Source};
 use crate::tier::Backing;
@@ -53,7 +49,9 @@ pub(crate) enum Count {
     Populated,
     BaseBlocks,
     BaseBytes,
-    // Blocks and bytes per tier: hugetlb, THP, normal.
+    ShortTails,
+    ShortTailsOverBudget,
+    // Blocks and bytes per tier, by `Backing::code`.
     Blocks,
     Bytes = Count::Blocks as isize + 3,
 }
@@ -62,14 +60,6 @@ const COUNTS: usize = Count::Bytes as usize + 3;
 
 /// The engine's counters (one set per engine): relaxed atomics.
 pub(crate) struct Counters([AtomicU64; COUNTS]);
-
-fn tier(b: Backing) -> usize {
-    match b {
-        Backing::Hugetlb => 0,
-        Backing::TransparentHuge => 1,
-        Backing::Normal => 2,
-    }
-}
 
 impl Counters {
     pub(crate) const fn new() -> Counters {
@@ -96,6 +86,10 @@ impl Counters {
         self.0[c as usize].store(v, Relaxed);
     }
 
+    fn add_at(&self, c: Count, b: Backing, n: u64) {
+        self.0[c as usize + b.code() as usize].fetch_add(n, Relaxed);
+    }
+
     /// Add `n` to `c` and raise the high-water mark `peak` to its new value.
     fn add_peak(&self, c: Count, peak: Count, n: u64) {
         let now = self.add(c, n) + n;
@@ -104,8 +98,8 @@ impl Counters {
 
     /// A block of `bytes` was handed out on tier `b` (fresh or reused).
     pub(crate) fn block(&self, b: Backing, bytes: usize) {
-        self.0[Count::Blocks as usize + tier(b)].fetch_add(1, Relaxed);
-        self.0[Count::Bytes as usize + tier(b)].fetch_add(bytes as u64, Relaxed);
+        self.add_at(Count::Blocks, b, 1);
+        self.add_at(Count::Bytes, b, bytes as u64);
     }
 
     /// Live bytes grew by `bytes`.
@@ -135,14 +129,14 @@ impl Counters {
     /// The snapshot [`huge_stats`](super::huge_stats) returns.
     pub(crate) fn snapshot(&self) -> HugeStats {
         let g = |c: Count| self.get(c);
-        let t = |i: usize| TierStats {
-            blocks: self.0[Count::Blocks as usize + i].load(Relaxed),
-            bytes: self.0[Count::Bytes as usize + i].load(Relaxed),
+        let t = |b: Backing| TierStats {
+            blocks: self.0[Count::Blocks as usize + b.code() as usize].load(Relaxed),
+            bytes: self.0[Count::Bytes as usize + b.code() as usize].load(Relaxed),
         };
         HugeStats {
-            hugetlb: t(0),
-            thp: t(1),
-            normal: t(2),
+            hugetlb: t(Backing::Hugetlb),
+            thp: t(Backing::TransparentHuge),
+            normal: t(Backing::Normal),
             hugetlb_fallbacks: g(Count::HugetlbFallbacks),
             hugetlb_skipped: g(Count::HugetlbSkipped),
             thp_fallbacks: g(Count::ThpFallbacks),
@@ -177,6 +171,8 @@ impl Counters {
             first_touch_populated_bytes: g(Count::Populated),
             first_touch_base_blocks: g(Count::BaseBlocks),
             first_touch_base_bytes: g(Count::BaseBytes),
+            short_tails: g(Count::ShortTails),
+            short_tails_over_budget: g(Count::ShortTailsOverBudget),
             settings: env::settings(),
         }
     }
@@ -213,7 +209,8 @@ pub struct Syscalls {
 }
 
 /// A snapshot of the huge-page engine's counters since the process
-/// started ([`huge_stats`]).
+/// started ([`huge_stats`](super::huge_stats)). Bytes are bytes; a block's
+/// bytes are its whole length (a multiple of 2 MiB).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct HugeStats {
@@ -237,69 +234,63 @@ pub struct HugeStats {
     pub span_bytes: u64,
     /// The high-water mark of `span_bytes`.
     pub peak_span_bytes: u64,
-    /// Spans given back to the kernel (`munmap`) since the start.
+    /// Spans given back whole (`munmap`).
     pub spans_released: u64,
-    /// Bytes of address space given back with `munmap` since the start:
-    /// idle spans (a hugetlb span's pages go back to the pool with it) and,
-    /// under an address-space limit, free runs of spans in use.
+    /// Address space given back (`munmap`): idle spans, hugetlb units,
+    /// free units under an address-space limit.
     pub unmapped_bytes: u64,
-    /// Bytes of live blocks (handed out and not yet freed), each block's
-    /// whole length.
+    /// Bytes of live blocks (handed out, not yet freed).
     pub live_bytes: u64,
-    /// The high-water mark of `live_bytes`. The preload library's retention
-    /// cap follows it ([`CapRule::TwiceLivePeak`](crate::huge::CapRule)).
+    /// The high-water mark of `live_bytes`, which
+    /// [`CapRule::TwiceLivePeak`](crate::huge::CapRule) follows.
     pub peak_live_bytes: u64,
-    /// Bytes of freed blocks kept with their pages for reuse right now (the
-    /// retained units, not yet purged).
+    /// Bytes of freed blocks kept with their pages for reuse now.
     pub retained_bytes: u64,
     /// Allocations of a retaining front served from retained units (no
     /// system call, no page fault).
     pub retention_hits: u64,
-    /// Allocations of a retaining front that found no retained run of
-    /// their length and alignment.
+    /// Allocations of a retaining front no retained run served.
     pub retention_misses: u64,
-    /// Of the hits, those taken from the front of a longer retained run
-    /// (the rest stays retained).
+    /// Of the hits, those taken from the front of a longer retained run.
     pub retention_carves: u64,
-    /// Of the misses, those served by a retained run extended with free
-    /// units after it ([`OnMiss::ExtendRetained`](crate::huge::OnMiss)):
-    /// only the added units are fresh.
+    /// Of the misses, those served by retained units with free units
+    /// around them ([`OnMiss::ExtendRetained`](crate::huge::OnMiss)).
     pub retention_extends: u64,
     /// Resizes that grew a block in place, over the free units after it.
     pub grown_in_place: u64,
     /// Resizes that moved a block's pages with `mremap` (no copy).
     pub moved: u64,
-    /// Resizes that copied a block (hugetlb, a kernel before 5.7, a range
-    /// the kernel would not move).
+    /// Resizes that copied a block (hugetlb, a kernel before 5.7, pages a
+    /// failed move left behind).
     pub copied: u64,
-    /// Bytes purged (`MADV_DONTNEED`): given back to the kernel with their
-    /// address space kept.
+    /// Bytes purged (`MADV_DONTNEED`), their address space kept.
     pub purged_bytes: u64,
-    /// Of those, bytes purged by decay (retained longer than the delay);
-    /// hugetlb spans given back by decay count here too.
+    /// Bytes given back by decay (retained longer than the delay).
     pub decayed_bytes: u64,
-    /// Fresh THP blocks the first-touch policy faulted in, one 2 MiB page
-    /// at a time, timing each page ([`FirstTouch::Probe`](crate::huge::FirstTouch)).
+    /// Fresh THP blocks the first-touch probe faulted in, one 2 MiB page at
+    /// a time ([`FirstTouch::Probe`](crate::huge::FirstTouch)).
     pub first_touch_probes: u64,
-    /// Of those, blocks in which a page took longer than 1 ms: the rest of
-    /// the block went to base pages.
+    /// Of those, blocks in which a page took longer than 1 ms.
     pub first_touch_slow_probes: u64,
     /// Time spent faulting blocks in, in nanoseconds.
     pub first_touch_probe_ns: u64,
-    /// Bytes the policy faulted in as THP before the caller wrote them.
+    /// Bytes the probe faulted in before the caller wrote them.
     pub first_touch_populated_bytes: u64,
-    /// Blocks (or their part after the last page faulted in) the policy
-    /// advised `MADV_NOHUGEPAGE`, after a slow page or in the window after
-    /// one.
+    /// Blocks (or their rest) the probe advised `MADV_NOHUGEPAGE`, after a
+    /// slow page or in the window after one.
     pub first_touch_base_blocks: u64,
     /// Bytes of those blocks.
     pub first_touch_base_bytes: u64,
-    /// The `CKALLOC_*` settings in use ([`env::settings`]): the retention
-    /// cap, the decay delay, the hugetlb back-off, the hugetlb, THP and
-    /// first-touch probe switches, and the preload library's threshold and
-    /// statistics switch, each with where it came from. A variable that
-    /// does not parse shows as [`Source::Unparsed`] (taken as unset) and is
-    /// named on the last line of this snapshot's `Display`.
+    /// Units advised base pages now because each is the last 2 MiB of a
+    /// block holding less than 1 MiB of its request (a short tail); at
+    /// most 256.
+    pub short_tails: u64,
+    /// Blocks whose short tail was left on huge pages because 256 were out.
+    pub short_tails_over_budget: u64,
+    /// The `CKALLOC_*` settings in use ([`env::settings`]), each with where
+    /// it came from; a variable that does not parse shows as
+    /// [`Source::Unparsed`] (taken as unset) and is named on the last line
+    /// of `Display`.
     pub settings: [Setting; env::SETTINGS],
 }
 
@@ -377,6 +368,11 @@ impl fmt::Display for HugeStats {
             self.first_touch_base_blocks,
             plural(self.first_touch_base_blocks),
             human_bytes(self.first_touch_base_bytes)
+        )?;
+        write!(
+            f,
+            "\nshort tails on base pages: {} (left on huge pages: {})",
+            self.short_tails, self.short_tails_over_budget
         )?;
         write!(f, "\nsettings: {}", self.settings[0])?;
         for s in &self.settings[1..] {

@@ -14,8 +14,8 @@ use std::sync::atomic::Ordering::Relaxed;
 /// The policy of the huge-page engine's C front ([`Policy::C_MALLOC`]):
 /// fresh blocks fault in as THP when written, a retained block is cleared
 /// with `MADV_DONTNEED`, the retention cap follows the high-water mark of
-/// live bytes, a full cache purges its oldest runs, and a miss extends the
-/// longest retained run (see the
+/// live bytes, a full cache purges its oldest runs, and a miss extends
+/// retained units (see the
 /// [module docs](crate::preload#huge-blocks-first-touch-and-retention)).
 const POLICY: Policy = Policy::C_MALLOC;
 
@@ -120,8 +120,9 @@ pub fn calloc(n: usize, size: usize) -> *mut c_void {
 /// `realloc(3)` as glibc 2.36 has it: `realloc(NULL, n)` is `malloc(n)`;
 /// `realloc(p, 0)` frees `p` and returns null; otherwise the contents up
 /// to the smaller size are kept, the block moving across the threshold in
-/// either direction (huge blocks grow and shrink with `mremap` as
-/// [`CkHuge`] does). On failure: null, `errno = ENOMEM`, `p` untouched.
+/// either direction (a huge block is resized by one call of the engine:
+/// in place, or its pages moved with `mremap`). On failure: null,
+/// `errno = ENOMEM`, `p` untouched.
 ///
 /// # Safety
 /// `p` is null or a live block of this API or of glibc's allocator.

@@ -20,18 +20,16 @@
 //! # Routing
 //!
 //! A request of at least [`env::preload_threshold`](crate::env::preload_threshold)
-//! bytes (`CKALLOC_PRELOAD_THRESHOLD`, default 2 MiB) gets a huge-page
-//! block from the engine of [`CkHuge`](crate::CkHuge): the tier ladder
-//! (hugetlb, THP, normal pages), the retention cache and short tails
-//! ([`huge`](crate::huge) documents each; [below](#huge-blocks-first-touch-and-retention),
-//! how the C API sets first touch and retention). The block's
-//! start and mapped length go into the engine's block registry (a
-//! lock-free two-level radix map over 2 MiB-aligned addresses), so `free`,
-//! `realloc` and `malloc_usable_size` tell a ckalloc block from any other
-//! pointer in constant time from its address alone (one alignment test,
-//! then two loads), without touching memory at the pointer.
+//! bytes (`CKALLOC_PRELOAD_THRESHOLD`, default 2 MiB) gets a block of the
+//! huge-page engine ([`huge`](crate::huge)) with the C front's policy,
+//! [`Policy::C_MALLOC`](crate::huge::Policy::C_MALLOC)
+//! ([below](#huge-blocks-first-touch-and-retention)). The engine finds a
+//! block from its address alone in its extent map, so `free`, `realloc` and
+//! `malloc_usable_size` tell a ckalloc block from any other pointer in
+//! constant time (one alignment test, then two loads), without touching
+//! memory at the pointer, and a huge `realloc` is one call of the engine.
 //!
-//! Smaller requests, and every pointer the registry does not hold, go to
+//! Smaller requests, and every pointer the engine does not hold, go to
 //! glibc's own allocator through the entry points glibc 2.36 exports
 //! for that purpose:
 //!
@@ -53,7 +51,8 @@
 //! - `realloc(NULL, n)` is `malloc(n)`; `realloc(p, 0)` frees `p` and
 //!   returns null (glibc's `REALLOC_ZERO_BYTES_FREES`); a block moves
 //!   across the threshold in either direction with its contents, and
-//!   huge blocks grow and shrink with `mremap` as `CkHuge` does. On
+//!   huge blocks grow and shrink in place or move their pages with
+//!   `mremap`, as `CkHuge`'s do. A shrink of a huge block never fails. On
 //!   failure `p` is untouched.
 //! - `memalign` and `aligned_alloc` follow glibc 2.36: an alignment up to
 //!   16 is `malloc`'s, one that is not a power of two is rounded up to the
@@ -63,22 +62,18 @@
 //!   a power of two and a multiple of `sizeof(void *)`. Huge blocks honour
 //!   every alignment up to 1 GiB and beyond (by over-reserving address
 //!   space).
-//! - `malloc_usable_size` of a huge block is its whole mapped length
-//!   (the request rounded up to 2 MiB), all of it writable.
+//! - `malloc_usable_size` of a huge block is its whole length (the
+//!   request rounded up to 2 MiB), all of it writable.
 //! - Memory a program never writes stays uncommitted, as with glibc: a
 //!   fresh block faults in when written.
-//! - `malloc_trim` gives every retained huge block back to the kernel,
-//!   then runs glibc's. Retained blocks decay (`CKALLOC_RETAIN_DECAY_MS`)
-//!   in steps that run on the huge path's calls only (one step per 256
-//!   huge-path calls of a thread), so that small requests pay nothing for
-//!   them: a process that stops making huge requests keeps what is
-//!   retained (at most the larger of 128 MiB and twice its peak of live
-//!   huge bytes, or `CKALLOC_RETAIN_BYTES` when set) until `malloc_trim`
-//!   or until its huge-path calls run a step. A freed block that merges
-//!   with retained neighbours keeps the age of the oldest, so a retained
-//!   block that requests keep being carved from and merged back into is
-//!   still given back once its oldest part has been unused for the delay
-//!   (the next request then maps afresh).
+//! - `malloc_trim` purges every retained huge block (`MADV_DONTNEED`) and
+//!   unmaps the engine's idle spans, then runs glibc's. Retained blocks
+//!   decay (`CKALLOC_RETAIN_DECAY_MS`) in steps that run on the huge
+//!   path's calls only (one step per 256 huge-path calls of a thread), so
+//!   that small requests pay nothing for them: a process that stops making
+//!   huge requests keeps what is retained (at most the larger of 128 MiB
+//!   and twice its peak of live huge bytes, or `CKALLOC_RETAIN_BYTES` when
+//!   set) until `malloc_trim` or until its huge-path calls run a step.
 //! - `mallinfo2`, `malloc_stats` and `malloc_info` are glibc's and count
 //!   glibc's memory only: ckalloc's blocks are in [`huge_stats`](crate::huge_stats)
 //!   and in the `CKALLOC_SHOW_STATS` summary.
@@ -87,67 +82,35 @@
 //!
 //! # Huge blocks: first touch and retention
 //!
-//! The C API's huge blocks differ from `CkHuge`'s in a Rust program in the
-//! ways below (the engine's C API mode), measured with the preload client
-//! (`benches/preload-client`:
-//! PyTorch running all-MiniLM-L6-v2, and blocks of 2 to 256 MiB allocated,
-//! touched and freed):
+//! The C front's policy differs from `CkHuge`'s in a Rust program in five
+//! rules, each a row of
+//! [docs/engine.md](https://github.com/ckalloc/ckalloc/blob/main/docs/engine.md#the-rules)
+//! (with the measurements behind it in `benches/README.md`):
 //!
-//! - **First touch**: a fresh block is advised `MADV_HUGEPAGE` and faults
-//!   in when the program writes it, as glibc's, jemalloc's and PyTorch's
-//!   own huge-page mappings do; the first-touch policy of
-//!   [`huge`](crate::huge#first-touch-ckhuge) (fault blocks in page by
-//!   page, send the rest to 4 KiB pages after a slow page) is not applied.
-//!   A program's large buffers are retained and reused for its whole run,
-//!   so a block sent to 4 KiB pages pays a fault per 4 KiB once and a TLB
-//!   miss per 4 KiB page on every reuse. Measured on memory the VM had
-//!   reported to its host (the client's `4k` state), PyTorch's forward
-//!   passes took 16,360 minor faults and 330 ms (median) with the policy
-//!   and 2,518 faults and 316 ms without it, against glibc
-//!   `hugetlb=1`'s 5,178 faults and 318 ms.
-//! - **Retention cap**: while `CKALLOC_RETAIN_BYTES` is unset, the cache
-//!   keeps up to twice the high-water mark of live huge bytes
+//! - **First touch**: a fresh block faults in as THP when the program
+//!   writes it, as glibc's, jemalloc's and PyTorch's own mappings do; no
+//!   probe.
+//! - **Retention cap**: while `CKALLOC_RETAIN_BYTES` is unset, twice the
+//!   high-water mark of live huge bytes
 //!   ([`HugeStats::peak_live_bytes`](crate::HugeStats::peak_live_bytes)),
-//!   at least the 128 MiB default, and a freed block that does not fit
-//!   gives back older retained blocks (`munmap`) to make room: the block
-//!   freed last is the one a C program asks for again. A program that
-//!   frees and allocates a 256 MiB buffer in a loop thus reuses it, as it
-//!   does under jemalloc (whose dirty pages have no cap, only a 10 s
-//!   decay), where a fixed 128 MiB cap mapped and faulted it in every
-//!   time (42 ms per 128 MiB block against jemalloc's 0.9 ms). The bound:
-//!   retained bytes stay under the larger of 128 MiB and twice the live
-//!   peak, so huge-page memory mapped at once is the live bytes plus at most
-//!   that (plus blocks another thread is unmapping at that moment); decay
-//!   (`CKALLOC_RETAIN_DECAY_MS`) gives unused blocks back. A
-//!   `CKALLOC_RETAIN_BYTES` that parses is the exact cap, as in Rust
-//!   programs; one that does not parse is reported in the summary and this
-//!   default rule applies.
-//! - **Zeroing**: a `calloc` served from the cache is cleared with
-//!   `MADV_DONTNEED` at every length (`CkHuge` in Rust programs memsets
-//!   blocks up to 16 MiB), so it reads zero without committing pages the
-//!   program never writes.
-//! - **Growth on a miss**: a request that needs no zeroing (`malloc`,
-//!   `realloc`, the aligned calls; not `calloc`) that no retained block of
-//!   its length or longer serves takes the longest shorter one and grows it
-//!   with `mremap` (in place when it is one VMA and the address space after
-//!   it is free, else moved onto the start of a fresh aligned mapping: see
-//!   [Growing](crate::huge#growing)), so only the added bytes are fresh
-//!   memory that must fault in; the moved pages keep their THP. This is what
-//!   coalescing freed neighbours gives jemalloc: a program that frees a 128
-//!   MiB buffer and asks for 256 MiB faults in 128 MiB, not 256. A block
-//!   that cannot grow goes back to the cache with its decay stamp (it keeps
-//!   ageing) and a fresh mapping serves the request. On Linux before 6.11
-//!   that is a block of several VMAs: retained neighbours merged into one
-//!   block, a block grown before, or one whose request left a [short
-//!   tail](crate::huge#short-tails-ckhuge) (64 MiB + 16 bytes, say: its last
-//!   2 MiB page is a VMA of its own); later kernels move those VMA by VMA.
-//!   While the hugetlb tier serves the mappings there is no growth at all:
-//!   hugetlb blocks cannot grow, and a miss maps a fresh hugetlb block.
-//!   [`HugeStats::retention_grows`](crate::HugeStats::retention_grows)
-//!   counts the misses served by growth.
-//! - **A mapping that fails** (address space under `ulimit -v`, the VMA
-//!   limit) gives the retention cache back and is tried once more, so
-//!   retained memory never makes a request fail that glibc would serve.
+//!   at least 128 MiB, so a program that frees and allocates a 256 MiB
+//!   buffer in a loop reuses it; a `CKALLOC_RETAIN_BYTES` that parses is
+//!   the exact cap.
+//! - **A full cache** purges its oldest retained blocks to make room: the
+//!   block freed last is the one a C program asks for again.
+//! - **Zeroing**: a `calloc` served from retained memory is cleared with
+//!   `MADV_DONTNEED` at every length, so pages the program never writes
+//!   stay uncommitted.
+//! - **Growth on a miss**: a request that needs no zeroing (not `calloc`)
+//!   that no retained block serves takes the place with the most retained
+//!   units and free units around them, so only the added units fault in
+//!   ([`HugeStats::retention_extends`](crate::HugeStats::retention_extends)).
+//!
+//! When the engine has no memory for a request (address space under
+//! `ulimit -v`, the VMA limit, the span table) it gives back what it
+//! retains and tries again, and then the request is served by glibc
+//! (counted in the summary): retained memory never makes a request fail
+//! that glibc would serve.
 //!
 //! # Start-up, threads, fork
 //!
@@ -160,7 +123,7 @@
 //!   supported (as in glibc); handlers elsewhere work.
 //! - `fork`: the retention cache's `pthread_atfork` handlers (registered
 //!   when the library loads) let a child of a multi-threaded parent
-//!   allocate; the registry is lock-free and needs none; glibc handles
+//!   allocate; the extent map is lock-free and needs none; glibc handles
 //!   its own arenas. `vfork` and `posix_spawn` run no `atfork` handlers:
 //!   their child may only `exec` or `_exit` (POSIX), which never call the
 //!   allocator, so nothing is needed there.
@@ -179,13 +142,12 @@
 //! when the program closes descriptor 2. The summary is written without
 //! dying of `SIGPIPE` when stderr is a closed pipe: huge blocks served and bytes
 //! requested at allocation (growth by `realloc` is not in these bytes: it
-//! shows in the `remaps` count, or, on the hugetlb tier, whose blocks
-//! cannot grow, as a new mapping), the threshold and the retention cap in
+//! shows in the resize counts), the threshold and the retention cap in
 //! use (the rule above while `CKALLOC_RETAIN_BYTES` is unset), then
 //! [`huge_stats`](crate::huge_stats)
-//! (blocks and bytes per tier, retention hits and misses, decayed bytes,
-//! live bytes and their peak, the peak of mapped bytes, the first-touch
-//! policy, the settings), every line labelled `ckalloc[PID]: `, formatted
+//! (blocks and bytes per tier, live, retained and span bytes, retention,
+//! resizes and purges, the engine's system calls by kind, first touch,
+//! short tails, the settings), every line labelled `ckalloc[PID]: `, formatted
 //! without allocating. The first-touch line and the
 //! `CKALLOC_FIRST_TOUCH_PROBE` setting concern `CkHuge` in Rust code only
 //! (the C API never applies the policy), and the `CKALLOC_RETAIN_BYTES`
@@ -210,32 +172,18 @@
 //!   `LD_PRELOAD` (jemalloc, tcmalloc, mimalloc) splits the calls between
 //!   the two (C++ `operator new` then goes to it), and each corrupts the
 //!   other's blocks: `ckalloc run` refuses to add the library then.
-//! - The registry holds addresses below 2^47 (4-level paging); a
-//!   block the kernel maps above (only when asked with a hint) is served
-//!   by glibc instead. Mapping a 32 KiB registry leaf can fail with
-//!   `ENOMEM`: the request is then served by glibc too, counted in the
-//!   summary; a `realloc` that moved a huge block in that moment copies
-//!   it into glibc's memory, and returns null (with the old block gone)
-//!   only if glibc has no memory either.
-//! - A huge block the program changes the protection of (`mprotect`) and
-//!   frees keeps that protection in the retention cache, and so does the
-//!   block served from it next (whole, carved, or grown: `mremap` keeps a
-//!   mapping's protection): a write to it then faults. glibc unmaps its
-//!   `mmap` blocks on `free`, so this works there. Restore
-//!   `PROT_READ | PROT_WRITE` before freeing; `malloc(3)` leaves the case
-//!   unspecified, and jemalloc and mimalloc, which also reuse freed
-//!   memory, have the same limit (and so for `madvise` and `mlock` flags).
-//!   A `realloc` of a live block part of which is not read-write copies
-//!   the block from that part on, so the grown block is writable
-//!   throughout, as glibc's copy is. A block the program changed whole
-//!   (one `mprotect` over all its pages) is one VMA: it grows or moves
-//!   with `mremap` keeping its flags, and the added bytes take them too, as
-//!   with glibc's `mremap` of a mapped chunk (a read-only block stays
-//!   read-only). A range made unreadable (`PROT_NONE`, a guard page) faults
-//!   in the copy, as in glibc's. A block `realloc` copies out of is
-//!   unmapped, never retained. A growing `realloc` advises the
-//!   block for its tier, replacing a program's `MADV_NOHUGEPAGE` on it
-//!   (glibc keeps it).
+//! - The extent map holds addresses below 2^47 (4-level paging); a span
+//!   the kernel maps above (only when asked with a hint) is given back and
+//!   the request served by glibc instead, counted in the summary.
+//! - A huge block the program changes (`mprotect`, `mlock`, `madvise`)
+//!   and frees keeps those changes while it is retained, as freed memory
+//!   does under jemalloc and mimalloc; `malloc(3)` leaves the case
+//!   unspecified. The engine never faults on it: a `calloc` that reuses it
+//!   makes it read-write before clearing it, a purge unlocks a locked
+//!   range, and a purged block is plain memory again (read-write, unlocked,
+//!   advised for its tier). A `realloc` that moves a block moves its pages,
+//!   and what the program did to them, with it (`mremap`), as glibc's
+//!   `mremap` of a chunk does; the old place is purged and made plain.
 //! - A hugetlb block (a hugetlb pool reserved in `nr_hugepages`) is made of
 //!   2 MiB pages the kernel cannot split: `mprotect`, `madvise`, `mlock`
 //!   and `munmap` of a range inside it that does not start and end on a
@@ -244,13 +192,15 @@
 //!   does not get from glibc. `CKALLOC_HUGETLB=0` keeps such a program on
 //!   THP. A threshold far below 2 MiB gives every small request a 2 MiB
 //!   page and uses up the pool quickly (THP serves the rest).
-//! - Under an address-space limit (`ulimit -v`, `RLIMIT_AS`), a `realloc`
-//!   that cannot grow a huge block in place needs the old and the new
-//!   length at once (the aligned reservation it moves onto), where glibc's
-//!   `mremap` of a chunk needs only the new length: growing 256 MiB to 512
-//!   MiB succeeded under `ulimit -v 650000` (KiB) with glibc and from
-//!   800000 with ckalloc and mimalloc; jemalloc and tcmalloc, which copy,
-//!   failed at 800000 too.
+//! - Under an address-space limit (`ulimit -v`, `RLIMIT_AS`) a huge block
+//!   takes whole 2 MiB units: under the process's size plus 2 GiB, 512
+//!   live `malloc(3 MiB)` fit, against glibc's 681. A `realloc` that
+//!   cannot grow a block in place needs the old and the new length at
+//!   once. The numbers for every peer are in
+//!   [docs/engine.md](https://github.com/ckalloc/ckalloc/blob/main/docs/engine.md#limits).
+//! - A Rust program that uses `CkHuge` under this library has two engines
+//!   (its own and the library's), each with its own cap
+//!   ([docs/engine.md](https://github.com/ckalloc/ckalloc/blob/main/docs/engine.md#limits)).
 //! - musl and 32-bit targets are not supported (the library needs
 //!   glibc's `__libc_*` entry points and a 47-bit address space).
 

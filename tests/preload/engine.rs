@@ -522,8 +522,14 @@ fn child_grown_again() {
             q.cast::<u8>().add(grown - 1).write(0x22);
             assert_eq!(q.cast::<u8>().read(), 0x11);
         }
+        // The block, and its short tail's 2 MiB advised base pages.
         let vmas = common::mappings_overlapping(q as usize, grown.next_multiple_of(2 * MIB));
-        assert_eq!(vmas.len(), 1, "{grown:#x}: {vmas:?}");
+        assert_eq!(vmas.len(), 2, "{grown:#x}: {vmas:?}");
+        assert_eq!(
+            huge_stats().short_tails,
+            1,
+            "the old tail is advised for THP again"
+        );
         (p, size) = (q, grown);
     }
     // SAFETY: `p` came from `realloc`.

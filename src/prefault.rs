@@ -1,5 +1,5 @@
 //! Prefaulting a fresh mapping with `MADV_POPULATE_WRITE`, on one thread or
-//! on several (see [`HugeOptions::populate_threads`](super::HugeOptions::populate_threads)).
+//! on several (see [`HugeOptions::populate_threads`](crate::HugeOptions::populate_threads)).
 
 use crate::par::{SendPtr, Workers};
 use crate::sys::{self, Advice};
@@ -84,14 +84,14 @@ fn populate_thread_count(asked: usize, chunks: usize) -> usize {
 }
 
 /// Prefault `ptr..ptr+len` with `MADV_POPULATE_WRITE` on up to `threads`
-/// threads (see [`HugeOptions::populate_threads`](super::HugeOptions::populate_threads)):
+/// threads (see [`HugeOptions::populate_threads`](crate::HugeOptions::populate_threads)):
 /// the calling thread and its helpers take chunks of [`POPULATE_CHUNK`]
 /// bytes (at least `granule`, the huge page size) from a shared counter
 /// until none is left, so a helper that starts late or is scheduled out
 /// holds back at most one chunk. After a failure no new chunk is started;
 /// the error of the lowest failed chunk is returned once every thread has
 /// been joined.
-pub(super) fn populate(
+pub(crate) fn populate(
     ptr: NonNull<u8>,
     len: usize,
     granule: usize,

@@ -1,6 +1,6 @@
-//! A span's bitmaps: one bit per unit of its address space, in atomic
-//! words (after mimalloc's arena bitmaps), and the plain-word helpers that
-//! search a snapshot of them for runs.
+//! Atomic bitmaps of [`BITS`] bits (a huge-page span's units: in use,
+//! retained, advised), after mimalloc's arena bitmaps, and the plain-word
+//! helpers that search a snapshot of one for runs.
 //!
 //! A range of bits is set all or nothing by [`Bits::try_set`]: word by word
 //! with a compare-and-swap each, undoing the words already set when a later
@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 /// Words of a bitmap.
 pub(crate) const WORDS: usize = 8;
-/// Bits of a bitmap: the most units a span has.
+/// Bits of a bitmap.
 pub(crate) const BITS: u32 = WORDS as u32 * 64;
 
 /// A plain copy of a bitmap's words.
@@ -128,12 +128,23 @@ pub(crate) fn not_below(a: &Snapshot, limit: u32) -> Snapshot {
     out
 }
 
+/// `!a`, word by word.
+pub(crate) fn not(a: &Snapshot) -> Snapshot {
+    a.map(|w| !w)
+}
+
+/// The bits of `a` in `s..e`.
+pub(crate) fn within(a: &Snapshot, s: u32, e: u32) -> Snapshot {
+    let range = and(&not_below(&[0; WORDS], e), &not(&not_below(&[0; WORDS], s)));
+    and(a, &range)
+}
+
 /// The maximal runs of set bits of `words`, as `start..end`, in order.
-pub(crate) fn runs(words: &Snapshot) -> impl Iterator<Item = (u32, u32)> + '_ {
-    let mut i = 0;
+pub(crate) fn runs(words: &Snapshot) -> impl Iterator<Item = (u32, u32)> {
+    let (words, mut i) = (*words, 0);
     std::iter::from_fn(move || {
-        let start = next(words, i, true)?;
-        i = next(words, start, false).unwrap_or(BITS);
+        let start = next(&words, i, true)?;
+        i = next(&words, start, false).unwrap_or(BITS);
         Some((start, i))
     })
 }
