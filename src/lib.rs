@@ -155,3 +155,8 @@ pub mod fork_hooks {
 #[cfg(doctest)]
 #[doc = include_str!("../README.md")]
 pub struct ReadmeDoctests;
+
+/// The examples of docs/arena.md, compiled as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../docs/arena.md")]
+pub struct ArenaDocDoctests;

@@ -4,7 +4,7 @@
 //! 1 GiB hugetlb pages), with region boundaries that are not page aligned,
 //! in both modes. The bytes of the weights region, including the part of a
 //! page it shares with the runtime region, stay as they were.
-//! (Injected `madvise` failures: `tests/arena_zeroing_faults.rs`.)
+//! (Injected `madvise` failures: `tests/faults/arena_zeroing.rs`.)
 
 mod common;
 

@@ -83,7 +83,7 @@ pub fn purge(full: bool) -> Vec<Row> {
     for i in 0..reps {
         // The memory state: free 2 MiB blocks at hand for both.
         drop(Range::new());
-        let mut one = |r: &Range, advice, rss: &mut Vec<f64>| {
+        let one = |r: &Range, advice, rss: &mut Vec<f64>| {
             let (t1, ()) = time(|| r.purge(advice));
             rss.push(r.resident() as f64);
             let (t2, ()) = time(|| r.write());

@@ -6,9 +6,14 @@ getrusage delta around them), peak RSS (VmHWM), AnonHugePages, and a checksum of
 last output.
 
 Usage: python serve.py MODEL_DIR [BATCH] [SEQ] [PASSES]
+
+With SERVE_MARK_PASSES=1 in the environment, each forward pass starts with a
+write of "serve.py: pass N" to stderr (one system call), so that a trace
+(`strace -f`) can be cut at the passes.
 """
 import hashlib
 import json
+import os
 import resource
 import sys
 import time
@@ -22,6 +27,7 @@ model_dir = sys.argv[1]
 batch = int(sys.argv[2]) if len(sys.argv) > 2 else 16
 seq = int(sys.argv[3]) if len(sys.argv) > 3 else 128
 passes = int(sys.argv[4]) if len(sys.argv) > 4 else 7
+mark = os.environ.get("SERVE_MARK_PASSES") == "1"
 torch.set_num_threads(2)
 
 t = time.perf_counter()
@@ -36,7 +42,9 @@ mask = torch.ones_like(ids)
 faults0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 times = []
 with torch.inference_mode():
-    for _ in range(passes):
+    for i in range(passes):
+        if mark:
+            os.write(2, f"serve.py: pass {i}\n".encode())
         t = time.perf_counter()
         out = model(input_ids=ids, attention_mask=mask).last_hidden_state
         times.append((time.perf_counter() - t) * 1e3)

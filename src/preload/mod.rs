@@ -47,7 +47,7 @@
 //!   nothing; failures return null with `errno = ENOMEM`; the huge path
 //!   leaves `errno` as it was on success.
 //! - `calloc` fails with `ENOMEM` when `n * size` overflows; huge blocks
-//!   read zero, also when they come from the retention cache.
+//!   read zero, also when they come from retained memory.
 //! - `realloc(NULL, n)` is `malloc(n)`; `realloc(p, 0)` frees `p` and
 //!   returns null (glibc's `REALLOC_ZERO_BYTES_FREES`); a block moves
 //!   across the threshold in either direction with its contents, and
@@ -121,8 +121,8 @@
 //!   set up the environment uses the defaults and reads again later.
 //! - A signal handler that interrupts `malloc` and calls `malloc` is not
 //!   supported (as in glibc); handlers elsewhere work.
-//! - `fork`: the retention cache's `pthread_atfork` handlers (registered
-//!   when the library loads) let a child of a multi-threaded parent
+//! - `fork`: the engine's `pthread_atfork` child hook (registered
+//!   when the library loads) lets a child of a multi-threaded parent
 //!   allocate; the extent map is lock-free and needs none; glibc handles
 //!   its own arenas. `vfork` and `posix_spawn` run no `atfork` handlers:
 //!   their child may only `exec` or `_exit` (POSIX), which never call the
@@ -258,7 +258,7 @@ pub struct PreloadStats {
     pub glibc_fallbacks: u64,
     /// The threshold in use, in bytes.
     pub threshold: usize,
-    /// The most bytes the retention cache may hold now: while
+    /// The most bytes the engine may retain for the C front now: while
     /// `CKALLOC_RETAIN_BYTES` is unset, twice the high-water mark of live
     /// huge bytes and at least that variable's default, so it grows with
     /// the program ([`env::retain_bytes`](crate::env::retain_bytes)).

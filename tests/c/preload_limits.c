@@ -3,6 +3,8 @@
  *
  *   preload_limits vmas N SIZE     N live, untouched malloc(SIZE): prints the
  *                                  VMAs they added to /proc/self/maps
+ *   preload_limits rss N SIZE      N live malloc(SIZE), every byte written:
+ *                                  prints the resident set they added (MiB)
  *   preload_limits map-count       at vm.max_map_count, realloc shrinks a
  *                                  32 MiB block to 3 MiB in place, and a
  *                                  freed block malloc_trim gives back never
@@ -210,7 +212,23 @@ static int as_3mib(size_t mib) {
     return 0;
 }
 
+static int rss(long n, size_t size) {
+    char **blocks = calloc((size_t)n, sizeof *blocks);
+    if (!blocks) return fail("calloc of the table");
+    long before = status_kib("VmRSS");
+    for (long i = 0; i < n; i++) {
+        if (!(blocks[i] = malloc(size))) return fail("malloc");
+        memset(blocks[i], 1, size);
+    }
+    printf("added RSS: %ld MiB for %zu MiB asked\n", (status_kib("VmRSS") - before) / 1024,
+           (size_t)n * size / MIB);
+    for (long i = 0; i < n; i++) free(blocks[i]);
+    free(blocks);
+    return 0;
+}
+
 int main(int argc, char **argv) {
+    if (argc >= 4 && !strcmp(argv[1], "rss")) return rss(atol(argv[2]), strtoull(argv[3], NULL, 0));
     if (argc >= 4 && !strcmp(argv[1], "vmas")) return vmas(atol(argv[2]), strtoull(argv[3], NULL, 0));
     if (argc >= 2 && !strcmp(argv[1], "map-count")) return map_count();
     if (argc >= 2 && !strcmp(argv[1], "locked-calloc")) return locked_calloc();

@@ -7,7 +7,7 @@
 //! - `pool`: pool behaviour seen through the counting inner allocator.
 //! - `threads`: two threads sharing one pool.
 //!
-//! The caching allocator over `CkHuge` is tested in `tests/huge_retention.rs`,
+//! The caching allocator over `CkHuge` is tested in `tests/huge.rs`,
 //! `tests/stress.rs` and `tests/faults/caching.rs`.
 
 #[path = "../common/mod.rs"]

@@ -91,19 +91,6 @@ pub fn thp_available() -> bool {
         .unwrap_or(false)
 }
 
-/// Whether the running kernel answers `PROCMAP_QUERY` (Linux 6.11 and
-/// later), with which a huge block of several VMAs grows by moving VMA by
-/// VMA (earlier kernels copy it), read from `/proc/sys/kernel/osrelease`.
-pub fn blocks_move_vma_by_vma() -> bool {
-    let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
-    let mut parts = release
-        .trim()
-        .split(|c: char| !c.is_ascii_digit())
-        .map(|n| n.parse::<u32>().unwrap_or(0));
-    let (major, minor) = (parts.next().unwrap_or(0), parts.next().unwrap_or(0));
-    (major, minor) >= (6, 11)
-}
-
 /// Touch one byte per 4 KiB page, and the last byte (the buffer need not be
 /// page aligned).
 pub fn touch(buf: &mut [u8]) {

@@ -1,6 +1,7 @@
 //! The preload library at a process's limits, in a C program under
 //! `LD_PRELOAD` and, for reference, under glibc (`tests/c/preload_limits.c`):
-//! the VMAs of 40,000 live blocks, a shrink at `vm.max_map_count`, a block
+//! the VMAs of 40,000 live blocks, the resident set of short tails, a
+//! shrink at `vm.max_map_count`, a block
 //! freed locked and read-only, and requests under an address-space limit.
 
 use super::{assert_success, compile, run};
@@ -8,9 +9,16 @@ use std::process::Command;
 
 /// Run a mode of `preload_limits` with the library or without; its stdout.
 fn limits(args: &[&str], preload: bool) -> String {
+    limits_env(args, preload, &[])
+}
+
+/// [`limits`] with environment variables set.
+fn limits_env(args: &[&str], preload: bool, env: &[(&str, &str)]) -> String {
     let prog = compile("preload_limits.c", "cc", &[]);
     let mut cmd = Command::new(prog);
-    cmd.args(args).env_remove("CKALLOC_SHOW_STATS");
+    cmd.args(args)
+        .envs(env.iter().copied())
+        .env_remove("CKALLOC_SHOW_STATS");
     let out = run(cmd, preload);
     assert_success(
         &out,
@@ -34,6 +42,23 @@ fn forty_thousand_live_blocks_of_2_25_mib_add_few_vmas() {
     let glibc = number(&limits(&args, false), "added VMAs: ");
     eprintln!("VMAs added by 40,000 live malloc(9 << 18): ckalloc {ckalloc}, glibc {glibc}");
     assert!(ckalloc <= 1000, "{ckalloc} VMAs");
+}
+
+#[test]
+fn short_tails_fault_in_no_huge_page() {
+    // 200 live blocks of 2.25 MiB, every byte written: within the 256 short
+    // tails kept off huge pages, so resident as asked (4 MiB each if the
+    // last 2 MiB were a huge page: 800 MiB).
+    // THP blocks (hugetlb pages are not in the resident set).
+    let args = ["rss", "200", "2359296"];
+    let thp = [("CKALLOC_HUGETLB", "0")];
+    let ckalloc = number(&limits_env(&args, true, &thp), "added RSS: ");
+    let glibc = number(&limits(&args, false), "added RSS: ");
+    eprintln!("RSS added by 200 written malloc(9 << 18): ckalloc {ckalloc} MiB, glibc {glibc} MiB");
+    assert!(
+        ckalloc <= 450 + 32,
+        "{ckalloc} MiB resident for 450 MiB asked"
+    );
 }
 
 #[test]
