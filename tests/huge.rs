@@ -334,6 +334,79 @@ fn grow_zeroed_zeroes_the_tail_even_after_shrink() {
 }
 
 #[test]
+fn grow_zeroed_keeps_every_byte_of_the_slice_the_caller_names() {
+    // `allocate(3 MiB)` hands out 4 MiB, all of it the caller's: a growth
+    // from the slice's length keeps bytes past the request, in place and
+    // when the block moves.
+    let _serial = serial();
+    let a = CkHuge::new();
+    for (new, blocker) in [(6 * MIB, false), (30 * MIB, true)] {
+        let l3 = Layout::from_size_align(3 * MIB, 64).unwrap();
+        let b = a.allocate(l3).unwrap();
+        let (p, len) = (b.cast::<u8>(), b.len());
+        assert_eq!(len, 4 * MIB);
+        // SAFETY: `p` is a live block of `len` bytes, all the caller's.
+        unsafe { p.as_ptr().write_bytes(0x55, len) };
+        // A block right after it makes the growth move.
+        let after = blocker.then(|| a.allocate(Layout::from_size_align(MIB, 64).unwrap()));
+        let old = Layout::from_size_align(len, 64).unwrap();
+        let grown = Layout::from_size_align(new, 64).unwrap();
+        // SAFETY: `p` is live and fits `old` (between the request and the
+        // slice's length); `grown` is not smaller.
+        let q = unsafe { a.grow_zeroed(p, old, grown) }
+            .unwrap()
+            .cast::<u8>();
+        // SAFETY: `q` is a live block of at least `new` bytes.
+        let s = unsafe { std::slice::from_raw_parts(q.as_ptr(), new) };
+        assert!(
+            s[..len].iter().all(|&x| x == 0x55),
+            "old bytes lost ({new})"
+        );
+        assert!(
+            s[len..].iter().all(|&x| x == 0),
+            "added bytes not zero ({new})"
+        );
+        // SAFETY: `q` is live with layout `grown`; `s` is not used after.
+        unsafe { a.deallocate(q, grown) };
+        if let Some(Ok(b)) = after {
+            let l = Layout::from_size_align(MIB, 64).unwrap();
+            // SAFETY: allocated by `a` with `l`.
+            unsafe { a.deallocate(b.cast(), l) };
+        }
+    }
+}
+
+#[test]
+fn a_request_the_kernel_will_not_commit_fails_without_mapping_for_it() {
+    // Under heuristic or strict overcommit a 64 TiB private mapping cannot be
+    // committed: the request fails before the extent map maps its leaves
+    // (2,048 leaves of 32 KiB would cover 64 TiB).
+    let mode = std::fs::read_to_string("/proc/sys/vm/overcommit_memory").unwrap_or_default();
+    if mode.trim() == "1" {
+        eprintln!("SKIP: vm.overcommit_memory = 1 commits any length");
+        return;
+    }
+    let _serial = serial();
+    let vm_size = || {
+        let s = std::fs::read_to_string("/proc/self/status").unwrap();
+        s.lines()
+            .find_map(|l| l.strip_prefix("VmSize:"))
+            .and_then(|v| v.split_whitespace().next()?.parse::<u64>().ok())
+            .unwrap()
+    };
+    let a = CkHuge::new();
+    let before = vm_size();
+    for len in [1usize << 46, 1 << 45] {
+        let l = Layout::from_size_align(len, 8).unwrap();
+        assert!(a.allocate(l).is_err(), "{len} bytes served");
+    }
+    let grown = vm_size().saturating_sub(before);
+    assert!(grown < 16 << 10, "VmSize grew by {grown} KiB");
+    let peak = ckalloc::huge_stats().peak_span_bytes;
+    assert!(peak < 1 << 44, "a span of {peak} bytes was counted");
+}
+
+#[test]
 fn alignments_from_1_to_1gib() {
     let _serial = serial();
     let a = CkHuge::new();

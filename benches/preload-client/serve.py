@@ -8,8 +8,9 @@ last output.
 Usage: python serve.py MODEL_DIR [BATCH] [SEQ] [PASSES]
 
 With SERVE_MARK_PASSES=1 in the environment, each forward pass starts with a
-write of "serve.py: pass N" to stderr (one system call), so that a trace
-(`strace -f`) can be cut at the passes.
+write of "serve.py: pass N" to stderr (one system call), and the last one is
+followed by "serve.py: passes done", so that a trace (`strace -f`) can be
+cut at the passes.
 """
 import hashlib
 import json
@@ -48,6 +49,8 @@ with torch.inference_mode():
         t = time.perf_counter()
         out = model(input_ids=ids, attention_mask=mask).last_hidden_state
         times.append((time.perf_counter() - t) * 1e3)
+if mark:
+    os.write(2, b"serve.py: passes done\n")
 faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults0
 
 

@@ -281,7 +281,7 @@ impl Engine {
             || (policy.zeroing == Zeroing::MemsetResident && v.len(n) <= ZERO_BY_MEMSET_MAX);
         for (s, e) in span.dirty_runs(start, n) {
             if !by_memset {
-                if !retain::purge(&self.stats, span, v, s, e - s, Restore::IfLocked) {
+                if !retain::purge(&self.stats, span, v, s, e - s, Restore::Access) {
                     return false;
                 }
                 continue;
@@ -385,26 +385,27 @@ impl Engine {
     }
 
     /// Free the block at `p`; `false` when no block of the engine starts
-    /// there (nothing happens then). Units that are purged keep what the
-    /// program did to them ([`Restore::IfLocked`]).
+    /// there (nothing happens then). Units that are purged are read-write
+    /// again and keep the program's advice ([`Restore::Access`]); retained
+    /// units keep what the program did to them.
     ///
     /// # Safety
     /// A block at `p` is not used afterwards.
     pub(crate) unsafe fn free(&self, p: *mut u8, policy: &Policy) -> bool {
         // SAFETY: the caller's contract.
-        unsafe { self.free_as(p, policy, Restore::IfLocked) }
+        unsafe { self.free_as(p, policy, Restore::Access) }
     }
 
     /// [`free`](Self::free) of a block a front moved elsewhere (a
     /// `realloc` across the threshold): what the program did to it went
     /// with its bytes, and purged units are made plain memory again
-    /// ([`Restore::Always`]).
+    /// ([`Restore::Everything`]).
     ///
     /// # Safety
     /// As [`free`](Self::free).
     pub(crate) unsafe fn free_moved(&self, p: *mut u8, policy: &Policy) -> bool {
         // SAFETY: the caller's contract.
-        unsafe { self.free_as(p, policy, Restore::Always) }
+        unsafe { self.free_as(p, policy, Restore::Everything) }
     }
 
     /// # Safety

@@ -3,8 +3,8 @@
 //! the pointer), after tcmalloc's page map: a root of [`ROOT_LEN`] leaf
 //! pointers over the 2 MiB addresses below 2^47, leaves of [`LEAF_LEN`]
 //! words mapped when a span reaching into them is reserved
-//! ([`ExtentMap::prepare`]), never on an allocation path, and never
-//! unmapped. Insert and remove are one atomic operation on a word:
+//! ([`ExtentMap::prepare`]; never when a block is placed in a span that
+//! exists), and never unmapped. Insert and remove are one atomic operation on a word:
 //! lock-free, allocation-free, nothing to repair after `fork()`.
 
 use super::os;

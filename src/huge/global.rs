@@ -168,7 +168,8 @@ impl<S: GlobalAlloc> CkHuge<S> {
         match (self.is_huge(old.size()), self.is_huge(new_size)) {
             (true, true) => {
                 // SAFETY: an engine block of the caller's.
-                let b = unsafe { ENGINE.resize(ptr, new_size, align, fill, policy) }.ok()?;
+                let b = unsafe { ENGINE.resize(ptr, old.size(), new_size, align, fill, policy) }
+                    .ok()?;
                 Some(NonNull::slice_from_raw_parts(b.ptr, b.len))
             }
             (false, false) => {

@@ -16,10 +16,13 @@ use std::ptr::{self, NonNull};
 
 impl Engine {
     /// Resize the block at `p` to `new_size` bytes, keeping `align` and the
-    /// contents up to the smaller size (the added bytes read zero for
-    /// `Fill::Zeroed`): in place when the length stays, shrinks (never
-    /// fails) or the units after it are free; else moved ([`relocate`]).
-    /// On error the block is as it was.
+    /// contents up to the smaller size: in place when the length stays,
+    /// shrinks (never fails) or the units after it are free; else moved
+    /// ([`relocate`]). For `Fill::Zeroed` the bytes past the old size read
+    /// zero: past `old_size`, the caller's (an `Allocator` caller owns the
+    /// whole block and may name any size up to its length), or past the
+    /// block's request when that is larger. On error the block is as it
+    /// was.
     ///
     /// # Safety
     /// A block at `p` is the caller's, and no reference into it outlives a
@@ -27,6 +30,7 @@ impl Engine {
     pub(crate) unsafe fn resize(
         &self,
         p: *mut u8,
+        old_size: usize,
         new_size: usize,
         align: usize,
         fill: Fill,
@@ -37,7 +41,8 @@ impl Engine {
         let new_len = block_len(new_size, align).ok_or(ResizeError::NoMemory)?;
         self.tick();
         let ptr = v.addr(start);
-        let (old_size, old_len) = (d.size(), v.len(n));
+        let old_len = v.len(n);
+        let old_size = old_size.max(d.size()).min(old_len);
         // Units of this span the new length takes; 0 when a growth must
         // move (beyond the span, or into a span of longer units).
         let m = v.units_for(new_len);
@@ -63,7 +68,7 @@ impl Engine {
         if m != 0 && m < n {
             self.extents.update(ptr, descriptor(m));
             self.stats.sub(Count::Live, v.len(n - m) as u64);
-            self.give_back(span, &v, start + m, n - m, policy, Restore::IfLocked);
+            self.give_back(span, &v, start + m, n - m, policy, Restore::Access);
             return Ok(Block { ptr, len: v.len(m) });
         }
         // Grown in place: the units after the block, claimed and made ready.
@@ -123,7 +128,7 @@ impl Engine {
             start,
             n,
             false,
-            Restore::Always,
+            Restore::Everything,
         );
         let (dst_span, dv) = (c.span, c.p.view);
         let kept = dv.units_for(old_len).min(c.p.n);
@@ -144,7 +149,7 @@ impl Engine {
     /// Purge the dirty units among `start..start + n`; `false` on failure.
     fn purge_dirty(&self, span: &Span, v: &View, start: u32, n: u32) -> bool {
         span.dirty_runs(start, n)
-            .all(|(s, e)| retain::purge(&self.stats, span, v, s, e - s, Restore::IfLocked))
+            .all(|(s, e)| retain::purge(&self.stats, span, v, s, e - s, Restore::Access))
     }
 
     /// Units just added to a block go to base pages, as fresh blocks do,

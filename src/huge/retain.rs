@@ -63,21 +63,24 @@ pub(crate) fn admit(c: &Counters, len: usize, cap: usize) -> bool {
     true
 }
 
-/// Whether a purge also makes the range plain memory again (read-write,
-/// unlocked, advised for its tier).
+/// How much of what the program did to a range a purge undoes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Restore {
-    /// Only a range found locked (`MADV_DONTNEED` refuses it); otherwise it
-    /// keeps what the program did to it (as jemalloc and mimalloc leave
-    /// freed memory).
-    IfLocked,
-    /// Whatever it was: a block moved away, taking the program's changes.
-    Always,
+    /// Its access: the purged range is read-write again (`mprotect`) and,
+    /// when `MADV_DONTNEED` found it locked, unlocked, so the next block
+    /// never faults writing it. Advice the program gave it stays (it
+    /// changes page sizes, not what the next block may do).
+    Access,
+    /// Access and advice: the range is made plain memory of its tier again
+    /// (a block moved away, taking the program's changes, or a locked range
+    /// whose advice `munlock` does not touch).
+    Everything,
 }
 
-/// Purge units `start..start + n` of span `v` (claimed by the caller); a
-/// locked range is unlocked and purged again. `true` when they read zero
-/// now (restored as `restore` says); `false` leaves them as they were.
+/// Purge units `start..start + n` of span `v` (claimed by the caller): they
+/// read zero and are read-write afterwards; a locked range is unlocked and
+/// purged again. `true` when that worked (and the range restored as
+/// `restore` says); `false` leaves them as they were.
 pub(crate) fn purge(
     c: &Counters,
     span: &Span,
@@ -90,7 +93,7 @@ pub(crate) fn purge(
         return false;
     }
     let (p, len) = (v.addr(start), v.len(n));
-    let mut plain = restore == Restore::Always;
+    let mut plain = restore == Restore::Everything;
     let mut r = os::purge(c, p, len);
     if r.as_ref()
         .is_err_and(|e| e.raw_os_error() == Some(libc::EINVAL))
@@ -100,7 +103,9 @@ pub(crate) fn purge(
         r = os::purge(c, p, len);
         plain = true;
     }
-    if r.is_err() || (plain && os::commit(c, p, len).is_err()) {
+    // Read-write again: a range the program made read-only or `PROT_NONE`
+    // before freeing it would fault in the next block's first write.
+    if r.is_err() || os::commit(c, p, len).is_err() {
         return false;
     }
     if v.tier == Backing::TransparentHuge && (plain || span.base_pages.count(start, n) > 0) {
@@ -164,7 +169,7 @@ fn release_claimed(
     n: u32,
 ) -> Option<usize> {
     let bytes = v.len(span.dirty.count(start, n));
-    match give_to_kernel(c, spans, span, v, start, n, Restore::IfLocked) {
+    match give_to_kernel(c, spans, span, v, start, n, Restore::Access) {
         Back::Kept => {
             span.release(start, n);
             None

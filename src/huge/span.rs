@@ -318,7 +318,10 @@ impl Spans {
     /// Reserve a span for a block of `len` bytes aligned to `align` for
     /// threads of `group`: 1 GiB (just `len` under an address-space limit)
     /// of `PROT_NONE`, advised `MADV_HUGEPAGE` when THP is on (normal pages
-    /// when that fails). Its units are free; the extent map covers it.
+    /// when that fails). Its units are free; the extent map covers it. A
+    /// span longer than 1 GiB (one block's) has the block's units committed
+    /// first: a length the kernel refuses to commit (overcommit accounting)
+    /// fails here, before leaves of the extent map are mapped for it.
     pub(crate) fn reserve(
         &self,
         c: &Counters,
@@ -336,7 +339,16 @@ impl Spans {
             c.add(Count::ThpFallbacks, 1);
             tier = Backing::Normal;
         }
-        self.publish(c, map, p, tier, shift, units, 0, group)
+        let mut committed = 0;
+        if bytes > SPAN_LEN {
+            // `len <= bytes`, so the units fit in `u32` as `units` does.
+            committed = len.div_ceil(1 << shift) as u32;
+            if let Err(e) = os::commit(c, p, (committed as usize) << shift) {
+                let _ = os::unmap(c, p, bytes);
+                return Err(e);
+            }
+        }
+        self.publish(c, map, p, tier, shift, units, committed, group)
     }
 
     /// A span of hugetlb pages holding one block of `len` bytes (a

@@ -53,7 +53,8 @@ fn block_len(p: *mut c_void) -> Option<usize> {
 
 /// A huge-page block for `size` bytes (at least the threshold) aligned to
 /// `align` (a power of two), or, when the engine has no memory for it,
-/// glibc's (counted); null with `errno = ENOMEM` when neither has.
+/// glibc's (counted when glibc serves it); null with `errno = ENOMEM` when
+/// neither has.
 /// `errno` is left as it was on success.
 #[cold]
 fn huge_alloc(size: usize, align: usize, zeroed: bool) -> *mut c_void {
@@ -65,7 +66,6 @@ fn huge_alloc(size: usize, align: usize, zeroed: bool) -> *mut c_void {
         set_errno(saved);
         return b.ptr.as_ptr().cast();
     }
-    COUNTERS.glibc_fallbacks.fetch_add(1, Relaxed);
     set_errno(saved);
     let p = if zeroed {
         glibc::calloc(1, size)
@@ -74,6 +74,8 @@ fn huge_alloc(size: usize, align: usize, zeroed: bool) -> *mut c_void {
     };
     if p.is_null() {
         set_errno(libc::ENOMEM);
+    } else {
+        COUNTERS.glibc_fallbacks.fetch_add(1, Relaxed);
     }
     p
 }
@@ -145,8 +147,9 @@ pub unsafe fn realloc(p: *mut c_void, size: usize) -> *mut c_void {
     }
     if (p as usize).is_multiple_of(HUGE_PAGE_2M) {
         let saved = errno();
+        // Old size 0: the block's request (`Fill::Uninit` zeroes nothing).
         // SAFETY: a block the engine holds at `p` is the caller's.
-        match unsafe { ENGINE.resize(p.cast(), size, MALLOC_ALIGNMENT, Fill::Uninit, &POLICY) } {
+        match unsafe { ENGINE.resize(p.cast(), 0, size, MALLOC_ALIGNMENT, Fill::Uninit, &POLICY) } {
             Ok(b) => {
                 set_errno(saved);
                 return b.ptr.as_ptr().cast();

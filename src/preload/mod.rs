@@ -178,10 +178,12 @@
 //! - A huge block the program changes (`mprotect`, `mlock`, `madvise`)
 //!   and frees keeps those changes while it is retained, as freed memory
 //!   does under jemalloc and mimalloc; `malloc(3)` leaves the case
-//!   unspecified. The engine never faults on it: a `calloc` that reuses it
-//!   makes it read-write before clearing it, a purge unlocks a locked
-//!   range, and a purged block is plain memory again (read-write, unlocked,
-//!   advised for its tier). A `realloc` that moves a block moves its pages,
+//!   unspecified. A `malloc` that reuses it before it is purged gets it as
+//!   the program left it (still locked, say: `munlock` before `free` what
+//!   should not stay locked). The engine never faults on it: a `calloc`
+//!   that reuses it makes it read-write before clearing it, and a purge
+//!   (decay, `malloc_trim`) leaves the range read-write and unlocked. A
+//!   `realloc` that moves a block moves its pages,
 //!   and what the program did to them, with it (`mremap`), as glibc's
 //!   `mremap` of a chunk does; the old place is purged and made plain.
 //! - A hugetlb block (a hugetlb pool reserved in `nr_hugepages`) is made of

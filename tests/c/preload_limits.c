@@ -12,6 +12,9 @@
  *   preload_limits locked-calloc   a block freed mlock'ed and read-only: the
  *                                  next calloc reuses it, zeroed and writable;
  *                                  malloc_trim leaves nothing locked
+ *   preload_limits protected-reuse a block freed with PROT_NONE pages inside
+ *                                  (not locked): the next calloc, and a malloc
+ *                                  after malloc_trim, reuse it writable
  *   preload_limits as-promise MIB  under RLIMIT_AS (VmSize + MIB): requests
  *                                  that fit beside what is live are served
  *   preload_limits as-3mib MIB     under the same limit: how many live
@@ -140,6 +143,48 @@ static int map_count(void) {
     return bad ? fail("realloc at the VMA limit") : 0;
 }
 
+/* Write every byte of `q` (a fault kills the program: the test sees a
+ * signal, not an exit status) and check it holds them. */
+static int writable(unsigned char *q, size_t len, const char *what) {
+    memset(q, 0x3c, len);
+    for (size_t i = 0; i < len; i += 4096)
+        if (q[i] != 0x3c) return fail(what);
+    return 0;
+}
+
+/* Free a 6 MiB block whose second 2 MiB page holds three PROT_NONE pages. */
+static unsigned char *free_protected(size_t len) {
+    unsigned char *p = malloc(len);
+    if (!p) return NULL;
+    memset(p, 0xa5, len);
+    unsigned char *a = (unsigned char *)(((uintptr_t)p + 2 * MIB) & ~(uintptr_t)4095);
+    if (mprotect(a, 3 * 4096, PROT_NONE)) return NULL;
+    free(p);
+    return p;
+}
+
+static int protected_reuse(void) {
+    size_t len = 6 * MIB;
+    unsigned char *p = free_protected(len);
+    if (!p) return fail("malloc or mprotect");
+    unsigned char *q = calloc(1, len);
+    if (!q) return fail("calloc");
+    for (size_t i = 0; i < len; i++)
+        if (q[i]) return fail("calloc reads non-zero");
+    if (writable(q, len, "calloc block")) return 1;
+    printf("ok: calloc %s the block, zeroed and writable\n", q == p ? "reused" : "did not reuse");
+    free(q);
+    p = free_protected(len);
+    if (!p) return fail("malloc or mprotect");
+    malloc_trim(0);
+    q = malloc(len);
+    if (!q) return fail("malloc");
+    if (writable(q, len, "malloc block after malloc_trim")) return 1;
+    printf("ok: malloc after malloc_trim %s the block, writable\n", q == p ? "reused" : "did not reuse");
+    free(q);
+    return 0;
+}
+
 static int locked_calloc(void) {
     size_t len = 16 * MIB;
     unsigned char *p = malloc(len);
@@ -232,6 +277,7 @@ int main(int argc, char **argv) {
     if (argc >= 4 && !strcmp(argv[1], "vmas")) return vmas(atol(argv[2]), strtoull(argv[3], NULL, 0));
     if (argc >= 2 && !strcmp(argv[1], "map-count")) return map_count();
     if (argc >= 2 && !strcmp(argv[1], "locked-calloc")) return locked_calloc();
+    if (argc >= 2 && !strcmp(argv[1], "protected-reuse")) return protected_reuse();
     if (argc >= 3 && !strcmp(argv[1], "as-promise")) return as_promise(strtoull(argv[2], NULL, 0));
     if (argc >= 3 && !strcmp(argv[1], "as-3mib")) return as_3mib(strtoull(argv[2], NULL, 0));
     fprintf(stderr, "usage: see the comment at the top of preload_limits.c\n");

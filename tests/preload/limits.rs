@@ -1,8 +1,8 @@
 //! The preload library at a process's limits, in a C program under
 //! `LD_PRELOAD` and, for reference, under glibc (`tests/c/preload_limits.c`):
 //! the VMAs of 40,000 live blocks, the resident set of short tails, a
-//! shrink at `vm.max_map_count`, a block
-//! freed locked and read-only, and requests under an address-space limit.
+//! shrink at `vm.max_map_count`, a block freed locked and read-only, one
+//! freed with protected pages, and requests under an address-space limit.
 
 use super::{assert_success, compile, run};
 use std::process::Command;
@@ -82,6 +82,22 @@ fn a_block_freed_locked_and_read_only_serves_calloc_zeroed_and_writable() {
     assert!(out.contains("locked after malloc_trim: 0 kB"), "{out}");
     // The same program under glibc, which unmaps on free.
     assert!(limits(&["locked-calloc"], false).contains("ok: calloc"));
+}
+
+#[test]
+fn a_block_freed_with_protected_pages_is_writable_once_purged() {
+    // THP blocks: a purge (MADV_DONTNEED) is what calloc and malloc_trim do
+    // to them (hugetlb blocks are cleared with memset).
+    let thp = [("CKALLOC_HUGETLB", "0")];
+    let out = limits_env(&["protected-reuse"], true, &thp);
+    assert!(out.contains("ok: calloc reused the block"), "{out}");
+    assert!(
+        out.contains("ok: malloc after malloc_trim reused the block"),
+        "{out}"
+    );
+    // No run under glibc for reference: once its mmap threshold has risen
+    // past 6 MiB the second block comes from its heap, which keeps the
+    // protection, and the program's malloc after malloc_trim faults there.
 }
 
 #[test]
