@@ -51,6 +51,16 @@ fn block_len(p: *mut c_void) -> Option<usize> {
     ENGINE.usable_size(p.cast())
 }
 
+/// Whether any allocator could serve `size` bytes aligned to `align`: not
+/// when the rounded size exceeds `isize::MAX` (glibc refuses sizes above
+/// `PTRDIFF_MAX` with `ENOMEM` too), so such a request fails at once and
+/// never reaches glibc's allocator as a fallback (AddressSanitizer's, in
+/// its place, aborts on it).
+fn servable(size: usize, align: usize) -> bool {
+    size.checked_add(align.max(MALLOC_ALIGNMENT))
+        .is_some_and(|n| n <= isize::MAX as usize)
+}
+
 /// A huge-page block for `size` bytes (at least the threshold) aligned to
 /// `align` (a power of two), or, when the engine has no memory for it,
 /// glibc's (counted when glibc serves it); null with `errno = ENOMEM` when
@@ -58,6 +68,10 @@ fn block_len(p: *mut c_void) -> Option<usize> {
 /// `errno` is left as it was on success.
 #[cold]
 fn huge_alloc(size: usize, align: usize, zeroed: bool) -> *mut c_void {
+    if !servable(size, align) {
+        set_errno(libc::ENOMEM);
+        return ptr::null_mut();
+    }
     let saved = errno();
     let fill = if zeroed { Fill::Zeroed } else { Fill::Uninit };
     if let Some(b) = ENGINE.alloc(size, align.max(MALLOC_ALIGNMENT), fill, &POLICY) {
@@ -144,6 +158,10 @@ pub unsafe fn realloc(p: *mut c_void, size: usize) -> *mut c_void {
         }
         // SAFETY: a glibc block (the caller's contract).
         return unsafe { glibc::realloc(p, size) };
+    }
+    if !servable(size, MALLOC_ALIGNMENT) {
+        set_errno(libc::ENOMEM);
+        return ptr::null_mut();
     }
     if (p as usize).is_multiple_of(HUGE_PAGE_2M) {
         let saved = errno();
