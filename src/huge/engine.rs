@@ -72,8 +72,10 @@ pub(super) struct Claimed<'a> {
 }
 
 /// What an allocation asks for: `len` bytes (a multiple of 2 MiB) aligned
-/// to `align`, for the home group `home`.
+/// to `align`, for the home group `home`, of which the caller asked for
+/// `size`.
 pub(super) struct Ask<'p> {
+    pub(super) size: usize,
     pub(super) len: usize,
     pub(super) align: usize,
     pub(super) home: u32,
@@ -83,9 +85,16 @@ pub(super) struct Ask<'p> {
 
 impl<'p> Ask<'p> {
     /// An ask of the calling thread.
-    pub(super) fn new(len: usize, align: usize, fill: Fill, policy: &'p Policy) -> Ask<'p> {
+    pub(super) fn new(
+        size: usize,
+        len: usize,
+        align: usize,
+        fill: Fill,
+        policy: &'p Policy,
+    ) -> Ask<'p> {
         let home = span::home_group();
         Ask {
+            size,
             len,
             align,
             home,
@@ -147,7 +156,7 @@ impl Engine {
     ) -> Option<Block> {
         let len = block_len(size, align)?;
         self.tick();
-        let c = self.claim(&Ask::new(len, align, fill, policy))?;
+        let c = self.claim(&Ask::new(size, len, align, fill, policy))?;
         Some(self.hand_out(c, size, policy, true))
     }
 
@@ -231,7 +240,7 @@ impl Engine {
             dirty: 0,
             run: v.units,
         };
-        (span.claim(&v, 0, n) && self.ready(span, &v, 0, n, ask.fill, ask.policy))
+        (span.claim(&v, 0, n) && self.ready(span, &v, 0, n, ask.fill, ask.size, ask.policy))
             .then_some(Claimed { span, p })
     }
 
@@ -242,15 +251,17 @@ impl Engine {
             let span = self.spans.get(p.view.index);
             if span.claim(&p.view, p.start, p.n) {
                 return self
-                    .ready(span, &p.view, p.start, p.n, ask.fill, ask.policy)
+                    .ready(span, &p.view, p.start, p.n, ask.fill, ask.size, ask.policy)
                     .then_some(Claimed { span, p });
             }
         }
     }
 
     /// Commit claimed units `start..start + n`, count their retained ones
-    /// out and clear those when `fill` asks; on failure they are given
-    /// back and `false`.
+    /// out and clear those when `fill` asks (of a block whose caller asked
+    /// for `size` bytes from `start`); on failure they are given back and
+    /// `false`.
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn ready(
         &self,
         span: &Span,
@@ -258,6 +269,7 @@ impl Engine {
         start: u32,
         n: u32,
         fill: Fill,
+        size: usize,
         policy: &Policy,
     ) -> bool {
         if span.commit(&self.stats, v, start + n).is_err() {
@@ -265,7 +277,7 @@ impl Engine {
             return false;
         }
         let dirty = retain::taken(&self.stats, span, v, start, n);
-        if dirty > 0 && fill == Fill::Zeroed && !self.zero(span, v, start, n, policy) {
+        if dirty > 0 && fill == Fill::Zeroed && !self.zero(span, v, start, n, size, policy) {
             // Back as they were: retained.
             self.stats.add(Count::Retained, v.len(dirty) as u64);
             span.release(start, n);
@@ -275,10 +287,24 @@ impl Engine {
     }
 
     /// Clear the retained units among `start..start + n` (claimed) as
-    /// `policy` says; `false` when that failed.
-    fn zero(&self, span: &Span, v: &View, start: u32, n: u32, policy: &Policy) -> bool {
-        let by_memset = v.tier == Backing::Hugetlb
-            || (policy.zeroing == Zeroing::MemsetResident && v.len(n) <= ZERO_BY_MEMSET_MAX);
+    /// `policy` says, for a caller that asked for `size` bytes; `false`
+    /// when that failed.
+    fn zero(
+        &self,
+        span: &Span,
+        v: &View,
+        start: u32,
+        n: u32,
+        size: usize,
+        policy: &Policy,
+    ) -> bool {
+        let memset_request = policy.zeroing == Zeroing::MemsetResident;
+        let by_memset =
+            v.tier == Backing::Hugetlb || (memset_request && v.len(n) <= ZERO_BY_MEMSET_MAX);
+        // `MemsetResident` clears the request's bytes, all its caller owns;
+        // a `memset` for other policies clears the whole block.
+        let owned = if memset_request { size } else { v.len(n) };
+        let end = v.addr(start).as_ptr() as usize + owned.min(v.len(n));
         for (s, e) in span.dirty_runs(start, n) {
             if !by_memset {
                 if !retain::purge(&self.stats, span, v, s, e - s, Restore::Access) {
@@ -286,7 +312,11 @@ impl Engine {
                 }
                 continue;
             }
-            let (p, len) = (v.addr(s), v.len(e - s));
+            let p = v.addr(s);
+            let len = v.len(e - s).min(end.saturating_sub(p.as_ptr() as usize));
+            if len == 0 {
+                continue;
+            }
             // A block freed read-only is made writable before it is written.
             if os::commit(&self.stats, p, len).is_err() {
                 return false;
@@ -294,7 +324,9 @@ impl Engine {
             // SAFETY: units the caller claimed, read-write now, that no
             // reference points into.
             unsafe { ptr::write_bytes(p.as_ptr(), 0, len) };
-            span.dirty.clear(s, e - s);
+            // Units cleared whole read zero; a partly cleared one stays
+            // dirty (in use, so not retained).
+            span.dirty.clear(s, (len >> v.shift) as u32);
         }
         true
     }

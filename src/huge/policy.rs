@@ -41,9 +41,11 @@ pub enum FirstTouch {
 /// Fresh and purged units read zero already.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Zeroing {
-    /// `memset` (made read-write first) when the block is at most
-    /// [`ZERO_BY_MEMSET_MAX`]: its pages are resident, and clearing them
-    /// costs less than faulting them in again; longer blocks are purged.
+    /// `memset` of the request's bytes (made read-write first) when the
+    /// block is at most [`ZERO_BY_MEMSET_MAX`]: its pages are resident, and
+    /// clearing them costs less than faulting them in again; longer blocks
+    /// are purged. For a front whose caller owns exactly its request
+    /// (`GlobalAlloc`), not the block's whole length.
     MemsetResident,
     /// Purged (`MADV_DONTNEED`) whatever its length, so that pages the
     /// program never writes stay uncommitted.
@@ -102,6 +104,8 @@ impl Policy {
     /// nothing retained (`CachingAllocator<CkHuge>` is the cache there).
     pub const RUST_ALLOCATOR: Policy = Policy {
         cap: CapRule::Nothing,
+        // The caller owns the whole block (the slice's length).
+        zeroing: Zeroing::Purge,
         ..Policy::RUST_GLOBAL
     };
 

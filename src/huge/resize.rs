@@ -74,7 +74,7 @@ impl Engine {
         // Grown in place: the units after the block, claimed and made ready.
         if m > n
             && span.claim(&v, start + n, m - n)
-            && self.ready(span, &v, start + n, m - n, fill, policy)
+            && self.ready(span, &v, start + n, m - n, fill, v.len(m - n), policy)
         {
             zero_to(old_len);
             // The old last unit is a tail no more: advised for THP again.
@@ -94,7 +94,7 @@ impl Engine {
         }
         // Moved: the new place is fresh or retained units; the moved bytes
         // replace what they held.
-        let ask = Ask::new(new_len, align, fill, policy);
+        let ask = Ask::new(new_size, new_len, align, fill, policy);
         let c = self.claim(&ask).ok_or(ResizeError::NoMemory)?;
         let dst = c.p.view.addr(c.p.start);
         // The pages move onto a destination that reads zero (what a move
