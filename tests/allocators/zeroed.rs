@@ -90,3 +90,35 @@ fn caching_allocator_zeroed_hits_read_zero() {
     let c = CachingAllocator::from_spec(&arena, "*=*;*;8").unwrap();
     zeroed_reads_zero(&c, 64 << 10, "CachingAllocator<&BumpArena>", true);
 }
+
+#[test]
+fn ck_huge_global_alloc_zeroed_hits_read_zero_over_a_partly_cleared_block() {
+    use std::alloc::GlobalAlloc;
+    // A retained 4 MiB block served to `alloc_zeroed(3 MiB)` has only the
+    // request's 3 MiB cleared (all a `GlobalAlloc` caller owns); freed again
+    // with nothing written, the next `alloc_zeroed(4 MiB)` must read zero
+    // over the last MiB too, which still holds the first block's bytes.
+    let a = CkHuge::new();
+    let (l3, l4) = (
+        std::alloc::Layout::from_size_align(3 << 20, 64).unwrap(),
+        std::alloc::Layout::from_size_align(4 << 20, 64).unwrap(),
+    );
+    // SAFETY: non-zero sizes; each block is freed with its layout and not
+    // used after.
+    unsafe {
+        let p = a.alloc(l4);
+        assert!(!p.is_null());
+        p.write_bytes(0xFF, 4 << 20);
+        a.dealloc(p, l4);
+        let q = a.alloc_zeroed(l3);
+        assert!(!q.is_null());
+        let s = std::slice::from_raw_parts(q, 3 << 20);
+        assert!(s.iter().all(|&b| b == 0), "alloc_zeroed(3 MiB)");
+        a.dealloc(q, l3);
+        let r = a.alloc_zeroed(l4);
+        assert!(!r.is_null());
+        let s = std::slice::from_raw_parts(r, 4 << 20);
+        assert!(s.iter().all(|&b| b == 0), "alloc_zeroed(4 MiB)");
+        a.dealloc(r, l4);
+    }
+}
