@@ -63,7 +63,8 @@
 //!   every alignment up to 1 GiB and beyond (by over-reserving address
 //!   space).
 //! - `malloc_usable_size` of a huge block is its whole length (the
-//!   request rounded up to 2 MiB), all of it writable.
+//!   request rounded up to 2 MiB; above 1 GiB, to its span's unit), all of
+//!   it writable.
 //! - Memory a program never writes stays uncommitted, as with glibc: a
 //!   fresh block faults in when written.
 //! - `malloc_trim` purges every retained huge block (`MADV_DONTNEED`) and
@@ -99,8 +100,8 @@
 //! - **A full cache** purges its oldest retained blocks to make room: the
 //!   block freed last is the one a C program asks for again.
 //! - **Zeroing**: a `calloc` served from retained memory is cleared with
-//!   `MADV_DONTNEED` at every length, so pages the program never writes
-//!   stay uncommitted.
+//!   `MADV_DONTNEED` at every length (a hugetlb block: `memset`), so
+//!   pages the program never writes stay uncommitted.
 //! - **Growth on a miss**: a request that needs no zeroing (not `calloc`)
 //!   that no retained block serves takes the place with the most retained
 //!   units and free units around them, so only the added units fault in
