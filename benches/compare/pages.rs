@@ -47,6 +47,11 @@ impl Raw {
         }
     }
 
+    /// The aligned start: `len` bytes from it are mapped read-write.
+    pub fn ptr(&self) -> *mut u8 {
+        self.start
+    }
+
     pub fn slice(&mut self) -> &mut [u8] {
         // SAFETY: `len` bytes from the aligned start are mapped read-write.
         unsafe { std::slice::from_raw_parts_mut(self.start, self.len) }

@@ -7,6 +7,7 @@
 //! each repetition (a fresh THP range written and unmapped, so that both
 //! find free 2 MiB blocks at hand).
 
+use crate::pages::Raw;
 use crate::{fmt_dur, median, time, Row};
 use std::hint::black_box;
 
@@ -14,46 +15,24 @@ const MIB: usize = 1 << 20;
 const LEN: usize = 64 * MIB;
 
 /// A THP range of `LEN` bytes, 2 MiB aligned, written whole.
-struct Range {
-    base: *mut u8,
-    start: *mut u8,
-}
+struct Range(Raw);
 
 impl Range {
     fn new() -> Range {
-        let map_len = LEN + 2 * MIB;
-        // SAFETY: a fresh private anonymous mapping of ours.
-        let base = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                map_len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-                -1,
-                0,
-            )
-        };
-        assert_ne!(base, libc::MAP_FAILED);
-        let start = ((base as usize + 2 * MIB - 1) & !(2 * MIB - 1)) as *mut u8;
-        // SAFETY: inside our mapping.
-        unsafe { libc::madvise(start.cast(), LEN, libc::MADV_HUGEPAGE) };
-        let r = Range {
-            base: base.cast(),
-            start,
-        };
+        let r = Range(Raw::new(LEN, true));
         r.write();
         r
     }
 
     fn write(&self) {
-        // SAFETY: `LEN` bytes from `start` are ours, read-write.
-        unsafe { std::ptr::write_bytes(self.start, 1, LEN) };
-        black_box(self.start);
+        // SAFETY: `LEN` bytes from the range's start are ours, read-write.
+        unsafe { std::ptr::write_bytes(self.0.ptr(), 1, LEN) };
+        black_box(self.0.ptr());
     }
 
     fn purge(&self, advice: libc::c_int) {
         // SAFETY: advice on a range of ours that nothing else refers to.
-        let rc = unsafe { libc::madvise(self.start.cast(), LEN, advice) };
+        let rc = unsafe { libc::madvise(self.0.ptr().cast(), LEN, advice) };
         assert_eq!(rc, 0, "madvise {advice}");
     }
 
@@ -62,16 +41,9 @@ impl Range {
         let pages = LEN / 4096;
         let mut v = vec![0u8; pages];
         // SAFETY: `v` holds one byte per page of the range.
-        let rc = unsafe { libc::mincore(self.start.cast(), LEN, v.as_mut_ptr()) };
+        let rc = unsafe { libc::mincore(self.0.ptr().cast(), LEN, v.as_mut_ptr()) };
         assert_eq!(rc, 0);
         v.iter().filter(|&&b| b & 1 == 1).count() * 4096
-    }
-}
-
-impl Drop for Range {
-    fn drop(&mut self) {
-        // SAFETY: our mapping.
-        unsafe { libc::munmap(self.base.cast(), LEN + 2 * MIB) };
     }
 }
 
