@@ -126,6 +126,17 @@ fn coverage_of_untouched_and_4k_memory() {
 }
 
 #[test]
+fn populate_threads_turns_prefault_on_and_populate_false_turns_it_off() {
+    let o = HugeOptions::new();
+    assert!(!o.populates());
+    assert_eq!(o.populate_thread_limit(), 1);
+    let o = o.populate_threads(3);
+    assert!(o.populates());
+    assert_eq!(o.populate_thread_limit(), 3);
+    assert!(!o.populate(false).populates());
+}
+
+#[test]
 fn require_tiers() {
     let _serial = serial();
     // THP required: met on this machine kind (madvise mode), else a typed error.

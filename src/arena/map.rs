@@ -270,7 +270,7 @@ pub(super) fn mixed(
         });
     }
     if runtime_len > 0 {
-        huge::apply_options(runtime, runtime_len, opts)
+        huge::apply_options(runtime, runtime_len, HUGE_PAGE_2M, opts)
             .map_err(|source| ArenaError::MixedOptions { source })?;
     }
     // The partial last weights page: private anonymous, filled from the file

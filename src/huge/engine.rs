@@ -13,7 +13,7 @@ use super::os;
 use super::place::{self, Groups, Placement, Want};
 use super::policy::{CapRule, OnMiss, Policy, WhenFull, Zeroing, ZERO_BY_MEMSET_MAX};
 use super::retain::{self, Restore};
-use super::span::{self, Span, Spans, View};
+use super::span::{self, Span, Spans, Units, View};
 use super::stats::{Count, Counters, HugeStats};
 use crate::fork::{Hooks, Stage};
 use crate::sys::{self, Advice, HUGE_PAGE_2M};
@@ -69,6 +69,13 @@ pub(crate) static ENGINE: Engine = Engine {
 pub(super) struct Claimed<'a> {
     pub(super) span: &'a Span,
     pub(super) p: Placement,
+}
+
+impl<'a> Claimed<'a> {
+    /// The claimed units.
+    pub(super) fn units(&self) -> Units<'a> {
+        self.span.units(self.p.view, self.p.start, self.p.n)
+    }
 }
 
 /// What an allocation asks for: `len` bytes (a multiple of 2 MiB) aligned
@@ -240,8 +247,9 @@ impl Engine {
             dirty: 0,
             run: v.units,
         };
-        (span.claim(&v, 0, n) && self.ready(span, &v, 0, n, ask.fill, ask.size, ask.policy))
-            .then_some(Claimed { span, p })
+        let c = Claimed { span, p };
+        (span.claim(&v, 0, n) && self.ready(&c.units(), ask.fill, ask.size, ask.policy))
+            .then_some(c)
     }
 
     /// Search, claim and make ready units as `want` says.
@@ -249,76 +257,59 @@ impl Engine {
         loop {
             let p = place::find(&self.spans, ask.len, ask.align, want, ask.home, groups)?;
             let span = self.spans.get(p.view.index);
+            let c = Claimed { span, p };
             if span.claim(&p.view, p.start, p.n) {
                 return self
-                    .ready(span, &p.view, p.start, p.n, ask.fill, ask.size, ask.policy)
-                    .then_some(Claimed { span, p });
+                    .ready(&c.units(), ask.fill, ask.size, ask.policy)
+                    .then_some(c);
             }
         }
     }
 
-    /// Commit claimed units `start..start + n`, count their retained ones
-    /// out and clear those when `fill` asks (of a block whose caller asked
-    /// for `size` bytes from `start`); on failure they are given back and
-    /// `false`.
-    #[allow(clippy::too_many_arguments)]
-    pub(super) fn ready(
-        &self,
-        span: &Span,
-        v: &View,
-        start: u32,
-        n: u32,
-        fill: Fill,
-        size: usize,
-        policy: &Policy,
-    ) -> bool {
-        if span.commit(&self.stats, v, start + n).is_err() {
-            span.release(start, n);
+    /// Commit claimed units `u`, count their retained ones out and clear
+    /// those when `fill` asks (of a block whose caller asked for `size`
+    /// bytes from `u`'s start); on failure they are given back and `false`.
+    pub(super) fn ready(&self, u: &Units<'_>, fill: Fill, size: usize, policy: &Policy) -> bool {
+        if u.span.commit(&self.stats, &u.v, u.start + u.n).is_err() {
+            u.span.release(u.start, u.n);
             return false;
         }
-        let dirty = retain::taken(&self.stats, span, v, start, n);
-        if dirty > 0 && fill == Fill::Zeroed && !self.zero(span, v, start, n, size, policy) {
+        let dirty = retain::taken(&self.stats, u);
+        if dirty > 0 && fill == Fill::Zeroed && !self.zero(u, size, policy) {
             // Back as they were: retained.
-            self.stats.add(Count::Retained, v.len(dirty) as u64);
-            span.release(start, n);
+            self.stats.add(Count::Retained, u.v.len(dirty) as u64);
+            u.span.release(u.start, u.n);
             return false;
         }
         true
     }
 
-    /// Clear the retained units among `start..start + n` (claimed) as
-    /// `policy` says, for a caller that asked for `size` bytes; `false`
-    /// when that failed.
-    fn zero(
-        &self,
-        span: &Span,
-        v: &View,
-        start: u32,
-        n: u32,
-        size: usize,
-        policy: &Policy,
-    ) -> bool {
+    /// Clear the retained units among `u` (claimed) as `policy` says, for a
+    /// caller that asked for `size` bytes; `false` when that failed.
+    fn zero(&self, u: &Units<'_>, size: usize, policy: &Policy) -> bool {
         let memset_request = policy.zeroing == Zeroing::MemsetResident;
         let by_memset =
-            v.tier == Backing::Hugetlb || (memset_request && v.len(n) <= ZERO_BY_MEMSET_MAX);
+            u.v.tier == Backing::Hugetlb || (memset_request && u.len() <= ZERO_BY_MEMSET_MAX);
         // `MemsetResident` clears the request's bytes, all its caller owns;
         // a `memset` for other policies clears the whole block.
-        let owned = if memset_request { size } else { v.len(n) };
-        let end = v.addr(start).as_ptr() as usize + owned.min(v.len(n));
-        for (s, e) in span.dirty_runs(start, n) {
+        let owned = if memset_request {
+            size.min(u.len())
+        } else {
+            u.len()
+        };
+        let end = u.addr().as_ptr() as usize + owned;
+        for (s, e) in u.span.dirty_runs(u.start, u.n) {
+            let run = u.at(s, e - s);
             if !by_memset {
-                if !retain::purge(&self.stats, span, v, s, e - s, Restore::Access) {
+                if !retain::purge(&self.stats, &run, Restore::Access) {
                     return false;
                 }
                 continue;
             }
-            let p = v.addr(s);
-            let len = v.len(e - s).min(end.saturating_sub(p.as_ptr() as usize));
-            if len == 0 {
-                continue;
-            }
+            let p = run.addr();
+            let len = run.len().min(end.saturating_sub(p.as_ptr() as usize));
             // A block freed read-only is made writable before it is written.
-            if os::commit(&self.stats, p, len).is_err() {
+            if len > 0 && os::commit(&self.stats, p, len).is_err() {
                 return false;
             }
             // SAFETY: units the caller claimed, read-write now, that no
@@ -326,7 +317,7 @@ impl Engine {
             unsafe { ptr::write_bytes(p.as_ptr(), 0, len) };
             // Units cleared whole read zero; a partly cleared one stays
             // dirty (in use, so not retained).
-            span.dirty.clear(s, (len >> v.shift) as u32);
+            u.span.dirty.clear(s, (len >> u.v.shift) as u32);
         }
         true
     }
@@ -387,25 +378,17 @@ impl Engine {
 
     /// The units of the live block `d` at `p`: its span, view and first
     /// unit, and its unit count.
-    pub(super) fn units_of(&self, p: *mut u8, d: Descriptor) -> Option<(&Span, View, u32, u32)> {
+    pub(super) fn units_of(&self, p: *mut u8, d: Descriptor) -> Option<Units<'_>> {
         let span = self.spans.get(d.span);
         // The block holds units of the span: it is live and stays so.
         let v = span.view(d.span)?;
-        Some((span, v, v.unit_of(p as usize), v.units_for(d.len())))
+        Some(span.units(v, v.unit_of(p as usize), v.units_for(d.len())))
     }
 
     /// Units leaving a block: retained if `policy` retains them and the cap
     /// has room (made for [`WhenFull::PurgeOldest`]), else purged.
-    pub(super) fn give_back(
-        &self,
-        span: &Span,
-        v: &View,
-        start: u32,
-        n: u32,
-        policy: &Policy,
-        restore: Restore,
-    ) {
-        let len = v.len(n);
+    pub(super) fn give_back(&self, u: &Units<'_>, policy: &Policy, restore: Restore) {
+        let len = u.len();
         let kept = self.retains(len, policy) && {
             let cap = self.retain_cap(policy);
             retain::admit(&self.stats, len, cap)
@@ -413,7 +396,7 @@ impl Engine {
                     && retain::make_room(&self.stats, &self.spans, len, cap)
                     && retain::admit(&self.stats, len, cap))
         };
-        retain::give(&self.stats, &self.spans, span, v, start, n, kept, restore);
+        retain::give(&self.stats, &self.spans, u, kept, restore);
     }
 
     /// Free the block at `p`; `false` when no block of the engine starts
@@ -447,11 +430,11 @@ impl Engine {
             return false;
         };
         self.tick();
-        let Some((span, v, start, n)) = self.units_of(p, d) else {
+        let Some(u) = self.units_of(p, d) else {
             return true;
         };
-        self.stats.sub(Count::Live, v.len(n) as u64);
-        self.give_back(span, &v, start, n, policy, restore);
+        self.stats.sub(Count::Live, u.len() as u64);
+        self.give_back(&u, policy, restore);
         true
     }
 

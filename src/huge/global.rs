@@ -194,11 +194,8 @@ impl<S: GlobalAlloc> CkHuge<S> {
                 // SAFETY: disjoint blocks holding at least the smaller size;
                 // a fresh engine block reads zero past it when `fill` asks.
                 unsafe {
-                    ptr::copy_nonoverlapping(
-                        p.as_ptr(),
-                        q.as_ptr().cast(),
-                        old.size().min(new_size),
-                    );
+                    let n = old.size().min(new_size);
+                    ptr::copy_nonoverlapping(p.as_ptr(), q.as_ptr().cast(), n);
                     if from_huge {
                         // Moved: what the program did to the block went with it.
                         ENGINE.free_moved(p.as_ptr(), policy);

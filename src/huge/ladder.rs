@@ -149,38 +149,29 @@ impl Ladder {
     /// hugetlb.
     fn hugetlb_rung(&self, c: &Counters, req: &Request, opts: &HugeOptions) -> Rung {
         let required = opts.require == Backing::Hugetlb;
-        if !opts.hugetlb || !(required || env::hugetlb_allowed()) {
-            return Continue(None);
-        }
-        if !required && self.backing_off() {
-            c.add(Count::HugetlbSkipped, 1);
+        if !opts.hugetlb || !(required || self.hugetlb_now(c)) {
             return Continue(None);
         }
         let mut err = None;
-        if opts.allow_1gib && req.align <= HUGE_PAGE_1G {
-            if let Some(len_1g) =
-                sys::round_up(req.bytes, HUGE_PAGE_1G).filter(|&l| l <= isize::MAX as usize)
-            {
-                match os::map_hugetlb(c, len_1g, HugetlbSize::Size1G) {
-                    Ok(ptr) => {
-                        let page = HUGE_PAGE_1G;
-                        return Break(finish(c, ptr, len_1g, Backing::Hugetlb, page, opts));
-                    }
-                    Err(e) => {
-                        c.add(Count::HugetlbFallbacks, 1);
-                        err = Some(e);
-                    }
-                }
-            }
-        }
-        if req.align <= HUGE_PAGE_2M {
-            match os::map_hugetlb(c, req.len_2m, HugetlbSize::Size2M) {
-                Ok(ptr) => {
-                    let page = HUGE_PAGE_2M;
-                    return Break(finish(c, ptr, req.len_2m, Backing::Hugetlb, page, opts));
+        let len_1g = sys::round_up(req.bytes, HUGE_PAGE_1G)
+            .filter(|&l| opts.allow_1gib && l <= isize::MAX as usize);
+        let sizes = [
+            (len_1g, HugetlbSize::Size1G, HUGE_PAGE_1G),
+            (Some(req.len_2m), HugetlbSize::Size2M, HUGE_PAGE_2M),
+        ];
+        for (len, size, page) in sizes {
+            let Some(len) = len.filter(|_| req.align <= page) else {
+                continue;
+            };
+            match os::map_hugetlb(c, len, size) {
+                Ok(p) => return Break(finish(c, p, len, Backing::Hugetlb, page, opts)),
+                // Only a 2 MiB failure backs off: 1 GiB pages are rarer.
+                Err(e) if page == HUGE_PAGE_2M => {
+                    self.hugetlb_failed(c);
+                    err = Some(e);
                 }
                 Err(e) => {
-                    self.hugetlb_failed(c);
+                    c.add(Count::HugetlbFallbacks, 1);
                     err = Some(e);
                 }
             }
@@ -244,7 +235,7 @@ fn finish(
 ) -> Result<Mapping, HugeError> {
     // Prefault pieces never split a huge page between two threads.
     let granule = page_size.max(HUGE_PAGE_2M);
-    if let Err(e) = apply_options_paged(ptr, mapped_len, granule, opts) {
+    if let Err(e) = apply_options(ptr, mapped_len, granule, opts) {
         let _ = os::unmap(c, ptr, mapped_len);
         return Err(e);
     }
@@ -257,20 +248,10 @@ fn finish(
     })
 }
 
-/// Bind, prefault, lock and mark a fresh range as the options ask.
-/// Parallel prefault splits the range on 2 MiB boundaries.
-#[cfg_attr(not(target_os = "linux"), allow(dead_code))]
+/// Bind, prefault, lock and mark a fresh range as the options ask; the
+/// pieces of a parallel prefault start and end on multiples of `granule`
+/// (a power of two, the range's huge page size).
 pub(crate) fn apply_options(
-    ptr: NonNull<u8>,
-    len: usize,
-    opts: &HugeOptions,
-) -> Result<(), HugeError> {
-    apply_options_paged(ptr, len, HUGE_PAGE_2M, opts)
-}
-
-/// [`apply_options`] with the huge page size of the range (`granule`, a power
-/// of two): parallel prefault pieces start and end on multiples of it.
-fn apply_options_paged(
     ptr: NonNull<u8>,
     len: usize,
     granule: usize,

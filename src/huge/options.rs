@@ -155,19 +155,3 @@ impl HugeOptions {
         self.populate_threads
     }
 }
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn populate_threads_builder() {
-        let o = HugeOptions::new();
-        assert!(!o.populates());
-        assert_eq!(o.populate_thread_limit(), 1);
-        let o = o.populate_threads(3);
-        assert!(o.populates());
-        assert_eq!(o.populate_thread_limit(), 3);
-        assert!(!o.populate(false).populates());
-    }
-}

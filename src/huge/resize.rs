@@ -8,7 +8,7 @@ use super::os;
 use super::policy::Policy;
 use super::relocate::{relocate, Moved};
 use super::retain::{self, Restore};
-use super::span::{Span, View};
+use super::span::Units;
 use super::stats::Count;
 use crate::sys::{self, Advice};
 use crate::tier::Backing;
@@ -37,7 +37,7 @@ impl Engine {
         policy: &Policy,
     ) -> Result<Block, ResizeError> {
         let d = self.extents.lookup(p).ok_or(ResizeError::NotOurs)?;
-        let (span, v, start, n) = self.units_of(p, d).ok_or(ResizeError::NotOurs)?;
+        let Units { span, v, start, n } = self.units_of(p, d).ok_or(ResizeError::NotOurs)?;
         let new_len = block_len(new_size, align).ok_or(ResizeError::NoMemory)?;
         self.tick();
         let ptr = v.addr(start);
@@ -68,13 +68,13 @@ impl Engine {
         if m != 0 && m < n {
             self.extents.update(ptr, descriptor(m));
             self.stats.sub(Count::Live, v.len(n - m) as u64);
-            self.give_back(span, &v, start + m, n - m, policy, Restore::Access);
+            self.give_back(&span.units(v, start + m, n - m), policy, Restore::Access);
             return Ok(Block { ptr, len: v.len(m) });
         }
         // Grown in place: the units after the block, claimed and made ready.
         if m > n
             && span.claim(&v, start + n, m - n)
-            && self.ready(span, &v, start + n, m - n, fill, v.len(m - n), policy)
+            && self.ready(&span.units(v, start + n, m - n), fill, v.len(m - n), policy)
         {
             zero_to(old_len);
             // The old last unit is a tail no more: advised for THP again.
@@ -89,20 +89,21 @@ impl Engine {
             self.extents.update(ptr, descriptor(m));
             self.stats.live_add(v.len(m - n));
             self.stats.add(Count::GrownInPlace, 1);
-            self.advise_growth(span, &v, start + n, m - n, policy);
+            self.advise_growth(&span.units(v, start + n, m - n), policy);
             return Ok(Block { ptr, len: v.len(m) });
         }
         // Moved: the new place is fresh or retained units; the moved bytes
         // replace what they held.
         let ask = Ask::new(new_size, new_len, align, fill, policy);
         let c = self.claim(&ask).ok_or(ResizeError::NoMemory)?;
-        let dst = c.p.view.addr(c.p.start);
+        let dst = c.units();
         // The pages move onto a destination that reads zero (what a move
         // that fails midway needs): retained units there are purged first.
-        let head = c.p.view.units_for(old_len).min(c.p.n);
+        let head = dst.v.units_for(old_len).min(dst.n);
         let pages = v.tier != Backing::Hugetlb
-            && c.p.view.tier != Backing::Hugetlb
-            && self.purge_dirty(c.span, &c.p.view, c.p.start, head);
+            && dst.v.tier != Backing::Hugetlb
+            && self.purge_dirty(&dst.at(dst.start, head));
+        let dst = dst.addr();
         let moved = relocate(&self.stats, ptr, dst, old_len, 1 << v.shift, pages);
         let count = match moved {
             Moved::Pages => Count::Moved,
@@ -120,21 +121,11 @@ impl Engine {
         self.stats.sub(Count::Live, old_len as u64);
         // The old units are purged and made plain memory, never retained as
         // they are: what the program did to the block went with it.
-        retain::give(
-            &self.stats,
-            &self.spans,
-            span,
-            &v,
-            start,
-            n,
-            false,
-            Restore::Everything,
-        );
-        let (dst_span, dv) = (c.span, c.p.view);
-        let kept = dv.units_for(old_len).min(c.p.n);
-        let added = (c.p.start + kept, c.p.n - kept);
+        let old = span.units(v, start, n);
+        retain::give(&self.stats, &self.spans, &old, false, Restore::Everything);
+        let added = c.units().at(c.p.start + head, c.p.n - head);
         let b = self.hand_out(c, new_size, policy, false);
-        self.advise_growth(dst_span, &dv, added.0, added.1, policy);
+        self.advise_growth(&added, policy);
         Ok(b)
     }
 
@@ -146,23 +137,24 @@ impl Engine {
         }
     }
 
-    /// Purge the dirty units among `start..start + n`; `false` on failure.
-    fn purge_dirty(&self, span: &Span, v: &View, start: u32, n: u32) -> bool {
-        span.dirty_runs(start, n)
-            .all(|(s, e)| retain::purge(&self.stats, span, v, s, e - s, Restore::Access))
+    /// Purge the dirty units among `u`; `false` on failure.
+    fn purge_dirty(&self, u: &Units<'_>) -> bool {
+        u.span
+            .dirty_runs(u.start, u.n)
+            .all(|(s, e)| retain::purge(&self.stats, &u.at(s, e - s), Restore::Access))
     }
 
     /// Units just added to a block go to base pages, as fresh blocks do,
     /// while the first-touch window after a slow page is open.
-    fn advise_growth(&self, span: &Span, v: &View, start: u32, n: u32, policy: &Policy) {
-        if n > 0
-            && v.tier == Backing::TransparentHuge
-            && policy.probes()
+    fn advise_growth(&self, u: &Units<'_>, policy: &Policy) {
+        let thp = u.v.tier == Backing::TransparentHuge && policy.probes();
+        if u.n > 0
+            && thp
             && self
                 .window
-                .base_pages_if_open(&self.stats, v.addr(start), v.len(n))
+                .base_pages_if_open(&self.stats, u.addr(), u.len())
         {
-            span.base_pages.set(start, n);
+            u.span.base_pages.set(u.start, u.n);
         }
     }
 }

@@ -7,7 +7,7 @@
 
 use super::os;
 use super::policy::CapRule;
-use super::span::{self, Span, Spans, View};
+use super::span::{self, Span, Spans, Units, View};
 use super::stats::{Count, Counters};
 use crate::bits;
 use crate::env;
@@ -77,22 +77,15 @@ pub(crate) enum Restore {
     Everything,
 }
 
-/// Purge units `start..start + n` of span `v` (claimed by the caller): they
-/// read zero and are read-write afterwards; a locked range is unlocked and
-/// purged again. `true` when that worked (and the range restored as
-/// `restore` says); `false` leaves them as they were.
-pub(crate) fn purge(
-    c: &Counters,
-    span: &Span,
-    v: &View,
-    start: u32,
-    n: u32,
-    restore: Restore,
-) -> bool {
-    if v.tier == Backing::Hugetlb {
+/// Purge units `u` (claimed by the caller): they read zero and are
+/// read-write afterwards; a locked range is unlocked and purged again.
+/// `true` when that worked (and the range restored as `restore` says);
+/// `false` leaves them as they were.
+pub(crate) fn purge(c: &Counters, u: &Units<'_>, restore: Restore) -> bool {
+    if u.v.tier == Backing::Hugetlb {
         return false;
     }
-    let (p, len) = (v.addr(start), v.len(n));
+    let (span, p, len) = (u.span, u.addr(), u.len());
     let mut plain = restore == Restore::Everything;
     let mut r = os::purge(c, p, len);
     if r.as_ref()
@@ -108,12 +101,12 @@ pub(crate) fn purge(
     if r.is_err() || os::commit(c, p, len).is_err() {
         return false;
     }
-    if v.tier == Backing::TransparentHuge && (plain || span.base_pages.count(start, n) > 0) {
+    if u.v.tier == Backing::TransparentHuge && (plain || span.base_pages.count(u.start, u.n) > 0) {
         // Advice only: a failure leaves the range as it was advised.
         let _ = os::advise(c, p, len, Advice::HugePage);
-        span.forget_advice(c, start, n);
+        span.forget_advice(c, u.start, u.n);
     }
-    span.dirty.clear(start, n);
+    span.dirty.clear(u.start, u.n);
     c.add(Count::Purged, len as u64);
     true
 }
@@ -132,27 +125,19 @@ enum Back {
 
 /// Give claimed units back to the kernel: purged, or in a hugetlb span
 /// unmapped as a hole (retiring the span when no block uses it).
-fn give_to_kernel(
-    c: &Counters,
-    spans: &Spans,
-    span: &Span,
-    v: &View,
-    start: u32,
-    n: u32,
-    restore: Restore,
-) -> Back {
-    if v.tier != Backing::Hugetlb {
-        return if purge(c, span, v, start, n, restore) {
+fn give_to_kernel(c: &Counters, spans: &Spans, u: &Units<'_>, restore: Restore) -> Back {
+    if u.v.tier != Backing::Hugetlb {
+        return if purge(c, u, restore) {
             Back::Clean
         } else {
             Back::Kept
         };
     }
-    if span.unmap_hole(c, v, start, n).is_err() {
+    if u.span.unmap_hole(c, &u.v, u.start, u.n).is_err() {
         return Back::Kept;
     }
-    if unused(span, v) {
-        let _ = spans.retire(c, v);
+    if unused(u.span, &u.v) {
+        let _ = spans.retire(c, &u.v);
     }
     Back::Hole
 }
@@ -160,51 +145,30 @@ fn give_to_kernel(
 /// Give back free units the caller claimed from a snapshot of the retained
 /// ones, and release them; the retained among them (counted now) stop
 /// counting. Returns their bytes, `None` when the system call failed.
-fn release_claimed(
-    c: &Counters,
-    spans: &Spans,
-    span: &Span,
-    v: &View,
-    start: u32,
-    n: u32,
-) -> Option<usize> {
-    let bytes = v.len(span.dirty.count(start, n));
-    match give_to_kernel(c, spans, span, v, start, n, Restore::Access) {
-        Back::Kept => {
-            span.release(start, n);
-            None
-        }
-        back => {
-            c.sub(Count::Retained, bytes as u64);
-            if back == Back::Clean {
-                span.release(start, n);
-            }
-            Some(bytes)
-        }
+fn release_claimed(c: &Counters, spans: &Spans, u: &Units<'_>) -> Option<usize> {
+    let bytes = u.v.len(u.span.dirty.count(u.start, u.n));
+    let back = give_to_kernel(c, spans, u, Restore::Access);
+    if back != Back::Hole {
+        u.span.release(u.start, u.n);
     }
+    (back != Back::Kept).then(|| {
+        c.sub(Count::Retained, bytes as u64);
+        bytes
+    })
 }
 
 /// Units leave a block (freed, or cut off by a shrink): stamped now, then
 /// retained when `kept` (their bytes [admitted](admit)), else given back to
 /// the kernel (retained after all if that fails), then released.
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn give(
-    c: &Counters,
-    spans: &Spans,
-    span: &Span,
-    v: &View,
-    start: u32,
-    n: u32,
-    kept: bool,
-    restore: Restore,
-) {
+pub(crate) fn give(c: &Counters, spans: &Spans, u: &Units<'_>, kept: bool, restore: Restore) {
+    let (span, start, n) = (u.span, u.start, u.n);
     span.stamp(start, n, span::stamp_now());
     if !kept {
-        match give_to_kernel(c, spans, span, v, start, n, restore) {
+        match give_to_kernel(c, spans, u, restore) {
             Back::Clean => return span.release(start, n),
             Back::Hole => return,
             Back::Kept => {
-                c.add(Count::Retained, v.len(n) as u64);
+                c.add(Count::Retained, u.len() as u64);
             }
         }
     }
@@ -212,11 +176,11 @@ pub(crate) fn give(
     span.release(start, n);
 }
 
-/// Units `start..start + n` were just claimed for a block: the retained
-/// ones among them stop counting as retained. Returns how many were.
-pub(crate) fn taken(c: &Counters, span: &Span, v: &View, start: u32, n: u32) -> u32 {
-    let d = span.dirty.count(start, n);
-    c.sub(Count::Retained, v.len(d) as u64);
+/// Units `u` were just claimed for a block: the retained ones among them
+/// stop counting as retained. Returns how many were.
+pub(crate) fn taken(c: &Counters, u: &Units<'_>) -> u32 {
+    let d = u.span.dirty.count(u.start, u.n);
+    c.sub(Count::Retained, u.v.len(d) as u64);
     d
 }
 
@@ -230,7 +194,8 @@ pub(crate) fn make_room(c: &Counters, spans: &Spans, need: usize, cap: usize) ->
         let Some((span, v, s, e)) = oldest_run(spans) else {
             return false;
         };
-        if span.claim(&v, s, e - s) && release_claimed(c, spans, span, &v, s, e - s).is_none() {
+        if span.claim(&v, s, e - s) && release_claimed(c, spans, &span.units(v, s, e - s)).is_none()
+        {
             span.stamp(s, e - s, span::stamp_now());
             return false;
         }
@@ -305,7 +270,7 @@ pub(crate) fn decay(c: &Counters, spans: &Spans, now: u32, delay: u32) {
                     }
                     let end = (u..e).find(|&i| !expired_at(i)).unwrap_or(e);
                     if span.claim(&v, u, end - u) {
-                        match release_claimed(c, spans, span, &v, u, end - u) {
+                        match release_claimed(c, spans, &span.units(v, u, end - u)) {
                             Some(bytes) => {
                                 c.add(Count::Decayed, bytes as u64);
                             }
@@ -366,7 +331,7 @@ pub(crate) fn release_all(c: &Counters, spans: &Spans) -> usize {
         }
         for (s, e) in bits::runs(&retained(span, &v)) {
             if span.claim(&v, s, e - s) {
-                released += release_claimed(c, spans, span, &v, s, e - s).unwrap_or(0);
+                released += release_claimed(c, spans, &span.units(v, s, e - s)).unwrap_or(0);
             }
         }
     }

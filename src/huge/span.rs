@@ -133,6 +133,32 @@ impl View {
     }
 }
 
+/// Units `start..start + n` of a span, as the view `v` saw it.
+#[derive(Clone, Copy)]
+pub(crate) struct Units<'a> {
+    pub(crate) span: &'a Span,
+    pub(crate) v: View,
+    pub(crate) start: u32,
+    pub(crate) n: u32,
+}
+
+impl<'a> Units<'a> {
+    /// Units `start..start + n` of the same span.
+    pub(crate) fn at(&self, start: u32, n: u32) -> Units<'a> {
+        self.span.units(self.v, start, n)
+    }
+
+    /// The address of the first unit.
+    pub(crate) fn addr(&self) -> NonNull<u8> {
+        self.v.addr(self.start)
+    }
+
+    /// Their bytes.
+    pub(crate) fn len(&self) -> usize {
+        self.v.len(self.n)
+    }
+}
+
 impl Span {
     const fn new() -> Span {
         Span {
@@ -164,6 +190,16 @@ impl Span {
             shift: self.shift.load(Relaxed),
             group: self.group.load(Relaxed),
         })
+    }
+
+    /// Units `start..start + n` of this span as `v` saw it.
+    pub(crate) fn units(&self, v: View, start: u32, n: u32) -> Units<'_> {
+        Units {
+            span: self,
+            v,
+            start,
+            n,
+        }
     }
 
     /// Set units `start..start + n` in use if all are free and the span

@@ -308,18 +308,14 @@ impl fmt::Display for HugeStats {
     /// library prints it at exit, inside the allocator).
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         writeln!(f, "{:<10} {:>10} {:>14}", "tier", "blocks", "bytes")?;
-        for (name, t) in [
+        let tiers = [
             ("hugetlb", self.hugetlb),
             ("THP", self.thp),
             ("normal", self.normal),
-        ] {
-            writeln!(
-                f,
-                "{:<10} {:>10} {:>14}",
-                name,
-                t.blocks,
-                human_bytes(t.bytes)
-            )?;
+        ];
+        for (name, t) in tiers {
+            let bytes = human_bytes(t.bytes);
+            writeln!(f, "{name:<10} {:>10} {bytes:>14}", t.blocks)?;
         }
         writeln!(
             f,
