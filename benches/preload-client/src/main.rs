@@ -6,7 +6,8 @@
 //! large-block microbenchmark (`blocks.c`: allocate, touch, free blocks of
 //! 2 to 256 MiB and a mix, 1 and 2 threads) under the same configurations,
 //! each run preceded by the preparation of its memory state
-//! (`--blocks-state`, default `thp,4k`; [`BLOCKS_PREP_MIB`] for `thp`),
+//! (`--blocks-state`, default `thp,4k`; [`BLOCKS_PREP_MIB`] for `thp`;
+//! `--blocks-rounds`, default 5),
 //! then the instructions of a small request (`small.c`: `malloc(64)` +
 //! `free`, counted by callgrind, [`icount`]) under each configuration.
 //! Prints every run, the medians with interquartile ranges, and ckalloc's
@@ -16,7 +17,7 @@
 //! ```text
 //! preload-client --python PY --model DIR --library SO --serve serve.py --blocks-src blocks.c
 //!                --small-src small.c [--rounds N] [--quick] [--state thp,4k,none] [--only a,b]
-//!                [--no-blocks] [--blocks-state thp,4k] [--no-serve] [--no-small]
+//!                [--no-blocks] [--blocks-state thp,4k] [--blocks-rounds N] [--no-serve] [--no-small]
 //!                [--baseline-library SO] [--records FILE]
 //! ```
 //!
@@ -149,6 +150,8 @@ struct Args {
     blocks_src: PathBuf,
     small_src: PathBuf,
     rounds: usize,
+    /// Rounds of the large-block rows (`--blocks-rounds`, 5 unless given).
+    blocks_rounds: usize,
     states: Vec<State>,
     only: Option<Vec<String>>,
     blocks: bool,
@@ -171,6 +174,7 @@ fn parse_args() -> Result<Args, String> {
         blocks_src: PathBuf::new(),
         small_src: PathBuf::new(),
         rounds: 7,
+        blocks_rounds: 5,
         states: vec![State::Thp, State::Base4k, State::None],
         only: None,
         blocks: true,
@@ -198,6 +202,13 @@ fn parse_args() -> Result<Args, String> {
                     .ok()
                     .filter(|n| (1..=100).contains(n))
                     .ok_or("--rounds: a number from 1 to 100")?
+            }
+            "--blocks-rounds" => {
+                a.blocks_rounds = val("--blocks-rounds")?
+                    .parse()
+                    .ok()
+                    .filter(|n| (1..=100).contains(n))
+                    .ok_or("--blocks-rounds: a number from 1 to 100")?
             }
             "--quick" => {
                 a.rounds = 1;
@@ -546,7 +557,7 @@ fn run_blocks(state: State, a: &Args, configs: &[&Config], envs: &[Vec<(String, 
     for threads in [1, 2] {
         // rows[config][row] = ns per op, one per round
         let mut rows: Vec<Vec<(String, Vec<f64>)>> = configs.iter().map(|_| Vec::new()).collect();
-        for round in 0..a.rounds.min(5) {
+        for round in 0..a.blocks_rounds {
             for k in 0..configs.len() {
                 let i = (round + k) % configs.len();
                 if let Err(e) = prepare(state, BLOCKS_PREP_MIB) {
@@ -588,7 +599,7 @@ fn run_blocks(state: State, a: &Args, configs: &[&Config], envs: &[Vec<(String, 
         println!(
             "Large blocks, {threads} {noun}, memory state {}: median ns per allocate + touch + free ({} rounds)",
             state.name(),
-            a.rounds.min(5)
+            a.blocks_rounds
         );
         println!();
         let names: Vec<&str> = configs.iter().map(|c| c.name).collect();
