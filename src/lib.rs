@@ -102,6 +102,7 @@ mod prefault;
 #[cfg(all(feature = "preload", target_os = "linux", target_env = "gnu"))]
 pub mod preload;
 mod probe;
+mod thp;
 mod tier;
 mod units;
 #[cfg(feature = "weights")]
@@ -118,6 +119,7 @@ pub use huge::{
     HugeError, HugeOptions, HugeRegion, HugeStats, TierStats,
 };
 pub use probe::{huge_page_coverage, probe, HugeCoverage, HugetlbPool, SystemHugePages};
+pub use thp::{thp_settings, Khugepaged, ThpDefrag, ThpSettings};
 pub use units::{human_bytes, HumanBytes};
 
 /// Test-only fault injection into the OS layer (`--cfg ckalloc_fault_injection`).

@@ -2,6 +2,7 @@
 //! of a range is backed by huge pages ([`huge_page_coverage`]).
 
 use crate::sys;
+use crate::thp::{thp_settings, ThpSettings};
 use crate::tier::{self, THP_DEFRAG, THP_ENABLED};
 use crate::units::human_bytes;
 use std::ffi::CStr;
@@ -141,6 +142,8 @@ pub struct SystemHugePages {
     pub thp_enabled: Option<String>,
     /// THP defrag mode from `.../transparent_hugepage/defrag`.
     pub thp_defrag: Option<String>,
+    /// The `defrag` mode as a value, and khugepaged's settings.
+    pub thp: ThpSettings,
     /// hugetlb pools, one per supported page size, smallest first.
     pub hugetlb: Vec<HugetlbPool>,
     /// Base page size in bytes.
@@ -223,6 +226,7 @@ pub fn probe() -> SystemHugePages {
     SystemHugePages {
         thp_enabled: read_choice(THP_ENABLED),
         thp_defrag: read_choice(THP_DEFRAG),
+        thp: thp_settings(),
         hugetlb,
         base_page_size: sys::page_size() as u64,
         memlock_soft,
@@ -239,7 +243,7 @@ impl fmt::Display for SystemHugePages {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let opt = |o: &Option<String>| o.clone().unwrap_or_else(|| "unsupported".into());
         writeln!(f, "THP enabled:     {}", opt(&self.thp_enabled))?;
-        writeln!(f, "THP defrag:      {}", opt(&self.thp_defrag))?;
+        writeln!(f, "THP:             {}", self.thp)?;
         writeln!(f, "base page size:  {}", human_bytes(self.base_page_size))?;
         for p in &self.hugetlb {
             writeln!(

@@ -379,6 +379,75 @@ fn child_first_touch_probe() {
 }
 
 #[test]
+fn the_probe_takes_the_wait_for_a_cpu_out_of_a_page_s_cost() {
+    run_child("child_first_touch_contended", &[("CKALLOC_HUGETLB", "0")]);
+}
+
+/// Pin the calling thread to `cpu` alone; `false` when the kernel refuses.
+fn pin_to(cpu: usize) -> bool {
+    // SAFETY: a zeroed `cpu_set_t` is the empty set; CPU_SET writes inside it
+    // (`cpu` is below CPU_SETSIZE, checked by the caller's choice of 0);
+    // sched_setaffinity reads it.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(cpu, &mut set);
+        libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) == 0
+    }
+}
+
+#[test]
+#[ignore = "run by the_probe_takes_the_wait_for_a_cpu_out_of_a_page_s_cost"]
+fn child_first_touch_contended() {
+    if !maps_thp() {
+        eprintln!("no THP here: skipped");
+        return;
+    }
+    if std::fs::read("/proc/thread-self/schedstat").is_err() {
+        eprintln!("no /proc/thread-self/schedstat: skipped");
+        return;
+    }
+    // Two CPU-bound threads share CPU 0 with the probing thread, so it waits
+    // for the CPU while it faults pages in.
+    let stop = Arc::new(AtomicBool::new(false));
+    let spinners: Vec<_> = (0..2)
+        .map(|_| {
+            let stop = Arc::clone(&stop);
+            std::thread::spawn(move || {
+                let pinned = pin_to(0);
+                while pinned && !stop.load(Ordering::Relaxed) {
+                    std::hint::spin_loop();
+                }
+            })
+        })
+        .collect();
+    assert!(pin_to(0), "sched_setaffinity to CPU 0");
+    let before = huge_stats();
+    let mut after = before;
+    for _ in 0..50 {
+        let l = layout(16 * MIB, 8);
+        let p = alloc(l);
+        free(p, l);
+        release_retained();
+        after = huge_stats();
+        if after.first_touch_cpu_wait_ns > before.first_touch_cpu_wait_ns {
+            break;
+        }
+    }
+    stop.store(true, Ordering::Relaxed);
+    for s in spinners {
+        s.join().unwrap();
+    }
+    assert!(
+        after.first_touch_probes > before.first_touch_probes,
+        "{after:?}"
+    );
+    let waited = after.first_touch_cpu_wait_ns - before.first_touch_cpu_wait_ns;
+    let took = after.first_touch_probe_ns - before.first_touch_probe_ns;
+    assert!(waited > 0, "no wait for a CPU was seen: {after:?}");
+    assert!(waited <= took, "waited {waited} ns of {took} ns");
+}
+
+#[test]
 fn after_a_slow_probe_fresh_blocks_fault_in_as_base_pages() {
     run_child("child_first_touch_window", &[("CKALLOC_HUGETLB", "0")]);
 }

@@ -28,8 +28,11 @@ pub struct Policy {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum FirstTouch {
     /// A block of 4 MiB or more is faulted in at allocation one 2 MiB page
-    /// at a time while each comes in within 1 ms; at the first slower page
-    /// the rest, and the fresh blocks of the next 200 ms, go to base pages
+    /// at a time while each costs at most 1 ms: its wall-clock time less
+    /// the thread's run-queue delay meanwhile (`/proc/thread-self/schedstat`;
+    /// the wall clock alone where it cannot be read), so a busy CPU does not
+    /// pass for slow memory. At the first costlier page the rest, and the
+    /// fresh blocks of the next 200 ms, go to base pages
     /// (`MADV_NOHUGEPAGE`). `CKALLOC_FIRST_TOUCH_PROBE=off` turns it off.
     Probe,
     /// Nothing at allocation: the block faults in as THP when written, as

@@ -3,6 +3,7 @@
 //! other threads allocate may mix moments. Reading them never allocates.
 
 use crate::env::{self, Setting, Source};
+use crate::thp::{thp_settings, ThpSettings};
 use crate::tier::Backing;
 use crate::units::{human_bytes, plural};
 use std::fmt;
@@ -46,6 +47,8 @@ pub(crate) enum Count {
     Probes,
     SlowProbes,
     ProbeNs,
+    ProbeWaitNs,
+    DescheduledPages,
     Populated,
     BaseBlocks,
     BaseBytes,
@@ -168,12 +171,15 @@ impl Counters {
             first_touch_probes: g(Count::Probes),
             first_touch_slow_probes: g(Count::SlowProbes),
             first_touch_probe_ns: g(Count::ProbeNs),
+            first_touch_cpu_wait_ns: g(Count::ProbeWaitNs),
+            first_touch_descheduled_pages: g(Count::DescheduledPages),
             first_touch_populated_bytes: g(Count::Populated),
             first_touch_base_blocks: g(Count::BaseBlocks),
             first_touch_base_bytes: g(Count::BaseBytes),
             short_tails: g(Count::ShortTails),
             short_tails_over_budget: g(Count::ShortTailsOverBudget),
             settings: env::settings(),
+            thp_settings: thp_settings(),
         }
     }
 }
@@ -270,10 +276,19 @@ pub struct HugeStats {
     /// Fresh THP blocks the first-touch probe faulted in, one 2 MiB page at
     /// a time ([`FirstTouch::Probe`](crate::huge::FirstTouch)).
     pub first_touch_probes: u64,
-    /// Of those, blocks in which a page took longer than 1 ms.
+    /// Of those, blocks in which a page cost more than 1 ms: its wall-clock
+    /// time less the time the thread waited for a CPU meanwhile (its
+    /// run-queue delay, `/proc/thread-self/schedstat`).
     pub first_touch_slow_probes: u64,
-    /// Time spent faulting blocks in, in nanoseconds.
+    /// Wall-clock time spent faulting blocks in, in nanoseconds.
     pub first_touch_probe_ns: u64,
+    /// Of that time, nanoseconds the probing threads waited for a CPU (not
+    /// counted against a page).
+    pub first_touch_cpu_wait_ns: u64,
+    /// Pages that took more than 1 ms by the wall clock but not once the
+    /// wait for a CPU is taken out: kept huge, where a wall-clock test
+    /// would have sent their blocks to base pages.
+    pub first_touch_descheduled_pages: u64,
     /// Bytes the probe faulted in before the caller wrote them.
     pub first_touch_populated_bytes: u64,
     /// Blocks (or their rest) the probe advised `MADV_NOHUGEPAGE`, after a
@@ -292,6 +307,9 @@ pub struct HugeStats {
     /// [`Source::Unparsed`] (taken as unset) and is named on the last line
     /// of `Display`.
     pub settings: [Setting; env::SETTINGS],
+    /// The kernel's THP `defrag` mode and khugepaged's settings, read when
+    /// the snapshot was taken.
+    pub thp_settings: ThpSettings,
 }
 
 impl HugeStats {
@@ -355,12 +373,16 @@ impl fmt::Display for HugeStats {
         )?;
         write!(
             f,
-            "first touch: {} block{} faulted in ({} in {:.1} ms; {} met a slow page), {} block{} ({}) sent to base pages",
+            "first touch: {} block{} faulted in ({} in {:.1} ms, {:.1} ms of it waiting for a CPU; \
+             {} met a slow page, {} page{} slow only by the wall clock), {} block{} ({}) sent to base pages",
             self.first_touch_probes,
             plural(self.first_touch_probes),
             human_bytes(self.first_touch_populated_bytes),
             self.first_touch_probe_ns as f64 / 1e6,
+            self.first_touch_cpu_wait_ns as f64 / 1e6,
             self.first_touch_slow_probes,
+            self.first_touch_descheduled_pages,
+            plural(self.first_touch_descheduled_pages),
             self.first_touch_base_blocks,
             plural(self.first_touch_base_blocks),
             human_bytes(self.first_touch_base_bytes)
@@ -370,6 +392,7 @@ impl fmt::Display for HugeStats {
             "\nshort tails on base pages: {} (left on huge pages: {})",
             self.short_tails, self.short_tails_over_budget
         )?;
+        write!(f, "\nTHP: {}", self.thp_settings)?;
         write!(f, "\nsettings: {}", self.settings[0])?;
         for s in &self.settings[1..] {
             write!(f, ", {s}")?;

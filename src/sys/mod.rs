@@ -32,8 +32,8 @@ pub(crate) use mappings::{
 #[cfg(feature = "weights")]
 pub(crate) use process::block_termination_signals;
 pub(crate) use process::{
-    address_space_limited, environment_ready, getenv, linux_at_least, memlock_limit, monotonic_ns,
-    read_small_file, register_atfork,
+    address_space_limited, environment_ready, getenv, leading_u64, linux_at_least, memlock_limit,
+    monotonic_ns, read_small_file, register_atfork, run_delay_ns,
 };
 
 #[cfg(target_os = "linux")]

@@ -62,6 +62,34 @@ pub(crate) fn read_small_file<'a>(path: &std::ffi::CStr, buf: &'a mut [u8]) -> O
     Some(&buf[..len])
 }
 
+/// The leading decimal number of `text` (ASCII whitespace before it
+/// skipped), as sysfs and procfs print them; `None` when there is none or
+/// it overflows.
+pub(crate) fn leading_u64(text: &[u8]) -> Option<u64> {
+    let start = text.iter().position(|b| !b.is_ascii_whitespace())?;
+    let digits = text[start..].iter().take_while(|b| b.is_ascii_digit());
+    let mut n: Option<u64> = None;
+    for &d in digits {
+        n = Some(
+            n.unwrap_or(0)
+                .checked_mul(10)?
+                .checked_add(u64::from(d - b'0'))?,
+        );
+    }
+    n
+}
+
+/// This thread's run-queue delay so far: nanoseconds it was runnable but
+/// waiting for a CPU, the second field of `/proc/thread-self/schedstat`
+/// (Linux's `sched_info`; proc(5)). `None` when the file cannot be read.
+/// Three system calls (open, read, close), no allocation.
+pub(crate) fn run_delay_ns() -> Option<u64> {
+    let mut buf = [0u8; 96];
+    let text = read_small_file(c"/proc/thread-self/schedstat", &mut buf)?;
+    let second = text.iter().position(|&b| b == b' ')?;
+    leading_u64(&text[second..])
+}
+
 /// `RLIMIT_MEMLOCK` as (soft, hard) in bytes; `None` stands for unlimited.
 pub(crate) fn memlock_limit() -> io::Result<(Option<u64>, Option<u64>)> {
     // SAFETY: plain out-struct.

@@ -232,6 +232,14 @@ fn system_json(sys: &SystemHugePages) -> Value {
     json!({
         "thp_enabled": sys.thp_enabled,
         "thp_defrag": sys.thp_defrag,
+        "thp_advised_fault_compacts": sys.thp.defrag.map(|d| d.advised_fault_compacts()),
+        "khugepaged": sys.thp.khugepaged.map(|k| json!({
+            "defrag": k.defrag,
+            "pages_to_scan": k.pages_to_scan,
+            "scan_sleep_ms": k.scan_sleep_ms,
+            "alloc_sleep_ms": k.alloc_sleep_ms,
+            "max_ptes_none": k.max_ptes_none,
+        })),
         "base_page_size": sys.base_page_size,
         "hugetlb": sys.hugetlb.iter().map(|p| json!({
             "page_size": p.page_size, "total": p.total, "free": p.free,

@@ -1,0 +1,288 @@
+//! First touch of a 64 MiB block under `CkHuge::new()` (its first-touch
+//! probe) and under `System` (glibc), in each memory state, with and without
+//! two CPU-bound processes running on the machine's cores: the time to
+//! allocate and write one byte per 4 KiB page, the share of the block in
+//! huge pages right after (`AnonHugePages` of its range, `smaps`), and the
+//! probe's decision (pages that cost more than 1 ms; pages slow only by the
+//! wall clock, which the probe takes for a busy CPU, not for slow memory).
+//!
+//! ```text
+//! first-touch [--rounds N] [--state thp,4k,none] [--prep-mib M] [--idle-ms T] [--records FILE]
+//! ```
+//!
+//! `--idle-ms T` waits T ms between the preparation and the run: on a VM
+//! with free page reporting the memory freed by the preparation goes back to
+//! the host meanwhile (Linux reports free blocks about 2 s after they are
+//! freed), so fresh huge pages fault on the host too.
+//!
+//! `--records FILE` appends every run as a line of JSON (state `STATE-idle`
+//! or `STATE-busy`), as the other drivers do.
+//!
+//! Every run is a fresh process (`first-touch --child ALLOC`), preceded by
+//! the preparation of its memory state; the contenders and the load run
+//! interleaved within a round. The CPU-bound processes are two children
+//! (`first-touch --spin`) started before the preparation and stopped after
+//! the run. Prints every run, then per state and load the medians and how
+//! many runs kept the block at least 95% huge.
+
+#[path = "../memory_state.rs"]
+mod memory_state;
+
+use ckalloc::{huge_page_coverage, huge_stats, CkHuge};
+use memory_state::{
+    loadavg, median, page_reporting, parse_states, prepare, prepare_once, record, State,
+};
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::process::{Child, Command, ExitCode, Stdio};
+use std::time::Instant;
+
+const BLOCK: usize = 64 << 20;
+
+/// One run's result, as the child prints it.
+#[derive(Clone, Copy, Default)]
+struct Run {
+    ms: f64,
+    huge_pct: f64,
+    slow_pages: f64,
+    wall_only_pages: f64,
+    cpu_wait_ms: f64,
+}
+
+fn child(alloc: &str) -> ExitCode {
+    let layout = Layout::from_size_align(BLOCK, 64).expect("64 MiB layout");
+    let ckhuge = CkHuge::new();
+    let before = huge_stats();
+    let start = Instant::now();
+    // SAFETY: a non-zero layout; the block is written inside its length and
+    // freed with the same allocator and layout below.
+    let p = unsafe {
+        match alloc {
+            "ckhuge" => ckhuge.alloc(layout),
+            _ => System.alloc(layout),
+        }
+    };
+    if p.is_null() {
+        eprintln!("first-touch: allocation failed");
+        return ExitCode::FAILURE;
+    }
+    let mut i = 0;
+    while i < BLOCK {
+        // SAFETY: `i < BLOCK`, inside the block.
+        unsafe { p.add(i).write_volatile(1) };
+        i += 4096;
+    }
+    let ms = start.elapsed().as_secs_f64() * 1e3;
+    let cov = huge_page_coverage(p, BLOCK).ok();
+    let after = huge_stats();
+    // SAFETY: allocated above with this allocator and layout.
+    unsafe {
+        match alloc {
+            "ckhuge" => ckhuge.dealloc(p, layout),
+            _ => System.dealloc(p, layout),
+        }
+    }
+    let huge_pct = cov.map_or(f64::NAN, |c| 100.0 * c.huge_bytes as f64 / BLOCK as f64);
+    println!(
+        "RESULT ms={ms:.2} huge_pct={huge_pct:.1} slow_pages={} wall_only_pages={} cpu_wait_ms={:.2}",
+        after.first_touch_slow_probes - before.first_touch_slow_probes,
+        after.first_touch_descheduled_pages - before.first_touch_descheduled_pages,
+        (after.first_touch_cpu_wait_ns - before.first_touch_cpu_wait_ns) as f64 / 1e6
+    );
+    ExitCode::SUCCESS
+}
+
+fn parse(line: &str) -> Option<Run> {
+    let rest = line.strip_prefix("RESULT ")?;
+    let mut r = Run::default();
+    for kv in rest.split_whitespace() {
+        let (k, v) = kv.split_once('=')?;
+        let v: f64 = v.parse().ok()?;
+        match k {
+            "ms" => r.ms = v,
+            "huge_pct" => r.huge_pct = v,
+            "slow_pages" => r.slow_pages = v,
+            "wall_only_pages" => r.wall_only_pages = v,
+            "cpu_wait_ms" => r.cpu_wait_ms = v,
+            _ => {}
+        }
+    }
+    Some(r)
+}
+
+fn spinners(n: usize) -> Result<Vec<Child>, String> {
+    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+    (0..n)
+        .map(|_| {
+            Command::new(&exe)
+                .arg("--spin")
+                .stdout(Stdio::null())
+                .spawn()
+                .map_err(|e| format!("spawning a CPU-bound process: {e}"))
+        })
+        .collect()
+}
+
+fn run_once(alloc: &str) -> Result<Run, String> {
+    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+    let out = Command::new(exe)
+        .args(["--child", alloc])
+        .env("CKALLOC_HUGETLB", "0")
+        .output()
+        .map_err(|e| e.to_string())?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    text.lines()
+        .find_map(parse)
+        .filter(|_| out.status.success())
+        .ok_or_else(|| {
+            format!(
+                "first-touch child under {alloc} failed: {}",
+                String::from_utf8_lossy(&out.stderr)
+            )
+        })
+}
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    match args.first().map(String::as_str) {
+        Some("--spin") => loop {
+            std::hint::spin_loop();
+        },
+        Some("--child") => return child(args.get(1).map_or("ckhuge", String::as_str)),
+        _ => {}
+    }
+    let mut rounds = 9;
+    let mut states = vec![State::Thp, State::Base4k, State::None];
+    let mut prep_mib = memory_state::DEFAULT_PREP_MIB;
+    let mut records = None;
+    let mut idle_ms = 0u64;
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        let value = it.next().map(String::as_str);
+        let parsed = match (a.as_str(), value) {
+            ("--rounds", Some(v)) => v
+                .parse::<usize>()
+                .map(|n| rounds = n)
+                .map_err(|e| e.to_string()),
+            ("--state", Some(v)) => parse_states(v).map(|s| states = s),
+            ("--prep-mib", Some(v)) => v
+                .parse::<usize>()
+                .map(|n| prep_mib = n)
+                .map_err(|e| e.to_string()),
+            ("--idle-ms", Some(v)) => v
+                .parse::<u64>()
+                .map(|n| idle_ms = n)
+                .map_err(|e| e.to_string()),
+            ("--records", Some(v)) => {
+                records = Some(v.to_string());
+                Ok(())
+            }
+            _ => Err(format!("unknown argument {a:?}")),
+        };
+        if let Err(e) = parsed {
+            eprintln!("first-touch: {e}\nusage: first-touch [--rounds N] [--state thp,4k,none] [--prep-mib M] [--idle-ms T] [--records FILE]");
+            return ExitCode::from(2);
+        }
+    }
+    println!(
+        "first-touch: 64 MiB, {rounds} rounds, {idle_ms} ms idle after each preparation, free page reporting {}, load average {}",
+        page_reporting(),
+        loadavg()
+    );
+    let contenders = ["ckhuge", "system"];
+    for state in states {
+        if let Err(e) = prepare_once(state) {
+            eprintln!("first-touch: {e}");
+            return ExitCode::FAILURE;
+        }
+        // results[load][contender]
+        let mut results = vec![vec![Vec::new(); contenders.len()]; 2];
+        println!();
+        println!("state {}:", state.name());
+        println!(
+            "round load     allocator  ms      huge %  slow pages  wall-only pages  CPU wait ms"
+        );
+        for round in 0..rounds {
+            for k in 0..2 * contenders.len() {
+                let slot = (round + k) % (2 * contenders.len());
+                let (load, c) = (slot / contenders.len(), slot % contenders.len());
+                let busy = match spinners(2 * load) {
+                    Ok(b) => b,
+                    Err(e) => {
+                        eprintln!("first-touch: {e}");
+                        return ExitCode::FAILURE;
+                    }
+                };
+                let result = prepare(state, prep_mib).and_then(|()| {
+                    std::thread::sleep(std::time::Duration::from_millis(idle_ms));
+                    run_once(contenders[c])
+                });
+                for mut b in busy {
+                    let _ = b.kill();
+                    let _ = b.wait();
+                }
+                let r = match result {
+                    Ok(r) => r,
+                    Err(e) => {
+                        eprintln!("first-touch: {e}");
+                        return ExitCode::FAILURE;
+                    }
+                };
+                println!(
+                    "{:<5} {:<8} {:<10} {:<7.1} {:<7.1} {:<11} {:<16} {:.1}",
+                    round + 1,
+                    if load == 1 { "2 busy" } else { "idle" },
+                    contenders[c],
+                    r.ms,
+                    r.huge_pct,
+                    r.slow_pages,
+                    r.wall_only_pages,
+                    r.cpu_wait_ms
+                );
+                record(
+                    records.as_deref(),
+                    &format!(
+                        "{}-{}",
+                        state.name(),
+                        if load == 1 { "busy" } else { "idle" }
+                    ),
+                    contenders[c],
+                    round + 1,
+                    &[
+                        ("first_touch_ms", r.ms),
+                        ("huge_pct", r.huge_pct),
+                        ("slow_pages", r.slow_pages),
+                        ("wall_only_pages", r.wall_only_pages),
+                    ],
+                );
+                results[load][c].push(r);
+            }
+        }
+        println!();
+        println!(
+            "| state | load | allocator | first touch ms (median) | huge % (median) | runs >= 95% huge | runs with a slow page | wall-only slow pages (sum) |"
+        );
+        println!("| --- | --- | --- | --- | --- | --- | --- | --- |");
+        for (load, per) in results.iter().enumerate() {
+            for (c, runs) in per.iter().enumerate() {
+                let col = |f: fn(&Run) -> f64| runs.iter().map(f).collect::<Vec<_>>();
+                println!(
+                    "| {} | {} | {} | {:.1} | {:.1} | {} of {} | {} | {} |",
+                    state.name(),
+                    if load == 1 {
+                        "2 CPU-bound processes"
+                    } else {
+                        "idle"
+                    },
+                    contenders[c],
+                    median(col(|r| r.ms)),
+                    median(col(|r| r.huge_pct)),
+                    runs.iter().filter(|r| r.huge_pct >= 95.0).count(),
+                    runs.len(),
+                    runs.iter().filter(|r| r.slow_pages > 0.0).count(),
+                    col(|r| r.wall_only_pages).iter().sum::<f64>()
+                );
+            }
+        }
+    }
+    ExitCode::SUCCESS
+}

@@ -1,0 +1,184 @@
+//! The kernel's THP settings as one value, [`ThpSettings`]: what a THP fault
+//! does when no free 2 MiB block is at hand (`defrag`), and how khugepaged
+//! collapses base pages into huge pages later. The meanings follow Linux's
+//! `Documentation/admin-guide/mm/transhuge.rst`. Reading them never
+//! allocates (the preload library's summary reads them at exit).
+
+use crate::sys;
+use crate::tier::{sysfs_choice, THP_DEFRAG};
+use std::ffi::CStr;
+use std::fmt;
+
+/// THP's `defrag` mode (`/sys/kernel/mm/transparent_hugepage/defrag`): what
+/// a fault that wants a huge page does when no free 2 MiB block is at hand.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ThpDefrag {
+    /// Every THP fault reclaims and compacts memory synchronously.
+    Always,
+    /// No THP fault waits: kswapd and kcompactd are woken, the fault takes
+    /// base pages, khugepaged collapses them later.
+    Defer,
+    /// Faults in `MADV_HUGEPAGE` ranges reclaim and compact synchronously,
+    /// others act as `Defer`.
+    DeferMadvise,
+    /// Faults in `MADV_HUGEPAGE` ranges reclaim and compact synchronously,
+    /// others take a huge page only when one is free.
+    Madvise,
+    /// No THP fault reclaims or compacts.
+    Never,
+}
+
+impl ThpDefrag {
+    fn parse(word: &[u8]) -> Option<ThpDefrag> {
+        Some(match word {
+            b"always" => ThpDefrag::Always,
+            b"defer" => ThpDefrag::Defer,
+            b"defer+madvise" => ThpDefrag::DeferMadvise,
+            b"madvise" => ThpDefrag::Madvise,
+            b"never" => ThpDefrag::Never,
+            _ => return None,
+        })
+    }
+
+    /// The word sysfs uses for this mode.
+    pub fn name(self) -> &'static str {
+        match self {
+            ThpDefrag::Always => "always",
+            ThpDefrag::Defer => "defer",
+            ThpDefrag::DeferMadvise => "defer+madvise",
+            ThpDefrag::Madvise => "madvise",
+            ThpDefrag::Never => "never",
+        }
+    }
+
+    /// Whether a fault in a range advised `MADV_HUGEPAGE` may wait on
+    /// synchronous reclaim and compaction: `always`, `defer+madvise` and
+    /// `madvise`.
+    pub fn advised_fault_compacts(self) -> bool {
+        matches!(
+            self,
+            ThpDefrag::Always | ThpDefrag::DeferMadvise | ThpDefrag::Madvise
+        )
+    }
+}
+
+/// khugepaged's settings (`/sys/kernel/mm/transparent_hugepage/khugepaged/`):
+/// the kernel thread that collapses base pages of THP-eligible ranges into
+/// huge pages in the background.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Khugepaged {
+    /// Whether khugepaged may reclaim and compact to get a huge page
+    /// (`defrag`).
+    pub defrag: bool,
+    /// Base pages scanned per pass (`pages_to_scan`).
+    pub pages_to_scan: u64,
+    /// Milliseconds between passes (`scan_sleep_millisecs`).
+    pub scan_sleep_ms: u64,
+    /// Milliseconds to wait after a failed huge-page allocation
+    /// (`alloc_sleep_millisecs`).
+    pub alloc_sleep_ms: u64,
+    /// How many of a 2 MiB range's 512 base pages may be absent for it to
+    /// be collapsed (`max_ptes_none`; 511: any range with one present page).
+    pub max_ptes_none: u64,
+}
+
+/// The kernel's THP settings now ([`thp_settings`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ThpSettings {
+    /// The `defrag` mode; `None` when the kernel has no THP.
+    pub defrag: Option<ThpDefrag>,
+    /// khugepaged's settings; `None` when they cannot be read.
+    pub khugepaged: Option<Khugepaged>,
+}
+
+const KHUGEPAGED: &[&CStr; 5] = &[
+    c"/sys/kernel/mm/transparent_hugepage/khugepaged/defrag",
+    c"/sys/kernel/mm/transparent_hugepage/khugepaged/pages_to_scan",
+    c"/sys/kernel/mm/transparent_hugepage/khugepaged/scan_sleep_millisecs",
+    c"/sys/kernel/mm/transparent_hugepage/khugepaged/alloc_sleep_millisecs",
+    c"/sys/kernel/mm/transparent_hugepage/khugepaged/max_ptes_none",
+];
+
+/// Read the kernel's THP `defrag` mode and khugepaged's settings from sysfs.
+/// Reads six small files each call; never allocates.
+pub fn thp_settings() -> ThpSettings {
+    let mut buf = [0u8; 128];
+    let defrag = sysfs_choice(THP_DEFRAG, &mut buf).and_then(ThpDefrag::parse);
+    let mut v = [0u64; 5];
+    let mut read_all = true;
+    for (path, slot) in KHUGEPAGED.iter().zip(&mut v) {
+        match sys::read_small_file(path, &mut buf).and_then(sys::leading_u64) {
+            Some(n) => *slot = n,
+            None => read_all = false,
+        }
+    }
+    let khugepaged = read_all.then_some(Khugepaged {
+        defrag: v[0] != 0,
+        pages_to_scan: v[1],
+        scan_sleep_ms: v[2],
+        alloc_sleep_ms: v[3],
+        max_ptes_none: v[4],
+    });
+    ThpSettings { defrag, khugepaged }
+}
+
+impl fmt::Display for ThpSettings {
+    /// One line, for example `defrag madvise (a MADV_HUGEPAGE fault may
+    /// compact synchronously); khugepaged: defrag on, 4096 pages every
+    /// 10000 ms, max_ptes_none 511`. Never allocates.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.defrag {
+            Some(d) if d.advised_fault_compacts() => write!(
+                f,
+                "defrag {} (a MADV_HUGEPAGE fault may compact synchronously)",
+                d.name()
+            )?,
+            Some(d) => write!(f, "defrag {} (no MADV_HUGEPAGE fault compacts)", d.name())?,
+            None => f.write_str("defrag unknown")?,
+        }
+        match &self.khugepaged {
+            Some(k) => write!(
+                f,
+                "; khugepaged: defrag {}, {} pages every {} ms, max_ptes_none {}",
+                if k.defrag { "on" } else { "off" },
+                k.pages_to_scan,
+                k.scan_sleep_ms,
+                k.max_ptes_none
+            ),
+            None => f.write_str("; khugepaged: unknown"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_defrag_word_parses_and_names_itself() {
+        for d in [
+            ThpDefrag::Always,
+            ThpDefrag::Defer,
+            ThpDefrag::DeferMadvise,
+            ThpDefrag::Madvise,
+            ThpDefrag::Never,
+        ] {
+            assert_eq!(ThpDefrag::parse(d.name().as_bytes()), Some(d));
+        }
+        assert_eq!(ThpDefrag::parse(b"sometimes"), None);
+        assert!(ThpDefrag::Madvise.advised_fault_compacts());
+        assert!(!ThpDefrag::Defer.advised_fault_compacts());
+        assert!(!ThpDefrag::Never.advised_fault_compacts());
+    }
+
+    #[test]
+    fn settings_of_this_kernel_read_when_it_has_thp() {
+        let s = thp_settings();
+        let has_thp = std::path::Path::new("/sys/kernel/mm/transparent_hugepage/defrag").exists();
+        assert_eq!(s.defrag.is_some(), has_thp);
+        let line = s.to_string();
+        assert!(line.starts_with("defrag "), "{line}");
+    }
+}
