@@ -1,8 +1,10 @@
 //! The preload client's driver: PyTorch CPU (`serve.py`: transformers'
 //! `BertModel` on all-MiniLM-L6-v2, batch 16 x 128, 2 threads, 7 forward
-//! passes) under eight `LD_PRELOAD` configurations users pick today and
-//! under ckalloc's preload library, `--rounds` interleaved rounds in each
-//! memory state (`--state`; the same states as the real client), then a
+//! passes; with `--workloads serve,trace` also `trace.py`, a seeded serving
+//! trace of requests of varying batch and length with idle spells between
+//! bursts, `--seed N`) under nine `LD_PRELOAD` configurations users pick
+//! today and under ckalloc's preload library, `--rounds` interleaved rounds
+//! in each memory state (`--state`; the same states as the real client), then a
 //! large-block microbenchmark (`blocks.c`: allocate, touch, free blocks of
 //! 2 to 256 MiB and a mix, 1 and 2 threads) under the same configurations,
 //! each run preceded by the preparation of its memory state
@@ -11,12 +13,12 @@
 //! then the instructions of a small request (`small.c`: `malloc(64)` +
 //! `free`, counted by callgrind, [`icount`]) under each configuration.
 //! Prints every run, the medians with interquartile ranges, and ckalloc's
-//! ratios to the best of the eight and to default glibc. Exits 1 when a run
+//! ratios to the best of the others and to default glibc. Exits 1 when a run
 //! fails or the output checksums differ.
 //!
 //! ```text
-//! preload-client --python PY --model DIR --library SO --serve serve.py --blocks-src blocks.c
-//!                --small-src small.c [--rounds N] [--quick] [--state thp,4k,none] [--only a,b]
+//! preload-client --python PY --model DIR --library SO --serve serve.py --trace trace.py
+//!                --blocks-src blocks.c --small-src small.c [--workloads serve,trace] [--seed N] [--rounds N] [--quick] [--state thp,4k,none] [--only a,b]
 //!                [--no-blocks] [--blocks-state thp,4k] [--blocks-rounds N] [--no-serve] [--no-small]
 //!                [--baseline-library SO] [--records FILE]
 //! ```
@@ -24,12 +26,14 @@
 //! `--baseline-library SO` adds the configuration `ckalloc@base`: another
 //! build of the preload library (another version of ckalloc), interleaved
 //! with the rest and left out of the "best of the others"; `--records FILE`
-//! appends every serve and blocks run as a line of JSON, which
+//! appends every serve, trace and blocks run as a line of JSON (a trace
+//! run's state is `trace-STATE`), which
 //! `scripts/ab-stats` turns into paired ratios of ckalloc to its baseline.
 //!
 //! `benches/preload-client/run` passes the paths.
 
 mod icount;
+mod workload;
 
 #[path = "../../real-client/src/memory_state.rs"]
 #[allow(dead_code)]
@@ -41,6 +45,7 @@ use memory_state::{
 };
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
+use workload::{Kind, Workload};
 
 /// MiB of THP touched and freed before each large-block run in the `thp`
 /// state: more than the benchmark's peak (two 256 MiB blocks, plus what the
@@ -68,8 +73,9 @@ struct Config {
     env: &'static [(&'static str, &'static str)],
 }
 
-/// The eight configurations users pick today (defaults, then each one's
-/// huge-page switch), then ckalloc.
+/// The nine configurations users pick today (defaults, then each one's
+/// huge-page switch, then jemalloc as Intel's PyTorch guide configures it),
+/// then ckalloc.
 const CONFIGS: &[Config] = &[
     Config {
         name: "glibc",
@@ -115,6 +121,15 @@ const CONFIGS: &[Config] = &[
         env: &[("THP_MEM_ALLOC_ENABLE", "1")],
     },
     Config {
+        name: "jemalloc-intel",
+        preload: Some("jemalloc"),
+        env: &[(
+            "MALLOC_CONF",
+            "oversize_threshold:1,background_thread:true,metadata_thp:auto,\
+             dirty_decay_ms:9000000000,muzzy_decay_ms:9000000000",
+        )],
+    },
+    Config {
         name: "ckalloc",
         preload: Some("ckalloc"),
         env: &[],
@@ -132,21 +147,16 @@ fn is_ckalloc(c: &Config) -> bool {
     c.name.starts_with("ckalloc")
 }
 
-/// Columns of a serve run: key, title, lower is better.
-const COLUMNS: &[(&str, &str)] = &[
-    ("load_ms", "model load (ms)"),
-    ("forward_first_ms", "forward, first (ms)"),
-    ("forward_median_ms", "forward, median of passes 2-7 (ms)"),
-    ("forward_faults", "forward-pass minor faults"),
-    ("peak_rss_mib", "peak RSS (MiB)"),
-    ("anon_huge_mib", "AnonHugePages (MiB)"),
-];
-
 struct Args {
     python: PathBuf,
     model: PathBuf,
     library: PathBuf,
     serve: PathBuf,
+    trace: PathBuf,
+    /// The workloads to run in each state (`--workloads`, default `serve`).
+    workloads: Vec<String>,
+    /// The serving trace's seed (`--seed`, default 1).
+    seed: u64,
     blocks_src: PathBuf,
     small_src: PathBuf,
     rounds: usize,
@@ -171,6 +181,9 @@ fn parse_args() -> Result<Args, String> {
         model: PathBuf::new(),
         library: PathBuf::new(),
         serve: PathBuf::new(),
+        trace: PathBuf::new(),
+        workloads: vec!["serve".into()],
+        seed: 1,
         blocks_src: PathBuf::new(),
         small_src: PathBuf::new(),
         rounds: 7,
@@ -192,6 +205,22 @@ fn parse_args() -> Result<Args, String> {
             "--model" => a.model = val("--model")?.into(),
             "--library" => a.library = val("--library")?.into(),
             "--serve" => a.serve = val("--serve")?.into(),
+            "--trace" => a.trace = val("--trace")?.into(),
+            "--workloads" => {
+                a.workloads = val("--workloads")?.split(',').map(str::to_owned).collect();
+                if let Some(w) = a
+                    .workloads
+                    .iter()
+                    .find(|w| !["serve", "trace"].contains(&w.as_str()))
+                {
+                    return Err(format!("--workloads: {w:?} is not serve or trace"));
+                }
+            }
+            "--seed" => {
+                a.seed = val("--seed")?
+                    .parse()
+                    .map_err(|_| "--seed: a whole number".to_string())?
+            }
             "--baseline-library" => a.baseline = Some(val("--baseline-library")?.into()),
             "--records" => a.records = Some(val("--records")?),
             "--blocks-src" => a.blocks_src = val("--blocks-src")?.into(),
@@ -242,6 +271,7 @@ fn parse_args() -> Result<Args, String> {
         ("--model", &a.model),
         ("--library", &a.library),
         ("--serve", &a.serve),
+        ("--trace", &a.trace),
     ] {
         if !p.exists() {
             return Err(format!("{name} {}: not found", p.display()));
@@ -296,22 +326,24 @@ fn command(program: &Path, env: &[(String, String)]) -> Command {
     cmd
 }
 
-struct ServeRun {
+struct Run {
     values: Vec<f64>,
     checksum: String,
 }
 
-fn serve(a: &Args, env: &[(String, String)]) -> Result<ServeRun, String> {
+/// One run of `w` under the environment `env`.
+fn run_workload(a: &Args, w: &Workload, env: &[(String, String)]) -> Result<Run, String> {
     let out = command(&a.python, env)
-        .arg(&a.serve)
+        .arg(&w.script)
         .arg(&a.model)
-        .args(["16", "128", "7"])
+        .args(&w.args)
         .env("OMP_NUM_THREADS", "2")
         .output()
         .map_err(|e| format!("{}: {e}", a.python.display()))?;
+    let script = w.script.file_name().unwrap_or_default().to_string_lossy();
     if !out.status.success() {
         return Err(format!(
-            "serve.py failed ({}): {}",
+            "{script} failed ({}): {}",
             out.status,
             String::from_utf8_lossy(&out.stderr).trim()
         ));
@@ -321,24 +353,10 @@ fn serve(a: &Args, env: &[(String, String)]) -> Result<ServeRun, String> {
         .lines()
         .rev()
         .find(|l| l.starts_with('{'))
-        .ok_or("serve.py: no JSON line")?;
-    let v: serde_json::Value = serde_json::from_str(line).map_err(|e| format!("serve.py: {e}"))?;
-    let passes: Vec<f64> = v["forward_ms"]
-        .as_array()
-        .ok_or("serve.py: no forward_ms")?
-        .iter()
-        .filter_map(|x| x.as_f64())
-        .collect();
-    let num = |k: &str| v[k].as_f64().ok_or(format!("serve.py: no {k}"));
-    Ok(ServeRun {
-        values: vec![
-            num("load_ms")?,
-            passes.first().copied().unwrap_or(f64::NAN),
-            median(passes.iter().skip(1).copied().collect()),
-            num("forward_faults")?,
-            num("peak_rss_kib")? / 1024.0,
-            num("anon_huge_kib")? / 1024.0,
-        ],
+        .ok_or(format!("{script}: no JSON line"))?;
+    let v: serde_json::Value = serde_json::from_str(line).map_err(|e| format!("{script}: {e}"))?;
+    Ok(Run {
+        values: (w.values)(&v).map_err(|e| format!("{script}: {e}"))?,
         checksum: v["checksum"].as_str().unwrap_or("").to_owned(),
     })
 }
@@ -372,8 +390,18 @@ fn main() -> ExitCode {
     }
     let mut failed = false;
     if a.run_serve {
-        for &state in &a.states {
-            failed |= run_state(state, &a, &configs, &envs);
+        let workloads: Vec<Workload> = a
+            .workloads
+            .iter()
+            .map(|w| match w.as_str() {
+                "trace" => Workload::trace(a.trace.clone(), a.seed),
+                _ => Workload::serve(a.serve.clone()),
+            })
+            .collect();
+        for w in &workloads {
+            for &state in &a.states {
+                failed |= run_state(w, state, &a, &configs, &envs);
+            }
         }
     }
     if a.blocks {
@@ -391,11 +419,24 @@ fn main() -> ExitCode {
     }
 }
 
-fn run_state(state: State, a: &Args, configs: &[&Config], envs: &[Vec<(String, String)>]) -> bool {
+fn run_state(
+    w: &Workload,
+    state: State,
+    a: &Args,
+    configs: &[&Config],
+    envs: &[Vec<(String, String)>],
+) -> bool {
+    let columns = w.columns;
+    let label = match w.name {
+        "serve" => state.name().to_string(),
+        other => format!("{other}-{}", state.name()),
+    };
     println!();
     println!(
-        "preload-client: PyTorch all-MiniLM-L6-v2, {} rounds x {} configurations, memory state {}, \
+        "preload-client: PyTorch all-MiniLM-L6-v2, {} ({}), {} rounds x {} configurations, memory state {}, \
          free page reporting {}, load average {}",
+        w.name,
+        w.script.display(),
         a.rounds,
         configs.len(),
         state.name(),
@@ -406,7 +447,7 @@ fn run_state(state: State, a: &Args, configs: &[&Config], envs: &[Vec<(String, S
         eprintln!("preload-client: {e}");
         return true;
     }
-    let mut runs: Vec<Vec<ServeRun>> = configs.iter().map(|_| Vec::new()).collect();
+    let mut runs: Vec<Vec<Run>> = configs.iter().map(|_| Vec::new()).collect();
     let mut failed = false;
     for round in 0..a.rounds {
         for k in 0..configs.len() {
@@ -416,15 +457,15 @@ fn run_state(state: State, a: &Args, configs: &[&Config], envs: &[Vec<(String, S
                 failed = true;
                 continue;
             }
-            match serve(a, &envs[i]) {
+            match run_workload(a, w, &envs[i]) {
                 Ok(r) => {
-                    let keyed: Vec<(&str, f64)> = COLUMNS
+                    let keyed: Vec<(&str, f64)> = columns
                         .iter()
-                        .map(|c| c.0)
+                        .map(|c| c.key)
                         .zip(r.values.iter().copied())
                         .collect();
                     let name = configs[i].name;
-                    record(a.records.as_deref(), state.name(), name, round + 1, &keyed);
+                    record(a.records.as_deref(), &label, name, round + 1, &keyed);
                     let cells: Vec<String> = r.values.iter().map(|v| format!("{v:.1}")).collect();
                     println!(
                         "{:<3} {:<15} {}  {}",
@@ -448,23 +489,29 @@ fn run_state(state: State, a: &Args, configs: &[&Config], envs: &[Vec<(String, S
     }
     let col = |i: usize, c: usize| runs[i].iter().map(|r| r.values[c]).collect::<Vec<_>>();
     println!();
+    // scripts/perf-report reads the steady batch's tables by this heading.
+    let heading = if w.name == "serve" {
+        "Memory state"
+    } else {
+        "Serving trace, memory state"
+    };
     println!(
-        "Memory state {}: medians of {} rounds:",
+        "{heading} {}: medians of {} rounds:",
         state.name(),
         a.rounds
     );
     println!();
-    let titles: Vec<&str> = COLUMNS.iter().map(|c| c.1).collect();
+    let titles: Vec<&str> = columns.iter().map(|c| c.title).collect();
     println!("| configuration | {} | checksum |", titles.join(" | "));
-    println!("|{}", " --- |".repeat(COLUMNS.len() + 2));
+    println!("|{}", " --- |".repeat(columns.len() + 2));
     for (i, c) in configs.iter().enumerate() {
         if runs[i].is_empty() {
             continue;
         }
-        let cells: Vec<String> = (0..COLUMNS.len())
+        let cells: Vec<String> = (0..columns.len())
             .map(|k| {
                 let m = median(col(i, k));
-                if k <= 2 {
+                if columns[k].kind == Kind::Time {
                     format!(
                         "{m:.1} (IQR {:.1}-{:.1})",
                         quantile(col(i, k), 0.25),
@@ -482,15 +529,19 @@ fn run_state(state: State, a: &Args, configs: &[&Config], envs: &[Vec<(String, S
             runs[i][0].checksum
         );
     }
-    // ckalloc's ratios to the best of the eight and to default glibc.
+    // ckalloc's ratios to the best of the others and to default glibc.
     if let Some(ck) = configs.iter().position(|c| c.name == "ckalloc") {
         if !runs[ck].is_empty() {
+            let compared: Vec<usize> = (0..columns.len())
+                .filter(|&k| columns[k].kind != Kind::Info)
+                .collect();
+            let names: Vec<&str> = compared.iter().map(|&k| titles[k]).collect();
             println!();
-            println!("| ckalloc's ratio | {} |", titles[..5].join(" | "));
-            println!("|{}", " --- |".repeat(6));
+            println!("| ckalloc's ratio | {} |", names.join(" | "));
+            println!("|{}", " --- |".repeat(compared.len() + 1));
             let mut best = Vec::new();
             let mut glibc = Vec::new();
-            for k in 0..5 {
+            for &k in &compared {
                 let mine = median(col(ck, k));
                 let peers: Vec<(f64, &str)> = configs
                     .iter()

@@ -1,0 +1,88 @@
+"""One run of the preload client's serving trace: PyTorch CPU running
+all-MiniLM-L6-v2 (transformers.BertModel, local files only) on a seeded
+stream of requests of varying batch and sequence length, in bursts with
+idle spells between them, under whatever allocator the environment
+preloads. A request is one forward pass of its batch. Prints one JSON line:
+model load time, every request's latency and shape, which requests came
+right after an idle spell, the minor page faults of the requests (a
+getrusage delta around them), RSS and AnonHugePages at the end, and a
+checksum of every output.
+
+Usage: python trace.py MODEL_DIR [SEED] [BURSTS]
+
+The stream is a function of SEED alone (default 1): BURSTS bursts (default
+6) of 4 to 8 requests; batch 1, 2, 4, 8 or 16; sequence length 16, 32, 64,
+128 or 256 tokens; an idle spell of 1, 2 or 4 s before every burst after
+the first (on a VM with free page reporting, memory freed before a spell of
+2 s or more goes back to the host meanwhile).
+"""
+import hashlib
+import json
+import random
+import resource
+import sys
+import time
+
+import torch
+from transformers import BertModel
+
+model_dir = sys.argv[1]
+seed = int(sys.argv[2]) if len(sys.argv) > 2 else 1
+bursts = int(sys.argv[3]) if len(sys.argv) > 3 else 6
+torch.set_num_threads(2)
+
+rng = random.Random(seed)
+stream = []  # (idle seconds before the request, batch, sequence length)
+for b in range(bursts):
+    idle = 0.0 if b == 0 else rng.choice([1.0, 2.0, 4.0])
+    for r in range(rng.randint(4, 8)):
+        stream.append((idle if r == 0 else 0.0, rng.choice([1, 2, 4, 8, 16]),
+                       rng.choice([16, 32, 64, 128, 256])))
+
+t = time.perf_counter()
+model = BertModel.from_pretrained(model_dir, local_files_only=True)
+model.eval()
+load_ms = (time.perf_counter() - t) * 1e3
+
+g = torch.Generator().manual_seed(seed)
+digest = hashlib.sha256()
+latencies = []
+after_idle = []
+faults0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+with torch.inference_mode():
+    for i, (idle, batch, seq) in enumerate(stream):
+        if idle:
+            time.sleep(idle)
+            after_idle.append(i)
+        ids = torch.randint(0, 1000, (batch, seq), generator=g)
+        mask = torch.ones_like(ids)
+        t = time.perf_counter()
+        out = model(input_ids=ids, attention_mask=mask).last_hidden_state
+        latencies.append((time.perf_counter() - t) * 1e3)
+        digest.update(out.contiguous().numpy().round(4).tobytes())
+faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults0
+
+
+def kib(path, key):
+    """A `key: N kB` field of a /proc file, 0 when absent."""
+    try:
+        with open(path) as f:
+            for line in f:
+                if line.startswith(key):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
+
+
+print(json.dumps({
+    "load_ms": round(load_ms, 2),
+    "latency_ms": [round(x, 3) for x in latencies],
+    "shapes": [[b, s] for _, b, s in stream],
+    "after_idle": after_idle,
+    "forward_faults": faults,
+    "rss_end_kib": kib("/proc/self/status", "VmRSS:"),
+    "peak_rss_kib": kib("/proc/self/status", "VmHWM:"),
+    "anon_huge_kib": kib("/proc/self/smaps_rollup", "AnonHugePages:"),
+    "checksum": digest.hexdigest()[:16],
+}))
