@@ -17,6 +17,9 @@ pub(crate) const PROBE_MIN_LEN: usize = 2 * HUGE_PAGE_2M;
 /// 4 KiB on the machine measured) sends the rest of its block to base pages.
 pub(crate) const SLOW_NS: u64 = 1_000_000;
 
+/// How long after a slow page fresh blocks go to base pages unprobed.
+pub(crate) const SLOW_WINDOW_NS: u64 = 200_000_000;
+
 /// A moment of the probing thread: the monotonic clock and the thread's
 /// run-queue delay (`/proc/thread-self/schedstat`), both in nanoseconds.
 #[derive(Clone, Copy)]
@@ -49,8 +52,6 @@ impl PageClock {
         (took - waited, waited)
     }
 }
-/// How long after a slow page fresh blocks go to base pages unprobed.
-pub(crate) const SLOW_WINDOW_NS: u64 = 200_000_000;
 
 /// The window after a slow page: monotonic ns until which fresh blocks go
 /// to base pages; 0: none.
