@@ -119,7 +119,7 @@ pub use huge::{
     HugeError, HugeOptions, HugeRegion, HugeStats, TierStats,
 };
 pub use probe::{huge_page_coverage, probe, HugeCoverage, HugetlbPool, SystemHugePages};
-pub use thp::{thp_settings, Khugepaged, ThpDefrag, ThpSettings};
+pub use thp::{thp_settings, Khugepaged, ThpDefrag, ThpEnabled, ThpSettings};
 pub use units::{human_bytes, HumanBytes};
 
 /// Test-only fault injection into the OS layer (`--cfg ckalloc_fault_injection`).

@@ -241,9 +241,10 @@ pub fn probe() -> SystemHugePages {
 
 impl fmt::Display for SystemHugePages {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let opt = |o: &Option<String>| o.clone().unwrap_or_else(|| "unsupported".into());
-        writeln!(f, "THP enabled:     {}", opt(&self.thp_enabled))?;
-        writeln!(f, "THP:             {}", self.thp)?;
+        match self.thp_enabled {
+            Some(_) => writeln!(f, "THP:             {}", self.thp)?,
+            None => writeln!(f, "THP:             unsupported")?,
+        }
         writeln!(f, "base page size:  {}", human_bytes(self.base_page_size))?;
         for p in &self.hugetlb {
             writeln!(

@@ -481,7 +481,7 @@ fn probe_and_stats_display() {
     let p = probe();
     assert!(p.base_page_size >= 4096);
     let text = p.to_string();
-    assert!(text.contains("THP enabled"), "{text}");
+    assert!(text.contains("THP:"), "{text}");
     if std::path::Path::new("/sys/kernel/mm/hugepages/hugepages-2048kB").exists() {
         assert!(p.pool(2 * MIB as u64).is_some());
     }

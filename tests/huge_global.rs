@@ -383,10 +383,23 @@ fn the_probe_takes_the_wait_for_a_cpu_out_of_a_page_s_cost() {
     run_child("child_first_touch_contended", &[("CKALLOC_HUGETLB", "0")]);
 }
 
+/// The first CPU this thread may run on.
+fn first_allowed_cpu() -> Option<usize> {
+    // SAFETY: a zeroed `cpu_set_t` is the empty set; sched_getaffinity fills
+    // it; CPU_ISSET reads inside it (indices below CPU_SETSIZE).
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        if libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) != 0 {
+            return None;
+        }
+        (0..libc::CPU_SETSIZE as usize).find(|&c| libc::CPU_ISSET(c, &set))
+    }
+}
+
 /// Pin the calling thread to `cpu` alone; `false` when the kernel refuses.
 fn pin_to(cpu: usize) -> bool {
     // SAFETY: a zeroed `cpu_set_t` is the empty set; CPU_SET writes inside it
-    // (`cpu` is below CPU_SETSIZE, checked by the caller's choice of 0);
+    // (`cpu` comes from `first_allowed_cpu`, below CPU_SETSIZE);
     // sched_setaffinity reads it.
     unsafe {
         let mut set: libc::cpu_set_t = std::mem::zeroed();
@@ -406,25 +419,32 @@ fn child_first_touch_contended() {
         eprintln!("no /proc/thread-self/schedstat: skipped");
         return;
     }
-    // Two CPU-bound threads share CPU 0 with the probing thread, so it waits
-    // for the CPU while it faults pages in.
+    let Some(cpu) = first_allowed_cpu().filter(|&c| pin_to(c)) else {
+        eprintln!("cannot pin a thread to a CPU here: skipped");
+        return;
+    };
+    // Two CPU-bound threads share that CPU with the probing thread, so it
+    // waits for the CPU while it faults pages in.
     let stop = Arc::new(AtomicBool::new(false));
     let spinners: Vec<_> = (0..2)
         .map(|_| {
             let stop = Arc::clone(&stop);
             std::thread::spawn(move || {
-                let pinned = pin_to(0);
+                let pinned = pin_to(cpu);
                 while pinned && !stop.load(Ordering::Relaxed) {
                     std::hint::spin_loop();
                 }
             })
         })
         .collect();
-    assert!(pin_to(0), "sched_setaffinity to CPU 0");
     let before = huge_stats();
     let mut after = before;
-    for _ in 0..50 {
-        let l = layout(16 * MIB, 8);
+    // Until the probe has waited for the CPU: each try probes a fresh 64 MiB
+    // block (32 pages) with the window after a slow page closed, so slow
+    // memory cannot keep the probe from running.
+    for _ in 0..200 {
+        ckalloc::huge::hold_first_touch_base_pages(false);
+        let l = layout(64 * MIB, 8);
         let p = alloc(l);
         free(p, l);
         release_retained();

@@ -18,17 +18,38 @@ the first (on a VM with free page reporting, memory freed before a spell of
 """
 import hashlib
 import json
+import os
 import random
 import resource
 import sys
 import time
 
-import torch
-from transformers import BertModel
+USAGE = "usage: python trace.py MODEL_DIR [SEED] [BURSTS]  (SEED 0 to 2^63-1, BURSTS 1 to 1000)"
 
-model_dir = sys.argv[1]
-seed = int(sys.argv[2]) if len(sys.argv) > 2 else 1
-bursts = int(sys.argv[3]) if len(sys.argv) > 3 else 6
+
+def arguments():
+    """MODEL_DIR, SEED and BURSTS, checked before torch is imported."""
+    if not 2 <= len(sys.argv) <= 4:
+        sys.exit(USAGE)
+    model_dir = sys.argv[1]
+    if not os.path.isfile(os.path.join(model_dir, "config.json")):
+        sys.exit(f"trace.py: {model_dir}: no config.json (scripts/fetch-model fills "
+                 f".cache/models/all-minilm-l6-v2)\n{USAGE}")
+    try:
+        seed = int(sys.argv[2]) if len(sys.argv) > 2 else 1
+        bursts = int(sys.argv[3]) if len(sys.argv) > 3 else 6
+    except ValueError:
+        sys.exit(USAGE)
+    if not (0 <= seed < 2**63 and 1 <= bursts <= 1000):
+        sys.exit(USAGE)
+    return model_dir, seed, bursts
+
+
+model_dir, seed, bursts = arguments()
+
+import torch  # noqa: E402
+from transformers import BertModel  # noqa: E402
+
 torch.set_num_threads(2)
 
 rng = random.Random(seed)

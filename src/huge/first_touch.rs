@@ -7,7 +7,7 @@
 
 use super::os;
 use super::stats::{Count, Counters};
-use crate::sys::{self, Advice, HUGE_PAGE_2M};
+use crate::sys::{self, Advice, SchedStat, HUGE_PAGE_2M};
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
@@ -20,8 +20,9 @@ pub(crate) const SLOW_NS: u64 = 1_000_000;
 /// How long after a slow page fresh blocks go to base pages unprobed.
 pub(crate) const SLOW_WINDOW_NS: u64 = 200_000_000;
 
-/// A moment of the probing thread: the monotonic clock and the thread's
-/// run-queue delay (`/proc/thread-self/schedstat`), both in nanoseconds.
+/// A moment of the probing thread: its run-queue delay
+/// (`/proc/thread-self/schedstat`) and then the monotonic clock, both in
+/// nanoseconds, read in the same order every time.
 #[derive(Clone, Copy)]
 struct PageClock {
     wall: u64,
@@ -29,9 +30,9 @@ struct PageClock {
 }
 
 impl PageClock {
-    fn now() -> PageClock {
+    fn now(stat: Option<&SchedStat>) -> PageClock {
         PageClock {
-            run_delay: sys::run_delay_ns(),
+            run_delay: stat.and_then(SchedStat::run_delay_ns),
             wall: sys::monotonic_ns(),
         }
     }
@@ -105,7 +106,8 @@ impl Window {
         let mut done = 0;
         let mut slow = None;
         let mut waited = 0;
-        let mut before = PageClock::now();
+        let stat = SchedStat::open();
+        let mut before = PageClock::now(stat.as_ref());
         while fill - done >= HUGE_PAGE_2M {
             // `done + 2 MiB <= fill <= len`: the page lies inside the block.
             let at = p.as_ptr().wrapping_add(done);
@@ -115,7 +117,7 @@ impl Window {
                 break;
             }
             done += HUGE_PAGE_2M;
-            let after = PageClock::now();
+            let after = PageClock::now(stat.as_ref());
             let (cost, wait) = before.cost_until(after);
             waited += wait;
             if cost <= SLOW_NS && cost + wait > SLOW_NS {
@@ -182,13 +184,15 @@ mod tests {
     }
 
     #[test]
+    #[cfg_attr(miri, ignore = "reads procfs")]
     fn this_thread_has_a_run_queue_delay_to_read() {
         if std::fs::metadata("/proc/thread-self/schedstat").is_err() {
             eprintln!("no /proc/thread-self/schedstat: skipped");
             return;
         }
-        let a = sys::run_delay_ns().expect("schedstat parses");
-        let b = sys::run_delay_ns().expect("schedstat parses");
+        let stat = SchedStat::open().expect("schedstat opens");
+        let a = stat.run_delay_ns().expect("schedstat parses");
+        let b = stat.run_delay_ns().expect("schedstat parses");
         assert!(b >= a);
     }
 }

@@ -3,7 +3,7 @@
 //! other threads allocate may mix moments. Reading them never allocates.
 
 use crate::env::{self, Setting, Source};
-use crate::thp::{thp_settings, ThpSettings};
+use crate::thp::{self, ThpSettings};
 use crate::tier::Backing;
 use crate::units::{human_bytes, plural};
 use std::fmt;
@@ -179,7 +179,7 @@ impl Counters {
             short_tails: g(Count::ShortTails),
             short_tails_over_budget: g(Count::ShortTailsOverBudget),
             settings: env::settings(),
-            thp_settings: thp_settings(),
+            thp_settings: thp::settings_once(),
         }
     }
 }
@@ -286,8 +286,8 @@ pub struct HugeStats {
     /// counted against a page).
     pub first_touch_cpu_wait_ns: u64,
     /// Pages that took more than 1 ms by the wall clock but not once the
-    /// wait for a CPU is taken out: kept huge, where a wall-clock test
-    /// would have sent their blocks to base pages.
+    /// wait for a CPU is taken out: a wall-clock test would have sent the
+    /// rest of their blocks to base pages at each of them.
     pub first_touch_descheduled_pages: u64,
     /// Bytes the probe faulted in before the caller wrote them.
     pub first_touch_populated_bytes: u64,
@@ -307,8 +307,9 @@ pub struct HugeStats {
     /// [`Source::Unparsed`] (taken as unset) and is named on the last line
     /// of `Display`.
     pub settings: [Setting; env::SETTINGS],
-    /// The kernel's THP `defrag` mode and khugepaged's settings, read when
-    /// the snapshot was taken.
+    /// The kernel's THP mode, `defrag` mode and khugepaged's settings, as
+    /// the process's first `huge_stats()` call read them from sysfs
+    /// ([`thp_settings`](crate::thp_settings) reads them now).
     pub thp_settings: ThpSettings,
 }
 

@@ -38,6 +38,10 @@ pub(crate) fn environment_ready() -> bool {
 /// Read a small file (a sysfs or procfs knob) into `buf` without allocating;
 /// returns the bytes read.
 pub(crate) fn read_small_file<'a>(path: &std::ffi::CStr, buf: &'a mut [u8]) -> Option<&'a [u8]> {
+    if cfg!(miri) {
+        // Miri's isolation refuses `open`: no sysfs or procfs there.
+        return None;
+    }
     // SAFETY: NUL-terminated path.
     let fd = unsafe { libc::open(path.as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC) };
     if fd < 0 {
@@ -79,15 +83,48 @@ pub(crate) fn leading_u64(text: &[u8]) -> Option<u64> {
     n
 }
 
-/// This thread's run-queue delay so far: nanoseconds it was runnable but
-/// waiting for a CPU, the second field of `/proc/thread-self/schedstat`
-/// (Linux's `sched_info`; proc(5)). `None` when the file cannot be read.
-/// Three system calls (open, read, close), no allocation.
-pub(crate) fn run_delay_ns() -> Option<u64> {
-    let mut buf = [0u8; 96];
-    let text = read_small_file(c"/proc/thread-self/schedstat", &mut buf)?;
-    let second = text.iter().position(|&b| b == b' ')?;
-    leading_u64(&text[second..])
+/// This thread's scheduler statistics, `/proc/thread-self/schedstat`
+/// (Linux's `sched_info`; proc(5)), open to be read again and again: one
+/// `pread` per reading, no allocation. Opened by the thread it describes.
+pub(crate) struct SchedStat(Fd);
+
+impl SchedStat {
+    /// Open the calling thread's file; `None` when it cannot be opened.
+    pub(crate) fn open() -> Option<SchedStat> {
+        if cfg!(miri) {
+            // Miri's isolation refuses `open`.
+            return None;
+        }
+        // SAFETY: NUL-terminated path.
+        let fd = unsafe {
+            libc::open(
+                c"/proc/thread-self/schedstat".as_ptr(),
+                libc::O_RDONLY | libc::O_CLOEXEC,
+            )
+        };
+        (fd >= 0).then(|| SchedStat(Fd::from_raw(fd)))
+    }
+
+    /// The thread's run-queue delay so far: nanoseconds it was runnable
+    /// but waiting for a CPU. `None` when the file cannot be read or the
+    /// kernel keeps no scheduler statistics ([`parse_run_delay`]).
+    pub(crate) fn run_delay_ns(&self) -> Option<u64> {
+        let mut buf = [0u8; 96];
+        // SAFETY: `buf` is valid for `buf.len()` writable bytes.
+        let n = unsafe { libc::pread(self.0.raw(), buf.as_mut_ptr().cast(), buf.len(), 0) };
+        parse_run_delay(buf.get(..usize::try_from(n).ok()?)?)
+    }
+}
+
+/// The run-queue delay of a `schedstat` line: its second field, of three
+/// (time on a CPU and run-queue delay in nanoseconds, then the times the
+/// thread got a CPU). `None` when the line does not parse, or when it reads
+/// `0 0 0`, as a kernel that keeps no scheduler statistics prints it (a
+/// thread that ran has got a CPU at least once).
+fn parse_run_delay(line: &[u8]) -> Option<u64> {
+    let mut fields = line.split(|&b| b == b' ').map(leading_u64);
+    let (_, delay, slices) = (fields.next()??, fields.next()??, fields.next()??);
+    (slices > 0).then_some(delay)
 }
 
 /// `RLIMIT_MEMLOCK` as (soft, hard) in bytes; `None` stands for unlimited.
@@ -318,5 +355,24 @@ impl Drop for TerminationSignalsBlocked {
     fn drop(&mut self) {
         // SAFETY: restores the mask saved by `block_termination_signals`.
         unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &self.0, std::ptr::null_mut()) };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_schedstat_line_gives_its_run_queue_delay() {
+        assert_eq!(parse_run_delay(b"335463375 894817 24\n"), Some(894_817));
+        // No scheduler statistics kept.
+        assert_eq!(parse_run_delay(b"0 0 0\n"), None);
+        // Kept, for a thread whose time on a CPU is not yet accounted.
+        assert_eq!(parse_run_delay(b"0 0 1\n"), Some(0));
+        assert_eq!(parse_run_delay(b"12 x 3"), None);
+        assert_eq!(parse_run_delay(b""), None);
+        assert_eq!(parse_run_delay(b"1 99999999999999999999999 1"), None);
+        assert_eq!(leading_u64(b"  42 kB"), Some(42));
+        assert_eq!(leading_u64(b"kB"), None);
     }
 }

@@ -219,7 +219,9 @@ fn parse_args() -> Result<Args, String> {
             "--seed" => {
                 a.seed = val("--seed")?
                     .parse()
-                    .map_err(|_| "--seed: a whole number".to_string())?
+                    .ok()
+                    .filter(|&s: &u64| s < 1 << 63)
+                    .ok_or("--seed: a whole number from 0 to 2^63-1")?
             }
             "--baseline-library" => a.baseline = Some(val("--baseline-library")?.into()),
             "--records" => a.records = Some(val("--records")?),
@@ -273,7 +275,12 @@ fn parse_args() -> Result<Args, String> {
         ("--serve", &a.serve),
         ("--trace", &a.trace),
     ] {
-        if !p.exists() {
+        let needed = match name {
+            "--serve" => a.run_serve && a.workloads.iter().any(|w| w == "serve"),
+            "--trace" => a.run_serve && a.workloads.iter().any(|w| w == "trace"),
+            _ => true,
+        };
+        if needed && !p.exists() {
             return Err(format!("{name} {}: not found", p.display()));
         }
     }

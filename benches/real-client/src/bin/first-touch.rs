@@ -1,6 +1,7 @@
 //! First touch of a 64 MiB block under `CkHuge::new()` (its first-touch
 //! probe) and under `System` (glibc), in each memory state, with and without
-//! two CPU-bound processes running on the machine's cores: the time to
+//! one CPU-bound process per core running (two on the 2-core machine
+//! measured): the time to
 //! allocate and write one byte per 4 KiB page, the share of the block in
 //! huge pages right after (`AnonHugePages` of its range, `smaps`), and the
 //! probe's decision (pages that cost more than 1 ms; pages slow only by the
@@ -20,9 +21,10 @@
 //!
 //! Every run is a fresh process (`first-touch --child ALLOC`), preceded by
 //! the preparation of its memory state; the contenders and the load run
-//! interleaved within a round. The CPU-bound processes are two children
-//! (`first-touch --spin`) started before the preparation and stopped after
-//! the run. Prints every run, then per state and load the medians and how
+//! interleaved within a round. The CPU-bound processes are children
+//! (`first-touch --spin`, one per core) started before the preparation and
+//! killed after the run, or by the kernel when the driver dies
+//! (`PR_SET_PDEATHSIG`). Prints every run, then per state and load the medians and how
 //! many runs kept the block at least 95% huge.
 
 #[path = "../memory_state.rs"]
@@ -43,7 +45,7 @@ const BLOCK: usize = 64 << 20;
 struct Run {
     ms: f64,
     huge_pct: f64,
-    slow_pages: f64,
+    slow_blocks: f64,
     wall_only_pages: f64,
     cpu_wait_ms: f64,
 }
@@ -58,7 +60,11 @@ fn child(alloc: &str) -> ExitCode {
     let p = unsafe {
         match alloc {
             "ckhuge" => ckhuge.alloc(layout),
-            _ => System.alloc(layout),
+            "system" => System.alloc(layout),
+            other => {
+                eprintln!("first-touch: --child {other:?}: not ckhuge or system");
+                return ExitCode::from(2);
+            }
         }
     };
     if p.is_null() {
@@ -83,7 +89,7 @@ fn child(alloc: &str) -> ExitCode {
     }
     let huge_pct = cov.map_or(f64::NAN, |c| 100.0 * c.huge_bytes as f64 / BLOCK as f64);
     println!(
-        "RESULT ms={ms:.2} huge_pct={huge_pct:.1} slow_pages={} wall_only_pages={} cpu_wait_ms={:.2}",
+        "RESULT ms={ms:.2} huge_pct={huge_pct:.1} slow_blocks={} wall_only_pages={} cpu_wait_ms={:.2}",
         after.first_touch_slow_probes - before.first_touch_slow_probes,
         after.first_touch_descheduled_pages - before.first_touch_descheduled_pages,
         (after.first_touch_cpu_wait_ns - before.first_touch_cpu_wait_ns) as f64 / 1e6
@@ -100,7 +106,7 @@ fn parse(line: &str) -> Option<Run> {
         match k {
             "ms" => r.ms = v,
             "huge_pct" => r.huge_pct = v,
-            "slow_pages" => r.slow_pages = v,
+            "slow_blocks" => r.slow_blocks = v,
             "wall_only_pages" => r.wall_only_pages = v,
             "cpu_wait_ms" => r.cpu_wait_ms = v,
             _ => {}
@@ -109,18 +115,46 @@ fn parse(line: &str) -> Option<Run> {
     Some(r)
 }
 
+/// Kill and reap every process of `children`.
+fn stop(children: Vec<Child>) {
+    for mut c in children {
+        let _ = c.kill();
+        let _ = c.wait();
+    }
+}
+
+/// `n` CPU-bound children; on a failure, none.
 fn spinners(n: usize) -> Result<Vec<Child>, String> {
     let exe = std::env::current_exe().map_err(|e| e.to_string())?;
-    (0..n)
-        .map(|_| {
-            Command::new(&exe)
-                .arg("--spin")
-                .stdout(Stdio::null())
-                .spawn()
-                .map_err(|e| format!("spawning a CPU-bound process: {e}"))
-        })
-        .collect()
+    let mut children = Vec::new();
+    for _ in 0..n {
+        match Command::new(&exe)
+            .arg("--spin")
+            .stdout(Stdio::null())
+            .spawn()
+        {
+            Ok(c) => children.push(c),
+            Err(e) => {
+                stop(children);
+                return Err(format!("spawning a CPU-bound process: {e}"));
+            }
+        }
+    }
+    Ok(children)
 }
+
+/// A CPU-bound child: spins until killed, and is killed with its parent.
+fn spin() -> ! {
+    // SAFETY: prctl with PR_SET_PDEATHSIG takes a signal number; no memory
+    // is passed.
+    unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) };
+    loop {
+        std::hint::spin_loop();
+    }
+}
+
+const USAGE: &str = "usage: first-touch [--rounds N] [--state thp,4k,none] [--prep-mib M] \
+                     [--idle-ms T] [--records FILE]";
 
 fn run_once(alloc: &str) -> Result<Run, String> {
     let exe = std::env::current_exe().map_err(|e| e.to_string())?;
@@ -144,10 +178,12 @@ fn run_once(alloc: &str) -> Result<Run, String> {
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     match args.first().map(String::as_str) {
-        Some("--spin") => loop {
-            std::hint::spin_loop();
-        },
-        Some("--child") => return child(args.get(1).map_or("ckhuge", String::as_str)),
+        Some("--spin") => spin(),
+        Some("--child") => return child(args.get(1).map_or("", String::as_str)),
+        Some("--help" | "-h") => {
+            println!("{USAGE}");
+            return ExitCode::SUCCESS;
+        }
         _ => {}
     }
     let mut rounds = 9;
@@ -157,32 +193,38 @@ fn main() -> ExitCode {
     let mut idle_ms = 0u64;
     let mut it = args.iter();
     while let Some(a) = it.next() {
-        let value = it.next().map(String::as_str);
-        let parsed = match (a.as_str(), value) {
-            ("--rounds", Some(v)) => v
-                .parse::<usize>()
-                .map(|n| rounds = n)
-                .map_err(|e| e.to_string()),
-            ("--state", Some(v)) => parse_states(v).map(|s| states = s),
-            ("--prep-mib", Some(v)) => v
-                .parse::<usize>()
-                .map(|n| prep_mib = n)
-                .map_err(|e| e.to_string()),
-            ("--idle-ms", Some(v)) => v
-                .parse::<u64>()
-                .map(|n| idle_ms = n)
-                .map_err(|e| e.to_string()),
-            ("--records", Some(v)) => {
+        let Some(v) = it.next().map(String::as_str) else {
+            eprintln!("first-touch: {a} needs a value (or is not an option)\n{USAGE}");
+            return ExitCode::from(2);
+        };
+        let number = |what: &str| v.parse::<u64>().map_err(|_| format!("{a} {v:?}: {what}"));
+        let parsed = match a.as_str() {
+            "--rounds" => number("a number of rounds from 1")
+                .and_then(|n| usize::try_from(n).map_err(|e| e.to_string()))
+                .and_then(|n| match n {
+                    0 => Err(format!("{a} 0: a number of rounds from 1")),
+                    n => {
+                        rounds = n;
+                        Ok(())
+                    }
+                }),
+            "--state" => parse_states(v).map(|s| states = s),
+            "--prep-mib" => number("MiB, a whole number")
+                .and_then(|n| usize::try_from(n).map_err(|e| e.to_string()))
+                .map(|n| prep_mib = n),
+            "--idle-ms" => number("milliseconds, a whole number").map(|n| idle_ms = n),
+            "--records" => {
                 records = Some(v.to_string());
                 Ok(())
             }
             _ => Err(format!("unknown argument {a:?}")),
         };
         if let Err(e) = parsed {
-            eprintln!("first-touch: {e}\nusage: first-touch [--rounds N] [--state thp,4k,none] [--prep-mib M] [--idle-ms T] [--records FILE]");
+            eprintln!("first-touch: {e}\n{USAGE}");
             return ExitCode::from(2);
         }
     }
+    let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
     println!(
         "first-touch: 64 MiB, {rounds} rounds, {idle_ms} ms idle after each preparation, free page reporting {}, load average {}",
         page_reporting(),
@@ -199,13 +241,13 @@ fn main() -> ExitCode {
         println!();
         println!("state {}:", state.name());
         println!(
-            "round load     allocator  ms      huge %  slow pages  wall-only pages  CPU wait ms"
+            "round load     allocator  ms      huge %  slow block  wall-only pages  CPU wait ms"
         );
         for round in 0..rounds {
             for k in 0..2 * contenders.len() {
                 let slot = (round + k) % (2 * contenders.len());
                 let (load, c) = (slot / contenders.len(), slot % contenders.len());
-                let busy = match spinners(2 * load) {
+                let busy = match spinners(cores * load) {
                     Ok(b) => b,
                     Err(e) => {
                         eprintln!("first-touch: {e}");
@@ -216,10 +258,7 @@ fn main() -> ExitCode {
                     std::thread::sleep(std::time::Duration::from_millis(idle_ms));
                     run_once(contenders[c])
                 });
-                for mut b in busy {
-                    let _ = b.kill();
-                    let _ = b.wait();
-                }
+                stop(busy);
                 let r = match result {
                     Ok(r) => r,
                     Err(e) => {
@@ -230,11 +269,11 @@ fn main() -> ExitCode {
                 println!(
                     "{:<5} {:<8} {:<10} {:<7.1} {:<7.1} {:<11} {:<16} {:.1}",
                     round + 1,
-                    if load == 1 { "2 busy" } else { "idle" },
+                    if load == 1 { "busy" } else { "idle" },
                     contenders[c],
                     r.ms,
                     r.huge_pct,
-                    r.slow_pages,
+                    r.slow_blocks,
                     r.wall_only_pages,
                     r.cpu_wait_ms
                 );
@@ -250,8 +289,9 @@ fn main() -> ExitCode {
                     &[
                         ("first_touch_ms", r.ms),
                         ("huge_pct", r.huge_pct),
-                        ("slow_pages", r.slow_pages),
+                        ("slow_blocks", r.slow_blocks),
                         ("wall_only_pages", r.wall_only_pages),
+                        ("cpu_wait_ms", r.cpu_wait_ms),
                     ],
                 );
                 results[load][c].push(r);
@@ -269,7 +309,7 @@ fn main() -> ExitCode {
                     "| {} | {} | {} | {:.1} | {:.1} | {} of {} | {} | {} |",
                     state.name(),
                     if load == 1 {
-                        "2 CPU-bound processes"
+                        "a CPU-bound process per core"
                     } else {
                         "idle"
                     },
@@ -278,7 +318,7 @@ fn main() -> ExitCode {
                     median(col(|r| r.huge_pct)),
                     runs.iter().filter(|r| r.huge_pct >= 95.0).count(),
                     runs.len(),
-                    runs.iter().filter(|r| r.slow_pages > 0.0).count(),
+                    runs.iter().filter(|r| r.slow_blocks > 0.0).count(),
                     col(|r| r.wall_only_pages).iter().sum::<f64>()
                 );
             }
