@@ -19,6 +19,8 @@ import resource
 import sys
 import time
 
+from procfs import kib
+
 t0 = time.perf_counter()
 import torch  # noqa: E402
 from transformers import BertModel  # noqa: E402
@@ -52,18 +54,6 @@ with torch.inference_mode():
 if mark:
     os.write(2, b"serve.py: passes done\n")
 faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults0
-
-
-def kib(path, key):
-    """A `key: N kB` field of a /proc file, 0 when absent."""
-    try:
-        with open(path) as f:
-            for line in f:
-                if line.startswith(key):
-                    return int(line.split()[1])
-    except OSError:
-        pass
-    return 0
 
 
 # VmHWM, not ru_maxrss: ru_maxrss survives fork and exec, so it would

@@ -24,6 +24,8 @@ import resource
 import sys
 import time
 
+from procfs import kib
+
 USAGE = "usage: python trace.py MODEL_DIR [SEED] [BURSTS]  (SEED 0 to 2^63-1, BURSTS 1 to 1000)"
 
 
@@ -82,18 +84,6 @@ with torch.inference_mode():
         latencies.append((time.perf_counter() - t) * 1e3)
         digest.update(out.contiguous().numpy().round(4).tobytes())
 faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults0
-
-
-def kib(path, key):
-    """A `key: N kB` field of a /proc file, 0 when absent."""
-    try:
-        with open(path) as f:
-            for line in f:
-                if line.startswith(key):
-                    return int(line.split()[1])
-    except OSError:
-        pass
-    return 0
 
 
 print(json.dumps({
