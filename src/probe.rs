@@ -2,8 +2,7 @@
 //! of a range is backed by huge pages ([`huge_page_coverage`]).
 
 use crate::sys;
-use crate::thp::{thp_settings, ThpSettings};
-use crate::tier::{self, THP_DEFRAG, THP_ENABLED};
+use crate::thp::{self, thp_settings, ThpSettings, THP_DEFRAG, THP_ENABLED};
 use crate::units::human_bytes;
 use std::ffi::CStr;
 use std::fmt;
@@ -177,7 +176,7 @@ impl SystemHugePages {
 
 fn read_choice(path: &CStr) -> Option<String> {
     let mut buf = [0u8; 128];
-    tier::sysfs_choice(path, &mut buf).map(|w| String::from_utf8_lossy(w).into_owned())
+    thp::sysfs_choice(path, &mut buf).map(|w| String::from_utf8_lossy(w).into_owned())
 }
 
 fn read_u64(path: &std::path::Path) -> Option<u64> {

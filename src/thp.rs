@@ -5,10 +5,34 @@
 //! allocates (the preload library's summary reads them at exit).
 
 use crate::sys;
-use crate::tier::{sysfs_choice, THP_DEFRAG, THP_ENABLED};
 use std::ffi::CStr;
 use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+/// The sysfs file holding the kernel's THP mode.
+pub(crate) const THP_ENABLED: &CStr = c"/sys/kernel/mm/transparent_hugepage/enabled";
+/// The sysfs file holding the kernel's THP defrag mode.
+pub(crate) const THP_DEFRAG: &CStr = c"/sys/kernel/mm/transparent_hugepage/defrag";
+
+/// The selected word of a sysfs choice file (`always [madvise] never`), read
+/// into `buf` without allocating; `None` when the file cannot be read or has
+/// no bracketed word.
+pub(crate) fn sysfs_choice<'a>(path: &CStr, buf: &'a mut [u8]) -> Option<&'a [u8]> {
+    selected_word(sys::read_small_file(path, buf)?)
+}
+
+/// The bracketed word of a sysfs choice file: `always [madvise] never`.
+fn selected_word(text: &[u8]) -> Option<&[u8]> {
+    let open = text.iter().position(|&b| b == b'[')?;
+    let close = text[open..].iter().position(|&b| b == b']')? + open;
+    Some(&text[open + 1..close])
+}
+
+/// The kernel's THP mode now (one sysfs read); `None` without THP.
+pub(crate) fn enabled() -> Option<ThpEnabled> {
+    let mut buf = [0u8; 128];
+    sysfs_choice(THP_ENABLED, &mut buf).and_then(ThpEnabled::parse)
+}
 
 /// THP's mode (`/sys/kernel/mm/transparent_hugepage/enabled`): which
 /// anonymous ranges may get huge pages at a fault.
@@ -144,7 +168,7 @@ const KHUGEPAGED: &[&CStr; 5] = &[
 /// sysfs. Reads seven small files each call (about 40 µs); never allocates.
 pub fn thp_settings() -> ThpSettings {
     let mut buf = [0u8; 128];
-    let enabled = sysfs_choice(THP_ENABLED, &mut buf).and_then(ThpEnabled::parse);
+    let enabled = enabled();
     let defrag = sysfs_choice(THP_DEFRAG, &mut buf).and_then(ThpDefrag::parse);
     let mut v = [0u64; 5];
     let mut read_all = true;
@@ -186,7 +210,9 @@ pub(crate) fn settings_once() -> ThpSettings {
     s
 }
 
-const ENABLED: [ThpEnabled; 3] = [ThpEnabled::Always, ThpEnabled::Madvise, ThpEnabled::Never];
+/// Every THP mode, in a fixed order (indices stored in atomics).
+pub(crate) const ENABLED: [ThpEnabled; 3] =
+    [ThpEnabled::Always, ThpEnabled::Madvise, ThpEnabled::Never];
 const DEFRAG: [ThpDefrag; 5] = [
     ThpDefrag::Always,
     ThpDefrag::Defer,
@@ -266,6 +292,20 @@ impl fmt::Display for ThpSettings {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn selected_word_is_the_bracketed_one() {
+        assert_eq!(
+            selected_word(b"always [madvise] never\n"),
+            Some(&b"madvise"[..])
+        );
+        assert_eq!(
+            selected_word(b"[always] madvise never"),
+            Some(&b"always"[..])
+        );
+        assert_eq!(selected_word(b"always madvise never"), None);
+        assert_eq!(selected_word(b"always [madvise"), None);
+    }
 
     #[test]
     fn every_defrag_word_parses_and_names_itself() {

@@ -1,8 +1,8 @@
 //! The huge-page tiers: [`Backing`] (which tier backs a mapping) and the
 //! kernel's THP mode, read from sysfs without allocating.
 
-use crate::{env, sys};
-use std::ffi::CStr;
+use crate::env;
+use crate::thp::{self, ThpEnabled};
 use std::fmt;
 use std::sync::atomic::{AtomicU8, Ordering};
 
@@ -47,43 +47,22 @@ impl fmt::Display for Backing {
     }
 }
 
-/// The sysfs file holding the kernel's THP mode.
-pub(crate) const THP_ENABLED: &CStr = c"/sys/kernel/mm/transparent_hugepage/enabled";
-/// The sysfs file holding the kernel's THP defrag mode.
-pub(crate) const THP_DEFRAG: &CStr = c"/sys/kernel/mm/transparent_hugepage/defrag";
-
-/// The kernel's THP mode.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum ThpMode {
-    Always,
-    Madvise,
-    Never,
-    Unsupported,
-}
-
-/// The kernel's THP mode, read once from [`THP_ENABLED`] and cached. Never
+/// The kernel's THP mode, read once from sysfs and cached. Never
 /// allocates.
-fn thp_mode() -> ThpMode {
+fn thp_mode() -> Option<ThpEnabled> {
     static MODE: AtomicU8 = AtomicU8::new(0);
-    let m = MODE.load(Ordering::Relaxed);
-    let decode = |m| match m {
-        1 => ThpMode::Always,
-        2 => ThpMode::Madvise,
-        3 => ThpMode::Never,
-        _ => ThpMode::Unsupported,
+    // 0: not read; 1: unsupported; 2 + index in `thp::ENABLED`.
+    let m = match MODE.load(Ordering::Relaxed) {
+        0 => {
+            let mode = thp::enabled();
+            let code = mode.and_then(|e| thp::ENABLED.iter().position(|&x| x == e));
+            let m = code.map_or(1, |i| i as u8 + 2);
+            MODE.store(m, Ordering::Relaxed);
+            m
+        }
+        m => m,
     };
-    if m != 0 {
-        return decode(m);
-    }
-    let mut buf = [0u8; 128];
-    let m = match sysfs_choice(THP_ENABLED, &mut buf) {
-        Some(b"always") => 1,
-        Some(b"madvise") => 2,
-        Some(b"never") => 3,
-        _ => 4,
-    };
-    MODE.store(m, Ordering::Relaxed);
-    decode(m)
+    thp::ENABLED.get(usize::from(m).checked_sub(2)?).copied()
 }
 
 /// THP is usable when `CKALLOC_THP` allows it ([`env::thp_allowed`]) and the
@@ -92,7 +71,7 @@ pub(crate) fn thp_enabled() -> bool {
     if !env::thp_allowed() {
         return false;
     }
-    !matches!(thp_mode(), ThpMode::Never | ThpMode::Unsupported)
+    !matches!(thp_mode(), Some(ThpEnabled::Never) | None)
 }
 
 /// The tier a mapping made of anonymous memory without hugetlb has: THP when
@@ -102,38 +81,5 @@ pub(crate) fn anon_tier() -> Backing {
         Backing::TransparentHuge
     } else {
         Backing::Normal
-    }
-}
-
-/// The selected word of a sysfs choice file (`always [madvise] never`), read
-/// into `buf` without allocating; `None` when the file cannot be read or has
-/// no bracketed word.
-pub(crate) fn sysfs_choice<'a>(path: &CStr, buf: &'a mut [u8]) -> Option<&'a [u8]> {
-    selected_word(sys::read_small_file(path, buf)?)
-}
-
-/// The bracketed word of a sysfs choice file: `always [madvise] never`.
-fn selected_word(text: &[u8]) -> Option<&[u8]> {
-    let open = text.iter().position(|&b| b == b'[')?;
-    let close = text[open..].iter().position(|&b| b == b']')? + open;
-    Some(&text[open + 1..close])
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn selected_word_is_the_bracketed_one() {
-        assert_eq!(
-            selected_word(b"always [madvise] never\n"),
-            Some(&b"madvise"[..])
-        );
-        assert_eq!(
-            selected_word(b"[always] madvise never"),
-            Some(&b"always"[..])
-        );
-        assert_eq!(selected_word(b"always madvise never"), None);
-        assert_eq!(selected_word(b"always [madvise"), None);
     }
 }
