@@ -7,8 +7,9 @@
 //! | `CKALLOC_FIRST_TOUCH_PROBE` | on / off switch | on | [`CkHuge`](crate::CkHuge)'s fresh THP blocks: off skips the first-touch probe ([`FirstTouch::Probe`](crate::huge::FirstTouch::Probe)), so every THP block stays THP | `CKALLOC_*` switch, read once per process ([`first_touch_probe`]) |
 //! | `CKALLOC_HUGETLB_BACKOFF_MS` | decimal milliseconds | 1000 | the tier ladder: how long hugetlb is skipped after a failed hugetlb `mmap` | trimmed decimal `u64`; read once per process ([`hugetlb_backoff_ms`]); a value that does not parse gives the default and is reported ([`settings`]) |
 //! | `CKALLOC_RETAIN_BYTES` | a size: bytes, or with a unit (`512mib`, `1GiB`, `2gb`) | 128 MiB | the huge-page engine's retention ([`CapRule`](crate::huge::CapRule)): the most bytes of freed blocks kept with their pages for reuse, process-wide; 0 turns retention off; unset, the preload library's cap is twice the high-water mark of live huge bytes, at least the default ([`preload`](crate::preload#huge-blocks-first-touch-and-retention)) | trimmed; the caching spec's size syntax with the unit in any case; read once per process ([`retain_bytes`]); a value that does not parse gives the default and is reported ([`settings`]) |
-//! | `CKALLOC_RETAIN_DECAY_MS` | decimal milliseconds | 1000 | the same retention: how long a retained block stays unused before a later engine call purges it (`MADV_DONTNEED`, keeping the address space), and an idle span before it is unmapped (decay steps run every 256 engine calls of a thread, so `0` gives memory back at the next step, not at once) | trimmed decimal `u64`; read once per process ([`retain_decay_ms`]); a value that does not parse gives the default and is reported ([`settings`]) |
+//! | `CKALLOC_RETAIN_DECAY_MS` | decimal milliseconds | 2000 | the same retention: the decay window. Retained bytes beyond what the window's demand can take back (its peak of live bytes less the live bytes now) are purged (`MADV_DONTNEED`, keeping the address space), oldest first, and a span no block used for the window is unmapped; by the background thread every 100 ms, else by engine calls (every 256 calls of a thread, or a huge-path call an eighth of a window after the last step), so `0` gives memory back at the next step, not at once | trimmed decimal `u64`; read once per process ([`retain_decay_ms`]); a value that does not parse gives the default and is reported ([`settings`]) |
 //! | `CKALLOC_PRELOAD_THRESHOLD` | a size, as `CKALLOC_RETAIN_BYTES` | 2 MiB | the preload library (`libckalloc_preload.so`, [`preload`](crate::preload)): requests of at least this many bytes get huge-page blocks, smaller ones go to glibc; `0` is taken as 1; every request at or over it costs at least one 2 MiB mapping, so a threshold far below 2 MiB multiplies the memory mapped (and uses up a reserved hugetlb pool) | as `CKALLOC_RETAIN_BYTES` ([`preload_threshold`]) |
+//! | `CKALLOC_BACKGROUND_THREAD` | on / off switch | unset: on for the preload library, off for [`CkHuge`](crate::CkHuge) | the huge-page engine's background thread (decay by the clock, promotion to huge pages with `MADV_COLLAPSE`; [docs/engine.md](https://github.com/ckalloc/ckalloc/blob/main/docs/engine.md#the-background-thread)): on starts it in any program that uses the engine, off keeps it from starting (also when [`enable_background_thread`](crate::huge::enable_background_thread) is called) | `CKALLOC_*` switch, read once per process ([`background_thread`]) |
 //! | `CKALLOC_SHOW_STATS` | on / off switch | off | the preload library: on prints one summary of [`huge_stats`](crate::huge_stats) to stderr at `exit`, labelled with the PID | `CKALLOC_*` switch with the default off, read once per process ([`show_stats`]) |
 //! | `CK_BUMP_FORCE_MIXED` | flag | unset | [`ArenaBuilder::build`](crate::ArenaBuilder::build) under [`ModePolicy::Auto`](crate::ModePolicy::Auto): skip anonymous mode | C-Kernel-Engine's `env_flag_enabled`, read at every build ([`force_mixed`]) |
 //! | `CK_BUMP_DISABLE_MIXED` | flag | unset | the same: no fallback to mixed mode | C-Kernel-Engine's `env_flag_enabled`, read at every build ([`disable_mixed`]) |
@@ -166,6 +167,19 @@ static HUGETLB: Switch = Switch::new(c"CKALLOC_HUGETLB", true);
 static THP: Switch = Switch::new(c"CKALLOC_THP", true);
 static FIRST_TOUCH_PROBE: Switch = Switch::new(c"CKALLOC_FIRST_TOUCH_PROBE", true);
 static SHOW_STATS: Switch = Switch::new(c"CKALLOC_SHOW_STATS", false);
+static BACKGROUND_THREAD: Switch = Switch::new(c"CKALLOC_BACKGROUND_THREAD", false);
+
+/// What `CKALLOC_BACKGROUND_THREAD` says of the huge-page engine's
+/// background thread: `None` when it is unset (each front's default
+/// applies: the preload library starts the thread, `CkHuge` does not),
+/// else whether it is on by the `CKALLOC_*` switch rule. Read once per
+/// process, then cached; never allocates.
+pub fn background_thread() -> Option<bool> {
+    match BACKGROUND_THREAD.get() {
+        (_, Source::Default) => None,
+        (on, _) => Some(on),
+    }
+}
 
 /// Whether `CKALLOC_HUGETLB` lets the tier ladder try hugetlb pages: `true`
 /// unless it is set to an off value by the `CKALLOC_*` switch rule (trimmed;
@@ -362,14 +376,15 @@ static PRELOAD_THRESHOLD: Number = Number::new(
 );
 
 /// How many `CKALLOC_*` settings [`settings`] reports.
-pub const SETTINGS: usize = 8;
+pub const SETTINGS: usize = 9;
 
 /// The `CKALLOC_*` settings of the huge-page engine and the preload
 /// library, each with its value and where it came from, in this order:
 /// `CKALLOC_RETAIN_BYTES`, `CKALLOC_RETAIN_DECAY_MS`,
 /// `CKALLOC_HUGETLB_BACKOFF_MS`, `CKALLOC_HUGETLB`, `CKALLOC_THP`,
 /// `CKALLOC_FIRST_TOUCH_PROBE`, `CKALLOC_PRELOAD_THRESHOLD`,
-/// `CKALLOC_SHOW_STATS`. A variable that does not parse shows as
+/// `CKALLOC_SHOW_STATS`, `CKALLOC_BACKGROUND_THREAD` (unset: the value
+/// shown is 0 and the front's default applies). A variable that does not parse shows as
 /// [`Source::Unparsed`]. Reads each variable the first time; never
 /// allocates.
 pub fn settings() -> [Setting; SETTINGS] {
@@ -386,6 +401,7 @@ pub fn settings() -> [Setting; SETTINGS] {
             ..PRELOAD_THRESHOLD.get()
         },
         SHOW_STATS.setting(),
+        BACKGROUND_THREAD.setting(),
     ]
 }
 
@@ -424,8 +440,8 @@ pub fn hugetlb_backoff_ms() -> u64 {
 
 /// The default of [`retain_bytes`]: 128 MiB.
 pub const DEFAULT_RETAIN_BYTES: usize = 128 << 20;
-/// The default of [`retain_decay_ms`]: 1000 ms.
-pub const DEFAULT_RETAIN_DECAY_MS: u64 = 1000;
+/// The default of [`retain_decay_ms`]: 2000 ms.
+pub const DEFAULT_RETAIN_DECAY_MS: u64 = 2000;
 
 /// The most bytes of freed huge-page blocks [`CkHuge`](crate::CkHuge) keeps
 /// mapped for reuse, process-wide: `CKALLOC_RETAIN_BYTES` as a size

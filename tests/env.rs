@@ -6,8 +6,9 @@
 use std::process::Command;
 
 /// Every variable `ckalloc::env` reads by a fixed name.
-const VARS: [&str; 9] = [
+const VARS: [&str; 10] = [
     "CKALLOC_THP",
+    "CKALLOC_BACKGROUND_THREAD",
     "CKALLOC_HUGETLB",
     "CKALLOC_HUGETLB_BACKOFF_MS",
     "CKALLOC_FIRST_TOUCH_PROBE",
@@ -74,7 +75,7 @@ fn child_odd_switches() {
     assert_eq!(by_name("CKALLOC_HUGETLB").source, Source::Environment);
     assert_eq!(by_name("CKALLOC_HUGETLB").value, 1);
     assert_eq!(by_name("CKALLOC_RETAIN_DECAY_MS").source, Source::Unparsed);
-    assert_eq!(by_name("CKALLOC_RETAIN_DECAY_MS").value, 1000);
+    assert_eq!(by_name("CKALLOC_RETAIN_DECAY_MS").value, 2000);
     assert_eq!(by_name("CKALLOC_RETAIN_BYTES").source, Source::Default);
     let shown = ckalloc::huge_stats().to_string();
     for name in [
@@ -94,7 +95,7 @@ fn child_odd_switches() {
         "{shown}"
     );
     assert!(
-        shown.contains("CKALLOC_RETAIN_DECAY_MS does not parse: taken as unset (default 1000 ms)"),
+        shown.contains("CKALLOC_RETAIN_DECAY_MS does not parse: taken as unset (default 2000 ms)"),
         "{shown}"
     );
 }

@@ -943,9 +943,13 @@ fn child_decay_zero() {
     for p in ps {
         free(p, l);
     }
-    assert_eq!(huge_stats().retained_bytes, 24 * MIB as u64);
-    // Small allocations drive the steps: 4 blocks a step at most.
-    for _ in 0..2 * 256 + 8 {
+    // A window of 0: every huge-path call runs a step first, so each free
+    // gave back the blocks freed before it; the last one is retained.
+    let s = huge_stats();
+    assert_eq!(s.retained_bytes, 4 * MIB as u64, "{s:?}");
+    assert_eq!(s.decayed_bytes, 20 * MIB as u64);
+    // Small allocations drive the steps too.
+    for _ in 0..256 + 8 {
         drop(std::hint::black_box(vec![1u8; 32]));
     }
     let s = huge_stats();
@@ -1279,4 +1283,54 @@ fn blocks_at_2mib_boundaries_and_large_alignments_keep_their_bytes_through_reall
         }
     }
     release_retained();
+}
+
+#[test]
+fn with_the_background_thread_asked_for_a_written_vec_becomes_huge_pages() {
+    run_child("child_background_promotion", &[("CKALLOC_HUGETLB", "0")]);
+}
+
+#[test]
+#[ignore = "run by with_the_background_thread_asked_for_a_written_vec_becomes_huge_pages"]
+fn child_background_promotion() {
+    use ckalloc::huge::{enable_background_thread, BackgroundThread};
+    assert_eq!(huge_stats().background_thread, BackgroundThread::Off);
+    let state = enable_background_thread();
+    if state == BackgroundThread::Disabled {
+        eprintln!("SKIP: CKALLOC_BACKGROUND_THREAD is off");
+        return;
+    }
+    assert_eq!(state, BackgroundThread::Wanted);
+    let len = 64 * MIB;
+    let mut v = vec![0u8; len];
+    for (i, b) in v.iter_mut().enumerate() {
+        *b = i as u8;
+    }
+    let s = huge_stats();
+    assert_eq!(s.background_thread, BackgroundThread::Running, "{s}");
+    if !ckalloc::thp_settings()
+        .enabled
+        .is_some_and(|e| e != ckalloc::ThpEnabled::Never)
+    {
+        eprintln!("SKIP: no THP");
+        return;
+    }
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    let cov = loop {
+        let c = ckalloc::huge_page_coverage(v.as_ptr(), len).unwrap();
+        if c.huge_bytes >= len as u64 * 95 / 100 || std::time::Instant::now() > deadline {
+            break c;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    };
+    let s = huge_stats();
+    assert!(cov.huge_bytes >= len as u64 * 95 / 100, "{cov:?}\n{s}");
+    assert!(
+        s.collapsed_live_bytes > 0 || s.base_page_first_bytes == 0,
+        "{s}"
+    );
+    assert!(
+        v.iter().enumerate().all(|(i, &b)| b == i as u8),
+        "bytes kept"
+    );
 }

@@ -147,8 +147,11 @@ pub extern "C" fn malloc_trim(pad: usize) -> c_int {
 
 /// Reads `CKALLOC_SHOW_STATS` and notes which file standard error is, when
 /// the library loads (a program may clear its environment or reuse file
-/// descriptor 2 before it exits).
+/// descriptor 2 before it exits), and asks for the engine's background
+/// thread, which the first huge-path call after this starts (unless
+/// `CKALLOC_BACKGROUND_THREAD` is off).
 extern "C" fn at_load() {
+    ckalloc::huge::enable_background_thread();
     if ckalloc::env::show_stats() {
         api::remember_stderr();
     }

@@ -4,6 +4,8 @@
 //! [`Engine::free`], [`Engine::resize`], [`Engine::usable_size`]). Nothing
 //! here allocates, locks, panics or prints.
 
+use super::background::{self, BackgroundThread};
+use super::demand::{self, Demand};
 use super::error::HugeError;
 use super::extents::{Descriptor, ExtentMap};
 use super::first_touch::Window;
@@ -12,6 +14,7 @@ use super::options::HugeOptions;
 use super::os;
 use super::place::{self, Groups, Placement, Want};
 use super::policy::{CapRule, OnMiss, Policy, WhenFull, Zeroing, ZERO_BY_MEMSET_MAX};
+use super::promote::{self, Held};
 use super::retain::{self, Restore};
 use super::span::{self, Span, Spans, Units, View};
 use super::stats::{Count, Counters, HugeStats};
@@ -19,6 +22,7 @@ use crate::fork::{Hooks, Stage};
 use crate::sys::{self, Advice, HUGE_PAGE_2M};
 use crate::tier::Backing;
 use std::ptr::{self, NonNull};
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
 /// Whether the bytes a call hands out must read zero.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -51,6 +55,12 @@ pub(crate) struct Engine {
     pub(crate) spans: Spans,
     pub(crate) extents: ExtentMap,
     pub(crate) window: Window,
+    pub(crate) demand: Demand,
+    /// The retained unit the background thread holds for a collapse.
+    pub(crate) held: Held,
+    /// Monotonic ns at which a huge-path call runs the next decay step
+    /// when no background thread does.
+    next_decay: AtomicU64,
 }
 
 /// Short tails advised base pages at most at once ([`Engine::keep_tail_out`]).
@@ -63,7 +73,44 @@ pub(crate) static ENGINE: Engine = Engine {
     spans: Spans::new(),
     extents: ExtentMap::new(),
     window: Window::new(),
+    demand: Demand::new(),
+    held: Held::new(),
+    next_decay: AtomicU64::new(0),
 };
+
+/// Retained runs a decay step of the background thread purges at most.
+const THREAD_DECAY_RUNS: usize = 64;
+
+/// The background thread's work (see [`background`]): a decay step by the
+/// clock, then a promotion pass of at most one tick; returns the
+/// nanoseconds to sleep (none when the pass has more to do).
+fn background_work() -> u64 {
+    let e = &ENGINE;
+    e.stats.add(Count::BackgroundPasses, 1);
+    let now = sys::monotonic_ns();
+    e.decay_step(now, THREAD_DECAY_RUNS);
+    if !promoting() {
+        return background::TICK_NS;
+    }
+    let keep = e.demand.keep(now, e.stats.get(Count::Live));
+    let pass = promote::Pass {
+        now: span::stamp_at(now),
+        deadline: now.saturating_add(background::TICK_NS),
+        retained: e.stats.get(Count::Retained) <= keep,
+    };
+    if promote::pass(&e.stats, &e.spans, &e.held, &pass) {
+        0
+    } else {
+        background::TICK_NS
+    }
+}
+
+/// Whether units that fault in base pages are promoted later: the
+/// background thread runs (or is about to) on a kernel with
+/// `MADV_COLLAPSE`.
+fn promoting() -> bool {
+    background::state().promotes() && sys::linux_at_least(sys::LINUX_MADV_COLLAPSE)
+}
 
 /// Units claimed and made ready for a block.
 pub(super) struct Claimed<'a> {
@@ -133,21 +180,84 @@ impl Engine {
             && crate::env::retain_bytes() != 0
     }
 
-    /// A call of a front's small path: a decay tick while something is
-    /// retained (one load otherwise), so a program that makes only small
-    /// requests still gives retained blocks back.
+    /// A call of a front's small path: while something is retained and
+    /// no background thread runs, a decay step every
+    /// [`TICK_EVERY`](retain::TICK_EVERY) calls of a thread (one load
+    /// otherwise), so a program that makes only small requests still gives
+    /// retained blocks back.
     #[inline]
     pub(crate) fn small_call(&self) {
-        if self.stats.get(Count::Retained) != 0 {
-            self.tick();
+        if self.stats.get(Count::Retained) != 0
+            && background::state() != BackgroundThread::Running
+            && retain::tick_due()
+        {
+            self.decay_step(sys::monotonic_ns(), retain::DECAY_PER_STEP);
         }
     }
 
-    /// One engine call: every so often, a decay step.
+    /// One huge-path call: unless the background thread runs, a decay step
+    /// every [`TICK_EVERY`](retain::TICK_EVERY) calls of a thread or when
+    /// the clock says one is due (an eighth of the decay window after the
+    /// last), so idle time counts at the next call.
     #[inline]
     pub(super) fn tick(&self) {
-        if retain::tick_due() {
-            retain::decay(&self.stats, &self.spans, span::stamp_now(), retain::delay());
+        if background::state() == BackgroundThread::Running {
+            return;
+        }
+        let now = sys::monotonic_ns();
+        let next = self.next_decay.load(Relaxed);
+        let due = now >= next
+            && self
+                .next_decay
+                .compare_exchange(
+                    next,
+                    now.saturating_add(demand::window_ns() / demand::SLOTS_PER_WINDOW),
+                    Relaxed,
+                    Relaxed,
+                )
+                .is_ok();
+        if retain::tick_due() || due {
+            self.decay_step(now, retain::DECAY_PER_STEP);
+        }
+    }
+
+    /// A decay step at monotonic time `now` purging at most `runs` retained
+    /// runs: what the demand of the window cannot take back goes
+    /// ([`retain::decay`]).
+    #[cold]
+    pub(crate) fn decay_step(&self, now: u64, runs: usize) -> usize {
+        let keep = self.demand.keep(now, self.stats.get(Count::Live));
+        retain::decay(
+            &self.stats,
+            &self.spans,
+            span::stamp_at(now),
+            retain::delay(),
+            keep,
+            runs,
+        )
+    }
+
+    /// Whether fresh spans are reserved without `MADV_HUGEPAGE`: the
+    /// background thread promotes their units later, and THP's `defrag`
+    /// mode would make an advised fault compact memory synchronously (or
+    /// cannot be read).
+    fn promotes_unadvised(&self) -> bool {
+        promoting()
+            && crate::thp::settings_once()
+                .defrag
+                .is_none_or(|d| d.advised_fault_compacts())
+    }
+
+    /// Start the background thread if it is wanted; when it fails to start,
+    /// the spans reserved for it are advised `MADV_HUGEPAGE` after all.
+    #[inline]
+    fn background(&self) {
+        if background::maybe_start(background_work) {
+            for (span, v) in self.spans.live() {
+                if v.tier == Backing::TransparentHuge {
+                    span.advise_huge(&self.stats, &v);
+                }
+            }
         }
     }
 
@@ -164,7 +274,9 @@ impl Engine {
         let len = block_len(size, align)?;
         self.tick();
         let c = self.claim(&Ask::new(size, len, align, fill, policy))?;
-        Some(self.hand_out(c, size, policy, true))
+        let b = self.hand_out(c, size, policy, true);
+        self.background();
+        Some(b)
     }
 
     /// Claim units for a block (see [`alloc`](Self::alloc)).
@@ -223,9 +335,15 @@ impl Engine {
         if let Some(c) = self.take(Want::Clean, Groups::Home, ask) {
             return Some(c);
         }
-        let reserved = self
-            .spans
-            .reserve(&self.stats, &self.extents, ask.len, ask.align, ask.home);
+        let advise = !self.promotes_unadvised();
+        let reserved = self.spans.reserve(
+            &self.stats,
+            &self.extents,
+            ask.len,
+            ask.align,
+            ask.home,
+            advise,
+        );
         match reserved {
             // Another thread may take the new span's front first.
             Ok(v) => self
@@ -337,7 +455,13 @@ impl Engine {
         let len = v.len(p.n);
         let d = Descriptor::new(len, size, v.index, v.tier);
         let thp = v.tier == Backing::TransparentHuge;
-        if touch && p.dirty == 0 && thp && policy.probes() {
+        let now = sys::monotonic_ns();
+        span.stamp(p.start, p.n, span::stamp_at(now));
+        let promoting = promoting();
+        if promoting && thp && p.dirty == 0 {
+            self.stats.add(Count::BaseFirst, len as u64);
+        }
+        if touch && p.dirty == 0 && thp && !promoting && policy.probes() {
             // A short tail is left to the caller's writes.
             let fill = len - if d.short_tail() { HUGE_PAGE_2M } else { 0 };
             if let Some(off) = self.window.settle(&self.stats, ptr, len, fill) {
@@ -345,15 +469,22 @@ impl Engine {
                 span.base_pages.set(first, p.start + p.n - first);
             }
         }
-        if d.short_tail() {
+        if d.short_tail() && !promoting {
             self.keep_tail_out(span, v, p.start + p.n - 1);
         }
         // The span's leaves were mapped when it was reserved: this cannot
         // fail.
         let _ = self.extents.insert(ptr, d);
         self.stats.block(v.tier, len);
-        self.stats.live_add(len);
+        self.live_grew(now, len);
         Block { ptr, len }
+    }
+
+    /// Live bytes grew by `len` at monotonic time `now`: counted, and
+    /// noted as demand.
+    pub(super) fn live_grew(&self, now: u64, len: usize) {
+        self.stats.live_add(len);
+        self.demand.note(now, self.stats.get(Count::Live));
     }
 
     /// Advise the short tail unit `u` base pages (`MADV_NOHUGEPAGE`) so the
@@ -477,7 +608,28 @@ pub fn reset_hugetlb_backoff() {
 
 /// Read the huge-page engine's counters. Never allocates; thread-safe.
 pub fn huge_stats() -> HugeStats {
-    ENGINE.stats.snapshot()
+    let mut s = ENGINE.stats.snapshot();
+    s.background_thread = background::state();
+    s.collapsed_live_bytes = ENGINE
+        .spans
+        .live()
+        .map(|(span, v)| {
+            let live = crate::bits::and(&span.in_use.snapshot(), &span.collapsed.snapshot());
+            v.len(crate::bits::count(&live, 0, v.units)) as u64
+        })
+        .sum();
+    s
+}
+
+/// Ask for the huge-page engine's background thread (decay by the clock
+/// and promotion to huge pages, [docs/engine.md](https://github.com/ckalloc/ckalloc/blob/main/docs/engine.md#the-background-thread)),
+/// which [`CkHuge`](super::CkHuge) does not start on its own: it starts at
+/// the next huge-path call. Call it before the first allocation so that
+/// every span is reserved for promotion. `CKALLOC_BACKGROUND_THREAD` set to
+/// an off value keeps it from starting. Returns the state after the call.
+/// Never allocates; thread-safe.
+pub fn enable_background_thread() -> BackgroundThread {
+    background::want()
 }
 
 /// Give every retained huge-page block back to the kernel: its pages are
@@ -513,6 +665,8 @@ pub fn hold_retained_bytes(hold: bool) {
 /// recounted from the spans' bitmaps (units another thread had claimed at
 /// the fork stay out of use in the child).
 unsafe fn fork_child() {
+    background::after_fork_in_child();
+    ENGINE.held.release_in_child(&ENGINE.spans);
     let (retained, tails) = ENGINE.spans.repair_after_fork();
     ENGINE.stats.set(Count::Retained, retained);
     ENGINE.stats.set(Count::ShortTails, tails);

@@ -23,8 +23,16 @@ use std::ptr::{self, NonNull};
 ///
 /// Through [`GlobalAlloc`] the front's policy is [`Policy::RUST_GLOBAL`]:
 /// freed blocks are retained for later requests of any length, up to
-/// `CKALLOC_RETAIN_BYTES`, and purged after `CKALLOC_RETAIN_DECAY_MS`;
-/// fresh THP blocks are faulted in by the first-touch probe. Through
+/// `CKALLOC_RETAIN_BYTES`, and purged by decay (`CKALLOC_RETAIN_DECAY_MS`);
+/// fresh THP blocks are faulted in by the first-touch probe. `CkHuge`
+/// starts no thread on its own: decay then runs on its calls. With the
+/// engine's background thread
+/// ([`enable_background_thread`](super::enable_background_thread), or
+/// `CKALLOC_BACKGROUND_THREAD=1`) decay runs by the clock, fresh blocks
+/// fault in base pages with no probe (where THP's `defrag` mode would make
+/// a huge-page fault compact memory synchronously) and are collapsed into
+/// huge pages once they have lived 250 ms: a written 64 MiB `Vec` is huge
+/// within about 1.5 s here ([docs/engine.md](https://github.com/ckalloc/ckalloc/blob/main/docs/engine.md#the-background-thread)). Through
 /// [`Allocator`] it is [`Policy::RUST_ALLOCATOR`]: nothing is retained, so
 /// `CachingAllocator<CkHuge>` is the only cache and its `trim` reaches the
 /// kernel. Every rule is a row of

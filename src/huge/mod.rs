@@ -25,6 +25,8 @@
 //! environment is read once, without allocating ([`env`](crate::env)).
 
 mod alloc;
+mod background;
+mod demand;
 mod engine;
 mod error;
 mod extents;
@@ -35,6 +37,7 @@ mod options;
 mod os;
 mod place;
 mod policy;
+mod promote;
 mod region;
 mod relocate;
 mod resize;
@@ -44,9 +47,10 @@ mod stats;
 
 pub use crate::tier::Backing;
 pub use alloc::{huge_alloc, huge_free};
+pub use background::BackgroundThread;
+pub use engine::{enable_background_thread, huge_stats, release_retained, reset_hugetlb_backoff};
 #[doc(hidden)]
 pub use engine::{hold_first_touch_base_pages, hold_retained_bytes};
-pub use engine::{huge_stats, release_retained, reset_hugetlb_backoff};
 pub use error::HugeError;
 pub use global::CkHuge;
 pub use options::HugeOptions;

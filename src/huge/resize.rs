@@ -87,7 +87,7 @@ impl Engine {
                 self.keep_tail_out(span, &v, start + m - 1);
             }
             self.extents.update(ptr, descriptor(m));
-            self.stats.live_add(v.len(m - n));
+            self.live_grew(crate::sys::monotonic_ns(), v.len(m - n));
             self.stats.add(Count::GrownInPlace, 1);
             self.advise_growth(&span.units(v, start + n, m - n), policy);
             return Ok(Block { ptr, len: v.len(m) });

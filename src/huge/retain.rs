@@ -1,8 +1,11 @@
-//! Retention: freed units kept with their pages (retained) up to a cap,
-//! purged ([`purge`]: `MADV_DONTNEED`, keeping the address space) after the
-//! decay delay, one [`decay`] step every [`TICK_EVERY`] engine calls of a
-//! thread; only idle spans go back with `munmap`. hugetlb units are never
-//! purged: they are unmapped as holes. The rules are in
+//! Retention: freed units kept with their pages (retained) up to a cap;
+//! what the demand of the last window cannot take back
+//! ([`Demand`](super::demand::Demand)) is purged ([`purge`]: `MADV_DONTNEED`,
+//! keeping the address space), oldest first, by [`decay`] steps that the
+//! background thread runs by the clock, or, without it, engine calls
+//! (every [`TICK_EVERY`] calls of a thread, or a huge-path call once the
+//! clock says one is due); only idle spans go back with `munmap`. hugetlb
+//! units are never purged: they are unmapped as holes. The rules are in
 //! [docs/engine.md](https://github.com/ckalloc/ckalloc/blob/main/docs/engine.md#purge-not-unmap).
 
 use super::os;
@@ -107,6 +110,7 @@ pub(crate) fn purge(c: &Counters, u: &Units<'_>, restore: Restore) -> bool {
         span.forget_advice(c, u.start, u.n);
     }
     span.dirty.clear(u.start, u.n);
+    span.pages_dropped(u.start, u.n);
     c.add(Count::Purged, len as u64);
     true
 }
@@ -163,6 +167,7 @@ fn release_claimed(c: &Counters, spans: &Spans, u: &Units<'_>) -> Option<usize> 
 pub(crate) fn give(c: &Counters, spans: &Spans, u: &Units<'_>, kept: bool, restore: Restore) {
     let (span, start, n) = (u.span, u.start, u.n);
     span.stamp(start, n, span::stamp_now());
+    span.next_generation(start, n);
     if !kept {
         match give_to_kernel(c, spans, u, restore) {
             Back::Clean => return span.release(start, n),
@@ -187,19 +192,46 @@ pub(crate) fn taken(c: &Counters, u: &Units<'_>) -> u32 {
 /// Purge retained runs, the least recently freed first, until `need`
 /// more bytes fit under `cap`; `false` when they cannot.
 pub(crate) fn make_room(c: &Counters, spans: &Spans, need: usize, cap: usize) -> bool {
-    loop {
-        if c.get(Count::Retained).saturating_add(need as u64) <= cap as u64 {
-            return true;
+    let target = (cap as u64).saturating_sub(need as u64);
+    purge_oldest(c, spans, target, usize::MAX, None);
+    c.get(Count::Retained).saturating_add(need as u64) <= cap as u64
+}
+
+/// Purge retained runs, the least recently freed first, until at most
+/// `target` bytes are retained or `runs` runs are purged, or, with
+/// `expiry` = (now, delay), the oldest run was freed less than `delay`
+/// stamps before `now`; returns the bytes purged. Stops at a run whose
+/// purge failed (tried again later).
+fn purge_oldest(
+    c: &Counters,
+    spans: &Spans,
+    target: u64,
+    runs: usize,
+    expiry: Option<(u32, u32)>,
+) -> usize {
+    let mut purged = 0;
+    for _ in 0..runs {
+        if c.get(Count::Retained) <= target {
+            break;
         }
         let Some((span, v, s, e)) = oldest_run(spans) else {
-            return false;
+            break;
         };
-        if span.claim(&v, s, e - s) && release_claimed(c, spans, &span.units(v, s, e - s)).is_none()
-        {
-            span.stamp(s, e - s, span::stamp_now());
-            return false;
+        if expiry.is_some_and(|(now, delay)| !expired(now, span.stamp_of(s), delay)) {
+            break;
+        }
+        if !span.claim(&v, s, e - s) {
+            continue;
+        }
+        match release_claimed(c, spans, &span.units(v, s, e - s)) {
+            Some(bytes) => purged += bytes,
+            None => {
+                span.stamp(s, e - s, span::stamp_now());
+                break;
+            }
         }
     }
+    purged
 }
 
 /// The run of retained units freed at the oldest stamp.
@@ -238,55 +270,47 @@ fn expired(now: u32, t: u32, delay: u32) -> bool {
     now.wrapping_sub(t) >= delay
 }
 
-/// The decay delay in stamps (`CKALLOC_RETAIN_DECAY_MS`).
+/// The decay window in stamps (`CKALLOC_RETAIN_DECAY_MS`).
 pub(crate) fn delay() -> u32 {
     let ns = env::retain_decay_ms().saturating_mul(1_000_000);
     u32::try_from(ns >> 20).unwrap_or(u32::MAX)
 }
 
-/// One decay step at stamp `now` with a delay of `delay` stamps (see the
-/// [module docs](self)).
+/// One decay step at stamp `now`, with a window of `delay` stamps, when the
+/// window's demand can take back `keep` retained bytes, doing at most
+/// `budget` system calls' worth of work: spans no block has used for the
+/// window go back (with their retained units when more than `keep` is
+/// retained), then retained runs freed a window ago or earlier are purged,
+/// oldest first, while more than `keep` is retained. A run freed within
+/// the window stays (the window's demand may take it back). Returns the
+/// bytes given back.
 #[cold]
-pub(crate) fn decay(c: &Counters, spans: &Spans, now: u32, delay: u32) {
-    let mut budget = DECAY_PER_STEP;
+pub(crate) fn decay(
+    c: &Counters,
+    spans: &Spans,
+    now: u32,
+    delay: u32,
+    keep: u64,
+    budget: usize,
+) -> usize {
+    let mut budget = budget;
+    let mut back = 0;
     for (span, v) in spans.live() {
-        let expired_at = |u: u32| expired(now, span.stamp_of(u), delay);
-        if unused(span, &v) {
-            // Every unit free, the last freed the delay ago: the whole span
-            // goes back, its retained units with it.
-            if (0..v.units).all(expired_at) {
-                if let Some(dirty) = spans.retire(c, &v) {
-                    c.add(Count::Decayed, dirty as u64);
-                    budget -= 1;
-                }
-            }
-        } else {
-            for (s, e) in bits::runs(&retained(span, &v)) {
-                let mut u = s;
-                while u < e && budget > 0 {
-                    if !expired_at(u) {
-                        u += 1;
-                        continue;
-                    }
-                    let end = (u..e).find(|&i| !expired_at(i)).unwrap_or(e);
-                    if span.claim(&v, u, end - u) {
-                        match release_claimed(c, spans, &span.units(v, u, end - u)) {
-                            Some(bytes) => {
-                                c.add(Count::Decayed, bytes as u64);
-                            }
-                            // Tried again a delay later.
-                            None => span.stamp(u, end - u, now),
-                        }
-                        budget -= 1;
-                    }
-                    u = end;
-                }
-            }
-        }
         if budget == 0 {
-            return;
+            break;
+        }
+        let quiet = (0..v.units).all(|u| expired(now, span.stamp_of(u), delay));
+        let holds = span.dirty.count(0, v.units) != 0;
+        if unused(span, &v) && quiet && (!holds || c.get(Count::Retained) > keep) {
+            if let Some(dirty) = spans.retire(c, &v) {
+                back += dirty;
+                budget -= 1;
+            }
         }
     }
+    back += purge_oldest(c, spans, keep, budget, Some((now, delay)));
+    c.add(Count::Decayed, back as u64);
+    back
 }
 
 /// Whether no unit of the span is in use by a block.

@@ -64,7 +64,12 @@ pub(crate) fn home_group() -> u32 {
 
 /// The monotonic clock in units of 2^20 ns (about 1 ms), wrapping.
 pub(crate) fn stamp_now() -> u32 {
-    (sys::monotonic_ns() >> 20) as u32
+    stamp_at(sys::monotonic_ns())
+}
+
+/// The stamp of monotonic time `ns`.
+pub(crate) fn stamp_at(ns: u64) -> u32 {
+    (ns >> 20) as u32
 }
 
 /// One slot of the span table.
@@ -87,7 +92,19 @@ pub(crate) struct Span {
     pub(crate) tails: Bits,
     /// Units unmapped for good (hugetlb, `retain::punch`): in use by no block.
     pub(crate) holes: Bits,
+    /// Units the engine collapsed into a huge page (`MADV_COLLAPSE`) whose
+    /// pages have not been dropped since.
+    pub(crate) collapsed: Bits,
+    /// Units whose collapse the kernel refused for good (`EINVAL`) since
+    /// their pages were last dropped.
+    pub(crate) refused: Bits,
+    /// When each unit last changed hands: freed (or cut off a block), or
+    /// handed out in a block.
     stamps: [AtomicU32; BITS as usize],
+    /// Each unit's generation: raised every time the unit leaves a block,
+    /// so a reader that saw a unit in a block can tell afterwards whether
+    /// it was freed (and perhaps purged or reused) meanwhile.
+    gens: [AtomicU32; BITS as usize],
 }
 
 /// What a thread read of a live span: its geometry, valid while the span
@@ -174,7 +191,10 @@ impl Span {
             base_pages: Bits::new(),
             tails: Bits::new(),
             holes: Bits::new(),
+            collapsed: Bits::new(),
+            refused: Bits::new(),
             stamps: [const { AtomicU32::new(0) }; BITS as usize],
+            gens: [const { AtomicU32::new(0) }; BITS as usize],
         }
     }
 
@@ -288,6 +308,7 @@ impl Span {
         os::unmap(c, v.addr(start), v.len(n))?;
         self.holes.set(start, n);
         self.dirty.clear(start, n);
+        self.pages_dropped(start, n);
         self.forget_advice(c, start, n);
         c.span_hole(v.len(n));
         Ok(dirty)
@@ -301,6 +322,15 @@ impl Span {
         self.tails.clear(start, n);
     }
 
+    /// Advise the span's address space (around its holes) `MADV_HUGEPAGE`;
+    /// advice only, so a failure changes nothing.
+    pub(crate) fn advise_huge(&self, c: &Counters, v: &View) {
+        let mapped = bits::not_below(&self.holes.snapshot(), v.units);
+        for (a, b) in bits::runs(&mapped) {
+            let _ = os::advise(c, v.addr(a), v.len(b - a), Advice::HugePage);
+        }
+    }
+
     /// The runs of retained (dirty) units among `start..start + n`.
     pub(crate) fn dirty_runs(&self, start: u32, n: u32) -> impl Iterator<Item = (u32, u32)> {
         let end = start + n;
@@ -309,11 +339,30 @@ impl Span {
             .filter(|(s, e)| s < e)
     }
 
-    /// Stamp units `start..start + n` freed at `now`.
+    /// Stamp units `start..start + n` as changing hands at `now`.
     pub(crate) fn stamp(&self, start: u32, n: u32, now: u32) {
         for s in &self.stamps[start as usize..(start + n) as usize] {
             s.store(now, Relaxed);
         }
+    }
+
+    /// The pages of units `start..start + n` were dropped: whatever was
+    /// collapsed or refused there is no more.
+    pub(crate) fn pages_dropped(&self, start: u32, n: u32) {
+        self.collapsed.clear(start, n);
+        self.refused.clear(start, n);
+    }
+
+    /// Units `start..start + n` leave a block: a new generation each.
+    pub(crate) fn next_generation(&self, start: u32, n: u32) {
+        for g in &self.gens[start as usize..(start + n) as usize] {
+            g.fetch_add(1, Release);
+        }
+    }
+
+    /// The generation of unit `u`.
+    pub(crate) fn generation(&self, u: u32) -> u32 {
+        self.gens[u as usize].load(Acquire)
     }
 
     /// The stamp of unit `u`.
@@ -353,8 +402,8 @@ impl Spans {
 
     /// Reserve a span for a block of `len` bytes aligned to `align` for
     /// threads of `group`: 1 GiB (just `len` under an address-space limit)
-    /// of `PROT_NONE`, advised `MADV_HUGEPAGE` when THP is on (normal pages
-    /// when that fails). Its units are free; the extent map covers it. A
+    /// of `PROT_NONE`, of the THP tier when THP is on, and then advised
+    /// `MADV_HUGEPAGE` when `advise` says (normal pages when that fails). Its units are free; the extent map covers it. A
     /// span longer than 1 GiB (one block's) has the block's units committed
     /// first: a length the kernel refuses to commit (overcommit accounting)
     /// fails here, before leaves of the extent map are mapped for it.
@@ -365,13 +414,17 @@ impl Spans {
         len: usize,
         align: usize,
         group: u32,
+        advise: bool,
     ) -> io::Result<View> {
         let exact = sys::address_space_limited();
         let (shift, units) = geometry(if exact { len } else { len.max(SPAN_LEN) })?;
         let bytes = (units as usize) << shift;
         let p = os::map_aligned(c, bytes, align.max(HUGE_PAGE_2M), Prot::None)?;
         let mut tier = tier::anon_tier();
-        if tier == Backing::TransparentHuge && os::advise(c, p, bytes, Advice::HugePage).is_err() {
+        if tier == Backing::TransparentHuge
+            && advise
+            && os::advise(c, p, bytes, Advice::HugePage).is_err()
+        {
             c.add(Count::ThpFallbacks, 1);
             tier = Backing::Normal;
         }
@@ -437,6 +490,8 @@ impl Spans {
         s.base_pages.store([0; bits::WORDS]);
         s.tails.store([0; bits::WORDS]);
         s.holes.store([0; bits::WORDS]);
+        s.collapsed.store([0; bits::WORDS]);
+        s.refused.store([0; bits::WORDS]);
         // Bits past the last unit stay set: never free.
         s.in_use
             .store(bits::not_below(&[0; bits::WORDS], units).map(|w| !w));

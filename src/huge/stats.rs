@@ -2,6 +2,7 @@
 //! Counters are relaxed atomics: each is exact, but a snapshot taken while
 //! other threads allocate may mix moments. Reading them never allocates.
 
+use super::background::BackgroundThread;
 use crate::env::{self, Setting, Source};
 use crate::thp::{self, ThpSettings};
 use crate::tier::Backing;
@@ -54,6 +55,13 @@ pub(crate) enum Count {
     BaseBytes,
     ShortTails,
     ShortTailsOverBudget,
+    // Promotion and the background thread.
+    BaseFirst,
+    Collapsed,
+    CollapseNs,
+    CollapseFailures,
+    CollapseRaces,
+    BackgroundPasses,
     // Blocks and bytes per tier, by `Backing::code`.
     Blocks,
     Bytes = Count::Blocks as isize + 3,
@@ -178,6 +186,14 @@ impl Counters {
             first_touch_base_bytes: g(Count::BaseBytes),
             short_tails: g(Count::ShortTails),
             short_tails_over_budget: g(Count::ShortTailsOverBudget),
+            background_thread: BackgroundThread::Off,
+            background_passes: g(Count::BackgroundPasses),
+            base_page_first_bytes: g(Count::BaseFirst),
+            collapsed_bytes: g(Count::Collapsed),
+            collapse_ns: g(Count::CollapseNs),
+            collapse_failures: g(Count::CollapseFailures),
+            collapse_races: g(Count::CollapseRaces),
+            collapsed_live_bytes: 0,
             settings: env::settings(),
             thp_settings: thp::settings_once(),
         }
@@ -302,6 +318,31 @@ pub struct HugeStats {
     pub short_tails: u64,
     /// Blocks whose short tail was left on huge pages because 256 were out.
     pub short_tails_over_budget: u64,
+    /// The background thread's state.
+    pub background_thread: BackgroundThread,
+    /// Passes the background thread made (decay and promotion), one per
+    /// 100 ms while it runs.
+    pub background_passes: u64,
+    /// Bytes of fresh THP-tier blocks handed out in spans not advised
+    /// `MADV_HUGEPAGE` (the background thread promotes them): they fault in
+    /// base pages (huge ones only where THP is `always` and a free huge
+    /// page is at hand), so no request waits on compaction.
+    pub base_page_first_bytes: u64,
+    /// Bytes the background thread collapsed into huge pages
+    /// (`MADV_COLLAPSE`), since the process started.
+    pub collapsed_bytes: u64,
+    /// Nanoseconds (wall clock) its `MADV_COLLAPSE` calls took.
+    pub collapse_ns: u64,
+    /// `MADV_COLLAPSE` calls that failed (`EAGAIN`, `ENOMEM`: tried again
+    /// later; `EINVAL`: not until the unit's pages are dropped).
+    pub collapse_failures: u64,
+    /// Collapses of a unit freed while the call ran (made right again).
+    pub collapse_races: u64,
+    /// Live bytes in units the background thread collapsed, now: with
+    /// `live_bytes`, the coverage the promotion reached (THP faults the
+    /// kernel gave directly are not counted; `huge_page_coverage` measures
+    /// a range).
+    pub collapsed_live_bytes: u64,
     /// The `CKALLOC_*` settings in use ([`env::settings`]), each with where
     /// it came from; a variable that does not parse shows as
     /// [`Source::Unparsed`] (taken as unset) and is named on the last line
@@ -392,6 +433,25 @@ impl fmt::Display for HugeStats {
             f,
             "\nshort tails on base pages: {} (left on huge pages: {})",
             self.short_tails, self.short_tails_over_budget
+        )?;
+        let covered = if self.live_bytes == 0 {
+            0.0
+        } else {
+            100.0 * self.collapsed_live_bytes as f64 / self.live_bytes as f64
+        };
+        write!(
+            f,
+            "\npromotion: background thread {} ({} passes); {} faulted in base pages first, \
+             {} collapsed in {:.1} ms ({} failed, {} raced a free); live collapsed now {} ({:.0}%)",
+            self.background_thread.name(),
+            self.background_passes,
+            human_bytes(self.base_page_first_bytes),
+            human_bytes(self.collapsed_bytes),
+            self.collapse_ns as f64 / 1e6,
+            self.collapse_failures,
+            self.collapse_races,
+            human_bytes(self.collapsed_live_bytes),
+            covered
         )?;
         write!(f, "\nTHP: {}", self.thp_settings)?;
         write!(f, "\nsettings: {}", self.settings[0])?;

@@ -69,12 +69,15 @@
 //!   fresh block faults in when written.
 //! - `malloc_trim` purges every retained huge block (`MADV_DONTNEED`) and
 //!   unmaps the engine's idle spans, then runs glibc's. Retained blocks
-//!   decay (`CKALLOC_RETAIN_DECAY_MS`) in steps that run on the huge
-//!   path's calls only (one step per 256 huge-path calls of a thread), so
-//!   that small requests pay nothing for them: a process that stops making
-//!   huge requests keeps what is retained (at most the larger of 128 MiB
-//!   and twice its peak of live huge bytes, or `CKALLOC_RETAIN_BYTES` when
-//!   set) until `malloc_trim` or until its huge-path calls run a step.
+//!   decay by the clock on the engine's background thread (below): what
+//!   the last `CKALLOC_RETAIN_DECAY_MS` (default 2 s) of demand cannot take
+//!   back is given back within about 2.35 s of its free, also while the
+//!   program makes no call at all; with the thread off, at the next
+//!   huge-path call (small requests pay nothing for decay, to keep
+//!   glibc's path as it is). Retention is capped at the larger of 128 MiB
+//!   and twice the peak of live huge bytes, or `CKALLOC_RETAIN_BYTES` when
+//!   set. The rules and bounds:
+//!   [docs/engine.md](https://github.com/ckalloc/ckalloc/blob/main/docs/engine.md#bounds-of-retention).
 //! - `mallinfo2`, `malloc_stats` and `malloc_info` are glibc's and count
 //!   glibc's memory only: ckalloc's blocks are in [`huge_stats`](crate::huge_stats)
 //!   and in the `CKALLOC_SHOW_STATS` summary.
@@ -88,9 +91,13 @@
 //! [docs/engine.md](https://github.com/ckalloc/ckalloc/blob/main/docs/engine.md#the-rules)
 //! (with the measurements behind it in `benches/README.md`):
 //!
-//! - **First touch**: a fresh block faults in as THP when the program
-//!   writes it, as glibc's, jemalloc's and PyTorch's own mappings do; no
-//!   probe.
+//! - **First touch**: a fresh block faults in when the program writes it,
+//!   as glibc's, jemalloc's and PyTorch's own mappings do, with no probe:
+//!   in base pages while the background thread promotes (where THP's
+//!   `defrag` mode would make a `MADV_HUGEPAGE` fault compact memory
+//!   synchronously, Debian's default), so no request waits on compaction
+//!   or on the host; the thread collapses it into huge pages once it has
+//!   lived 250 ms. As THP otherwise.
 //! - **Retention cap**: while `CKALLOC_RETAIN_BYTES` is unset, twice the
 //!   high-water mark of live huge bytes
 //!   ([`HugeStats::peak_live_bytes`](crate::HugeStats::peak_live_bytes)),
@@ -116,10 +123,27 @@
 //! # Start-up, threads, fork
 //!
 //! - The paths never call the exported allocator (the library's Rust code
-//!   allocates through [`GlibcMalloc`]), never panic, never print and
-//!   start no thread. The environment is read with `getenv`, without
-//!   allocating; a call from the dynamic loader before the C library has
-//!   set up the environment uses the defaults and reads again later.
+//!   allocates through [`GlibcMalloc`]), never panic and never print. The
+//!   environment is read with `getenv`, without allocating; a call from the
+//!   dynamic loader before the C library has set up the environment uses
+//!   the defaults and reads again later.
+//! - **One thread.** The library starts one thread of its own, the
+//!   engine's background thread (`ckalloc-bg` in `top -H`), as jemalloc's
+//!   `background_thread` and tcmalloc's background actions do: every
+//!   100 ms it gives back retained memory by the clock and collapses
+//!   long-lived base-page blocks into huge pages (`MADV_COLLAPSE`, at most
+//!   a tenth of one core). It starts at the first huge-path call after the
+//!   library's constructor (never inside another start: a `malloc` that
+//!   `pthread_create` makes goes on without it), with every signal
+//!   blocked; a `pthread_create` that fails (a pid limit, a seccomp
+//!   filter) is silent and leaves the library working without it; a fork
+//!   child starts its own at its first huge-path call.
+//!   `CKALLOC_BACKGROUND_THREAD=0` keeps it from starting: do that for a
+//!   program that calls `unshare(CLONE_NEWUSER)` (refused in a
+//!   multi-threaded process) or that must stay single-threaded across
+//!   `fork()` (CPython 3.12 and later warn at `os.fork()` in a process
+//!   with more than one thread). The rules:
+//!   [docs/engine.md](https://github.com/ckalloc/ckalloc/blob/main/docs/engine.md#the-background-thread).
 //! - A signal handler that interrupts `malloc` and calls `malloc` is not
 //!   supported (as in glibc); handlers elsewhere work.
 //! - `fork`: the engine's `pthread_atfork` child hook (registered

@@ -31,6 +31,8 @@ pub enum Op {
     /// `linkat` of an unnamed file.
     #[cfg_attr(not(feature = "weights"), allow(dead_code))]
     LinkUnnamed,
+    /// `pthread_create` of the engine's background thread.
+    Thread,
 }
 
 /// Returns `Err` when an injected fault is due for `op` (never without
@@ -53,7 +55,7 @@ mod armed {
     use super::Op;
     use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, Ordering};
 
-    const OP_COUNT: usize = Op::LinkUnnamed as usize + 1;
+    const OP_COUNT: usize = Op::Thread as usize + 1;
 
     #[allow(clippy::declare_interior_mutable_const)]
     const ZERO: AtomicU64 = AtomicU64::new(0);

@@ -274,7 +274,18 @@ pub(crate) enum Advice {
     DontNeed,
     /// `MADV_DONTDUMP`: leave the range out of core dumps.
     DontDump,
+    /// `MADV_COLLAPSE` ([`LINUX_MADV_COLLAPSE`](super::LINUX_MADV_COLLAPSE)):
+    /// copy the range's pages into huge pages now, synchronously (direct
+    /// reclaim and compaction included), whatever the THP sysfs modes say;
+    /// `EINVAL` for a range advised `MADV_NOHUGEPAGE`, `EAGAIN` when a page
+    /// was busy, `ENOMEM` when no huge page could be had.
+    Collapse,
 }
+
+/// `MADV_COLLAPSE` of `linux/mman.h` (Linux 6.1), which libc defines for
+/// glibc targets only.
+#[cfg(target_os = "linux")]
+const MADV_COLLAPSE: libc::c_int = 25;
 
 /// The `MADV_*` value of `advice`.
 #[cfg(target_os = "linux")]
@@ -285,7 +296,25 @@ pub(super) fn advice_raw(advice: Advice) -> io::Result<libc::c_int> {
         Advice::PopulateWrite => libc::MADV_POPULATE_WRITE,
         Advice::DontNeed => libc::MADV_DONTNEED,
         Advice::DontDump => libc::MADV_DONTDUMP,
+        Advice::Collapse => MADV_COLLAPSE,
     })
+}
+
+/// How many of the base pages of `addr..addr + len` are resident
+/// (`mincore(2)`), for a range of at most 2 MiB of 4 KiB pages: the vector
+/// lives on the stack.
+#[cfg(target_os = "linux")]
+pub(crate) fn resident_pages(addr: NonNull<u8>, len: usize) -> io::Result<usize> {
+    const MAX_PAGES: usize = super::HUGE_PAGE_2M / 4096;
+    let pages = len.div_ceil(super::page_size());
+    if pages > MAX_PAGES {
+        return Err(io::Error::from_raw_os_error(libc::EINVAL));
+    }
+    let mut vec = [0u8; MAX_PAGES];
+    // SAFETY: `vec` holds a byte for each of the range's pages; mincore
+    // only reads the page tables of the caller's range.
+    cvt(unsafe { libc::mincore(addr.as_ptr().cast(), len, vec.as_mut_ptr()) })?;
+    Ok(vec[..pages].iter().filter(|&&b| b & 1 != 0).count())
 }
 
 /// `madvise(addr, len, advice)`.

@@ -11,7 +11,7 @@
 //! The submodules follow memmap2's seams: [`mappings`] (`mmap`, `munmap`,
 //! `madvise`, `mremap`, `mbind`, `mlock`), [`files`] (`open`, `fstat`,
 //! `pread`, `posix_fadvise`, `O_TMPFILE` + `linkat`), [`process`] (environment, sysfs/procfs reads,
-//! limits, clock, page map), [`fault`] (test-only fault injection, armed with
+//! limits, clock, page map), [`thread`] (a detached helper thread, sleeping), [`fault`] (test-only fault injection, armed with
 //! `--cfg ckalloc_fault_injection`), and `unsupported`, the non-Linux
 //! fallbacks of the Linux-only calls.
 
@@ -19,6 +19,7 @@ pub(crate) mod fault;
 mod files;
 mod mappings;
 mod process;
+mod thread;
 #[cfg(not(target_os = "linux"))]
 mod unsupported;
 
@@ -35,19 +36,22 @@ pub(crate) use process::{
     address_space_limited, environment_ready, getenv, leading_u64, linux_at_least, memlock_limit,
     monotonic_ns, read_small_file, register_atfork, SchedStat,
 };
+pub(crate) use thread::{sleep_ns, spawn_detached};
 
 #[cfg(target_os = "linux")]
 use mappings::advice_raw;
 #[cfg(not(target_os = "linux"))]
 use unsupported::advice_raw;
 #[cfg(not(target_os = "linux"))]
-pub(crate) use unsupported::{fadvise_sequential, map_hugetlb, mbind, mremap_fixed, pagemap_scan};
+pub(crate) use unsupported::{
+    fadvise_sequential, map_hugetlb, mbind, mremap_fixed, pagemap_scan, resident_pages,
+};
 #[cfg(target_os = "linux")]
 pub(crate) use {
     files::fadvise_sequential,
     mappings::{
         map_file_fixed_readonly, map_hugetlb, map_hugetlb_fixed, mbind, mremap_fixed,
-        probe_file_readonly,
+        probe_file_readonly, resident_pages,
     },
     process::pagemap_scan,
 };
@@ -66,6 +70,8 @@ pub(crate) const LINUX_MREMAP_DONTUNMAP: Linux = (5, 7);
 pub(crate) const LINUX_MREMAP_MULTI_VMA: Linux = (6, 17);
 /// `MADV_POPULATE_WRITE`: prefault writable pages, reporting failure.
 pub(crate) const LINUX_MADV_POPULATE_WRITE: Linux = (5, 14);
+/// `MADV_COLLAPSE`: collapse a range into huge pages on request.
+pub(crate) const LINUX_MADV_COLLAPSE: Linux = (6, 1);
 /// `mremap` moves hugetlb mappings (it refused them before).
 pub(crate) const LINUX_HUGETLB_MREMAP: Linux = (5, 16);
 /// The `PAGEMAP_SCAN` ioctl on `/proc/self/pagemap`.

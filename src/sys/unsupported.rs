@@ -26,6 +26,11 @@ pub(super) fn advice_raw(advice: Advice) -> io::Result<libc::c_int> {
     }
 }
 
+/// `mincore` residency is read only on Linux.
+pub(crate) fn resident_pages(_addr: NonNull<u8>, _len: usize) -> io::Result<usize> {
+    unsupported()
+}
+
 /// `mremap` is Linux-only.
 pub(crate) fn mremap_fixed(
     _old: NonNull<u8>,

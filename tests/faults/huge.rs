@@ -449,3 +449,31 @@ fn child_populate_threads_one_failed_chunk() {
     let r = HugeRegion::with_options(bytes, &opts).unwrap();
     assert_eq!(r.coverage().unwrap().mapped_bytes, bytes as u64);
 }
+
+#[test]
+fn a_background_thread_that_cannot_start_leaves_the_engine_working_without_it() {
+    use ckalloc::huge::{enable_background_thread, BackgroundThread};
+    let _g = serial();
+    // `pthread_create` refused (a pid limit, a seccomp filter).
+    fault::fail_nth(Op::Thread, 1, libc::EAGAIN);
+    if enable_background_thread() == BackgroundThread::Disabled {
+        eprintln!("SKIP: CKALLOC_BACKGROUND_THREAD is off");
+        return;
+    }
+    let p = huge_alloc(8 * MIB).expect("a block without the thread");
+    assert_eq!(fault::calls(Op::Thread), 1);
+    assert_eq!(huge_stats().background_thread, BackgroundThread::Failed);
+    // SAFETY: `huge_alloc` blocks read zero; ours, 8 MiB.
+    let s = unsafe { std::slice::from_raw_parts_mut(p.as_ptr(), 8 * MIB) };
+    assert!(s.iter().step_by(4096).all(|&b| b == 0));
+    s.fill(7);
+    // Tried once: the next allocations go on without it, silently.
+    let q = huge_alloc(4 * MIB).expect("a second block");
+    assert_eq!(fault::calls(Op::Thread), 1);
+    assert_eq!(huge_stats().background_thread, BackgroundThread::Failed);
+    // SAFETY: from huge_alloc with these lengths, freed once.
+    unsafe {
+        huge_free(q, 4 * MIB);
+        huge_free(p, 8 * MIB);
+    }
+}

@@ -13,6 +13,7 @@
 
 #![cfg(all(feature = "preload", target_os = "linux", target_env = "gnu"))]
 
+mod background;
 mod conformance;
 mod engine;
 mod limits;

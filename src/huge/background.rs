@@ -1,0 +1,205 @@
+//! The background thread: the engine's work off the request path (decay
+//! by the clock, promotion to huge pages), as jemalloc's
+//! `background_thread`. This module knows nothing of that work: the engine
+//! hands [`maybe_start`] a function, which the thread calls every
+//! [`TICK_NS`] and which says how long the thread may sleep after it.
+//!
+//! The rules (docs/engine.md, "The background thread", states them for
+//! users):
+//!
+//! - It runs when a front asks for it ([`want`]: the preload library's
+//!   constructor; [`enable_background_thread`](super::enable_background_thread)
+//!   for [`CkHuge`](super::CkHuge)) or `CKALLOC_BACKGROUND_THREAD` is set
+//!   to an on value, and never when that variable is set to an off value.
+//! - It starts at the first huge-path call after that, once the C library
+//!   has set up the environment, never inside another start: the state
+//!   word below is the guard, so a `malloc` that `pthread_create` makes
+//!   finds it starting and goes on without it.
+//! - A `pthread_create` that fails (a thread or process limit, a seccomp
+//!   filter) is silent: the state says so ([`BackgroundThread::Failed`]) and the
+//!   engine works as without the thread.
+//! - In the child of `fork()` no thread runs: the state goes back to
+//!   wanted and the child's first huge-path call starts one.
+//!
+//! Atomics only; the thread's own calls allocate nothing.
+
+use crate::env;
+use crate::sys;
+use std::sync::atomic::{
+    AtomicU8, AtomicUsize,
+    Ordering::{AcqRel, Acquire, Relaxed, Release},
+};
+
+/// How often the thread runs its work when it has some (100 ms).
+pub const TICK_NS: u64 = 100_000_000;
+
+/// The background thread's state.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum BackgroundThread {
+    /// No front asked for it (a program using only
+    /// [`CkHuge`](super::CkHuge), which starts no thread on its own).
+    #[default]
+    Off,
+    /// Asked for, not started yet: the next huge-path call starts it.
+    Wanted,
+    /// `pthread_create` is running.
+    Starting,
+    /// Running.
+    Running,
+    /// `pthread_create` failed: no thread, for the life of the process.
+    Failed,
+    /// `CKALLOC_BACKGROUND_THREAD` is set to an off value.
+    Disabled,
+}
+
+impl BackgroundThread {
+    fn code(self) -> u8 {
+        self as u8
+    }
+
+    fn from_code(c: u8) -> BackgroundThread {
+        match c {
+            1 => BackgroundThread::Wanted,
+            2 => BackgroundThread::Starting,
+            3 => BackgroundThread::Running,
+            4 => BackgroundThread::Failed,
+            5 => BackgroundThread::Disabled,
+            _ => BackgroundThread::Off,
+        }
+    }
+
+    /// Its name, as `huge_stats` and the preload summary print it.
+    pub fn name(self) -> &'static str {
+        match self {
+            BackgroundThread::Off => "off",
+            BackgroundThread::Wanted => "wanted",
+            BackgroundThread::Starting => "starting",
+            BackgroundThread::Running => "running",
+            BackgroundThread::Failed => "failed to start",
+            BackgroundThread::Disabled => "disabled",
+        }
+    }
+
+    /// Whether the thread runs or is about to: the engine then leaves
+    /// promotion and decay to it.
+    pub(crate) fn promotes(self) -> bool {
+        matches!(
+            self,
+            BackgroundThread::Wanted | BackgroundThread::Starting | BackgroundThread::Running
+        )
+    }
+}
+
+static STATE: AtomicU8 = AtomicU8::new(0);
+/// The work function (`fn() -> u64`, the nanoseconds to sleep), as an
+/// address; 0 until the first start.
+static WORK: AtomicUsize = AtomicUsize::new(0);
+
+/// The state now, `CKALLOC_BACKGROUND_THREAD` applied: set to an off value
+/// it is [`BackgroundThread::Disabled`]; set to an on value, [`BackgroundThread::Off`] reads as
+/// wanted.
+pub(crate) fn state() -> BackgroundThread {
+    let s = BackgroundThread::from_code(STATE.load(Relaxed));
+    match (s, env::background_thread()) {
+        (BackgroundThread::Off, Some(true)) => BackgroundThread::Wanted,
+        (_, Some(false)) => BackgroundThread::Disabled,
+        (s, _) => s,
+    }
+}
+
+/// A front asks for the thread (it starts at the next huge-path call);
+/// returns the state after.
+pub(crate) fn want() -> BackgroundThread {
+    let _ = STATE.compare_exchange(
+        BackgroundThread::Off.code(),
+        BackgroundThread::Wanted.code(),
+        AcqRel,
+        Relaxed,
+    );
+    state()
+}
+
+/// Start the thread running `work` if it is wanted and not running; one
+/// load when it is. Returns `true` when the thread failed to start just
+/// now (the caller undoes what it did for the thread).
+#[inline]
+pub(crate) fn maybe_start(work: fn() -> u64) -> bool {
+    if state() != BackgroundThread::Wanted {
+        return false;
+    }
+    start(work)
+}
+
+#[cold]
+fn start(work: fn() -> u64) -> bool {
+    if !sys::environment_ready() {
+        return false;
+    }
+    let from = STATE.load(Acquire);
+    if from == BackgroundThread::Starting.code()
+        || from == BackgroundThread::Running.code()
+        || STATE
+            .compare_exchange(from, BackgroundThread::Starting.code(), AcqRel, Relaxed)
+            .is_err()
+    {
+        return false;
+    }
+    WORK.store(work as usize, Release);
+    match sys::spawn_detached(run, c"ckalloc-bg") {
+        Ok(()) => {
+            STATE.store(BackgroundThread::Running.code(), Release);
+            false
+        }
+        Err(_) => {
+            STATE.store(BackgroundThread::Failed.code(), Release);
+            true
+        }
+    }
+}
+
+/// The thread: the work, then a sleep, for the life of the process.
+extern "C" fn run(_: *mut libc::c_void) -> *mut libc::c_void {
+    loop {
+        let w = WORK.load(Acquire);
+        let sleep = if w == 0 {
+            TICK_NS
+        } else {
+            // SAFETY: `WORK` holds only addresses of `fn() -> u64` stored
+            // by `start`, valid for the life of the process.
+            let work: fn() -> u64 = unsafe { std::mem::transmute::<usize, fn() -> u64>(w) };
+            work()
+        };
+        sys::sleep_ns(sleep);
+    }
+}
+
+/// In the child of `fork()`: no thread runs there; the next huge-path call
+/// starts one.
+pub(crate) fn after_fork_in_child() {
+    let s = STATE.load(Relaxed);
+    if s == BackgroundThread::Running.code() || s == BackgroundThread::Starting.code() {
+        STATE.store(BackgroundThread::Wanted.code(), Relaxed);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn states_keep_their_codes() {
+        for s in [
+            BackgroundThread::Off,
+            BackgroundThread::Wanted,
+            BackgroundThread::Starting,
+            BackgroundThread::Running,
+            BackgroundThread::Failed,
+            BackgroundThread::Disabled,
+        ] {
+            assert_eq!(BackgroundThread::from_code(s.code()), s);
+        }
+        assert!(BackgroundThread::Wanted.promotes() && BackgroundThread::Running.promotes());
+        assert!(!BackgroundThread::Failed.promotes() && !BackgroundThread::Off.promotes());
+    }
+}

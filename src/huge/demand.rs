@@ -1,0 +1,132 @@
+//! Demand: the high-water mark of live bytes over a sliding window (after
+//! tcmalloc's `MinMaxTracker`, which sizes its `huge_cache`). Retention
+//! keeps what the window's demand can take back (its peak less the live
+//! bytes now) and gives the rest back, oldest first ([`retain::decay`]):
+//! an idle spell shorter than the window costs the next request no page
+//! fault, and a transient peak is given back one window after it.
+//!
+//! The window is `CKALLOC_RETAIN_DECAY_MS`, split into [`SLOTS_PER_WINDOW`]
+//! slots of the monotonic clock; each slot keeps the highest live count
+//! seen in it. Atomics only: no allocation, no lock.
+//!
+//! [`retain::decay`]: super::retain::decay
+
+use crate::env;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+
+/// Slots the window is split into; the peak covers that many slots before
+/// the current one, so a live count leaves it between one window and one
+/// window and a slot after it was seen.
+pub(crate) const SLOTS_PER_WINDOW: u64 = 8;
+/// Entries of the ring (more than the slots a peak reads).
+const RING: usize = 16;
+
+/// The demand tracker (see the [module docs](self)).
+pub(crate) struct Demand {
+    /// The highest live count of each slot, at `slot % RING`.
+    peaks: [AtomicU64; RING],
+    /// The slot number each entry holds (plus one: 0 is none).
+    slots: [AtomicU64; RING],
+}
+
+/// The window in nanoseconds (`CKALLOC_RETAIN_DECAY_MS`).
+pub(crate) fn window_ns() -> u64 {
+    env::retain_decay_ms().saturating_mul(1_000_000)
+}
+
+/// The slot of monotonic time `now_ns` under a window of `window_ns`.
+fn slot_at(now_ns: u64, window_ns: u64) -> u64 {
+    now_ns / (window_ns / SLOTS_PER_WINDOW).max(1)
+}
+
+impl Demand {
+    pub(crate) const fn new() -> Demand {
+        Demand {
+            peaks: [const { AtomicU64::new(0) }; RING],
+            slots: [const { AtomicU64::new(0) }; RING],
+        }
+    }
+
+    /// Live bytes were `live` at monotonic time `now_ns`.
+    #[inline]
+    pub(crate) fn note(&self, now_ns: u64, live: u64) {
+        let window = window_ns();
+        if window == 0 {
+            return;
+        }
+        let slot = slot_at(now_ns, window) + 1;
+        let i = (slot % RING as u64) as usize;
+        let held = self.slots[i].load(Relaxed);
+        if held != slot
+            && self.slots[i]
+                .compare_exchange(held, slot, Relaxed, Relaxed)
+                .is_ok()
+        {
+            // The entry held an older slot: this one starts at `live`. A
+            // thread's `fetch_max` between the exchange and this store is
+            // lost; the next note of the slot raises it again.
+            self.peaks[i].store(live, Relaxed);
+        }
+        self.peaks[i].fetch_max(live, Relaxed);
+    }
+
+    /// The highest live count of the window before monotonic time
+    /// `now_ns`, at least `live` (the count now).
+    pub(crate) fn peak(&self, now_ns: u64, live: u64) -> u64 {
+        let window = window_ns();
+        if window == 0 {
+            return live;
+        }
+        let slot = slot_at(now_ns, window) + 1;
+        let oldest = slot.saturating_sub(SLOTS_PER_WINDOW);
+        let mut peak = live;
+        for (s, p) in self.slots.iter().zip(&self.peaks) {
+            let held = s.load(Relaxed);
+            if held != 0 && held >= oldest && held <= slot {
+                peak = peak.max(p.load(Relaxed));
+            }
+        }
+        peak
+    }
+
+    /// The retained bytes the window's demand can take back with
+    /// `live` bytes live now: its peak less `live`.
+    pub(crate) fn keep(&self, now_ns: u64, live: u64) -> u64 {
+        self.peak(now_ns, live) - live
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MS: u64 = 1_000_000;
+
+    #[test]
+    fn a_peak_stays_one_window_and_then_leaves() {
+        // The default window (env unset in unit tests): 1000 ms, 125 ms slots.
+        let w = window_ns();
+        assert!(w > 0);
+        let d = Demand::new();
+        let t0 = 1_000 * w;
+        d.note(t0, 100);
+        d.note(t0 + MS, 40);
+        assert_eq!(d.keep(t0 + 2 * MS, 40), 60, "the peak is in the window");
+        assert_eq!(d.keep(t0 + w / 2, 40), 60);
+        assert_eq!(d.keep(t0 + w + w / SLOTS_PER_WINDOW + MS, 40), 0, "gone");
+        // Live above every peak: nothing more to keep.
+        assert_eq!(d.keep(t0 + 2 * MS, 500), 0);
+    }
+
+    #[test]
+    fn a_slot_reused_by_the_ring_starts_afresh() {
+        let w = window_ns();
+        let d = Demand::new();
+        let slot = w / SLOTS_PER_WINDOW;
+        d.note(0, 1_000);
+        // The same ring entry, RING slots later.
+        let later = RING as u64 * slot;
+        d.note(later, 10);
+        assert_eq!(d.peak(later, 0), 10);
+    }
+}

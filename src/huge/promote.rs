@@ -1,0 +1,211 @@
+//! Promotion: units of the THP tier that faulted in base pages become huge
+//! pages later, off the request path, with `MADV_COLLAPSE` (Linux 6.1)
+//! from the background thread, one 2 MiB unit per call:
+//!
+//! - **What**: units of a block live for [`PROMOTE_AFTER_MS`] (weights, a
+//!   long-lived buffer) and retained units (the cache), each with at least
+//!   half its base pages resident (`mincore`), so a collapse never commits
+//!   more than twice what the program touched; never a unit the engine
+//!   advised `MADV_NOHUGEPAGE` (short tails, the first-touch window), which
+//!   the kernel refuses, nor one collapsed since its pages were last
+//!   dropped. A unit the kernel refuses for good (`EINVAL`: the program
+//!   advised it `MADV_NOHUGEPAGE`, or locked it) is not tried again until
+//!   its pages are dropped.
+//! - **Never a unit freed meanwhile**: a retained unit is claimed for the
+//!   collapse (no block can take it meanwhile); a live unit's generation
+//!   is read before and after the call, and a unit freed meanwhile whose
+//!   pages were dropped (so the collapse may have filled it with zeros) is
+//!   purged again when it can be claimed.
+//! - **Pace**: after each call the thread sleeps nine times as long as the
+//!   call took (at most a tenth of one core), and each call holds the
+//!   mm's locks for the collapse of one 2 MiB page; a pass ends at its
+//!   deadline (the thread's tick), so decay runs between passes.
+//! - **Order**: live units first; retained units only while the demand of
+//!   the window keeps all that is retained (what decay is about to purge
+//!   is not collapsed first).
+//!
+//! No allocation, no lock (the kernel's aside), no panic.
+
+use super::os;
+use super::retain::{self, Restore};
+use super::span::{self, Span, Spans, View};
+use super::stats::{Count, Counters};
+use crate::bits::{self, Snapshot};
+use crate::sys::{self, Advice};
+use crate::tier::Backing;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+
+/// How long a block's unit has been live before it is promoted (250 ms):
+/// longer than a request's temporaries live, short enough that a
+/// long-lived block is huge within a second or two.
+pub const PROMOTE_AFTER_MS: u64 = 250;
+/// The thread sleeps this many times as long as each collapse took.
+pub const SLEEP_PER_BUSY: u64 = 9;
+/// The longest sleep after one collapse (100 ms).
+const MAX_SLEEP_NS: u64 = 100_000_000;
+
+/// The retained unit the background thread holds claimed for a collapse:
+/// `(span slot << 32 | unit) + 1`; 0 when none. The child of a `fork()`
+/// releases it ([`Held::release_in_child`]).
+pub(crate) struct Held(AtomicU64);
+
+impl Held {
+    pub(crate) const fn new() -> Held {
+        Held(AtomicU64::new(0))
+    }
+
+    fn set(&self, span: u16, u: u32) {
+        self.0
+            .store((u64::from(span) << 32 | u64::from(u)) + 1, Relaxed);
+    }
+
+    fn clear(&self) {
+        self.0.store(0, Relaxed);
+    }
+
+    /// In the child of `fork()`: the unit the parent's thread held (the
+    /// thread is not in the child) is free again, still retained.
+    pub(crate) fn release_in_child(&self, spans: &Spans) {
+        let w = self.0.swap(0, Relaxed);
+        if w != 0 {
+            let w = w - 1;
+            spans.get((w >> 32) as u16).release(w as u32, 1);
+        }
+    }
+}
+
+fn bit(s: &Snapshot, u: u32) -> bool {
+    s[(u / 64) as usize] >> (u % 64) & 1 != 0
+}
+
+/// What became of one unit.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Outcome {
+    /// Nothing done: not a candidate now (taken, sparse, changed).
+    Skipped,
+    /// A collapse call was made, taking this many nanoseconds.
+    Called(u64),
+}
+
+/// What a pass may do.
+pub(crate) struct Pass {
+    /// The stamp of the pass's start.
+    pub(crate) now: u32,
+    /// Monotonic ns after which the pass makes no more calls.
+    pub(crate) deadline: u64,
+    /// Whether retained units are collapsed too.
+    pub(crate) retained: bool,
+}
+
+/// One promotion pass (see the [module docs](self)): live units, then
+/// retained ones when `pass.retained`. Returns `true` when it stopped at
+/// its deadline with units left to try.
+pub(crate) fn pass(c: &Counters, spans: &Spans, held: &Held, pass: &Pass) -> bool {
+    live_units(c, spans, held, pass, false)
+        || (pass.retained && live_units(c, spans, held, pass, true))
+}
+
+/// The live units (`retained` false) or the retained ones of a pass;
+/// `true` when the deadline cut it short.
+fn live_units(c: &Counters, spans: &Spans, held: &Held, pass: &Pass, retained: bool) -> bool {
+    let age = u32::try_from((PROMOTE_AFTER_MS * 1_000_000) >> 20).unwrap_or(u32::MAX);
+    let now = pass.now;
+    for (span, v) in spans.live() {
+        if v.tier != Backing::TransparentHuge || v.shift != span::UNIT_SHIFT {
+            continue;
+        }
+        let in_use = span.in_use.snapshot();
+        let (holes, dirty) = (span.holes.snapshot(), span.dirty.snapshot());
+        let done = bits::and(
+            &bits::not(&span.collapsed.snapshot()),
+            &bits::not(&span.refused.snapshot()),
+        );
+        let open = bits::and(&done, &bits::not(&span.base_pages.snapshot()));
+        let open = bits::and(&open, &bits::not(&holes));
+        let open = bits::and(&open, &bits::not_below(&[0; bits::WORDS], v.units));
+        for u in bits::runs(&open).flat_map(|(s, e)| s..e) {
+            let outcome = match (bit(&in_use, u), retained) {
+                (true, false) if now.wrapping_sub(span.stamp_of(u)) >= age => {
+                    live_unit(c, span, &v, u)
+                }
+                (false, true) if bit(&dirty, u) => retained_unit(c, span, &v, u, held),
+                _ => continue,
+            };
+            if let Outcome::Called(ns) = outcome {
+                sys::sleep_ns(ns.saturating_mul(SLEEP_PER_BUSY).min(MAX_SLEEP_NS));
+                if sys::monotonic_ns() >= pass.deadline {
+                    return true;
+                }
+            }
+        }
+    }
+    false
+}
+
+/// Whether unit `u` holds enough resident pages to collapse.
+fn dense(span_view: &View, u: u32) -> bool {
+    let len = span_view.len(1);
+    let pages = len / sys::page_size();
+    sys::resident_pages(span_view.addr(u), len).is_ok_and(|r| r * 2 >= pages)
+}
+
+/// Collapse unit `u` (the caller keeps it from changing hands, or checks
+/// afterwards); count the outcome.
+fn collapse(c: &Counters, span: &Span, v: &View, u: u32) -> Outcome {
+    let t0 = sys::monotonic_ns();
+    let r = os::advise(c, v.addr(u), v.len(1), Advice::Collapse);
+    let ns = sys::monotonic_ns().saturating_sub(t0);
+    c.add(Count::CollapseNs, ns);
+    match r {
+        Ok(()) => {
+            span.collapsed.set(u, 1);
+            c.add(Count::Collapsed, v.len(1) as u64);
+        }
+        Err(e) => {
+            c.add(Count::CollapseFailures, 1);
+            if e.raw_os_error() == Some(libc::EINVAL) {
+                span.refused.set(u, 1);
+            }
+        }
+    }
+    Outcome::Called(ns)
+}
+
+/// A unit of a live block.
+fn live_unit(c: &Counters, span: &Span, v: &View, u: u32) -> Outcome {
+    let gen = span.generation(u);
+    if !dense(v, u) || span.in_use.count(u, 1) == 0 || span.generation(u) != gen {
+        return Outcome::Skipped;
+    }
+    let outcome = collapse(c, span, v, u);
+    if span.generation(u) != gen {
+        // Freed meanwhile: a collapse after its pages were dropped may have
+        // faulted in a huge page of zeros. A clean free unit is purged
+        // again (a retained one keeps what the collapse gave it).
+        c.add(Count::CollapseRaces, 1);
+        span.collapsed.clear(u, 1);
+        if span.claim(v, u, 1) {
+            if span.dirty.count(u, 1) == 0 {
+                let _ = retain::purge(c, &span.units(*v, u, 1), Restore::Access);
+            }
+            span.release(u, 1);
+        }
+    }
+    outcome
+}
+
+/// A retained unit: claimed for the collapse, then free again.
+fn retained_unit(c: &Counters, span: &Span, v: &View, u: u32, held: &Held) -> Outcome {
+    if !span.claim(v, u, 1) {
+        return Outcome::Skipped;
+    }
+    held.set(v.index, u);
+    let outcome = if span.dirty.count(u, 1) != 0 && dense(v, u) {
+        collapse(c, span, v, u)
+    } else {
+        Outcome::Skipped
+    };
+    held.clear();
+    span.release(u, 1);
+    outcome
+}

@@ -1,0 +1,128 @@
+//! A detached helper thread made with `pthread_create` (not
+//! `std::thread`, which allocates through the global allocator the thread
+//! may be part of), and sleeping on the monotonic clock.
+
+use super::fault::{inject, Op};
+use std::ffi::CStr;
+use std::io;
+
+/// Stack of a helper thread (256 KiB): its code keeps small buffers on the
+/// stack and calls nothing deep.
+const STACK: usize = 256 << 10;
+
+/// Start `entry(null)` on a detached thread named `name` (at most 15
+/// bytes), with every signal blocked in it (it inherits the mask, as
+/// jemalloc's background threads do), so the program's signal handlers
+/// never run on it. The caller's signal mask is as it was afterwards.
+///
+/// `pthread_create` allocates the thread's stack with `mmap` and its
+/// thread-local blocks with the C library's `malloc`; a caller inside an
+/// allocator must keep that `malloc` from coming back to it.
+///
+/// # Errors
+/// `pthread_create`'s error (`EAGAIN` at a thread or process limit, `EPERM`
+/// under a seccomp filter that refuses `clone`), or `pthread_attr_*`'s.
+pub(crate) fn spawn_detached(
+    entry: extern "C" fn(*mut libc::c_void) -> *mut libc::c_void,
+    name: &CStr,
+) -> io::Result<()> {
+    inject(Op::Thread)?;
+    let err = |rc: libc::c_int| io::Error::from_raw_os_error(rc);
+    // SAFETY: pthread_attr_t is plain data that pthread_attr_init sets up.
+    let mut attr: libc::pthread_attr_t = unsafe { std::mem::zeroed() };
+    // SAFETY: a valid pointer to an attribute object.
+    let rc = unsafe { libc::pthread_attr_init(&mut attr) };
+    if rc != 0 {
+        return Err(err(rc));
+    }
+    // SAFETY: sigset_t is plain data that sigfillset initialises.
+    let mut all: libc::sigset_t = unsafe { std::mem::zeroed() };
+    // SAFETY: as above.
+    let mut old: libc::sigset_t = unsafe { std::mem::zeroed() };
+    // SAFETY: `attr` was initialised above and is destroyed below; the sets
+    // are valid; `entry` is an `extern "C"` function for the life of the
+    // process; `thread` is a valid out pointer.
+    let rc = unsafe {
+        let mut rc = libc::pthread_attr_setdetachstate(&mut attr, libc::PTHREAD_CREATE_DETACHED);
+        if rc == 0 {
+            rc = libc::pthread_attr_setstacksize(&mut attr, STACK);
+        }
+        if rc == 0 {
+            libc::sigfillset(&mut all);
+            rc = libc::pthread_sigmask(libc::SIG_SETMASK, &all, &mut old);
+            if rc == 0 {
+                let mut thread: libc::pthread_t = std::mem::zeroed();
+                rc = libc::pthread_create(&mut thread, &attr, entry, std::ptr::null_mut());
+                libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut());
+                if rc == 0 {
+                    // A name only helps `top -H` and debuggers: its failure
+                    // changes nothing.
+                    #[cfg(target_os = "linux")]
+                    let _ = libc::pthread_setname_np(thread, name.as_ptr());
+                }
+            }
+        }
+        libc::pthread_attr_destroy(&mut attr);
+        rc
+    };
+    #[cfg(not(target_os = "linux"))]
+    let _ = name;
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(err(rc))
+    }
+}
+
+/// Sleep `ns` nanoseconds on the monotonic clock; a signal cuts it short
+/// (the caller's loop sleeps again).
+pub(crate) fn sleep_ns(ns: u64) {
+    let ts = libc::timespec {
+        tv_sec: (ns / 1_000_000_000) as libc::time_t,
+        tv_nsec: (ns % 1_000_000_000) as libc::c_long,
+    };
+    // SAFETY: a valid timespec; no remainder wanted.
+    unsafe { libc::nanosleep(&ts, std::ptr::null_mut()) };
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    static RAN: AtomicBool = AtomicBool::new(false);
+
+    extern "C" fn mark(_: *mut libc::c_void) -> *mut libc::c_void {
+        RAN.store(true, Ordering::Release);
+        std::ptr::null_mut()
+    }
+
+    #[test]
+    #[cfg_attr(miri, ignore = "Miri does not model pthread_create with attributes")]
+    fn a_detached_thread_runs_and_the_caller_keeps_its_signal_mask() {
+        // SAFETY: plain data initialised by pthread_sigmask.
+        let mut before: libc::sigset_t = unsafe { std::mem::zeroed() };
+        // SAFETY: valid out pointer; a null set only reads the mask.
+        unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, std::ptr::null(), &mut before) };
+        spawn_detached(mark, c"ck-test").unwrap();
+        // SAFETY: as above.
+        let mut after: libc::sigset_t = unsafe { std::mem::zeroed() };
+        // SAFETY: as above.
+        unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, std::ptr::null(), &mut after) };
+        for sig in 1..32 {
+            // SAFETY: valid sets and signal numbers.
+            let (b, a) = unsafe {
+                (
+                    libc::sigismember(&before, sig),
+                    libc::sigismember(&after, sig),
+                )
+            };
+            assert_eq!(b, a, "signal {sig}");
+        }
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while !RAN.load(Ordering::Acquire) {
+            assert!(std::time::Instant::now() < deadline, "the thread never ran");
+            sleep_ns(1_000_000);
+        }
+    }
+}

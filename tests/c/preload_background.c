@@ -1,0 +1,163 @@
+/* The engine's background thread under the preload library, and the same
+ * program under glibc for reference (tests/preload/background.rs):
+ *
+ *   threads            the threads of the process before and after the
+ *                      first huge malloc (and after a second)
+ *   promote MIB        a written MIB MiB block: its huge pages
+ *                      (AnonHugePages of its mapping) every 100 ms until
+ *                      all are huge or 10 s passed
+ *   idle-release CALLS malloc(1 GiB), write it, free it, then 3 s idle
+ *                      (CALLS = 1: a 3 MiB malloc/free pair every 10 ms
+ *                      meanwhile); the resident set at the end
+ *   fork               after a huge malloc, fork: the child's threads
+ *                      after a huge malloc of its own
+ *
+ * Each mode prints "name: value" lines and exits 0, or prints what failed
+ * and exits 1. */
+#define _GNU_SOURCE
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#define MIB (1024L * 1024L)
+
+static long status_field(const char *key) {
+    FILE *f = fopen("/proc/self/status", "r");
+    char line[256];
+    long v = -1;
+    size_t n = strlen(key);
+    if (!f) return -1;
+    while (fgets(line, sizeof line, f))
+        if (!strncmp(line, key, n)) v = atol(line + n);
+    fclose(f);
+    return v;
+}
+
+/* AnonHugePages (kB) of the mappings overlapping [p, p + len). */
+static long huge_kb(const void *p, size_t len) {
+    FILE *f = fopen("/proc/self/smaps", "r");
+    char line[512];
+    long kb = 0;
+    int in = 0;
+    uintptr_t a = (uintptr_t)p, b = a + len;
+    if (!f) return -1;
+    while (fgets(line, sizeof line, f)) {
+        unsigned long s, e;
+        if (sscanf(line, "%lx-%lx ", &s, &e) == 2 && strchr(line, '-') < strchr(line, ' ')) {
+            in = s < b && e > a;
+            continue;
+        }
+        if (in && !strncmp(line, "AnonHugePages:", 14)) kb += atol(line + 14);
+    }
+    fclose(f);
+    return kb;
+}
+
+static double now_s(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return t.tv_sec + t.tv_nsec / 1e9;
+}
+
+/* Keeps the compiler from eliding a malloc/free pair. */
+static void *volatile sink;
+
+static int threads(void) {
+    printf("threads before: %ld\n", status_field("Threads:"));
+    char *p = malloc(8 * MIB);
+    sink = p;
+    memset(p, 1, 8 * MIB);
+    printf("threads after: %ld\n", status_field("Threads:"));
+    char *q = malloc(8 * MIB);
+    sink = q;
+    printf("threads after another: %ld\n", status_field("Threads:"));
+    free(q);
+    free(p);
+    return 0;
+}
+
+static int promote(long mib) {
+    size_t len = (size_t)mib * MIB;
+    char *p = malloc(len);
+    if (!p) return puts("malloc failed"), 1;
+    sink = p;
+    double t0 = now_s();
+    memset(p, 1, len);
+    printf("touched in ms: %.1f\n", (now_s() - t0) * 1e3);
+    long kb = 0;
+    while (now_s() - t0 < 10.0) {
+        kb = huge_kb(p, len);
+        if (kb >= (long)(len / 1024)) break;
+        usleep(100 * 1000);
+    }
+    printf("huge after ms: %.0f\n", (now_s() - t0) * 1e3);
+    printf("huge kB: %ld of %zu\n", kb, len / 1024);
+    for (size_t i = 0; i < len; i += 4096)
+        if (p[i] != 1) return printf("byte %zu changed\n", i), 1;
+    free(p);
+    return 0;
+}
+
+static int idle_release(int calls) {
+    size_t len = 1024 * MIB;
+    char *p = malloc(len);
+    if (!p) return puts("malloc failed"), 1;
+    sink = p;
+    memset(p, 2, len);
+    free(p);
+    double t0 = now_s();
+    while (now_s() - t0 < 3.0) {
+        if (calls) {
+            char *q = malloc(3 * MIB);
+            sink = q;
+            q[0] = 1;
+            free(q);
+        }
+        usleep(10 * 1000);
+    }
+    printf("rss kB: %ld\n", status_field("VmRSS:"));
+    return 0;
+}
+
+static int forked(void) {
+    char *p = malloc(8 * MIB);
+    sink = p;
+    memset(p, 1, 8 * MIB);
+    printf("parent threads: %ld\n", status_field("Threads:"));
+    fflush(stdout);
+    pid_t pid = fork();
+    if (pid < 0) return puts("fork failed"), 1;
+    if (pid == 0) {
+        long before = status_field("Threads:");
+        char *q = malloc(8 * MIB);
+        sink = q;
+        memset(q, 3, 8 * MIB);
+        printf("child threads: %ld then %ld\n", before, status_field("Threads:"));
+        for (size_t i = 0; i < 8 * MIB; i += 4096)
+            if (p[i] != 1 || q[i] != 3) return printf("child byte %zu wrong\n", i), 1;
+        free(q);
+        free(p);
+        fflush(stdout);
+        _exit(0);
+    }
+    int st = 0;
+    if (waitpid(pid, &st, 0) != pid || !WIFEXITED(st) || WEXITSTATUS(st) != 0)
+        return printf("child status %d\n", st), 1;
+    free(p);
+    puts("ok: child");
+    return 0;
+}
+
+int main(int argc, char **argv) {
+    setvbuf(stdout, NULL, _IOLBF, 0);
+    if (argc >= 2 && !strcmp(argv[1], "threads")) return threads();
+    if (argc >= 3 && !strcmp(argv[1], "promote")) return promote(atol(argv[2]));
+    if (argc >= 3 && !strcmp(argv[1], "idle-release")) return idle_release(atoi(argv[2]));
+    if (argc >= 2 && !strcmp(argv[1], "fork")) return forked();
+    fprintf(stderr, "usage: %s threads | promote MIB | idle-release 0|1 | fork\n", argv[0]);
+    return 2;
+}
