@@ -304,7 +304,7 @@ impl Engine {
             .or_else(|| {
                 // Address space or the VMA limit may be short because of
                 // what is retained: give it back and try once more.
-                (self.release_retained() > 0)
+                (self.stats.get(Count::Retained) != 0 && self.release_retained() > 0)
                     .then(|| self.fresh(ask))
                     .flatten()
             })

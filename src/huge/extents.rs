@@ -46,7 +46,7 @@ pub(crate) struct Descriptor {
 
 const GRANULE_BITS: u32 = 26;
 const TAIL_BITS: u32 = 21;
-const SPAN_BITS: u32 = 11;
+const SPAN_BITS: u32 = 13;
 
 impl Descriptor {
     /// The descriptor of a block of `len` bytes (a multiple of 2 MiB) for

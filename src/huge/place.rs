@@ -87,7 +87,15 @@ pub(crate) fn find(
             if want != Want::Retained && v.tier == Backing::Hugetlb {
                 continue;
             }
-            let found = in_span(span, &v, v.units_for(len), align, want);
+            let n = v.units_for(len);
+            if span.surely_no_run(n) {
+                continue;
+            }
+            let count = span.release_count();
+            let found = in_span(span, &v, n, align, want);
+            if found.is_none() {
+                span.note_longest_free(count, &v);
+            }
             if let Some((score, p)) = found {
                 if best.as_ref().is_none_or(|(b, _)| score < *b) {
                     best = Some((score, p));

@@ -20,9 +20,12 @@
 //!   call took (at most a tenth of one core), and each call holds the
 //!   mm's locks for the collapse of one 2 MiB page; a pass ends at its
 //!   deadline (the thread's tick), so decay runs between passes.
-//! - **Order**: live units first; retained units only while the demand of
-//!   the window keeps all that is retained (what decay is about to purge
-//!   is not collapsed first).
+//! - **Order**: units in slot and address order from where the last pass
+//!   stopped, at most [`EXAMINED_PER_PASS`] examined a pass, so a program
+//!   with terabytes of sparse blocks costs the thread a bounded number of
+//!   `mincore` calls per tick; retained units only while the demand of the
+//!   window keeps all that is retained (what decay is about to purge is
+//!   not collapsed first).
 //!
 //! No allocation, no lock (the kernel's aside), no panic.
 
@@ -41,32 +44,43 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 pub const PROMOTE_AFTER_MS: u64 = 250;
 /// The thread sleeps this many times as long as each collapse took.
 pub const SLEEP_PER_BUSY: u64 = 9;
+/// Units one pass examines at most (a `mincore` or a collapse each): 512
+/// MiB of blocks; the next pass goes on from there.
+pub const EXAMINED_PER_PASS: usize = 256;
 /// The longest sleep after one collapse (100 ms).
 const MAX_SLEEP_NS: u64 = 100_000_000;
 
-/// The retained unit the background thread holds claimed for a collapse:
-/// `(span slot << 32 | unit) + 1`; 0 when none. The child of a `fork()`
-/// releases it ([`Held::release_in_child`]).
-pub(crate) struct Held(AtomicU64);
+/// The promotion's state between passes: the retained unit the
+/// background thread holds claimed for a collapse (`(span slot << 32 |
+/// unit) + 1`; 0 when none), which the child of a `fork()` releases
+/// ([`Held::release_in_child`]), and where the next pass starts (`span slot
+/// << 32 | unit`).
+pub(crate) struct Held {
+    unit: AtomicU64,
+    cursor: AtomicU64,
+}
 
 impl Held {
     pub(crate) const fn new() -> Held {
-        Held(AtomicU64::new(0))
+        Held {
+            unit: AtomicU64::new(0),
+            cursor: AtomicU64::new(0),
+        }
     }
 
     fn set(&self, span: u16, u: u32) {
-        self.0
+        self.unit
             .store((u64::from(span) << 32 | u64::from(u)) + 1, Relaxed);
     }
 
     fn clear(&self) {
-        self.0.store(0, Relaxed);
+        self.unit.store(0, Relaxed);
     }
 
     /// In the child of `fork()`: the unit the parent's thread held (the
     /// thread is not in the child) is free again, still retained.
     pub(crate) fn release_in_child(&self, spans: &Spans) {
-        let w = self.0.swap(0, Relaxed);
+        let w = self.unit.swap(0, Relaxed);
         if w != 0 {
             let w = w - 1;
             spans.get((w >> 32) as u16).release(w as u32, 1);
@@ -97,48 +111,57 @@ pub(crate) struct Pass {
     pub(crate) retained: bool,
 }
 
-/// One promotion pass (see the [module docs](self)): live units, then
-/// retained ones when `pass.retained`. Returns `true` when it stopped at
-/// its deadline with units left to try.
+/// One promotion pass (see the [module docs](self)): the units from the
+/// cursor on, in slot and address order, wrapping once, at most
+/// [`EXAMINED_PER_PASS`] examined (a `mincore` or a collapse each), until
+/// the deadline. Retained units only when `pass.retained`. Returns `true`
+/// when it stopped at its budget or deadline with units left to try.
 pub(crate) fn pass(c: &Counters, spans: &Spans, held: &Held, pass: &Pass) -> bool {
-    live_units(c, spans, held, pass, false)
-        || (pass.retained && live_units(c, spans, held, pass, true))
-}
-
-/// The live units (`retained` false) or the retained ones of a pass;
-/// `true` when the deadline cut it short.
-fn live_units(c: &Counters, spans: &Spans, held: &Held, pass: &Pass, retained: bool) -> bool {
     let age = u32::try_from((PROMOTE_AFTER_MS * 1_000_000) >> 20).unwrap_or(u32::MAX);
     let now = pass.now;
-    for (span, v) in spans.live() {
+    let cursor = held.cursor.load(Relaxed);
+    let (from_span, from_unit) = ((cursor >> 32) as u16, cursor as u32);
+    let order = spans
+        .live()
+        .filter(|(_, v)| v.index >= from_span)
+        .chain(spans.live().filter(|(_, v)| v.index <= from_span));
+    let mut examined = 0;
+    for (k, (span, v)) in order.enumerate() {
         if v.tier != Backing::TransparentHuge || v.shift != span::UNIT_SHIFT {
             continue;
         }
+        let first = if k == 0 && v.index == from_span {
+            from_unit
+        } else {
+            0
+        };
         let in_use = span.in_use.snapshot();
         let (holes, dirty) = (span.holes.snapshot(), span.dirty.snapshot());
-        let done = bits::and(
+        let open = bits::and(
             &bits::not(&span.collapsed.snapshot()),
             &bits::not(&span.refused.snapshot()),
         );
-        let open = bits::and(&done, &bits::not(&span.base_pages.snapshot()));
+        let open = bits::and(&open, &bits::not(&span.base_pages.snapshot()));
         let open = bits::and(&open, &bits::not(&holes));
-        let open = bits::and(&open, &bits::not_below(&[0; bits::WORDS], v.units));
+        let open = bits::within(&open, first, v.units);
         for u in bits::runs(&open).flat_map(|(s, e)| s..e) {
-            let outcome = match (bit(&in_use, u), retained) {
-                (true, false) if now.wrapping_sub(span.stamp_of(u)) >= age => {
-                    live_unit(c, span, &v, u)
-                }
-                (false, true) if bit(&dirty, u) => retained_unit(c, span, &v, u, held),
+            let outcome = match bit(&in_use, u) {
+                true if now.wrapping_sub(span.stamp_of(u)) >= age => live_unit(c, span, &v, u),
+                false if pass.retained && bit(&dirty, u) => retained_unit(c, span, &v, u, held),
                 _ => continue,
             };
+            examined += 1;
             if let Outcome::Called(ns) = outcome {
                 sys::sleep_ns(ns.saturating_mul(SLEEP_PER_BUSY).min(MAX_SLEEP_NS));
-                if sys::monotonic_ns() >= pass.deadline {
-                    return true;
-                }
+            }
+            if examined >= EXAMINED_PER_PASS || sys::monotonic_ns() >= pass.deadline {
+                held.cursor
+                    .store(u64::from(v.index) << 32 | u64::from(u + 1), Relaxed);
+                return true;
             }
         }
     }
+    held.cursor.store(0, Relaxed);
     false
 }
 

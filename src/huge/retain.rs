@@ -299,9 +299,11 @@ pub(crate) fn decay(
         if budget == 0 {
             break;
         }
-        let quiet = (0..v.units).all(|u| expired(now, span.stamp_of(u), delay));
-        let holds = span.dirty.count(0, v.units) != 0;
-        if unused(span, &v) && quiet && (!holds || c.get(Count::Retained) > keep) {
+        // Cheapest test first: most spans of a busy program are in use.
+        if unused(span, &v)
+            && (span.dirty.count(0, v.units) == 0 || c.get(Count::Retained) > keep)
+            && (0..v.units).all(|u| expired(now, span.stamp_of(u), delay))
+        {
             if let Some(dirty) = spans.retire(c, &v) {
                 back += dirty;
                 budget -= 1;
@@ -325,6 +327,9 @@ fn unused(span: &Span, v: &View) -> bool {
 pub(crate) fn punch(c: &Counters, spans: &Spans) -> usize {
     let mut unmapped = 0;
     for (span, v) in spans.live() {
+        if span.surely_no_run(1) {
+            continue;
+        }
         let free = bits::not_below(&span.in_use.snapshot(), v.units);
         for (s, e) in bits::runs(&free) {
             if !span.claim(&v, s, e - s) {

@@ -27,7 +27,7 @@ pub(crate) const UNIT_SHIFT: u32 = HUGE_PAGE_2M.trailing_zeros();
 /// The length of a span shared by many blocks (512 units of 2 MiB).
 pub(crate) const SPAN_LEN: usize = (BITS as usize) << UNIT_SHIFT;
 /// Slots of the span table.
-pub(crate) const MAX_SPANS: usize = 2048;
+pub(crate) const MAX_SPANS: usize = 8192;
 /// Home groups of threads.
 pub(crate) const GROUPS: u32 = 4;
 
@@ -101,6 +101,13 @@ pub(crate) struct Span {
     /// When each unit last changed hands: freed (or cut off a block), or
     /// handed out in a block.
     stamps: [AtomicU32; BITS as usize],
+    /// Releases of units so far (wrapping): a [`free_hint`](Self::free_hint)
+    /// taken at another count is stale.
+    releases: AtomicU32,
+    /// An upper bound of the span's longest free run, as `releases << 32 |
+    /// units` when a search found no place in it; claims only shorten
+    /// runs, so it holds until the next release.
+    free_hint: AtomicU64,
     /// Each unit's generation: raised every time the unit leaves a block,
     /// so a reader that saw a unit in a block can tell afterwards whether
     /// it was freed (and perhaps purged or reused) meanwhile.
@@ -182,7 +189,7 @@ impl Span {
             state: AtomicU64::new(EMPTY),
             base: AtomicUsize::new(0),
             units: AtomicU32::new(0),
-            shift: AtomicU32::new(UNIT_SHIFT),
+            shift: AtomicU32::new(0),
             group: AtomicU32::new(0),
             committed: AtomicU32::new(0),
             pinned: AtomicBool::new(false),
@@ -193,6 +200,8 @@ impl Span {
             holes: Bits::new(),
             collapsed: Bits::new(),
             refused: Bits::new(),
+            releases: AtomicU32::new(0),
+            free_hint: AtomicU64::new(0),
             stamps: [const { AtomicU32::new(0) }; BITS as usize],
             gens: [const { AtomicU32::new(0) }; BITS as usize],
         }
@@ -273,6 +282,30 @@ impl Span {
     /// Free units `start..start + n` (the caller's), for other threads.
     pub(crate) fn release(&self, start: u32, n: u32) {
         self.in_use.clear(start, n);
+        self.releases.fetch_add(1, Release);
+    }
+
+    /// The count of releases now; read before the snapshot a
+    /// [`note_longest_free`](Self::note_longest_free) takes.
+    pub(crate) fn release_count(&self) -> u32 {
+        self.releases.load(Acquire)
+    }
+
+    /// Whether the span surely has no free run of `n` units: a search
+    /// since the last release found its longest shorter.
+    #[inline]
+    pub(crate) fn surely_no_run(&self, n: u32) -> bool {
+        let h = self.free_hint.load(Relaxed);
+        (h >> 32) as u32 == self.releases.load(Acquire) && (h as u32) < n
+    }
+
+    /// Remember the longest free run of `v`'s span now (a snapshot taken
+    /// after `count` releases) as a bound until the next release.
+    pub(crate) fn note_longest_free(&self, count: u32, v: &View) {
+        let free = bits::not_below(&self.in_use.snapshot(), v.units);
+        let longest = bits::runs(&free).map(|(a, b)| b - a).max().unwrap_or(0);
+        self.free_hint
+            .store(u64::from(count) << 32 | u64::from(longest), Relaxed);
     }
 
     /// Commit the units before `end` (make them read-write), if they are
@@ -416,6 +449,10 @@ impl Spans {
         group: u32,
         advise: bool,
     ) -> io::Result<View> {
+        if !self.slot_free() {
+            // A full table: no reservation to make and give back.
+            return Err(io::Error::from_raw_os_error(libc::ENOMEM));
+        }
         let exact = sys::address_space_limited();
         let (shift, units) = geometry(if exact { len } else { len.max(SPAN_LEN) })?;
         let bytes = (units as usize) << shift;
@@ -492,6 +529,7 @@ impl Spans {
         s.holes.store([0; bits::WORDS]);
         s.collapsed.store([0; bits::WORDS]);
         s.refused.store([0; bits::WORDS]);
+        s.releases.fetch_add(1, Release);
         // Bits past the last unit stay set: never free.
         s.in_use
             .store(bits::not_below(&[0; bits::WORDS], units).map(|w| !w));
@@ -500,6 +538,15 @@ impl Spans {
         s.state.store(state(gen, tier, LIVE), Release);
         s.view(i as u16)
             .ok_or_else(|| io::Error::from_raw_os_error(libc::ENOMEM))
+    }
+
+    /// Whether a slot is empty now (another thread may take it first).
+    fn slot_free(&self) -> bool {
+        let high = self.high.load(Acquire);
+        high < MAX_SPANS
+            || self.slots[..high.min(MAX_SPANS)]
+                .iter()
+                .any(|s| s.state.load(Relaxed) & 3 == EMPTY)
     }
 
     /// An empty slot, marked creating with a new generation.
