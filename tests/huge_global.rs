@@ -1334,3 +1334,72 @@ fn child_background_promotion() {
         "bytes kept"
     );
 }
+
+#[test]
+fn a_fork_while_the_background_thread_works_loses_no_unit_in_the_child() {
+    run_child("child_background_fork", &[("CKALLOC_HUGETLB", "0")]);
+}
+
+#[test]
+#[ignore = "run by a_fork_while_the_background_thread_works_loses_no_unit_in_the_child"]
+fn child_background_fork() {
+    use ckalloc::huge::{enable_background_thread, BackgroundThread};
+    if enable_background_thread() == BackgroundThread::Disabled {
+        eprintln!("SKIP: CKALLOC_BACKGROUND_THREAD is off");
+        return;
+    }
+    let l = layout(4 * MIB, 8);
+    let mut failures = Vec::new();
+    for round in 0..40 {
+        // Retained units for the thread to claim and collapse (it does so
+        // once no block was allocated for a tick), and a decay to run.
+        let ps: Vec<_> = (0..12).map(|_| alloc(l)).collect();
+        for &p in &ps {
+            fill(p, 4 * MIB, round as u8);
+        }
+        for p in ps {
+            free(p, l);
+        }
+        std::thread::sleep(std::time::Duration::from_millis(90 + (round % 7) * 10));
+        // SAFETY: the child makes allocator calls and `_exit`s; the engine's
+        // fork hooks keep its state consistent there.
+        let pid = unsafe { libc::fork() };
+        if pid == 0 {
+            // SAFETY: `alarm` kills a child that hangs.
+            unsafe { libc::alarm(10) };
+            let mut code = 0;
+            if huge_stats().background_thread != BackgroundThread::Wanted {
+                code = 2;
+            }
+            // Every unit free again: all spans go back.
+            release_retained();
+            let s = huge_stats();
+            if s.retained_bytes != 0 || s.spans != 0 || s.live_bytes != 0 {
+                code = 3;
+            }
+            let p = alloc(l);
+            fill(p, 4 * MIB, 9);
+            if !holds(p, 4 * MIB, 9) {
+                code = 4;
+            }
+            free(p, l);
+            if huge_stats().background_thread != BackgroundThread::Running {
+                code = 5;
+            }
+            // SAFETY: ends the child without the parent's destructors.
+            unsafe { libc::_exit(code) };
+        }
+        assert!(pid > 0, "fork failed");
+        let mut status = 0;
+        // SAFETY: waits for our child.
+        assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
+        if !(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0) {
+            failures.push((round, status));
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "children that failed (round, wait status; exit 2: a thread in the child, \
+         3: units left claimed or counted, 4: bytes wrong, 5: no thread started): {failures:?}"
+    );
+}

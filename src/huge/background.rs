@@ -26,8 +26,8 @@
 use crate::env;
 use crate::sys;
 use std::sync::atomic::{
-    AtomicU8, AtomicUsize,
-    Ordering::{AcqRel, Acquire, Relaxed, Release},
+    AtomicBool, AtomicU8, AtomicUsize,
+    Ordering::{AcqRel, Acquire, Relaxed, Release, SeqCst},
 };
 
 /// How often the thread runs its work when it has some (100 ms).
@@ -81,17 +81,22 @@ impl BackgroundThread {
         }
     }
 
-    /// Whether the thread runs or is about to: the engine then leaves
-    /// promotion and decay to it.
+    /// Whether the thread runs or is being started: the engine then
+    /// leaves promotion to it. (Wanted is not enough: a thread that cannot
+    /// start yet, before the C library has set up `environ` or after
+    /// `clearenv`, promotes nothing.)
     pub(crate) fn promotes(self) -> bool {
-        matches!(
-            self,
-            BackgroundThread::Wanted | BackgroundThread::Starting | BackgroundThread::Running
-        )
+        matches!(self, BackgroundThread::Starting | BackgroundThread::Running)
     }
 }
 
 static STATE: AtomicU8 = AtomicU8::new(0);
+/// Set by a `fork()` in progress ([`pause_for_fork`]): the thread starts no
+/// work until it is cleared.
+static PAUSED: AtomicBool = AtomicBool::new(false);
+/// Set by the thread while it does its work (claims units it must give
+/// back before a `fork()` copies the process).
+static BUSY: AtomicBool = AtomicBool::new(false);
 /// The work function (`fn() -> u64`, the nanoseconds to sleep), as an
 /// address; 0 until the first start.
 static WORK: AtomicUsize = AtomicUsize::new(0);
@@ -158,11 +163,13 @@ fn start(work: fn() -> u64) -> bool {
     }
 }
 
-/// The thread: the work, then a sleep, for the life of the process.
+/// The thread: the work, then a sleep, for the life of the process. The
+/// work runs inside `BUSY`, and never while a `fork()` is in progress.
 extern "C" fn run(_: *mut libc::c_void) -> *mut libc::c_void {
     loop {
         let w = WORK.load(Acquire);
-        let sleep = if w == 0 {
+        BUSY.store(true, SeqCst);
+        let sleep = if w == 0 || PAUSED.load(SeqCst) {
             TICK_NS
         } else {
             // SAFETY: `WORK` holds only addresses of `fn() -> u64` stored
@@ -170,13 +177,42 @@ extern "C" fn run(_: *mut libc::c_void) -> *mut libc::c_void {
             let work: fn() -> u64 = unsafe { std::mem::transmute::<usize, fn() -> u64>(w) };
             work()
         };
+        BUSY.store(false, SeqCst);
         sys::sleep_ns(sleep);
     }
+}
+
+/// Whether a `fork()` waits for the thread: its work stops at the next
+/// unit it would take.
+pub(crate) fn pausing() -> bool {
+    PAUSED.load(Relaxed)
+}
+
+/// `pthread_atfork` prepare: keep the thread from starting work and wait
+/// until it is done with what it has claimed, so the child's copy holds no
+/// unit claimed by a thread it does not have. The thread takes no lock;
+/// its work stops at the next unit (a decay step at its next run), so the
+/// wait is one system call or a few.
+pub(crate) fn pause_for_fork() {
+    PAUSED.store(true, SeqCst);
+    if state() != BackgroundThread::Running {
+        return;
+    }
+    while BUSY.load(SeqCst) {
+        sys::sleep_ns(50_000);
+    }
+}
+
+/// `pthread_atfork` parent: the thread goes on.
+pub(crate) fn resume_after_fork() {
+    PAUSED.store(false, SeqCst);
 }
 
 /// In the child of `fork()`: no thread runs there; the next huge-path call
 /// starts one.
 pub(crate) fn after_fork_in_child() {
+    PAUSED.store(false, Relaxed);
+    BUSY.store(false, Relaxed);
     let s = STATE.load(Relaxed);
     if s == BackgroundThread::Running.code() || s == BackgroundThread::Starting.code() {
         STATE.store(BackgroundThread::Wanted.code(), Relaxed);
@@ -199,7 +235,8 @@ mod tests {
         ] {
             assert_eq!(BackgroundThread::from_code(s.code()), s);
         }
-        assert!(BackgroundThread::Wanted.promotes() && BackgroundThread::Running.promotes());
+        assert!(BackgroundThread::Starting.promotes() && BackgroundThread::Running.promotes());
+        assert!(!BackgroundThread::Wanted.promotes());
         assert!(!BackgroundThread::Failed.promotes() && !BackgroundThread::Off.promotes());
     }
 }

@@ -7,7 +7,16 @@
 //!
 //! The window is `CKALLOC_RETAIN_DECAY_MS`, split into [`SLOTS_PER_WINDOW`]
 //! slots of the monotonic clock; each slot keeps the highest live count
-//! seen in it. Atomics only: no allocation, no lock.
+//! seen in it.
+//!
+//! Demand that comes back is held longer: after decay gave memory back
+//! ([`Demand::released`]), live bytes that rise above the count at that
+//! moment within [`HOLD_NS`] show a demand that recurs (a server's next
+//! burst after an idle spell); their peak is kept as demand until
+//! [`HOLD_NS`] pass without it rising again. A transient peak that never
+//! comes back is given back one window after it; a burst after an idle
+//! spell longer than the window faults its memory in once, and the spells
+//! after it keep it. Atomics only: no allocation, no lock.
 //!
 //! [`retain::decay`]: super::retain::decay
 
@@ -20,6 +29,8 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 pub(crate) const SLOTS_PER_WINDOW: u64 = 8;
 /// Entries of the ring (more than the slots a peak reads).
 const RING: usize = 16;
+/// How long demand that came back after a release is held (30 s).
+pub const HOLD_NS: u64 = 30_000_000_000;
 
 /// The demand tracker (see the [module docs](self)).
 pub(crate) struct Demand {
@@ -27,6 +38,15 @@ pub(crate) struct Demand {
     peaks: [AtomicU64; RING],
     /// The slot number each entry holds (plus one: 0 is none).
     slots: [AtomicU64; RING],
+    /// The live count when decay last gave memory back, and when (ns).
+    released_live: AtomicU64,
+    released_at: AtomicU64,
+    /// The peak of demand that came back after that, and until when (ns)
+    /// it is held.
+    held: AtomicU64,
+    held_until: AtomicU64,
+    /// When (ns) live bytes last grew.
+    last_grew: AtomicU64,
 }
 
 /// The window in nanoseconds (`CKALLOC_RETAIN_DECAY_MS`).
@@ -44,7 +64,30 @@ impl Demand {
         Demand {
             peaks: [const { AtomicU64::new(0) }; RING],
             slots: [const { AtomicU64::new(0) }; RING],
+            released_live: AtomicU64::new(0),
+            released_at: AtomicU64::new(0),
+            held: AtomicU64::new(0),
+            held_until: AtomicU64::new(0),
+            last_grew: AtomicU64::new(0),
         }
+    }
+
+    /// Monotonic ns since live bytes last grew (an allocation).
+    pub(crate) fn quiet_for(&self, now_ns: u64) -> u64 {
+        now_ns.saturating_sub(self.last_grew.load(Relaxed))
+    }
+
+    /// Live bytes grew to `live` at `now_ns`: noted, and the moment kept.
+    #[inline]
+    pub(crate) fn grew(&self, now_ns: u64, live: u64) {
+        self.last_grew.store(now_ns, Relaxed);
+        self.note(now_ns, live);
+    }
+
+    /// Decay gave memory back at `now_ns` with `live` bytes live.
+    pub(crate) fn released(&self, now_ns: u64, live: u64) {
+        self.released_live.store(live, Relaxed);
+        self.released_at.store(now_ns.max(1), Relaxed);
     }
 
     /// Live bytes were `live` at monotonic time `now_ns`.
@@ -68,6 +111,13 @@ impl Demand {
             self.peaks[i].store(live, Relaxed);
         }
         self.peaks[i].fetch_max(live, Relaxed);
+        let at = self.released_at.load(Relaxed);
+        if at != 0 && now_ns.saturating_sub(at) < HOLD_NS && live > self.released_live.load(Relaxed)
+        {
+            self.held.fetch_max(live, Relaxed);
+            self.held_until
+                .fetch_max(now_ns.saturating_add(HOLD_NS), Relaxed);
+        }
     }
 
     /// The highest live count of the window before monotonic time
@@ -80,6 +130,12 @@ impl Demand {
         let slot = slot_at(now_ns, window) + 1;
         let oldest = slot.saturating_sub(SLOTS_PER_WINDOW);
         let mut peak = live;
+        if now_ns < self.held_until.load(Relaxed) {
+            peak = peak.max(self.held.load(Relaxed));
+        } else if self.held.load(Relaxed) != 0 {
+            // Held no longer: a later return starts afresh.
+            self.held.store(0, Relaxed);
+        }
         for (s, p) in self.slots.iter().zip(&self.peaks) {
             let held = s.load(Relaxed);
             if held != 0 && held >= oldest && held <= slot {
@@ -116,6 +172,34 @@ mod tests {
         assert_eq!(d.keep(t0 + w + w / SLOTS_PER_WINDOW + MS, 40), 0, "gone");
         // Live above every peak: nothing more to keep.
         assert_eq!(d.keep(t0 + 2 * MS, 500), 0);
+    }
+
+    #[test]
+    fn demand_that_comes_back_after_a_release_is_held() {
+        let w = window_ns();
+        let d = Demand::new();
+        let t0 = 1_000 * w;
+        // A burst, then idle: given back after the window.
+        d.note(t0, 100);
+        let t1 = t0 + 2 * w;
+        assert_eq!(d.keep(t1, 10), 0);
+        d.released(t1, 10);
+        // The next burst comes back to 100: held through later idle spells.
+        d.note(t1 + 3 * w, 100);
+        assert_eq!(d.keep(t1 + 6 * w, 10), 90);
+        // A burst that never comes back is not held.
+        assert_eq!(d.keep(t1 + 3 * w + HOLD_NS + w, 10), 0);
+    }
+
+    #[test]
+    fn a_peak_that_never_comes_back_is_not_held() {
+        let w = window_ns();
+        let d = Demand::new();
+        d.note(w, 1_000);
+        d.released(4 * w, 10);
+        // Small requests after the release: only their own demand is held.
+        d.note(5 * w, 13);
+        assert_eq!(d.keep(9 * w, 10), 3);
     }
 
     #[test]

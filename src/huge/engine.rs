@@ -83,30 +83,33 @@ const THREAD_DECAY_RUNS: usize = 64;
 
 /// The background thread's work (see [`background`]): a decay step by the
 /// clock, then a promotion pass of at most one tick; returns the
-/// nanoseconds to sleep (none when the pass has more to do).
+/// nanoseconds to sleep: none after a pass that was still collapsing at
+/// its deadline (its own pacing holds it to its share of a core), else a
+/// tick (a pass that stopped at its budget of examined units goes on from
+/// there at the next).
 fn background_work() -> u64 {
     let e = &ENGINE;
     e.stats.add(Count::BackgroundPasses, 1);
     let now = sys::monotonic_ns();
     e.decay_step(now, THREAD_DECAY_RUNS);
-    if !promoting() {
-        return background::TICK_NS;
+    if promoting() {
+        let keep = e.demand.keep(now, e.stats.get(Count::Live));
+        let pass = promote::Pass {
+            deadline: now.saturating_add(background::TICK_NS),
+            // Collapsing a retained unit claims it: only while no block
+            // was allocated for a tick, so no request finds it taken.
+            retained: e.stats.get(Count::Retained) <= keep
+                && e.demand.quiet_for(now) >= background::TICK_NS,
+        };
+        if promote::pass(&e.stats, &e.spans, &e.held, &pass) == promote::Stop::Deadline {
+            return 0;
+        }
     }
-    let keep = e.demand.keep(now, e.stats.get(Count::Live));
-    let pass = promote::Pass {
-        now: span::stamp_at(now),
-        deadline: now.saturating_add(background::TICK_NS),
-        retained: e.stats.get(Count::Retained) <= keep,
-    };
-    if promote::pass(&e.stats, &e.spans, &e.held, &pass) {
-        0
-    } else {
-        background::TICK_NS
-    }
+    background::TICK_NS
 }
 
 /// Whether units that fault in base pages are promoted later: the
-/// background thread runs (or is about to) on a kernel with
+/// background thread runs (or is being started) on a kernel with
 /// `MADV_COLLAPSE`.
 fn promoting() -> bool {
     background::state().promotes() && sys::linux_at_least(sys::LINUX_MADV_COLLAPSE)
@@ -226,15 +229,22 @@ impl Engine {
     /// ([`retain::decay`]).
     #[cold]
     pub(crate) fn decay_step(&self, now: u64, runs: usize) -> usize {
-        let keep = self.demand.keep(now, self.stats.get(Count::Live));
-        retain::decay(
+        let live = self.stats.get(Count::Live);
+        // The live count now is demand too, also when nothing is allocated.
+        self.demand.note(now, live);
+        let keep = self.demand.keep(now, live);
+        let back = retain::decay(
             &self.stats,
             &self.spans,
             span::stamp_at(now),
             retain::delay(),
             keep,
             runs,
-        )
+        );
+        if back > 0 {
+            self.demand.released(now, live);
+        }
+        back
     }
 
     /// Whether fresh spans are reserved without `MADV_HUGEPAGE`: the
@@ -272,11 +282,11 @@ impl Engine {
         policy: &Policy,
     ) -> Option<Block> {
         let len = block_len(size, align)?;
+        // First, so the spans this call reserves are the thread's to promote.
+        self.background();
         self.tick();
         let c = self.claim(&Ask::new(size, len, align, fill, policy))?;
-        let b = self.hand_out(c, size, policy, true);
-        self.background();
-        Some(b)
+        Some(self.hand_out(c, size, policy, true))
     }
 
     /// Claim units for a block (see [`alloc`](Self::alloc)).
@@ -344,6 +354,12 @@ impl Engine {
             ask.home,
             advise,
         );
+        if let Ok(v) = &reserved {
+            // The thread failed to start while this span was reserved for it.
+            if !advise && !self.promotes_unadvised() {
+                self.spans.get(v.index).advise_huge(&self.stats, v);
+            }
+        }
         match reserved {
             // Another thread may take the new span's front first.
             Ok(v) => self
@@ -457,11 +473,13 @@ impl Engine {
         let thp = v.tier == Backing::TransparentHuge;
         let now = sys::monotonic_ns();
         span.stamp(p.start, p.n, span::stamp_at(now));
-        let promoting = promoting();
-        if promoting && thp && p.dirty == 0 {
+        // A THP span reserved for promotion: no probe, no tail advice (its
+        // faults take base pages; a short tail is too sparse to collapse).
+        let unadvised = thp && !span.advised();
+        if unadvised && p.dirty == 0 {
             self.stats.add(Count::BaseFirst, len as u64);
         }
-        if touch && p.dirty == 0 && thp && !promoting && policy.probes() {
+        if touch && p.dirty == 0 && thp && !unadvised && policy.probes() {
             // A short tail is left to the caller's writes.
             let fill = len - if d.short_tail() { HUGE_PAGE_2M } else { 0 };
             if let Some(off) = self.window.settle(&self.stats, ptr, len, fill) {
@@ -469,7 +487,7 @@ impl Engine {
                 span.base_pages.set(first, p.start + p.n - first);
             }
         }
-        if d.short_tail() && !promoting {
+        if d.short_tail() && !unadvised {
             self.keep_tail_out(span, v, p.start + p.n - 1);
         }
         // The span's leaves were mapped when it was reserved: this cannot
@@ -484,7 +502,7 @@ impl Engine {
     /// noted as demand.
     pub(super) fn live_grew(&self, now: u64, len: usize) {
         self.stats.live_add(len);
-        self.demand.note(now, self.stats.get(Count::Live));
+        self.demand.grew(now, self.stats.get(Count::Live));
     }
 
     /// Advise the short tail unit `u` base pages (`MADV_NOHUGEPAGE`) so the
@@ -664,6 +682,14 @@ pub fn hold_retained_bytes(hold: bool) {
 /// creating or retiring become empty slots, and the retained bytes are
 /// recounted from the spans' bitmaps (units another thread had claimed at
 /// the fork stay out of use in the child).
+unsafe fn fork_prepare() {
+    background::pause_for_fork();
+}
+
+unsafe fn fork_parent() {
+    background::resume_after_fork();
+}
+
 unsafe fn fork_child() {
     background::after_fork_in_child();
     ENGINE.held.release_in_child(&ENGINE.spans);
@@ -672,14 +698,12 @@ unsafe fn fork_child() {
     ENGINE.stats.set(Count::ShortTails, tails);
 }
 
-fn fork_nothing() {}
-
 /// The fork hooks of stage `Retention` (`crate::fork`), added when the
-/// library is loaded: nothing to take before `fork()`, the spans to repair
-/// in the child.
+/// library is loaded: the background thread paused before `fork()` (done
+/// with the units it claimed), the spans to repair in the child.
 static FORK_HOOKS: Hooks = Hooks {
-    prepare: fork_nothing,
-    parent: fork_nothing,
+    prepare: fork_prepare,
+    parent: fork_parent,
     child: fork_child,
 };
 

@@ -25,10 +25,12 @@
 //!   with terabytes of sparse blocks costs the thread a bounded number of
 //!   `mincore` calls per tick; retained units only while the demand of the
 //!   window keeps all that is retained (what decay is about to purge is
-//!   not collapsed first).
+//!   not collapsed first) and no block was allocated for a tick (a claimed
+//!   unit is one a request cannot take).
 //!
 //! No allocation, no lock (the kernel's aside), no panic.
 
+use super::background;
 use super::os;
 use super::retain::{self, Restore};
 use super::span::{self, Span, Spans, View};
@@ -47,8 +49,9 @@ pub const SLEEP_PER_BUSY: u64 = 9;
 /// Units one pass examines at most (a `mincore` or a collapse each): 512
 /// MiB of blocks; the next pass goes on from there.
 pub const EXAMINED_PER_PASS: usize = 256;
-/// The longest sleep after one collapse (100 ms).
-const MAX_SLEEP_NS: u64 = 100_000_000;
+/// The longest sleep after one collapse (1 s: a collapse that compacted
+/// memory for over 100 ms).
+const MAX_SLEEP_NS: u64 = 1_000_000_000;
 
 /// The promotion's state between passes: the retained unit the
 /// background thread holds claimed for a collapse (`(span slot << 32 |
@@ -103,8 +106,6 @@ enum Outcome {
 
 /// What a pass may do.
 pub(crate) struct Pass {
-    /// The stamp of the pass's start.
-    pub(crate) now: u32,
     /// Monotonic ns after which the pass makes no more calls.
     pub(crate) deadline: u64,
     /// Whether retained units are collapsed too.
@@ -114,11 +115,10 @@ pub(crate) struct Pass {
 /// One promotion pass (see the [module docs](self)): the units from the
 /// cursor on, in slot and address order, wrapping once, at most
 /// [`EXAMINED_PER_PASS`] examined (a `mincore` or a collapse each), until
-/// the deadline. Retained units only when `pass.retained`. Returns `true`
-/// when it stopped at its budget or deadline with units left to try.
-pub(crate) fn pass(c: &Counters, spans: &Spans, held: &Held, pass: &Pass) -> bool {
+/// the deadline. Retained units only when `pass.retained`. Returns why it
+/// ended.
+pub(crate) fn pass(c: &Counters, spans: &Spans, held: &Held, pass: &Pass) -> Stop {
     let age = u32::try_from((PROMOTE_AFTER_MS * 1_000_000) >> 20).unwrap_or(u32::MAX);
-    let now = pass.now;
     let cursor = held.cursor.load(Relaxed);
     let (from_span, from_unit) = ((cursor >> 32) as u16, cursor as u32);
     let order = spans
@@ -145,8 +145,16 @@ pub(crate) fn pass(c: &Counters, spans: &Spans, held: &Held, pass: &Pass) -> boo
         let open = bits::and(&open, &bits::not(&holes));
         let open = bits::within(&open, first, v.units);
         for u in bits::runs(&open).flat_map(|(s, e)| s..e) {
+            if background::pausing() {
+                return Stop::Paused;
+            }
+            if !span.is(&v) {
+                break;
+            }
             let outcome = match bit(&in_use, u) {
-                true if now.wrapping_sub(span.stamp_of(u)) >= age => live_unit(c, span, &v, u),
+                true if span::older(span::stamp_now(), span.stamp_of(u), age) => {
+                    live_unit(c, span, &v, u)
+                }
                 false if pass.retained && bit(&dirty, u) => retained_unit(c, span, &v, u, held),
                 _ => continue,
             };
@@ -154,15 +162,37 @@ pub(crate) fn pass(c: &Counters, spans: &Spans, held: &Held, pass: &Pass) -> boo
             if let Outcome::Called(ns) = outcome {
                 sys::sleep_ns(ns.saturating_mul(SLEEP_PER_BUSY).min(MAX_SLEEP_NS));
             }
-            if examined >= EXAMINED_PER_PASS || sys::monotonic_ns() >= pass.deadline {
+            let end = if examined >= EXAMINED_PER_PASS {
+                Some(Stop::Budget)
+            } else if sys::monotonic_ns() >= pass.deadline {
+                Some(Stop::Deadline)
+            } else {
+                None
+            };
+            if let Some(stop) = end {
                 held.cursor
                     .store(u64::from(v.index) << 32 | u64::from(u + 1), Relaxed);
-                return true;
+                return stop;
             }
         }
     }
     held.cursor.store(0, Relaxed);
-    false
+    Stop::Done
+}
+
+/// Why a pass ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Stop {
+    /// Every unit was tried.
+    Done,
+    /// [`EXAMINED_PER_PASS`] units were examined: the next pass, a tick
+    /// later, goes on from there.
+    Budget,
+    /// The deadline came while collapsing (at the paced share of a core):
+    /// the next pass may start at once.
+    Deadline,
+    /// A `fork()` is waiting.
+    Paused,
 }
 
 /// Whether unit `u` holds enough resident pages to collapse.
@@ -206,7 +236,7 @@ fn live_unit(c: &Counters, span: &Span, v: &View, u: u32) -> Outcome {
         // faulted in a huge page of zeros. A clean free unit is purged
         // again (a retained one keeps what the collapse gave it).
         c.add(Count::CollapseRaces, 1);
-        span.collapsed.clear(u, 1);
+        span.pages_dropped(u, 1);
         if span.claim(v, u, 1) {
             if span.dirty.count(u, 1) == 0 {
                 let _ = retain::purge(c, &span.units(*v, u, 1), Restore::Access);

@@ -267,7 +267,7 @@ fn retained(span: &Span, v: &View) -> bits::Snapshot {
 
 /// Whether stamp `t` is at least `delay` stamps before `now`.
 fn expired(now: u32, t: u32, delay: u32) -> bool {
-    now.wrapping_sub(t) >= delay
+    span::older(now, t, delay)
 }
 
 /// The decay window in stamps (`CKALLOC_RETAIN_DECAY_MS`).

@@ -67,6 +67,13 @@ pub(crate) fn stamp_now() -> u32 {
     stamp_at(sys::monotonic_ns())
 }
 
+/// Whether stamp `t` is at least `age` stamps before `now` (a stamp after
+/// `now`, taken by another thread since, is not).
+pub(crate) fn older(now: u32, t: u32, age: u32) -> bool {
+    let d = now.wrapping_sub(t);
+    d < 1 << 31 && d >= age
+}
+
 /// The stamp of monotonic time `ns`.
 pub(crate) fn stamp_at(ns: u64) -> u32 {
     (ns >> 20) as u32
@@ -85,6 +92,9 @@ pub(crate) struct Span {
     /// Set when `munmap` of the idle span was refused for good (`EPERM`: a
     /// sealed range): not tried again.
     pinned: AtomicBool,
+    /// Whether the span's address space is advised `MADV_HUGEPAGE` (a THP
+    /// span reserved for promotion is not).
+    advised: AtomicBool,
     pub(crate) in_use: Bits,
     pub(crate) dirty: Bits,
     pub(crate) base_pages: Bits,
@@ -193,6 +203,7 @@ impl Span {
             group: AtomicU32::new(0),
             committed: AtomicU32::new(0),
             pinned: AtomicBool::new(false),
+            advised: AtomicBool::new(false),
             in_use: Bits::new(),
             dirty: Bits::new(),
             base_pages: Bits::new(),
@@ -238,13 +249,25 @@ impl Span {
             return false;
         }
         if !self.in_use.try_set(start, n) {
+            // A partial claim was undone: bits were set for a moment.
+            self.releases.fetch_add(1, Release);
             return false;
         }
         if self.state.load(SeqCst) != v.state {
-            self.in_use.clear(start, n);
+            self.release(start, n);
             return false;
         }
         true
+    }
+
+    /// Whether the span is still the one `v` saw.
+    pub(crate) fn is(&self, v: &View) -> bool {
+        self.state.load(Acquire) == v.state
+    }
+
+    /// Whether the span's address space is advised `MADV_HUGEPAGE`.
+    pub(crate) fn advised(&self) -> bool {
+        self.advised.load(Relaxed)
     }
 
     /// Units in use by blocks (or claimed), holes not counted.
@@ -304,8 +327,11 @@ impl Span {
     pub(crate) fn note_longest_free(&self, count: u32, v: &View) {
         let free = bits::not_below(&self.in_use.snapshot(), v.units);
         let longest = bits::runs(&free).map(|(a, b)| b - a).max().unwrap_or(0);
-        self.free_hint
-            .store(u64::from(count) << 32 | u64::from(longest), Relaxed);
+        // A span retired and made anew meanwhile has other units.
+        if self.is(v) {
+            self.free_hint
+                .store(u64::from(count) << 32 | u64::from(longest), Relaxed);
+        }
     }
 
     /// Commit the units before `end` (make them read-write), if they are
@@ -355,9 +381,13 @@ impl Span {
         self.tails.clear(start, n);
     }
 
-    /// Advise the span's address space (around its holes) `MADV_HUGEPAGE`;
-    /// advice only, so a failure changes nothing.
+    /// Advise the address space (around its holes) of a span reserved
+    /// unadvised `MADV_HUGEPAGE`, once; advice only, so a failure changes
+    /// nothing.
     pub(crate) fn advise_huge(&self, c: &Counters, v: &View) {
+        if self.advised.swap(true, Relaxed) {
+            return;
+        }
         let mapped = bits::not_below(&self.holes.snapshot(), v.units);
         for (a, b) in bits::runs(&mapped) {
             let _ = os::advise(c, v.addr(a), v.len(b - a), Advice::HugePage);
@@ -465,6 +495,7 @@ impl Spans {
             c.add(Count::ThpFallbacks, 1);
             tier = Backing::Normal;
         }
+        let advised = tier == Backing::TransparentHuge && advise;
         let mut committed = 0;
         if bytes > SPAN_LEN {
             // `len <= bytes`, so the units fit in `u32` as `units` does.
@@ -474,7 +505,7 @@ impl Spans {
                 return Err(e);
             }
         }
-        self.publish(c, map, p, tier, shift, units, committed, group)
+        self.publish(c, map, p, tier, shift, units, committed, group, advised)
     }
 
     /// A span of hugetlb pages holding one block of `len` bytes (a
@@ -489,7 +520,17 @@ impl Spans {
         let (shift, units) = geometry(len)?;
         let bytes = (units as usize) << shift;
         let p = os::map_hugetlb(c, bytes, HugetlbSize::Size2M)?;
-        self.publish(c, map, p, Backing::Hugetlb, shift, units, units, group)
+        self.publish(
+            c,
+            map,
+            p,
+            Backing::Hugetlb,
+            shift,
+            units,
+            units,
+            group,
+            true,
+        )
     }
 
     /// Put the fresh mapping `p` in a free slot (or unmap it when the table
@@ -505,6 +546,7 @@ impl Spans {
         units: u32,
         committed: u32,
         group: u32,
+        advised: bool,
     ) -> io::Result<View> {
         let bytes = (units as usize) << shift;
         let slot = if map.prepare(c, p.as_ptr() as usize, bytes) {
@@ -523,16 +565,18 @@ impl Spans {
         s.group.store(group, Relaxed);
         s.committed.store(committed, Relaxed);
         s.pinned.store(false, Relaxed);
+        s.advised.store(advised, Relaxed);
         s.dirty.store([0; bits::WORDS]);
         s.base_pages.store([0; bits::WORDS]);
         s.tails.store([0; bits::WORDS]);
         s.holes.store([0; bits::WORDS]);
         s.collapsed.store([0; bits::WORDS]);
         s.refused.store([0; bits::WORDS]);
-        s.releases.fetch_add(1, Release);
         // Bits past the last unit stay set: never free.
         s.in_use
             .store(bits::not_below(&[0; bits::WORDS], units).map(|w| !w));
+        // After the new bitmap: a bound taken from the old one is stale.
+        s.releases.fetch_add(1, Release);
         s.stamp(0, units, stamp_now());
         c.span_reserved(bytes);
         s.state.store(state(gen, tier, LIVE), Release);

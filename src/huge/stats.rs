@@ -329,7 +329,8 @@ pub struct HugeStats {
     /// page is at hand), so no request waits on compaction.
     pub base_page_first_bytes: u64,
     /// Bytes the background thread collapsed into huge pages
-    /// (`MADV_COLLAPSE`), since the process started.
+    /// (`MADV_COLLAPSE`, which also succeeds on a unit the kernel already
+    /// maps with a huge page), since the process started.
     pub collapsed_bytes: u64,
     /// Nanoseconds (wall clock) its `MADV_COLLAPSE` calls took.
     pub collapse_ns: u64,
@@ -338,10 +339,10 @@ pub struct HugeStats {
     pub collapse_failures: u64,
     /// Collapses of a unit freed while the call ran (made right again).
     pub collapse_races: u64,
-    /// Live bytes in units the background thread collapsed, now: with
-    /// `live_bytes`, the coverage the promotion reached (THP faults the
-    /// kernel gave directly are not counted; `huge_page_coverage` measures
-    /// a range).
+    /// Live bytes in units the background thread collapsed (or found
+    /// huge), now: with `live_bytes`, the coverage the promotion reached
+    /// (units the thread has not reached are not counted, whatever the
+    /// kernel gave them; `huge_page_coverage` measures a range).
     pub collapsed_live_bytes: u64,
     /// The `CKALLOC_*` settings in use ([`env::settings`]), each with where
     /// it came from; a variable that does not parse shows as

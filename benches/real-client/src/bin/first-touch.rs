@@ -1,9 +1,11 @@
 //! First touch of a 64 MiB block under `CkHuge::new()` (its first-touch
-//! probe) and under `System` (glibc), in each memory state, with and without
-//! one CPU-bound process per core running (two on the 2-core machine
-//! measured): the time to
-//! allocate and write one byte per 4 KiB page, the share of the block in
-//! huge pages right after (`AnonHugePages` of its range, `smaps`), and the
+//! probe), under `CkHuge::new()` with the engine's background thread
+//! (`enable_background_thread()`: base pages first, promoted with
+//! `MADV_COLLAPSE`; `ckhuge-promote`) and under `System` (glibc), in each
+//! memory state, with and without one CPU-bound process per core running
+//! (two on the 2-core machine measured): the time to allocate and write one
+//! byte per 4 KiB page, the share of the block in huge pages right after
+//! and 2 s after the first touch began (`huge_page_coverage`), and the
 //! probe's decision (pages that cost more than 1 ms; pages slow only by the
 //! wall clock, which the probe takes for a busy CPU, not for slow memory).
 //!
@@ -45,6 +47,7 @@ const BLOCK: usize = 64 << 20;
 struct Run {
     ms: f64,
     huge_pct: f64,
+    huge_2s_pct: f64,
     slow_blocks: f64,
     wall_only_pages: f64,
     cpu_wait_ms: f64,
@@ -53,16 +56,19 @@ struct Run {
 fn child(alloc: &str) -> ExitCode {
     let layout = Layout::from_size_align(BLOCK, 64).expect("64 MiB layout");
     let ckhuge = CkHuge::new();
+    if alloc == "ckhuge-promote" {
+        ckalloc::huge::enable_background_thread();
+    }
     let before = huge_stats();
     let start = Instant::now();
     // SAFETY: a non-zero layout; the block is written inside its length and
     // freed with the same allocator and layout below.
     let p = unsafe {
         match alloc {
-            "ckhuge" => ckhuge.alloc(layout),
+            "ckhuge" | "ckhuge-promote" => ckhuge.alloc(layout),
             "system" => System.alloc(layout),
             other => {
-                eprintln!("first-touch: --child {other:?}: not ckhuge or system");
+                eprintln!("first-touch: --child {other:?}: not ckhuge, ckhuge-promote or system");
                 return ExitCode::from(2);
             }
         }
@@ -78,18 +84,24 @@ fn child(alloc: &str) -> ExitCode {
         i += 4096;
     }
     let ms = start.elapsed().as_secs_f64() * 1e3;
-    let cov = huge_page_coverage(p, BLOCK).ok();
+    let pct = || {
+        huge_page_coverage(p, BLOCK)
+            .ok()
+            .map_or(f64::NAN, |c| 100.0 * c.huge_bytes as f64 / BLOCK as f64)
+    };
+    let huge_pct = pct();
     let after = huge_stats();
+    std::thread::sleep(std::time::Duration::from_secs(2).saturating_sub(start.elapsed()));
+    let huge_2s_pct = pct();
     // SAFETY: allocated above with this allocator and layout.
     unsafe {
         match alloc {
-            "ckhuge" => ckhuge.dealloc(p, layout),
-            _ => System.dealloc(p, layout),
+            "system" => System.dealloc(p, layout),
+            _ => ckhuge.dealloc(p, layout),
         }
     }
-    let huge_pct = cov.map_or(f64::NAN, |c| 100.0 * c.huge_bytes as f64 / BLOCK as f64);
     println!(
-        "RESULT ms={ms:.2} huge_pct={huge_pct:.1} slow_blocks={} wall_only_pages={} cpu_wait_ms={:.2}",
+        "RESULT ms={ms:.2} huge_pct={huge_pct:.1} huge_2s_pct={huge_2s_pct:.1} slow_blocks={} wall_only_pages={} cpu_wait_ms={:.2}",
         after.first_touch_slow_probes - before.first_touch_slow_probes,
         after.first_touch_descheduled_pages - before.first_touch_descheduled_pages,
         (after.first_touch_cpu_wait_ns - before.first_touch_cpu_wait_ns) as f64 / 1e6
@@ -106,6 +118,7 @@ fn parse(line: &str) -> Option<Run> {
         match k {
             "ms" => r.ms = v,
             "huge_pct" => r.huge_pct = v,
+            "huge_2s_pct" => r.huge_2s_pct = v,
             "slow_blocks" => r.slow_blocks = v,
             "wall_only_pages" => r.wall_only_pages = v,
             "cpu_wait_ms" => r.cpu_wait_ms = v,
@@ -230,7 +243,7 @@ fn main() -> ExitCode {
         page_reporting(),
         loadavg()
     );
-    let contenders = ["ckhuge", "system"];
+    let contenders = ["ckhuge", "ckhuge-promote", "system"];
     for state in states {
         if let Err(e) = prepare_once(state) {
             eprintln!("first-touch: {e}");
@@ -241,7 +254,7 @@ fn main() -> ExitCode {
         println!();
         println!("state {}:", state.name());
         println!(
-            "round load     allocator  ms      huge %  slow block  wall-only pages  CPU wait ms"
+            "round load     allocator       ms      huge %  at 2 s  slow block  wall-only pages  CPU wait ms"
         );
         for round in 0..rounds {
             for k in 0..2 * contenders.len() {
@@ -267,12 +280,13 @@ fn main() -> ExitCode {
                     }
                 };
                 println!(
-                    "{:<5} {:<8} {:<10} {:<7.1} {:<7.1} {:<11} {:<16} {:.1}",
+                    "{:<5} {:<8} {:<15} {:<7.1} {:<7.1} {:<7.1} {:<11} {:<16} {:.1}",
                     round + 1,
                     if load == 1 { "busy" } else { "idle" },
                     contenders[c],
                     r.ms,
                     r.huge_pct,
+                    r.huge_2s_pct,
                     r.slow_blocks,
                     r.wall_only_pages,
                     r.cpu_wait_ms
@@ -289,6 +303,7 @@ fn main() -> ExitCode {
                     &[
                         ("first_touch_ms", r.ms),
                         ("huge_pct", r.huge_pct),
+                        ("huge_2s_pct", r.huge_2s_pct),
                         ("slow_blocks", r.slow_blocks),
                         ("wall_only_pages", r.wall_only_pages),
                         ("cpu_wait_ms", r.cpu_wait_ms),
@@ -299,14 +314,14 @@ fn main() -> ExitCode {
         }
         println!();
         println!(
-            "| state | load | allocator | first touch ms (median) | huge % (median) | runs >= 95% huge | runs with a slow page | wall-only slow pages (sum) |"
+            "| state | load | allocator | first touch ms (median) | huge % (median) | runs >= 95% huge | huge % at 2 s (median) | runs >= 95% huge at 2 s | runs with a slow page | wall-only slow pages (sum) |"
         );
-        println!("| --- | --- | --- | --- | --- | --- | --- | --- |");
+        println!("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |");
         for (load, per) in results.iter().enumerate() {
             for (c, runs) in per.iter().enumerate() {
                 let col = |f: fn(&Run) -> f64| runs.iter().map(f).collect::<Vec<_>>();
                 println!(
-                    "| {} | {} | {} | {:.1} | {:.1} | {} of {} | {} | {} |",
+                    "| {} | {} | {} | {:.1} | {:.1} | {} of {} | {:.1} | {} of {} | {} | {} |",
                     state.name(),
                     if load == 1 {
                         "a CPU-bound process per core"
@@ -317,6 +332,9 @@ fn main() -> ExitCode {
                     median(col(|r| r.ms)),
                     median(col(|r| r.huge_pct)),
                     runs.iter().filter(|r| r.huge_pct >= 95.0).count(),
+                    runs.len(),
+                    median(col(|r| r.huge_2s_pct)),
+                    runs.iter().filter(|r| r.huge_2s_pct >= 95.0).count(),
                     runs.len(),
                     runs.iter().filter(|r| r.slow_blocks > 0.0).count(),
                     col(|r| r.wall_only_pages).iter().sum::<f64>()
