@@ -2,7 +2,7 @@
 //! free units ([`Want`]), the calling thread's group first; the caller
 //! claims what it found and searches again if another thread was first.
 
-use super::span::{Span, Spans, View};
+use super::span::{Bounds, Span, Spans, View};
 use crate::bits;
 use crate::sys::HUGE_PAGE_2M;
 use crate::tier::Backing;
@@ -64,8 +64,8 @@ pub(crate) enum Groups {
 }
 
 /// Search the live spans of `groups` for `len` bytes aligned to `align`:
-/// the spans of `home` first, the others (for [`Groups::Any`]) when none
-/// of those has a place.
+/// the best place in the spans of `home`, else (for [`Groups::Any`]) the
+/// best in the others, in one scan of the table.
 pub(crate) fn find(
     spans: &Spans,
     len: usize,
@@ -74,43 +74,50 @@ pub(crate) fn find(
     home: u32,
     groups: Groups,
 ) -> Option<Placement> {
-    let passes: &[bool] = match groups {
-        Groups::Home => &[true],
-        Groups::Any => &[true, false],
-    };
-    for &mine in passes {
-        let mut best: Option<(Score, Placement)> = None;
-        for (span, v) in spans.live() {
-            if (v.group == home) != mine || !v.serves(len) {
-                continue;
-            }
-            if want != Want::Retained && v.tier == Backing::Hugetlb {
-                continue;
-            }
-            let n = v.units_for(len);
-            if span.surely_no_run(n) {
-                continue;
-            }
-            let count = span.release_count();
-            let found = in_span(span, &v, n, align, want);
-            if found.is_none() {
-                span.note_longest_free(count, &v);
-            }
-            if let Some((score, p)) = found {
-                if best.as_ref().is_none_or(|(b, _)| score < *b) {
-                    best = Some((score, p));
-                }
-                if want == Want::Clean {
-                    // First fit: spans in slot order, units by address.
-                    break;
-                }
-            }
+    // The best place among the home group's spans and among the others.
+    let mut best: [Option<(Score, Placement)>; 2] = [None, None];
+    for (span, v) in spans.live() {
+        let other = usize::from(v.group != home);
+        if (other == 1 && (groups == Groups::Home || best[0].is_some())) || !v.serves(len) {
+            continue;
         }
-        if let Some((_, p)) = best {
-            return Some(p);
+        if want != Want::Retained && v.tier == Backing::Hugetlb {
+            continue;
+        }
+        // First fit: spans in slot order, units by address; a later
+        // span of the home group still beats another group's.
+        if want == Want::Clean && best[other].is_some() {
+            continue;
+        }
+        let n = v.units_for(len);
+        if span.bounds().is_some_and(|b| surely_none(b, n, want)) {
+            continue;
+        }
+        let count = span.release_count();
+        let Some((score, p)) = in_span(span, &v, n, align, want) else {
+            span.note_bounds(count, &v);
+            continue;
+        };
+        if best[other].as_ref().is_none_or(|(b, _)| score < *b) {
+            best[other] = Some((score, p));
+        }
+        if want == Want::Clean && other == 0 {
+            break;
         }
     }
-    None
+    let [mine, others] = best;
+    mine.or(others).map(|(_, p)| p)
+}
+
+/// Whether a span whose runs are within `b` surely has no place for `n`
+/// units of `want`.
+fn surely_none(b: Bounds, n: u32, want: Want) -> bool {
+    match want {
+        Want::Retained => b.retained < n,
+        Want::Clean => b.free < n,
+        // Some retained units inside a free run of `n`.
+        Want::MostRetained => b.free < n || b.retained == 0,
+    }
 }
 
 /// Lower is better: (run length or 0, newness, more retained units, address).
@@ -173,4 +180,75 @@ fn in_span(span: &Span, v: &View, n: u32, align: usize, want: Want) -> Option<(S
         }
     }
     best
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::huge::extents::ExtentMap;
+    use crate::huge::stats::Counters;
+
+    const MIB2: usize = HUGE_PAGE_2M;
+
+    #[test]
+    #[cfg_attr(miri, ignore = "mmap of the spans")]
+    fn bounds_skip_full_spans_until_a_release_and_home_beats_an_earlier_span() {
+        static SPANS: Spans = Spans::new();
+        static MAP: ExtentMap = ExtentMap::new();
+        let c = Counters::new();
+        // Slot 0 for group 1, slot 1 for group 0 (home below).
+        let other = SPANS.reserve(&c, &MAP, MIB2, MIB2, 1, false).unwrap();
+        let mine = SPANS.reserve(&c, &MAP, MIB2, MIB2, 0, false).unwrap();
+        let (a, b) = (SPANS.get(other.index), SPANS.get(mine.index));
+        // Home's span, later in slot order, is chosen first.
+        let p = find(&SPANS, MIB2, MIB2, Want::Clean, 0, Groups::Any).unwrap();
+        assert_eq!((p.view.index, p.start), (mine.index, 0));
+        // Fill the home span but its last unit.
+        assert!(b.claim(&mine, 0, mine.units - 1));
+        let two = 2 * MIB2;
+        let p = find(&SPANS, two, MIB2, Want::Clean, 0, Groups::Any).unwrap();
+        assert_eq!(
+            p.view.index, other.index,
+            "another group's span when home has none"
+        );
+        assert_eq!(
+            find(&SPANS, two, MIB2, Want::Clean, 0, Groups::Home).map(|p| p.start),
+            None
+        );
+        let full = b.bounds().expect("the search noted its bounds");
+        assert_eq!(
+            full,
+            Bounds {
+                free: 1,
+                retained: 0
+            }
+        );
+        // No retained unit anywhere: both spans are noted as such.
+        assert!(find(&SPANS, MIB2, MIB2, Want::Retained, 0, Groups::Any).is_none());
+        assert_eq!(a.bounds().map(|b| b.retained), Some(0));
+        // A release makes the bounds stale, and the run is found again.
+        b.release(0, 2);
+        assert_eq!(b.bounds(), None);
+        let p = find(&SPANS, two, MIB2, Want::Clean, 0, Groups::Home).unwrap();
+        assert_eq!((p.view.index, p.start, p.n), (mine.index, 0, 2));
+        // Retained units (dirty and free) are found by a retained search.
+        assert!(b.claim(&mine, 0, 2));
+        b.dirty.set(0, 2);
+        b.release(0, 2);
+        let p = find(&SPANS, two, MIB2, Want::Retained, 0, Groups::Any).unwrap();
+        assert_eq!((p.view.index, p.start, p.dirty), (mine.index, 0, 2));
+        assert!(find(&SPANS, 3 * MIB2, MIB2, Want::Retained, 0, Groups::Any).is_none());
+        assert_eq!(
+            b.bounds(),
+            Some(Bounds {
+                free: 2,
+                retained: 2
+            })
+        );
+        for (s, v) in [(a, other), (b, mine)] {
+            s.release(0, v.units);
+            s.dirty.clear(0, v.units);
+            assert!(SPANS.retire(&c, &v).is_some());
+        }
+    }
 }

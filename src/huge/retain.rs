@@ -327,7 +327,7 @@ fn unused(span: &Span, v: &View) -> bool {
 pub(crate) fn punch(c: &Counters, spans: &Spans) -> usize {
     let mut unmapped = 0;
     for (span, v) in spans.live() {
-        if span.surely_no_run(1) {
+        if span.bounds().is_some_and(|b| b.free == 0) {
             continue;
         }
         let free = bits::not_below(&span.in_use.snapshot(), v.units);
@@ -352,6 +352,14 @@ pub(crate) fn punch(c: &Counters, spans: &Spans) -> usize {
 pub(crate) fn release_all(c: &Counters, spans: &Spans) -> usize {
     let mut released = 0;
     for (span, v) in spans.live() {
+        // A span with a block (a unit neither free nor a hole) and no
+        // retained run has nothing to give.
+        let no_retained = span
+            .bounds()
+            .is_some_and(|b| b.retained == 0 && b.free + span.holes.count(0, v.units) < v.units);
+        if no_retained {
+            continue;
+        }
         if unused(span, &v) {
             if let Some(dirty) = spans.retire(c, &v) {
                 released += dirty;

@@ -26,6 +26,8 @@ use std::sync::atomic::{
 pub(crate) const UNIT_SHIFT: u32 = HUGE_PAGE_2M.trailing_zeros();
 /// The length of a span shared by many blocks (512 units of 2 MiB).
 pub(crate) const SPAN_LEN: usize = (BITS as usize) << UNIT_SHIFT;
+// A run's length fits the 16 bits [`Span::note_bounds`] gives it.
+const _: () = assert!(BITS < 1 << 16);
 /// Slots of the span table.
 pub(crate) const MAX_SPANS: usize = 8192;
 /// Home groups of threads.
@@ -79,10 +81,20 @@ pub(crate) fn stamp_at(ns: u64) -> u32 {
     (ns >> 20) as u32
 }
 
-/// One slot of the span table.
+/// One slot of the span table. What a search reads of every span (state,
+/// geometry, [`bounds`](Self::bounds)) comes first, in one cache line.
+#[repr(C, align(64))]
 pub(crate) struct Span {
     /// Generation, tier and phase ([`state`]).
     state: AtomicU64,
+    /// Releases of units so far (wrapping): a [`free_hint`](Self::free_hint)
+    /// taken at another count is stale.
+    releases: AtomicU32,
+    /// Upper bounds of the span's longest free run and longest retained
+    /// (free and dirty) run, as `releases << 32 | free << 16 | retained`,
+    /// taken by a search that found no place in it; claims, purges and
+    /// reuse only shorten runs, so they hold until the next release.
+    free_hint: AtomicU64,
     base: AtomicUsize,
     units: AtomicU32,
     shift: AtomicU32,
@@ -111,17 +123,19 @@ pub(crate) struct Span {
     /// When each unit last changed hands: freed (or cut off a block), or
     /// handed out in a block.
     stamps: [AtomicU32; BITS as usize],
-    /// Releases of units so far (wrapping): a [`free_hint`](Self::free_hint)
-    /// taken at another count is stale.
-    releases: AtomicU32,
-    /// An upper bound of the span's longest free run, as `releases << 32 |
-    /// units` when a search found no place in it; claims only shorten
-    /// runs, so it holds until the next release.
-    free_hint: AtomicU64,
     /// Each unit's generation: raised every time the unit leaves a block,
     /// so a reader that saw a unit in a block can tell afterwards whether
     /// it was freed (and perhaps purged or reused) meanwhile.
     gens: [AtomicU32; BITS as usize],
+}
+
+/// Upper bounds of a span's runs, in units ([`Span::bounds`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Bounds {
+    /// The longest free run.
+    pub(crate) free: u32,
+    /// The longest run of retained units (free and dirty).
+    pub(crate) retained: u32,
 }
 
 /// What a thread read of a live span: its geometry, valid while the span
@@ -197,6 +211,8 @@ impl Span {
     const fn new() -> Span {
         Span {
             state: AtomicU64::new(EMPTY),
+            releases: AtomicU32::new(0),
+            free_hint: AtomicU64::new(0),
             base: AtomicUsize::new(0),
             units: AtomicU32::new(0),
             shift: AtomicU32::new(0),
@@ -211,8 +227,6 @@ impl Span {
             holes: Bits::new(),
             collapsed: Bits::new(),
             refused: Bits::new(),
-            releases: AtomicU32::new(0),
-            free_hint: AtomicU64::new(0),
             stamps: [const { AtomicU32::new(0) }; BITS as usize],
             gens: [const { AtomicU32::new(0) }; BITS as usize],
         }
@@ -309,28 +323,35 @@ impl Span {
     }
 
     /// The count of releases now; read before the snapshot a
-    /// [`note_longest_free`](Self::note_longest_free) takes.
+    /// [`note_bounds`](Self::note_bounds) takes.
     pub(crate) fn release_count(&self) -> u32 {
         self.releases.load(Acquire)
     }
 
-    /// Whether the span surely has no free run of `n` units: a search
-    /// since the last release found its longest shorter.
+    /// Bounds of the span's runs that still hold: `None` when a unit was
+    /// released since a search last noted them.
     #[inline]
-    pub(crate) fn surely_no_run(&self, n: u32) -> bool {
+    pub(crate) fn bounds(&self) -> Option<Bounds> {
         let h = self.free_hint.load(Relaxed);
-        (h >> 32) as u32 == self.releases.load(Acquire) && (h as u32) < n
+        ((h >> 32) as u32 == self.releases.load(Acquire)).then_some(Bounds {
+            free: (h >> 16) as u16 as u32,
+            retained: h as u16 as u32,
+        })
     }
 
-    /// Remember the longest free run of `v`'s span now (a snapshot taken
-    /// after `count` releases) as a bound until the next release.
-    pub(crate) fn note_longest_free(&self, count: u32, v: &View) {
+    /// Remember the longest free run and the longest retained run of `v`'s
+    /// span now (snapshots taken after `count` releases) as bounds until
+    /// the next release.
+    pub(crate) fn note_bounds(&self, count: u32, v: &View) {
         let free = bits::not_below(&self.in_use.snapshot(), v.units);
-        let longest = bits::runs(&free).map(|(a, b)| b - a).max().unwrap_or(0);
+        let retained = bits::and(&free, &self.dirty.snapshot());
+        let longest = |b: &bits::Snapshot| bits::runs(b).map(|(a, e)| e - a).max().unwrap_or(0);
+        // Runs are at most `BITS` (512) units long: each fits 16 bits.
+        let (f, r) = (u64::from(longest(&free)), u64::from(longest(&retained)));
         // A span retired and made anew meanwhile has other units.
         if self.is(v) {
             self.free_hint
-                .store(u64::from(count) << 32 | u64::from(longest), Relaxed);
+                .store(u64::from(count) << 32 | f << 16 | r, Relaxed);
         }
     }
 
