@@ -159,6 +159,7 @@ impl Switch {
             value: u64::from(on),
             source,
             unit: Unit::Switch,
+            per_front: false,
         }
     }
 }
@@ -231,6 +232,9 @@ pub struct Setting {
     pub source: Source,
     /// The unit of `value`.
     pub unit: Unit,
+    /// Whether each front has its own default (`value` then shows 0 while
+    /// the variable is unset).
+    per_front: bool,
 }
 
 /// The unit of a [`Setting`].
@@ -261,6 +265,11 @@ impl fmt::Display for Setting {
         }
         let value = Value(*self);
         match self.source {
+            Source::Default if self.per_front => write!(
+                f,
+                "{} unset (on under the preload library, off for CkHuge)",
+                self.name
+            ),
             Source::Default => write!(f, "{} {value} (default)", self.name),
             Source::Environment => write!(f, "{} {value}", self.name),
             // An odd switch value is taken as on, whatever the default.
@@ -316,6 +325,7 @@ impl Number {
             value,
             source,
             unit: self.unit,
+            per_front: false,
         }
     }
 
@@ -383,8 +393,9 @@ pub const SETTINGS: usize = 9;
 /// `CKALLOC_RETAIN_BYTES`, `CKALLOC_RETAIN_DECAY_MS`,
 /// `CKALLOC_HUGETLB_BACKOFF_MS`, `CKALLOC_HUGETLB`, `CKALLOC_THP`,
 /// `CKALLOC_FIRST_TOUCH_PROBE`, `CKALLOC_PRELOAD_THRESHOLD`,
-/// `CKALLOC_SHOW_STATS`, `CKALLOC_BACKGROUND_THREAD` (unset: the value
-/// shown is 0 and the front's default applies). A variable that does not parse shows as
+/// `CKALLOC_SHOW_STATS`, `CKALLOC_BACKGROUND_THREAD` (unset: the value is
+/// 0, the front's default applies, and the setting prints as unset with
+/// both fronts' defaults). A variable that does not parse shows as
 /// [`Source::Unparsed`]. Reads each variable the first time; never
 /// allocates.
 pub fn settings() -> [Setting; SETTINGS] {
@@ -401,7 +412,10 @@ pub fn settings() -> [Setting; SETTINGS] {
             ..PRELOAD_THRESHOLD.get()
         },
         SHOW_STATS.setting(),
-        BACKGROUND_THREAD.setting(),
+        Setting {
+            per_front: true,
+            ..BACKGROUND_THREAD.setting()
+        },
     ]
 }
 
@@ -528,6 +542,31 @@ mod tests {
         for on in [&b"1"[..], b"yes", b"off", b" 0", b"true", b"2"] {
             assert!(f(Some(on)), "{on:?}");
         }
+    }
+
+    #[test]
+    fn a_switch_whose_default_is_the_fronts_prints_both_defaults_while_unset() {
+        let unset = Setting {
+            name: "CKALLOC_BACKGROUND_THREAD",
+            unit: Unit::Switch,
+            per_front: true,
+            ..Setting::default()
+        };
+        assert_eq!(
+            unset.to_string(),
+            "CKALLOC_BACKGROUND_THREAD unset (on under the preload library, off for CkHuge)"
+        );
+        let set = Setting {
+            value: 0,
+            source: Source::Environment,
+            ..unset
+        };
+        assert_eq!(set.to_string(), "CKALLOC_BACKGROUND_THREAD off");
+        let other = Setting {
+            per_front: false,
+            ..unset
+        };
+        assert_eq!(other.to_string(), "CKALLOC_BACKGROUND_THREAD off (default)");
     }
 
     #[test]
