@@ -676,7 +676,8 @@ impl Spans {
 
     /// In the child of `fork()`: a slot another thread of the parent was
     /// creating or retiring has no owner left; it becomes empty (its
-    /// mapping, if any, stays out of use). Returns the bytes of dirty free
+    /// mapping, if any, stays out of use); the live spans' bounds
+    /// ([`Span::bounds`]) are dropped. Returns the bytes of dirty free
     /// units of the live spans and their short tails, which the caller makes
     /// the retained and short-tail counts.
     pub(crate) fn repair_after_fork(&self) -> (u64, u64) {
@@ -692,6 +693,9 @@ impl Spans {
                         .store(state(gen_of(cur) + 1, Backing::Normal, EMPTY), Relaxed);
                 }
                 LIVE => {
+                    // A parent thread may have cleared units in use and not
+                    // yet counted the release: no noted bound holds.
+                    s.releases.fetch_add(1, Relaxed);
                     if let Some(v) = s.view(i as u16) {
                         let free = bits::not_below(&s.in_use.snapshot(), v.units);
                         let d = bits::and(&free, &s.dirty.snapshot());
