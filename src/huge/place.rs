@@ -251,4 +251,26 @@ mod tests {
             assert!(SPANS.retire(&c, &v).is_some());
         }
     }
+
+    #[test]
+    #[cfg_attr(miri, ignore = "mmap of the spans")]
+    fn release_all_gives_back_a_span_whose_free_units_holes_split() {
+        static SPANS: Spans = Spans::new();
+        static MAP: ExtentMap = ExtentMap::new();
+        let c = Counters::new();
+        let v = SPANS.reserve(&c, &MAP, MIB2, MIB2, 0, false).unwrap();
+        let span = SPANS.get(v.index);
+        // Blocks at 0..2 and 3..5, every other unit a hole, then the
+        // blocks freed: no block left, free runs of 2 units.
+        assert!(span.claim(&v, 0, 5));
+        assert!(span.claim(&v, 5, v.units - 5));
+        span.unmap_hole(&c, &v, 2, 1).unwrap();
+        span.unmap_hole(&c, &v, 5, v.units - 5).unwrap();
+        span.release(0, 2);
+        span.release(3, 2);
+        assert!(find(&SPANS, 3 * MIB2, MIB2, Want::Clean, 0, Groups::Any).is_none());
+        assert_eq!(span.bounds(), Some(Bounds { free: 2, retained: 0 }));
+        crate::huge::retain::release_all(&c, &SPANS);
+        assert!(span.view(v.index).is_none(), "the span went back");
+    }
 }

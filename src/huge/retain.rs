@@ -352,12 +352,13 @@ pub(crate) fn punch(c: &Counters, spans: &Spans) -> usize {
 pub(crate) fn release_all(c: &Counters, spans: &Spans) -> usize {
     let mut released = 0;
     for (span, v) in spans.live() {
-        // A span with a block (a unit neither free nor a hole) and no
-        // retained run has nothing to give.
-        let no_retained = span
-            .bounds()
-            .is_some_and(|b| b.retained == 0 && b.free + span.holes.count(0, v.units) < v.units);
-        if no_retained {
+        // A span with no retained run and a block has nothing to give. With
+        // no hole, a free run shorter than the span proves a block; with
+        // holes the free units may be several runs and no block.
+        let nothing = span.bounds().is_some_and(|b| {
+            b.retained == 0 && b.free < v.units && span.holes.count(0, v.units) == 0
+        });
+        if nothing {
             continue;
         }
         if unused(span, &v) {
