@@ -269,7 +269,13 @@ mod tests {
         span.release(0, 2);
         span.release(3, 2);
         assert!(find(&SPANS, 3 * MIB2, MIB2, Want::Clean, 0, Groups::Any).is_none());
-        assert_eq!(span.bounds(), Some(Bounds { free: 2, retained: 0 }));
+        assert_eq!(
+            span.bounds(),
+            Some(Bounds {
+                free: 2,
+                retained: 0
+            })
+        );
         crate::huge::retain::release_all(&c, &SPANS);
         assert!(span.view(v.index).is_none(), "the span went back");
     }
