@@ -9,10 +9,9 @@
 mod common;
 
 use ckalloc::{env, huge_stats, release_retained, CkHuge};
-use common::serial;
+use common::{run_child, serial};
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::collections::HashMap;
-use std::process::Command;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
@@ -58,26 +57,25 @@ fn holds(p: *const u8, n: usize, seed: u8) -> bool {
     s.iter().enumerate().all(|(i, &b)| b == pattern(i, seed))
 }
 
-/// Runs the ignored test `name` of this binary in a child process with `envs`.
-fn run_child(name: &str, envs: &[(&str, &str)]) {
-    let exe = std::env::current_exe().unwrap();
-    let out = Command::new(exe)
-        .args([
-            name,
-            "--exact",
-            "--ignored",
-            "--nocapture",
-            "--test-threads=1",
-        ])
-        .envs(envs.iter().copied())
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success() && stdout.contains("1 passed"),
-        "{name}: {stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+/// Fork a child that runs `body` and `_exit`s with the code it returns (an
+/// `alarm` kills it after 10 s); the child's wait status unless it exited
+/// with 0. `body` makes only allocator calls, reads statistics and calls
+/// what is async-signal-safe: the parent may have other threads.
+fn fork_child(body: impl FnOnce() -> i32) -> Option<i32> {
+    // SAFETY: the child runs `body` (see above) and `_exit`s.
+    let pid = unsafe { libc::fork() };
+    if pid == 0 {
+        // SAFETY: `alarm` kills a child that hangs.
+        unsafe { libc::alarm(10) };
+        let code = body();
+        // SAFETY: ends the child without the parent's destructors.
+        unsafe { libc::_exit(code) };
+    }
+    assert!(pid > 0, "fork failed");
+    let mut status = 0;
+    // SAFETY: waits for our child.
+    assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
+    (!(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0)).then_some(status)
 }
 
 #[test]
@@ -765,12 +763,7 @@ fn fork_while_threads_churn_gives_a_child_that_allocates_and_counts_right() {
         .collect();
     let mut failures = Vec::new();
     for round in 0..200 {
-        // SAFETY: the child uses only the allocator, the statistics and
-        // async-signal-safe calls, then `_exit`s.
-        let pid = unsafe { libc::fork() };
-        if pid == 0 {
-            // SAFETY: `alarm` kills a child that hangs.
-            unsafe { libc::alarm(10) };
+        let child = fork_child(|| {
             let l = layout(4 * MIB, 8);
             let mut code = 0;
             for _ in 0..4 {
@@ -786,14 +779,9 @@ fn fork_while_threads_churn_gives_a_child_that_allocates_and_counts_right() {
             if huge_stats().retained_bytes != 0 {
                 code = 3;
             }
-            // SAFETY: ends the child without the parent's destructors.
-            unsafe { libc::_exit(code) };
-        }
-        assert!(pid > 0, "fork failed");
-        let mut status = 0;
-        // SAFETY: waits for our child.
-        assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
-        if !(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0) {
+            code
+        });
+        if let Some(status) = child {
             failures.push((round, status));
         }
     }
@@ -1361,12 +1349,7 @@ fn child_background_fork() {
             free(p, l);
         }
         std::thread::sleep(std::time::Duration::from_millis(90 + (round % 7) * 10));
-        // SAFETY: the child makes allocator calls and `_exit`s; the engine's
-        // fork hooks keep its state consistent there.
-        let pid = unsafe { libc::fork() };
-        if pid == 0 {
-            // SAFETY: `alarm` kills a child that hangs.
-            unsafe { libc::alarm(10) };
+        let child = fork_child(|| {
             let mut code = 0;
             if huge_stats().background_thread != BackgroundThread::Wanted {
                 code = 2;
@@ -1386,14 +1369,9 @@ fn child_background_fork() {
             if huge_stats().background_thread != BackgroundThread::Running {
                 code = 5;
             }
-            // SAFETY: ends the child without the parent's destructors.
-            unsafe { libc::_exit(code) };
-        }
-        assert!(pid > 0, "fork failed");
-        let mut status = 0;
-        // SAFETY: waits for our child.
-        assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
-        if !(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0) {
+            code
+        });
+        if let Some(status) = child {
             failures.push((round, status));
         }
     }

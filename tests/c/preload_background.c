@@ -23,19 +23,9 @@
 #include <time.h>
 #include <unistd.h>
 
-#define MIB (1024L * 1024L)
+#include "procfs.h"
 
-static long status_field(const char *key) {
-    FILE *f = fopen("/proc/self/status", "r");
-    char line[256];
-    long v = -1;
-    size_t n = strlen(key);
-    if (!f) return -1;
-    while (fgets(line, sizeof line, f))
-        if (!strncmp(line, key, n)) v = atol(line + n);
-    fclose(f);
-    return v;
-}
+#define MIB (1024L * 1024L)
 
 /* AnonHugePages (kB) of the mappings overlapping [p, p + len). */
 static long huge_kb(const void *p, size_t len) {
@@ -67,14 +57,14 @@ static double now_s(void) {
 static void *volatile sink;
 
 static int threads(void) {
-    printf("threads before: %ld\n", status_field("Threads:"));
+    printf("threads before: %ld\n", status_field("Threads"));
     char *p = malloc(8 * MIB);
     sink = p;
     memset(p, 1, 8 * MIB);
-    printf("threads after: %ld\n", status_field("Threads:"));
+    printf("threads after: %ld\n", status_field("Threads"));
     char *q = malloc(8 * MIB);
     sink = q;
-    printf("threads after another: %ld\n", status_field("Threads:"));
+    printf("threads after another: %ld\n", status_field("Threads"));
     free(q);
     free(p);
     return 0;
@@ -119,7 +109,7 @@ static int idle_release(int calls) {
         }
         usleep(10 * 1000);
     }
-    printf("rss kB: %ld\n", status_field("VmRSS:"));
+    printf("rss kB: %ld\n", status_field("VmRSS"));
     return 0;
 }
 
@@ -127,16 +117,16 @@ static int forked(void) {
     char *p = malloc(8 * MIB);
     sink = p;
     memset(p, 1, 8 * MIB);
-    printf("parent threads: %ld\n", status_field("Threads:"));
+    printf("parent threads: %ld\n", status_field("Threads"));
     fflush(stdout);
     pid_t pid = fork();
     if (pid < 0) return puts("fork failed"), 1;
     if (pid == 0) {
-        long before = status_field("Threads:");
+        long before = status_field("Threads");
         char *q = malloc(8 * MIB);
         sink = q;
         memset(q, 3, 8 * MIB);
-        printf("child threads: %ld then %ld\n", before, status_field("Threads:"));
+        printf("child threads: %ld then %ld\n", before, status_field("Threads"));
         for (size_t i = 0; i < 8 * MIB; i += 4096)
             if (p[i] != 1 || q[i] != 3) return printf("child byte %zu wrong\n", i), 1;
         free(q);

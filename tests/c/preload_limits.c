@@ -32,6 +32,8 @@
 #include <sys/mman.h>
 #include <sys/resource.h>
 
+#include "procfs.h"
+
 #define MIB ((size_t)1 << 20)
 
 static int fail(const char *what) {
@@ -49,18 +51,6 @@ static long maps_lines(void) {
     return n;
 }
 
-/* A field of /proc/self/status, in KiB. */
-static long status_kib(const char *field) {
-    FILE *f = fopen("/proc/self/status", "r");
-    char line[256];
-    long v = -1;
-    size_t n = strlen(field);
-    if (!f) return -1;
-    while (fgets(line, sizeof line, f))
-        if (!strncmp(line, field, n) && line[n] == ':') v = atol(line + n + 1);
-    fclose(f);
-    return v;
-}
 
 static int vmas(long n, size_t size) {
     void **blocks = calloc((size_t)n, sizeof *blocks);
@@ -101,7 +91,7 @@ static int map_count(void) {
     size_t cap = 1 << 17;
     void **pages = malloc(cap * sizeof *pages);
     if (!pages) return fail("malloc of the table");
-    long vm_before = status_kib("VmSize");
+    long vm_before = status_field("VmSize");
     unsigned char *volatile longer = malloc(64 * MIB);
     if (!longer) return fail("malloc 64 MiB");
     longer[0] = 1;
@@ -137,7 +127,7 @@ static int map_count(void) {
     free(c);
     free(pages);
     malloc_trim(0);
-    long kept = status_kib("VmSize") - vm_before;
+    long kept = status_field("VmSize") - vm_before;
     printf("address space kept after malloc_trim: %ld kB\n", kept);
     if (kept > 2048) return fail("memory stays mapped");
     return bad ? fail("realloc at the VMA limit") : 0;
@@ -209,13 +199,13 @@ static int locked_calloc(void) {
     printf("ok: calloc %s the block, zeroed and writable\n", q == p ? "reused" : "did not reuse");
     free(q);
     malloc_trim(0);
-    long locked = status_kib("VmLck");
+    long locked = status_field("VmLck");
     printf("locked after malloc_trim: %ld kB\n", locked);
     return locked == 0 ? 0 : fail("memory stays locked");
 }
 
 static int limit_as(size_t mib) {
-    long vm = status_kib("VmSize");
+    long vm = status_field("VmSize");
     if (vm < 0) return fail("VmSize");
     struct rlimit rl = {(rlim_t)vm * 1024 + mib * MIB, (rlim_t)vm * 1024 + mib * MIB};
     return setrlimit(RLIMIT_AS, &rl) ? fail("setrlimit") : 0;
@@ -260,12 +250,12 @@ static int as_3mib(size_t mib) {
 static int rss(long n, size_t size) {
     char **blocks = calloc((size_t)n, sizeof *blocks);
     if (!blocks) return fail("calloc of the table");
-    long before = status_kib("VmRSS");
+    long before = status_field("VmRSS");
     for (long i = 0; i < n; i++) {
         if (!(blocks[i] = malloc(size))) return fail("malloc");
         memset(blocks[i], 1, size);
     }
-    printf("added RSS: %ld MiB for %zu MiB asked\n", (status_kib("VmRSS") - before) / 1024,
+    printf("added RSS: %ld MiB for %zu MiB asked\n", (status_field("VmRSS") - before) / 1024,
            (size_t)n * size / MIB);
     for (long i = 0; i < n; i++) free(blocks[i]);
     free(blocks);

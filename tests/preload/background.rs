@@ -5,55 +5,44 @@
 //! gets its own, a written block becomes huge pages with its bytes intact,
 //! and a freed gigabyte goes back by the clock while the program idles.
 
-use super::{assert_success, compile, run};
-use std::process::Command;
+use super::{number, run_c};
 
 /// Run a mode of `preload_background` with the library or without, with
 /// `env` set; its stdout.
 fn background(args: &[&str], preload: bool, env: &[(&str, &str)]) -> String {
-    let prog = compile("preload_background.c", "cc", &[]);
-    let mut cmd = Command::new(prog);
-    cmd.args(args)
-        .env_remove("CKALLOC_SHOW_STATS")
-        .env_remove("CKALLOC_BACKGROUND_THREAD")
-        .env_remove("CKALLOC_RETAIN_DECAY_MS")
-        // THP blocks, which the thread promotes: with hugetlb pages
-        // reserved (.ci/run reserves some) a block would take those, which
-        // `AnonHugePages` does not count.
-        .env("CKALLOC_HUGETLB", "0")
-        .envs(env.iter().copied());
-    let out = run(cmd, preload);
-    assert_success(
-        &out,
-        &format!("preload_background {args:?} (preload: {preload})"),
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
-/// The number after `label` in `out`.
-fn number(out: &str, label: &str) -> f64 {
-    out.lines()
-        .find_map(|l| l.strip_prefix(label))
-        .and_then(|v| v.split_whitespace().next()?.parse().ok())
-        .unwrap_or_else(|| panic!("no {label:?} in {out}"))
+    // THP blocks, which the thread promotes: with hugetlb pages reserved
+    // (.ci/run reserves some) a block would take those, which
+    // `AnonHugePages` does not count.
+    let env = [&[("CKALLOC_HUGETLB", "0")], env].concat();
+    run_c(
+        "preload_background.c",
+        args,
+        preload,
+        &["CKALLOC_BACKGROUND_THREAD", "CKALLOC_RETAIN_DECAY_MS"],
+        &env,
+    )
 }
 
 #[test]
 fn the_first_huge_malloc_starts_one_thread_and_the_switch_keeps_it_off() {
     let on = background(&["threads"], true, &[]);
-    assert_eq!(number(&on, "threads before: "), 1.0, "{on}");
-    assert_eq!(number(&on, "threads after: "), 2.0, "{on}");
-    assert_eq!(number(&on, "threads after another: "), 2.0, "{on}");
+    assert_eq!(number::<f64>(&on, "threads before: "), 1.0, "{on}");
+    assert_eq!(number::<f64>(&on, "threads after: "), 2.0, "{on}");
+    assert_eq!(number::<f64>(&on, "threads after another: "), 2.0, "{on}");
     let off = background(&["threads"], true, &[("CKALLOC_BACKGROUND_THREAD", "0")]);
-    assert_eq!(number(&off, "threads after another: "), 1.0, "{off}");
+    assert_eq!(number::<f64>(&off, "threads after another: "), 1.0, "{off}");
     let glibc = background(&["threads"], false, &[]);
-    assert_eq!(number(&glibc, "threads after another: "), 1.0, "{glibc}");
+    assert_eq!(
+        number::<f64>(&glibc, "threads after another: "),
+        1.0,
+        "{glibc}"
+    );
 }
 
 #[test]
 fn a_fork_child_starts_its_own_thread_at_its_first_huge_malloc() {
     let out = background(&["fork"], true, &[]);
-    assert_eq!(number(&out, "parent threads: "), 2.0, "{out}");
+    assert_eq!(number::<f64>(&out, "parent threads: "), 2.0, "{out}");
     assert!(out.contains("child threads: 1 then 2"), "{out}");
     assert!(out.contains("ok: child"), "{out}");
 }
@@ -61,7 +50,7 @@ fn a_fork_child_starts_its_own_thread_at_its_first_huge_malloc() {
 #[test]
 fn a_written_block_becomes_huge_pages_in_the_background_with_its_bytes_intact() {
     let out = background(&["promote", "64"], true, &[]);
-    let huge = number(&out, "huge kB: ");
+    let huge = number::<f64>(&out, "huge kB: ");
     eprintln!("{out}");
     assert!(huge >= 0.95 * 65536.0, "{out}");
     // Off: no promotion, and the block was never advised MADV_HUGEPAGE
@@ -78,8 +67,8 @@ fn a_written_block_becomes_huge_pages_in_the_background_with_its_bytes_intact() 
 #[test]
 fn a_freed_gigabyte_goes_back_by_the_clock_while_the_program_idles() {
     for calls in ["0", "1"] {
-        let ck = number(&background(&["idle-release", calls], true, &[]), "rss kB: ");
-        let glibc = number(
+        let ck = number::<f64>(&background(&["idle-release", calls], true, &[]), "rss kB: ");
+        let glibc = number::<f64>(
             &background(&["idle-release", calls], false, &[]),
             "rss kB: ",
         );

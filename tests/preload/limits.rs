@@ -4,8 +4,7 @@
 //! shrink at `vm.max_map_count`, a block freed locked and read-only, one
 //! freed with protected pages, and requests under an address-space limit.
 
-use super::{assert_success, compile, run};
-use std::process::Command;
+use super::run_c;
 
 /// Run a mode of `preload_limits` with the library or without; its stdout.
 fn limits(args: &[&str], preload: bool) -> String {
@@ -14,25 +13,12 @@ fn limits(args: &[&str], preload: bool) -> String {
 
 /// [`limits`] with environment variables set.
 fn limits_env(args: &[&str], preload: bool, env: &[(&str, &str)]) -> String {
-    let prog = compile("preload_limits.c", "cc", &[]);
-    let mut cmd = Command::new(prog);
-    cmd.args(args)
-        .envs(env.iter().copied())
-        .env_remove("CKALLOC_SHOW_STATS");
-    let out = run(cmd, preload);
-    assert_success(
-        &out,
-        &format!("preload_limits {args:?} (preload: {preload})"),
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
+    run_c("preload_limits.c", args, preload, &[], env)
 }
 
 /// The number after `label` in `out`.
 fn number(out: &str, label: &str) -> u64 {
-    out.lines()
-        .find_map(|l| l.strip_prefix(label))
-        .and_then(|v| v.split_whitespace().next()?.parse().ok())
-        .unwrap_or_else(|| panic!("no {label:?} in {out}"))
+    super::number(out, label)
 }
 
 #[test]

@@ -75,6 +75,35 @@ pub fn compile(name: &str, compiler: &str, flags: &[&str]) -> PathBuf {
     out
 }
 
+/// Run `tests/c/NAME` (built with `cc`) with `args`, the library preloaded
+/// or not, `CKALLOC_SHOW_STATS` and the variables of `remove` unset and
+/// `env` set; asserts it succeeded and returns its stdout.
+pub fn run_c(
+    name: &str,
+    args: &[&str],
+    preload: bool,
+    remove: &[&str],
+    env: &[(&str, &str)],
+) -> String {
+    let mut cmd = Command::new(compile(name, "cc", &[]));
+    cmd.args(args).env_remove("CKALLOC_SHOW_STATS");
+    for var in remove {
+        cmd.env_remove(var);
+    }
+    cmd.envs(env.iter().copied());
+    let out = run(cmd, preload);
+    assert_success(&out, &format!("{name} {args:?} (preload: {preload})"));
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// The number after `label` on a line of `out`.
+pub fn number<T: std::str::FromStr>(out: &str, label: &str) -> T {
+    out.lines()
+        .find_map(|l| l.strip_prefix(label))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .unwrap_or_else(|| panic!("no {label:?} in {out}"))
+}
+
 /// Run `cmd` with the library preloaded (`preload`) or without; returns
 /// its output. `LD_PRELOAD` from the outer environment is dropped.
 pub fn run(mut cmd: Command, preload: bool) -> Output {

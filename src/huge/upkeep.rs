@@ -1,0 +1,190 @@
+//! The engine's upkeep: the decay step, which a huge-path call runs when
+//! its clock is due and the background thread runs every tick, the
+//! thread's work (decay, then promotion), its start, and the fork hooks
+//! that pause it. [`ENGINE`]'s request paths call [`Engine::tick`],
+//! [`Engine::small_call`] and [`Engine::background`]; the work itself
+//! lives in [`retain`], [`demand`] and [`promote`]. Nothing here
+//! allocates, locks, panics or prints.
+
+use super::background::{self, BackgroundThread};
+use super::demand;
+use super::engine::{Engine, ENGINE};
+use super::promote;
+use super::retain;
+use super::span;
+use super::stats::Count;
+use crate::fork::{Hooks, Stage};
+use crate::sys;
+use crate::tier::Backing;
+use std::sync::atomic::Ordering::Relaxed;
+
+/// Retained runs a decay step of the background thread purges at most.
+const THREAD_DECAY_RUNS: usize = 64;
+
+/// The background thread's work (see [`background`]): a decay step by the
+/// clock, then a promotion pass of at most one tick; returns the
+/// nanoseconds to sleep: none after a pass that was still collapsing at
+/// its deadline (its own pacing holds it to its share of a core), else a
+/// tick (a pass that stopped at its budget of examined units goes on from
+/// there at the next).
+fn background_work() -> u64 {
+    let e = &ENGINE;
+    e.stats.add(Count::BackgroundPasses, 1);
+    let now = sys::monotonic_ns();
+    e.decay_step(now, THREAD_DECAY_RUNS);
+    if promoting() {
+        let keep = e.demand.keep(now, e.stats.get(Count::Live));
+        let pass = promote::Pass {
+            deadline: now.saturating_add(background::TICK_NS),
+            // Collapsing a retained unit claims it: only while no block
+            // was allocated for a tick, so no request finds it taken.
+            retained: e.stats.get(Count::Retained) <= keep
+                && e.demand.quiet_for(now) >= background::TICK_NS,
+        };
+        if promote::pass(&e.stats, &e.spans, &e.held, &pass) == promote::Stop::Deadline {
+            return 0;
+        }
+    }
+    background::TICK_NS
+}
+
+/// Whether units that fault in base pages are promoted later: the
+/// background thread runs (or is being started) on a kernel with
+/// `MADV_COLLAPSE`.
+fn promoting() -> bool {
+    background::state().promotes() && sys::linux_at_least(sys::LINUX_MADV_COLLAPSE)
+}
+
+impl Engine {
+    /// A call of a front's small path: while something is retained and
+    /// no background thread runs, a decay step every
+    /// [`TICK_EVERY`](retain::TICK_EVERY) calls of a thread (one load
+    /// otherwise), so a program that makes only small requests still gives
+    /// retained blocks back.
+    #[inline]
+    pub(crate) fn small_call(&self) {
+        if self.stats.get(Count::Retained) != 0
+            && background::state() != BackgroundThread::Running
+            && retain::tick_due()
+        {
+            self.decay_step(sys::monotonic_ns(), retain::DECAY_PER_STEP);
+        }
+    }
+
+    /// One huge-path call: unless the background thread runs, a decay step
+    /// every [`TICK_EVERY`](retain::TICK_EVERY) calls of a thread or when
+    /// the clock says one is due (an eighth of the decay window after the
+    /// last), so idle time counts at the next call.
+    #[inline]
+    pub(super) fn tick(&self) {
+        if background::state() == BackgroundThread::Running {
+            return;
+        }
+        let now = sys::monotonic_ns();
+        let next = self.next_decay.load(Relaxed);
+        let due = now >= next
+            && self
+                .next_decay
+                .compare_exchange(
+                    next,
+                    now.saturating_add(demand::window_ns() / demand::SLOTS_PER_WINDOW),
+                    Relaxed,
+                    Relaxed,
+                )
+                .is_ok();
+        if retain::tick_due() || due {
+            self.decay_step(now, retain::DECAY_PER_STEP);
+        }
+    }
+
+    /// A decay step at monotonic time `now` purging at most `runs` retained
+    /// runs: what the demand of the window cannot take back goes
+    /// ([`retain::decay`]).
+    #[cold]
+    pub(crate) fn decay_step(&self, now: u64, runs: usize) -> usize {
+        let live = self.stats.get(Count::Live);
+        // The live count now is demand too, also when nothing is allocated.
+        self.demand.note(now, live);
+        let keep = self.demand.keep(now, live);
+        let back = retain::decay(
+            &self.stats,
+            &self.spans,
+            span::stamp_at(now),
+            retain::delay(),
+            keep,
+            runs,
+        );
+        if back > 0 {
+            self.demand.released(now, live);
+        }
+        back
+    }
+
+    /// Whether fresh spans are reserved without `MADV_HUGEPAGE`: the
+    /// background thread promotes their units later, and THP's `defrag`
+    /// mode would make an advised fault compact memory synchronously (or
+    /// cannot be read).
+    pub(super) fn promotes_unadvised(&self) -> bool {
+        promoting()
+            && crate::thp::settings_once()
+                .defrag
+                .is_none_or(|d| d.advised_fault_compacts())
+    }
+
+    /// Start the background thread if it is wanted; when it fails to start,
+    /// the spans reserved for it are advised `MADV_HUGEPAGE` after all.
+    #[inline]
+    pub(super) fn background(&self) {
+        if background::maybe_start(background_work) {
+            for (span, v) in self.spans.live() {
+                if v.tier == Backing::TransparentHuge {
+                    span.advise_huge(&self.stats, &v);
+                }
+            }
+        }
+    }
+}
+
+/// Ask for the huge-page engine's background thread (decay by the clock
+/// and promotion to huge pages, [docs/engine.md](https://github.com/ckalloc/ckalloc/blob/main/docs/engine.md#the-background-thread)),
+/// which [`CkHuge`](super::CkHuge) does not start on its own: it starts at
+/// the next huge-path call. Call it before the first allocation so that
+/// every span is reserved for promotion. `CKALLOC_BACKGROUND_THREAD` set to
+/// an off value keeps it from starting. Returns the state after the call.
+/// Never allocates; thread-safe.
+pub fn enable_background_thread() -> BackgroundThread {
+    background::want()
+}
+
+/// `pthread_atfork` child handler: spans another thread of the parent was
+/// creating or retiring become empty slots, and the retained bytes are
+/// recounted from the spans' bitmaps (units another thread had claimed at
+/// the fork stay out of use in the child).
+unsafe fn fork_prepare() {
+    background::pause_for_fork();
+}
+
+unsafe fn fork_parent() {
+    background::resume_after_fork();
+}
+
+unsafe fn fork_child() {
+    background::after_fork_in_child();
+    ENGINE.held.release_in_child(&ENGINE.spans);
+    let (retained, tails) = ENGINE.spans.repair_after_fork();
+    ENGINE.stats.set(Count::Retained, retained);
+    ENGINE.stats.set(Count::ShortTails, tails);
+}
+
+/// The fork hooks of stage `Retention` (`crate::fork`), added when the
+/// library is loaded: the background thread paused before `fork()` (done
+/// with the units it claimed), the spans to repair in the child.
+static FORK_HOOKS: Hooks = Hooks {
+    prepare: fork_prepare,
+    parent: fork_parent,
+    child: fork_child,
+};
+
+crate::fork::at_load!(ADD_ENGINE_FORK_HOOKS, {
+    crate::fork::add(Stage::Retention, &FORK_HOOKS);
+});
