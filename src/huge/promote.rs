@@ -16,8 +16,10 @@
 //!   is read before and after the call, and a unit freed meanwhile whose
 //!   pages were dropped (so the collapse may have filled it with zeros) is
 //!   purged again when it can be claimed.
-//! - **Pace**: after each call the thread sleeps nine times as long as the
-//!   call took (at most a tenth of one core), and each call holds the
+//! - **Pace**: after each call the thread sleeps three times as long as
+//!   the call ran (its CPU time, `CLOCK_THREAD_CPUTIME_ID`: time it waited
+//!   for a CPU behind other work is not a share of a core it took), so it
+//!   takes at most a quarter of one core, and each call holds the
 //!   mm's locks for the collapse of one 2 MiB page; a pass ends at its
 //!   deadline (the thread's tick), so decay runs between passes.
 //! - **Order**: units in slot and address order from where the last pass
@@ -44,8 +46,8 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 /// longer than a request's temporaries live, short enough that a
 /// long-lived block is huge within a second or two.
 pub const PROMOTE_AFTER_MS: u64 = 250;
-/// The thread sleeps this many times as long as each collapse took.
-pub const SLEEP_PER_BUSY: u64 = 9;
+/// The thread sleeps this many times as long as each collapse ran.
+pub const SLEEP_PER_BUSY: u64 = 3;
 /// Units one pass examines at most (a `mincore` or a collapse each): 512
 /// MiB of blocks; the next pass goes on from there.
 pub const EXAMINED_PER_PASS: usize = 256;
@@ -100,7 +102,7 @@ fn bit(s: &Snapshot, u: u32) -> bool {
 enum Outcome {
     /// Nothing done: not a candidate now (taken, sparse, changed).
     Skipped,
-    /// A collapse call was made, taking this many nanoseconds.
+    /// A collapse call was made, running on a CPU this many nanoseconds.
     Called(u64),
 }
 
@@ -205,10 +207,16 @@ fn dense(span_view: &View, u: u32) -> bool {
 /// Collapse unit `u` (the caller keeps it from changing hands, or checks
 /// afterwards); count the outcome.
 fn collapse(c: &Counters, span: &Span, v: &View, u: u32) -> Outcome {
-    let t0 = sys::monotonic_ns();
+    let (t0, cpu0) = (sys::monotonic_ns(), sys::thread_cpu_ns());
     let r = os::advise(c, v.addr(u), v.len(1), Advice::Collapse);
-    let ns = sys::monotonic_ns().saturating_sub(t0);
+    let (ns, cpu1) = (sys::monotonic_ns().saturating_sub(t0), sys::thread_cpu_ns());
     c.add(Count::CollapseNs, ns);
+    // Without a thread CPU clock (reads 0), the wall clock paces.
+    let ran = if cpu0 == 0 {
+        ns
+    } else {
+        cpu1.saturating_sub(cpu0)
+    };
     match r {
         Ok(()) => {
             span.collapsed.set(u, 1);
@@ -221,7 +229,7 @@ fn collapse(c: &Counters, span: &Span, v: &View, u: u32) -> Outcome {
             }
         }
     }
-    Outcome::Called(ns)
+    Outcome::Called(ran)
 }
 
 /// A unit of a live block.

@@ -132,7 +132,7 @@
 //!   `background_thread` and tcmalloc's background actions do: every
 //!   100 ms it gives back retained memory by the clock and collapses
 //!   long-lived base-page blocks into huge pages (`MADV_COLLAPSE`, at most
-//!   a tenth of one core). It starts at the first huge-path call after the
+//!   a quarter of one core). It starts at the first huge-path call after the
 //!   library's constructor (never inside another start: a `malloc` that
 //!   `pthread_create` makes goes on without it), with every signal
 //!   blocked; a `pthread_create` that fails (a pid limit, a seccomp

@@ -34,7 +34,7 @@ pub(crate) use mappings::{
 pub(crate) use process::block_termination_signals;
 pub(crate) use process::{
     address_space_limited, environment_ready, getenv, leading_u64, linux_at_least, memlock_limit,
-    monotonic_ns, read_small_file, register_atfork, SchedStat,
+    monotonic_ns, read_small_file, register_atfork, thread_cpu_ns, SchedStat,
 };
 pub(crate) use thread::{sleep_ns, spawn_detached};
 
