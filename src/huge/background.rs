@@ -1,8 +1,9 @@
 //! The background thread: the engine's work off the request path (decay
 //! by the clock, promotion to huge pages), as jemalloc's
 //! `background_thread`. This module knows nothing of that work: the engine
-//! hands [`maybe_start`] a function, which the thread calls every
-//! [`TICK_NS`] and which says how long the thread may sleep after it.
+//! hands [`maybe_start`] a function, which the thread calls in a loop and
+//! which says how long the thread sleeps after it (a tick, [`TICK_NS`],
+//! when it has nothing left to do now).
 //!
 //! The rules (docs/engine.md, "The background thread", states them for
 //! users):
@@ -151,7 +152,7 @@ fn start(work: fn() -> u64) -> bool {
         return false;
     }
     WORK.store(work as usize, Release);
-    match sys::spawn_detached(run, c"ckalloc-bg") {
+    match sys::spawn_detached(run) {
         Ok(()) => {
             STATE.store(BackgroundThread::Running.code(), Release);
             false
@@ -166,6 +167,7 @@ fn start(work: fn() -> u64) -> bool {
 /// The thread: the work, then a sleep, for the life of the process. The
 /// work runs inside `BUSY`, and never while a `fork()` is in progress.
 extern "C" fn run(_: *mut libc::c_void) -> *mut libc::c_void {
+    sys::name_this_thread(c"ckalloc-bg");
     loop {
         let w = WORK.load(Acquire);
         BUSY.store(true, SeqCst);
@@ -188,16 +190,28 @@ pub(crate) fn pausing() -> bool {
     PAUSED.load(Relaxed)
 }
 
+/// Sleep `ns` inside the work, at a point where the thread holds no
+/// claimed unit: a `fork()` does not wait for the sleep. Returns `false`
+/// when a `fork()` is in progress after it: the work stops there.
+pub(crate) fn pause_point(ns: u64) -> bool {
+    BUSY.store(false, SeqCst);
+    sys::sleep_ns(ns);
+    BUSY.store(true, SeqCst);
+    // Paired with `pause_for_fork` (both `SeqCst`): either it sees `BUSY`
+    // set and waits, or this load sees `PAUSED`.
+    !PAUSED.load(SeqCst)
+}
+
 /// `pthread_atfork` prepare: keep the thread from starting work and wait
 /// until it is done with what it has claimed, so the child's copy holds no
 /// unit claimed by a thread it does not have. The thread takes no lock;
-/// its work stops at the next unit (a decay step at its next run), so the
-/// wait is one system call or a few.
+/// its work stops at the next unit (a decay step at its next run) and
+/// sleeps outside `BUSY` ([`pause_point`]), so the wait is one system call
+/// or a few. `BUSY` is read whatever the state: a thread whose starter has
+/// not yet marked it running may be working already (and no thread never
+/// sets it).
 pub(crate) fn pause_for_fork() {
     PAUSED.store(true, SeqCst);
-    if state() != BackgroundThread::Running {
-        return;
-    }
     while BUSY.load(SeqCst) {
         sys::sleep_ns(50_000);
     }
@@ -238,5 +252,16 @@ mod tests {
         assert!(BackgroundThread::Starting.promotes() && BackgroundThread::Running.promotes());
         assert!(!BackgroundThread::Wanted.promotes());
         assert!(!BackgroundThread::Failed.promotes() && !BackgroundThread::Off.promotes());
+    }
+
+    #[test]
+    fn a_pacing_sleep_is_outside_the_fork_wait_and_stops_at_a_fork() {
+        // This test binary starts no background thread: `BUSY` is the
+        // test's, and is false again at the end.
+        assert!(pause_point(0), "no fork in progress");
+        PAUSED.store(true, SeqCst);
+        assert!(!pause_point(0), "a fork is waiting");
+        PAUSED.store(false, SeqCst);
+        BUSY.store(false, SeqCst);
     }
 }

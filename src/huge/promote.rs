@@ -8,20 +8,27 @@
 //!   more than twice what the program touched; never a unit the engine
 //!   advised `MADV_NOHUGEPAGE` (short tails, the first-touch window), which
 //!   the kernel refuses, nor one collapsed since its pages were last
-//!   dropped. A unit the kernel refuses for good (`EINVAL`: the program
-//!   advised it `MADV_NOHUGEPAGE`, or locked it) is not tried again until
-//!   its pages are dropped.
+//!   dropped. A unit the kernel refuses (`EINVAL`: the program advised it
+//!   `MADV_NOHUGEPAGE` or locked it, or its pages are read-only, as
+//!   copy-on-write pages after `fork()` are) is tried again every
+//!   [`RETRY_REFUSED_NS`] or once its pages are dropped. A call that finds
+//!   no huge page to be had (`ENOMEM`, or `EBUSY` at the cgroup's limit)
+//!   ends the pass, and the next waits [`SHORT_BACKOFF_NS`].
 //! - **Never a unit freed meanwhile**: a retained unit is claimed for the
 //!   collapse (no block can take it meanwhile); a live unit's generation
-//!   is read before and after the call, and a unit freed meanwhile whose
+//!   (raised when it leaves a block and when its pages are dropped) is
+//!   read before and after the call, and a unit freed meanwhile whose
 //!   pages were dropped (so the collapse may have filled it with zeros) is
-//!   purged again when it can be claimed.
+//!   purged again when it can be claimed. A unit is marked collapsed or
+//!   refused only if its generation did not move.
 //! - **Pace**: after each call the thread sleeps three times as long as
 //!   the call ran (its CPU time, `CLOCK_THREAD_CPUTIME_ID`: time it waited
 //!   for a CPU behind other work is not a share of a core it took), so it
 //!   takes at most a quarter of one core, and each call holds the
-//!   mm's locks for the collapse of one 2 MiB page; a pass ends at its
-//!   deadline (the thread's tick), so decay runs between passes.
+//!   mm's locks for the collapse of one 2 MiB page; the sleep is outside
+//!   the wait of a `fork()` (no unit is claimed then), and a pass ends at
+//!   its deadline (a tick after the decay step), so decay runs between
+//!   passes.
 //! - **Order**: units in slot and address order from where the last pass
 //!   stopped, at most [`EXAMINED_PER_PASS`] examined a pass, so a program
 //!   with terabytes of sparse blocks costs the thread a bounded number of
@@ -40,7 +47,10 @@ use super::stats::{Count, Counters};
 use crate::bits::{self, Snapshot};
 use crate::sys::{self, Advice};
 use crate::tier::Backing;
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{
+    fence, AtomicU64,
+    Ordering::{Relaxed, SeqCst},
+};
 
 /// How long a block's unit has been live before it is promoted (250 ms):
 /// longer than a request's temporaries live, short enough that a
@@ -52,8 +62,16 @@ pub const SLEEP_PER_BUSY: u64 = 3;
 /// MiB of blocks; the next pass goes on from there.
 pub const EXAMINED_PER_PASS: usize = 256;
 /// The longest sleep after one collapse (1 s: a collapse that compacted
-/// memory for over 100 ms).
+/// memory for over 300 ms).
 const MAX_SLEEP_NS: u64 = 1_000_000_000;
+/// How long the thread waits after a collapse found no huge page to be
+/// had (1 s), so memory pressure or a cgroup at its limit does not meet a
+/// collapse attempt, and the reclaim it may start, every tick.
+pub const SHORT_BACKOFF_NS: u64 = 1_000_000_000;
+/// How often units the kernel refused (`EINVAL`) are tried again (10 s,
+/// khugepaged's default scan interval): a refusal may not last (a
+/// copy-on-write page after `fork()` is read-only until written).
+const RETRY_REFUSED_NS: u64 = 10_000_000_000;
 
 /// The promotion's state between passes: the retained unit the
 /// background thread holds claimed for a collapse (`(span slot << 32 |
@@ -63,6 +81,8 @@ const MAX_SLEEP_NS: u64 = 1_000_000_000;
 pub(crate) struct Held {
     unit: AtomicU64,
     cursor: AtomicU64,
+    /// Monotonic ns at which refused units are tried again.
+    retry_refused: AtomicU64,
 }
 
 impl Held {
@@ -70,6 +90,7 @@ impl Held {
         Held {
             unit: AtomicU64::new(0),
             cursor: AtomicU64::new(0),
+            retry_refused: AtomicU64::new(0),
         }
     }
 
@@ -100,10 +121,15 @@ fn bit(s: &Snapshot, u: u32) -> bool {
 /// What became of one unit.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Outcome {
+    /// Not looked at: a live unit younger than [`PROMOTE_AFTER_MS`].
+    NotYet,
     /// Nothing done: not a candidate now (taken, sparse, changed).
     Skipped,
     /// A collapse call was made, running on a CPU this many nanoseconds.
     Called(u64),
+    /// A collapse call found no huge page to be had (`ENOMEM`) or the
+    /// cgroup's limit in the way (`EBUSY`).
+    Short,
 }
 
 /// What a pass may do.
@@ -127,7 +153,18 @@ pub(crate) fn pass(c: &Counters, spans: &Spans, held: &Held, pass: &Pass) -> Sto
         .live()
         .filter(|(_, v)| v.index >= from_span)
         .chain(spans.live().filter(|(_, v)| v.index <= from_span));
+    let now = sys::monotonic_ns();
+    if now >= held.retry_refused.load(Relaxed) {
+        // What the kernel refused may be collapsible now (a copy-on-write
+        // page written since, a range the program advised back).
+        held.retry_refused
+            .store(now.saturating_add(RETRY_REFUSED_NS), Relaxed);
+        for (span, v) in spans.live() {
+            span.refused.clear(0, v.units);
+        }
+    }
     let mut examined = 0;
+    let mut called = false;
     for (k, (span, v)) in order.enumerate() {
         if v.tier != Backing::TransparentHuge || v.shift != span::UNIT_SHIFT {
             continue;
@@ -154,26 +191,40 @@ pub(crate) fn pass(c: &Counters, spans: &Spans, held: &Held, pass: &Pass) -> Sto
                 break;
             }
             let outcome = match bit(&in_use, u) {
-                true if span::older(span::stamp_now(), span.stamp_of(u), age) => {
-                    live_unit(c, span, &v, u)
-                }
+                true => live_unit(c, span, &v, u, age),
                 false if pass.retained && bit(&dirty, u) => retained_unit(c, span, &v, u, held),
-                _ => continue,
+                false => continue,
+            };
+            let here = u64::from(v.index) << 32;
+            let ran = match outcome {
+                Outcome::NotYet => continue,
+                Outcome::Skipped => 0,
+                Outcome::Called(ns) => ns,
+                Outcome::Short => {
+                    // Back off; this unit is the first tried next time.
+                    held.cursor.store(here | u64::from(u), Relaxed);
+                    return Stop::Short;
+                }
             };
             examined += 1;
-            if let Outcome::Called(ns) = outcome {
-                sys::sleep_ns(ns.saturating_mul(SLEEP_PER_BUSY).min(MAX_SLEEP_NS));
+            called |= outcome != Outcome::Skipped;
+            // Paced outside the fork wait: no unit is claimed here.
+            if ran > 0
+                && !background::pause_point(ran.saturating_mul(SLEEP_PER_BUSY).min(MAX_SLEEP_NS))
+            {
+                held.cursor.store(here | u64::from(u + 1), Relaxed);
+                return Stop::Paused;
             }
             let end = if examined >= EXAMINED_PER_PASS {
                 Some(Stop::Budget)
             } else if sys::monotonic_ns() >= pass.deadline {
-                Some(Stop::Deadline)
+                // Only a pass that was collapsing may run again at once.
+                Some(if called { Stop::Deadline } else { Stop::Budget })
             } else {
                 None
             };
             if let Some(stop) = end {
-                held.cursor
-                    .store(u64::from(v.index) << 32 | u64::from(u + 1), Relaxed);
+                held.cursor.store(here | u64::from(u + 1), Relaxed);
                 return stop;
             }
         }
@@ -195,6 +246,9 @@ pub(crate) enum Stop {
     Deadline,
     /// A `fork()` is waiting.
     Paused,
+    /// No huge page could be had (`ENOMEM`, or `EBUSY` at the cgroup's
+    /// limit): the next pass waits [`SHORT_BACKOFF_NS`].
+    Short,
 }
 
 /// Whether unit `u` holds enough resident pages to collapse.
@@ -204,9 +258,12 @@ fn dense(span_view: &View, u: u32) -> bool {
     sys::resident_pages(span_view.addr(u), len).is_ok_and(|r| r * 2 >= pages)
 }
 
-/// Collapse unit `u` (the caller keeps it from changing hands, or checks
-/// afterwards); count the outcome.
-fn collapse(c: &Counters, span: &Span, v: &View, u: u32) -> Outcome {
+/// Collapse unit `u`, of generation `gen` when the caller found it a
+/// candidate (the caller keeps it from changing hands, or checks
+/// afterwards); count the outcome. The unit is marked collapsed or refused
+/// only while its pages are the ones the call saw: when they were dropped
+/// meanwhile (its generation moved), the mark is cleared again.
+fn collapse(c: &Counters, span: &Span, v: &View, u: u32, gen: u32) -> Outcome {
     let (t0, cpu0) = (sys::monotonic_ns(), sys::thread_cpu_ns());
     let r = os::advise(c, v.addr(u), v.len(1), Advice::Collapse);
     let (ns, cpu1) = (sys::monotonic_ns().saturating_sub(t0), sys::thread_cpu_ns());
@@ -217,32 +274,50 @@ fn collapse(c: &Counters, span: &Span, v: &View, u: u32) -> Outcome {
     } else {
         cpu1.saturating_sub(cpu0)
     };
-    match r {
+    let outcome = match r {
         Ok(()) => {
             span.collapsed.set(u, 1);
             c.add(Count::Collapsed, v.len(1) as u64);
+            Outcome::Called(ran)
         }
         Err(e) => {
             c.add(Count::CollapseFailures, 1);
-            if e.raw_os_error() == Some(libc::EINVAL) {
-                span.refused.set(u, 1);
+            match e.raw_os_error() {
+                Some(libc::EINVAL) => {
+                    span.refused.set(u, 1);
+                    Outcome::Called(ran)
+                }
+                Some(libc::ENOMEM | libc::EBUSY) => Outcome::Short,
+                _ => Outcome::Called(ran),
             }
         }
+    };
+    // Paired with the fence of `Span::pages_dropped`.
+    fence(SeqCst);
+    if span.generation(u) != gen {
+        span.collapsed.clear(u, 1);
+        span.refused.clear(u, 1);
     }
-    Outcome::Called(ran)
+    outcome
 }
 
-/// A unit of a live block.
-fn live_unit(c: &Counters, span: &Span, v: &View, u: u32) -> Outcome {
+/// A unit in use: a block's, when it has been for `age` stamps.
+fn live_unit(c: &Counters, span: &Span, v: &View, u: u32, age: u32) -> Outcome {
+    // The generation before the stamp: a unit freed and handed out again
+    // after this read fails the checks below.
     let gen = span.generation(u);
+    if !span::older(span::stamp_now(), span.stamp_of(u), age) {
+        return Outcome::NotYet;
+    }
     if !dense(v, u) || span.in_use.count(u, 1) == 0 || span.generation(u) != gen {
         return Outcome::Skipped;
     }
-    let outcome = collapse(c, span, v, u);
+    let outcome = collapse(c, span, v, u, gen);
     if span.generation(u) != gen {
-        // Freed meanwhile: a collapse after its pages were dropped may have
-        // faulted in a huge page of zeros. A clean free unit is purged
-        // again (a retained one keeps what the collapse gave it).
+        // Freed or purged meanwhile: a collapse after its pages were
+        // dropped may have faulted in a huge page of zeros. A clean free
+        // unit is purged again (a retained one keeps what the collapse gave
+        // it; a unit claimed meanwhile is its claimer's).
         c.add(Count::CollapseRaces, 1);
         span.pages_dropped(u, 1);
         if span.claim(v, u, 1) {
@@ -261,12 +336,55 @@ fn retained_unit(c: &Counters, span: &Span, v: &View, u: u32, held: &Held) -> Ou
         return Outcome::Skipped;
     }
     held.set(v.index, u);
+    let gen = span.generation(u);
     let outcome = if span.dirty.count(u, 1) != 0 && dense(v, u) {
-        collapse(c, span, v, u)
+        collapse(c, span, v, u, gen)
     } else {
         Outcome::Skipped
     };
     held.clear();
     span.release(u, 1);
     outcome
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::huge::extents::ExtentMap;
+    use crate::sys::HUGE_PAGE_2M;
+
+    #[test]
+    #[cfg_attr(miri, ignore = "mmap of the spans")]
+    fn a_pass_that_collapsed_nothing_by_its_deadline_waits_a_tick_and_refusals_are_retried() {
+        static SPANS: Spans = Spans::new();
+        static MAP: ExtentMap = ExtentMap::new();
+        let c = Counters::new();
+        let v = SPANS
+            .reserve(&c, &MAP, HUGE_PAGE_2M, HUGE_PAGE_2M, 0, false)
+            .unwrap();
+        let span = SPANS.get(v.index);
+        if v.tier == Backing::TransparentHuge {
+            // Two units of a block in use for about a second: old enough,
+            // but untouched (not half resident), so examined, not collapsed.
+            assert!(span.claim(&v, 0, 2));
+            span.stamp(0, 2, span::stamp_now().wrapping_sub(1 << 10));
+            span.refused.set(5, 1);
+            let held = Held::new();
+            held.retry_refused.store(u64::MAX, Relaxed);
+            let late = Pass {
+                deadline: 0,
+                retained: false,
+            };
+            assert_eq!(pass(&c, &SPANS, &held, &late), Stop::Budget);
+            assert_eq!(span.refused.count(5, 1), 1, "not yet time to retry");
+            held.retry_refused.store(0, Relaxed);
+            assert_eq!(pass(&c, &SPANS, &held, &late), Stop::Budget);
+            assert_eq!(span.refused.count(5, 1), 0, "tried again");
+            assert_eq!(c.get(Count::Collapsed) + c.get(Count::CollapseFailures), 0);
+            span.release(0, 2);
+        } else {
+            eprintln!("SKIP: no THP tier on this machine");
+        }
+        assert!(SPANS.retire(&c, &v).is_some());
+    }
 }

@@ -241,7 +241,8 @@ fn oldest_run(spans: &Spans) -> Option<(&Span, View, u32, u32)> {
     for (span, v) in spans.live() {
         for (s, e) in bits::runs(&retained(span, &v)) {
             for u in s..e {
-                let age = now.wrapping_sub(span.stamp_of(u));
+                // A stamp written since `now` was read is the newest.
+                let age = span::age(now, span.stamp_of(u)).unwrap_or(0);
                 if best.as_ref().is_none_or(|b| age > b.0) {
                     best = Some((age, span, v, u, s, e));
                 }

@@ -21,7 +21,7 @@ use std::cell::Cell;
 use std::io;
 use std::ptr::NonNull;
 use std::sync::atomic::{
-    AtomicBool, AtomicU32, AtomicU64, AtomicUsize,
+    fence, AtomicBool, AtomicU32, AtomicU64, AtomicUsize,
     Ordering::{Acquire, Relaxed, Release, SeqCst},
 };
 
@@ -72,11 +72,23 @@ pub(crate) fn stamp_now() -> u32 {
     stamp_at(sys::monotonic_ns())
 }
 
+/// Stamps up to this many (2^20, about 18 minutes) after `now` are taken
+/// for stamps another thread wrote after `now` was read; any other
+/// difference is an age. A stamp so reads as old for about 52 days (2^32
+/// stamps less this), then as new again for at most this long.
+const FUTURE_SLACK: u32 = 1 << 20;
+
+/// How many stamps stamp `t` lies before `now`; `None` for a stamp taken
+/// after `now` (by another thread since).
+pub(crate) fn age(now: u32, t: u32) -> Option<u32> {
+    let d = now.wrapping_sub(t);
+    (d <= u32::MAX - FUTURE_SLACK).then_some(d)
+}
+
 /// Whether stamp `t` is at least `age` stamps before `now` (a stamp after
 /// `now`, taken by another thread since, is not).
 pub(crate) fn older(now: u32, t: u32, age: u32) -> bool {
-    let d = now.wrapping_sub(t);
-    d < 1 << 31 && d >= age
+    self::age(now, t).is_some_and(|d| d >= age)
 }
 
 /// The stamp of monotonic time `ns`.
@@ -126,9 +138,10 @@ pub(crate) struct Span {
     /// When each unit last changed hands: freed (or cut off a block), or
     /// handed out in a block.
     stamps: [AtomicU32; BITS as usize],
-    /// Each unit's generation: raised every time the unit leaves a block,
-    /// so a reader that saw a unit in a block can tell afterwards whether
-    /// it was freed (and perhaps purged or reused) meanwhile.
+    /// Each unit's generation: raised every time the unit leaves a block
+    /// and every time its pages are dropped, so a reader that saw a unit in
+    /// a block can tell afterwards whether it was freed, purged or reused
+    /// meanwhile.
     gens: [AtomicU32; BITS as usize],
 }
 
@@ -433,14 +446,21 @@ impl Span {
         }
     }
 
-    /// The pages of units `start..start + n` were dropped: whatever was
-    /// collapsed or refused there is no more.
+    /// The pages of units `start..start + n` were dropped: a new
+    /// generation each, then whatever was collapsed or refused there is no
+    /// more. In that order, with a fence paired with the one in
+    /// `promote::collapse`: a collapse that marked a unit before this clear
+    /// is cleared here, and one that marks it after sees the new generation
+    /// and clears its mark itself.
     pub(crate) fn pages_dropped(&self, start: u32, n: u32) {
+        self.next_generation(start, n);
+        fence(SeqCst);
         self.collapsed.clear(start, n);
         self.refused.clear(start, n);
     }
 
-    /// Units `start..start + n` leave a block: a new generation each.
+    /// Units `start..start + n` leave a block (or their pages are
+    /// dropped): a new generation each.
     pub(crate) fn next_generation(&self, start: u32, n: u32) {
         for g in &self.gens[start as usize..(start + n) as usize] {
             g.fetch_add(1, Release);
@@ -455,5 +475,36 @@ impl Span {
     /// The stamp of unit `u`.
     pub(crate) fn stamp_of(&self, u: u32) -> u32 {
         self.stamps[u as usize].load(Relaxed)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_stamp_reads_old_for_weeks_and_one_written_since_now_reads_new() {
+        let now = 7u32;
+        assert!(older(now, 4, 3) && !older(now, 5, 3));
+        assert_eq!(age(now, 7), Some(0));
+        // Written by another thread after `now` was read.
+        assert_eq!(age(now, now.wrapping_add(10)), None);
+        assert!(!older(now, now.wrapping_add(10), 0));
+        // About 30 days before `now` (2^31 stamps is about 26 days).
+        let month = now.wrapping_sub(2_500_000_000);
+        assert_eq!(age(now, month), Some(2_500_000_000));
+        assert!(older(now, month, 2000));
+    }
+
+    #[test]
+    fn dropping_pages_moves_the_generation_and_clears_the_marks() {
+        static S: Span = Span::new();
+        let g = S.generation(3);
+        S.collapsed.set(3, 1);
+        S.refused.set(4, 1);
+        S.pages_dropped(3, 2);
+        assert_ne!(S.generation(3), g, "a collapse in flight sees the drop");
+        assert_eq!(S.collapsed.count(3, 1) + S.refused.count(4, 1), 0);
+        assert_eq!(S.generation(5), 0, "other units keep theirs");
     }
 }

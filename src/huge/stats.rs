@@ -334,10 +334,12 @@ pub struct HugeStats {
     pub collapsed_bytes: u64,
     /// Nanoseconds (wall clock) its `MADV_COLLAPSE` calls took.
     pub collapse_ns: u64,
-    /// `MADV_COLLAPSE` calls that failed (`EAGAIN`, `ENOMEM`: tried again
-    /// later; `EINVAL`: not until the unit's pages are dropped).
+    /// `MADV_COLLAPSE` calls that failed (`EAGAIN`: tried again at the
+    /// next pass; `ENOMEM`, `EBUSY`: after a 1 s back-off; `EINVAL`: after
+    /// 10 s or once the unit's pages are dropped).
     pub collapse_failures: u64,
-    /// Collapses of a unit freed while the call ran (made right again).
+    /// Collapses of a unit freed or purged while the call ran (made right
+    /// again).
     pub collapse_races: u64,
     /// Live bytes in units the background thread collapsed (or found
     /// huge), now: with `live_bytes`, the coverage the promotion reached
@@ -443,7 +445,7 @@ impl fmt::Display for HugeStats {
         write!(
             f,
             "\npromotion: background thread {} ({} passes); {} faulted in base pages first, \
-             {} collapsed in {:.1} ms ({} failed, {} raced a free); live collapsed now {} ({:.0}%)",
+             {} collapsed in {:.1} ms ({} failed, {} raced a free or purge); live collapsed now {} ({:.0}%)",
             self.background_thread.name(),
             self.background_passes,
             human_bytes(self.base_page_first_bytes),

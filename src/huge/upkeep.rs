@@ -22,11 +22,12 @@ use std::sync::atomic::Ordering::Relaxed;
 const THREAD_DECAY_RUNS: usize = 64;
 
 /// The background thread's work (see [`background`]): a decay step by the
-/// clock, then a promotion pass of at most one tick; returns the
-/// nanoseconds to sleep: none after a pass that was still collapsing at
-/// its deadline (its own pacing holds it to its share of a core), else a
-/// tick (a pass that stopped at its budget of examined units goes on from
-/// there at the next).
+/// clock, then a promotion pass of at most one tick from the end of the
+/// step; returns the nanoseconds to sleep: none after a pass that was
+/// still collapsing at its deadline (its own pacing holds it to its share
+/// of a core), [`SHORT_BACKOFF_NS`](promote::SHORT_BACKOFF_NS) after a
+/// collapse found no huge page to be had, else a tick (a pass that stopped
+/// at its budget of examined units goes on from there at the next).
 fn background_work() -> u64 {
     let e = &ENGINE;
     e.stats.add(Count::BackgroundPasses, 1);
@@ -35,14 +36,16 @@ fn background_work() -> u64 {
     if promoting() {
         let keep = e.demand.keep(now, e.stats.get(Count::Live));
         let pass = promote::Pass {
-            deadline: now.saturating_add(background::TICK_NS),
+            deadline: sys::monotonic_ns().saturating_add(background::TICK_NS),
             // Collapsing a retained unit claims it: only while no block
             // was allocated for a tick, so no request finds it taken.
             retained: e.stats.get(Count::Retained) <= keep
                 && e.demand.quiet_for(now) >= background::TICK_NS,
         };
-        if promote::pass(&e.stats, &e.spans, &e.held, &pass) == promote::Stop::Deadline {
-            return 0;
+        match promote::pass(&e.stats, &e.spans, &e.held, &pass) {
+            promote::Stop::Deadline => return 0,
+            promote::Stop::Short => return promote::SHORT_BACKOFF_NS,
+            _ => {}
         }
     }
     background::TICK_NS
@@ -156,18 +159,33 @@ pub fn enable_background_thread() -> BackgroundThread {
     background::want()
 }
 
-/// `pthread_atfork` child handler: spans another thread of the parent was
-/// creating or retiring become empty slots, and the retained bytes are
-/// recounted from the spans' bitmaps (units another thread had claimed at
-/// the fork stay out of use in the child).
+/// `pthread_atfork` prepare handler: the background thread is done with
+/// what it claimed and starts nothing more.
+///
+/// # Safety
+/// Called only by `crate::fork`'s prepare handler, before `fork()`.
 unsafe fn fork_prepare() {
     background::pause_for_fork();
 }
 
+/// `pthread_atfork` parent handler: the background thread goes on.
+///
+/// # Safety
+/// Called only by `crate::fork`'s parent handler, after `fork()`.
 unsafe fn fork_parent() {
     background::resume_after_fork();
 }
 
+/// `pthread_atfork` child handler: no background thread runs (the next
+/// huge-path call starts one), the unit the parent's thread held is free
+/// again, spans another thread of the parent was creating or retiring
+/// become empty slots, and the retained bytes are recounted from the
+/// spans' bitmaps (units another thread had claimed at the fork stay out
+/// of use in the child).
+///
+/// # Safety
+/// Called only by `crate::fork`'s child handler, in the child's only
+/// thread.
 unsafe fn fork_child() {
     background::after_fork_in_child();
     ENGINE.held.release_in_child(&ENGINE.spans);

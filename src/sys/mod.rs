@@ -36,7 +36,7 @@ pub(crate) use process::{
     address_space_limited, environment_ready, getenv, leading_u64, linux_at_least, memlock_limit,
     monotonic_ns, read_small_file, register_atfork, thread_cpu_ns, SchedStat,
 };
-pub(crate) use thread::{sleep_ns, spawn_detached};
+pub(crate) use thread::{name_this_thread, sleep_ns, spawn_detached};
 
 #[cfg(target_os = "linux")]
 use mappings::advice_raw;

@@ -10,10 +10,11 @@ use std::io;
 /// stack and calls nothing deep.
 const STACK: usize = 256 << 10;
 
-/// Start `entry(null)` on a detached thread named `name` (at most 15
-/// bytes), with every signal blocked in it (it inherits the mask, as
+/// Start `entry(null)` on a detached thread, with every signal blocked in it (it inherits the mask, as
 /// jemalloc's background threads do), so the program's signal handlers
-/// never run on it. The caller's signal mask is as it was afterwards.
+/// never run on it. The caller's signal mask is as it was afterwards. The
+/// thread names itself ([`name_this_thread`]): a detached thread may have
+/// exited by the time `pthread_create` returns, and its `pthread_t` with it.
 ///
 /// `pthread_create` allocates the thread's stack with `mmap` and its
 /// thread-local blocks with the C library's `malloc`; a caller inside an
@@ -24,7 +25,6 @@ const STACK: usize = 256 << 10;
 /// under a seccomp filter that refuses `clone`), or `pthread_attr_*`'s.
 pub(crate) fn spawn_detached(
     entry: extern "C" fn(*mut libc::c_void) -> *mut libc::c_void,
-    name: &CStr,
 ) -> io::Result<()> {
     inject(Op::Thread)?;
     let err = |rc: libc::c_int| io::Error::from_raw_os_error(rc);
@@ -54,24 +54,31 @@ pub(crate) fn spawn_detached(
                 let mut thread: libc::pthread_t = std::mem::zeroed();
                 rc = libc::pthread_create(&mut thread, &attr, entry, std::ptr::null_mut());
                 libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut());
-                if rc == 0 {
-                    // A name only helps `top -H` and debuggers: its failure
-                    // changes nothing.
-                    #[cfg(target_os = "linux")]
-                    let _ = libc::pthread_setname_np(thread, name.as_ptr());
-                }
             }
         }
         libc::pthread_attr_destroy(&mut attr);
         rc
     };
-    #[cfg(not(target_os = "linux"))]
-    let _ = name;
     if rc == 0 {
         Ok(())
     } else {
         Err(err(rc))
     }
+}
+
+/// Name the calling thread `name` (at most 15 bytes; longer names are cut
+/// by the kernel) for `top -H`, `ps -L` and debuggers
+/// (`prctl(PR_SET_NAME)`, prctl(2)). A name changes nothing else, so a
+/// failure is ignored; a no-op off Linux.
+pub(crate) fn name_this_thread(name: &CStr) {
+    #[cfg(target_os = "linux")]
+    // SAFETY: PR_SET_NAME reads a NUL-terminated string of which the kernel
+    // copies at most 16 bytes.
+    unsafe {
+        libc::prctl(libc::PR_SET_NAME, name.as_ptr());
+    }
+    #[cfg(not(target_os = "linux"))]
+    let _ = name;
 }
 
 /// Sleep `ns` nanoseconds on the monotonic clock; a signal cuts it short
@@ -91,8 +98,14 @@ mod tests {
     use std::sync::atomic::{AtomicBool, Ordering};
 
     static RAN: AtomicBool = AtomicBool::new(false);
+    static NAMED: AtomicBool = AtomicBool::new(false);
 
     extern "C" fn mark(_: *mut libc::c_void) -> *mut libc::c_void {
+        name_this_thread(c"ck-test");
+        let mut name = [0u8; 16];
+        // SAFETY: PR_GET_NAME writes at most 16 bytes into the buffer.
+        unsafe { libc::prctl(libc::PR_GET_NAME, name.as_mut_ptr()) };
+        NAMED.store(name.starts_with(b"ck-test\0"), Ordering::Release);
         RAN.store(true, Ordering::Release);
         std::ptr::null_mut()
     }
@@ -104,7 +117,7 @@ mod tests {
         let mut before: libc::sigset_t = unsafe { std::mem::zeroed() };
         // SAFETY: valid out pointer; a null set only reads the mask.
         unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, std::ptr::null(), &mut before) };
-        spawn_detached(mark, c"ck-test").unwrap();
+        spawn_detached(mark).unwrap();
         // SAFETY: as above.
         let mut after: libc::sigset_t = unsafe { std::mem::zeroed() };
         // SAFETY: as above.
@@ -124,5 +137,6 @@ mod tests {
             assert!(std::time::Instant::now() < deadline, "the thread never ran");
             sleep_ns(1_000_000);
         }
+        assert!(NAMED.load(Ordering::Acquire), "the thread named itself");
     }
 }
