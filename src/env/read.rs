@@ -120,7 +120,7 @@ pub enum Source {
     Unparsed,
 }
 
-/// A `CKALLOC_*` setting as this process uses it ([`settings`]).
+/// A `CKALLOC_*` setting as this process uses it ([`settings`](super::settings)).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct Setting {
