@@ -189,29 +189,30 @@ pub(crate) fn address_space_limited() -> bool {
     ok && rl.rlim_cur != libc::RLIM_INFINITY
 }
 
-/// Monotonic clock in nanoseconds (`CLOCK_MONOTONIC`), without allocating.
-pub(crate) fn monotonic_ns() -> u64 {
+/// Clock `id` (clock_gettime(2)) in nanoseconds, saturating; 0 where the
+/// clock cannot be read. Never allocates.
+fn clock_ns(id: libc::clockid_t) -> u64 {
     // SAFETY: plain out-struct.
     let mut ts: libc::timespec = unsafe { std::mem::zeroed() };
-    // SAFETY: valid out pointer; CLOCK_MONOTONIC always exists.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    // SAFETY: valid out pointer; an unknown clock returns -1, leaving zeros.
+    unsafe { libc::clock_gettime(id, &mut ts) };
     (ts.tv_sec as u64)
         .saturating_mul(1_000_000_000)
         .saturating_add(ts.tv_nsec as u64)
 }
 
+/// Monotonic clock in nanoseconds (`CLOCK_MONOTONIC`, which always
+/// exists), without allocating.
+pub(crate) fn monotonic_ns() -> u64 {
+    clock_ns(libc::CLOCK_MONOTONIC)
+}
+
 /// CPU time of the calling thread in nanoseconds
-/// (`CLOCK_THREAD_CPUTIME_ID`, clock_gettime(2)): time it ran, in user
-/// space or in the kernel, not time it waited for a CPU or blocked. 0 where
-/// the clock cannot be read. Never allocates.
+/// (`CLOCK_THREAD_CPUTIME_ID`): time it ran, in user space or in the
+/// kernel, not time it waited for a CPU or blocked. 0 where the clock
+/// cannot be read. Never allocates.
 pub(crate) fn thread_cpu_ns() -> u64 {
-    // SAFETY: plain out-struct.
-    let mut ts: libc::timespec = unsafe { std::mem::zeroed() };
-    // SAFETY: valid out pointer; an unknown clock returns -1, leaving zeros.
-    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
-    (ts.tv_sec as u64)
-        .saturating_mul(1_000_000_000)
-        .saturating_add(ts.tv_nsec as u64)
+    clock_ns(libc::CLOCK_THREAD_CPUTIME_ID)
 }
 
 /// One run of pages reported by `PAGEMAP_SCAN`.
