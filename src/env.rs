@@ -10,7 +10,8 @@
 //! | `CKALLOC_RETAIN_DECAY_MS` | decimal milliseconds | 2000 | the same retention: the decay window. Retained bytes beyond what the window's demand can take back (its peak of live bytes less the live bytes now) are purged (`MADV_DONTNEED`, keeping the address space), oldest first (demand that comes back within 30 s of a release is held 30 s longer), and a span no block used for the window is unmapped; by the background thread every 100 ms, else by engine calls (every 256 calls of a thread, or a huge-path call an eighth of a window after the last step), so `0` gives memory back at the next step, not at once | trimmed decimal `u64`; read once per process ([`retain_decay_ms`]); a value that does not parse gives the default and is reported ([`settings`]) |
 //! | `CKALLOC_PRELOAD_THRESHOLD` | a size, as `CKALLOC_RETAIN_BYTES` | 2 MiB | the preload library (`libckalloc_preload.so`, [`preload`](crate::preload)): requests of at least this many bytes get huge-page blocks, smaller ones go to glibc; `0` is taken as 1; every request at or over it costs at least one 2 MiB mapping, so a threshold far below 2 MiB multiplies the memory mapped (and uses up a reserved hugetlb pool) | as `CKALLOC_RETAIN_BYTES` ([`preload_threshold`]) |
 //! | `CKALLOC_BACKGROUND_THREAD` | on / off switch | unset: on for the preload library, off for [`CkHuge`](crate::CkHuge) | the huge-page engine's background thread (decay by the clock, promotion to huge pages with `MADV_COLLAPSE`; [docs/engine.md](https://github.com/ckalloc/ckalloc/blob/main/docs/engine.md#the-background-thread)): on starts it in any program that uses the engine, off keeps it from starting (also when [`enable_background_thread`](crate::huge::enable_background_thread) is called) | `CKALLOC_*` switch, read once per process ([`background_thread`]) |
-//! | `CKALLOC_SHOW_STATS` | on / off switch | off | the preload library: on prints one summary of [`huge_stats`](crate::huge_stats) to stderr at `exit`, labelled with the PID | `CKALLOC_*` switch with the default off, read once per process ([`show_stats`]) |
+//! | `CKALLOC_SHOW_STATS` | on / off switch, or `all` | off (on while `CKALLOC_STATS_FILE` is set) | the preload library: on prints one summary of [`huge_stats`](crate::huge_stats) at `exit`, labelled with the PID, for a process that served at least one huge-page block; `all` for every process | `CKALLOC_*` switch with the word `all` added, read once per process ([`show_stats`]) |
+//! | `CKALLOC_STATS_FILE` | path template | unset: standard error | the preload library: the summary is appended to this file instead (`%p` is replaced by the process ID, `%%` by `%`; a relative path is taken from the working directory at load); a template with another `%` sequence prints no summary | read once at load ([`stats_file`], [`stats_file_template`]) |
 //! | `CK_BUMP_FORCE_MIXED` | flag | unset | [`ArenaBuilder::build`](crate::ArenaBuilder::build) under [`ModePolicy::Auto`](crate::ModePolicy::Auto): skip anonymous mode | C-Kernel-Engine's `env_flag_enabled`, read at every build ([`force_mixed`]) |
 //! | `CK_BUMP_DISABLE_MIXED` | flag | unset | the same: no fallback to mixed mode | C-Kernel-Engine's `env_flag_enabled`, read at every build ([`disable_mixed`]) |
 //! | `CKALLOC_PRELOAD_LIB` | path of a file | unset | `ckalloc run`: the preload library to put in `LD_PRELOAD` instead of searching for it | path, not parsed; empty is unset ([`preload_lib`]) |
@@ -19,13 +20,14 @@
 //!
 //! The parsing rules:
 //!
-//! - **`CKALLOC_*` switch**: unset means on (off for `CKALLOC_SHOW_STATS`). A set value is trimmed of
-//!   ASCII white space; it means off when it is then empty, `0`, `false`,
-//!   `no` or `off` (ASCII case-insensitive), and on otherwise. A value
-//!   other than those and `1`, `true`, `yes`, `on` is taken as on and
-//!   reported as [`Source::Unparsed`] by [`settings`] (and so by
-//!   [`huge_stats`](crate::huge_stats) and `ckalloc probe`), so a typo such
-//!   as `offf` is never taken silently.
+//! - **`CKALLOC_*` switch**: unset means the default in the table. A set
+//!   value is trimmed of ASCII white space; it means off when it is then
+//!   empty, `0`, `false`, `no` or `off`, and on when it is `1`, `true`,
+//!   `yes` or `on` (ASCII case-insensitive). Any other value is not taken:
+//!   the default applies, and [`settings`] (and so
+//!   [`huge_stats`](crate::huge_stats), `ckalloc probe` and `ckalloc run`)
+//!   reports it as [`Source::Unparsed`], so a typo such as `offf` or `nope`
+//!   neither turns a feature on nor passes silently.
 //! - **C-Kernel-Engine's `env_flag_enabled`** (for `CK_BUMP_*`, kept exactly
 //!   as C-Kernel-Engine reads them): unset means not set. A value is set
 //!   unless it is empty, `0`, `false` or `no` (ASCII case-insensitive), with
@@ -47,10 +49,10 @@
 
 mod read;
 
-pub use read::{Setting, Source, Unit};
+pub use read::{Expected, Setting, Source, Unit};
 
 use crate::sys;
-use read::{Number, Switch};
+use read::{Choice, Number, Switch};
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 
@@ -72,17 +74,22 @@ pub(crate) fn ck_flag_enabled(value: Option<&[u8]>) -> bool {
 static HUGETLB: Switch = Switch::new(c"CKALLOC_HUGETLB", true);
 static THP: Switch = Switch::new(c"CKALLOC_THP", true);
 static FIRST_TOUCH_PROBE: Switch = Switch::new(c"CKALLOC_FIRST_TOUCH_PROBE", true);
-static SHOW_STATS: Switch = Switch::new(c"CKALLOC_SHOW_STATS", false);
+static SHOW_STATS: Choice = Choice::new(
+    c"CKALLOC_SHOW_STATS",
+    &[read::OFF_WORDS, read::ON_WORDS, &["all"]],
+    &["off", "on", "all"],
+    0,
+);
 static BACKGROUND_THREAD: Switch = Switch::new(c"CKALLOC_BACKGROUND_THREAD", false);
 
 /// What `CKALLOC_BACKGROUND_THREAD` says of the huge-page engine's
-/// background thread: `None` when it is unset (each front's default
+/// background thread: `None` when it is unset or its value is not taken (each front's default
 /// applies: the preload library starts the thread, `CkHuge` does not),
 /// else whether it is on by the `CKALLOC_*` switch rule. Read once per
 /// process, then cached; never allocates.
 pub fn background_thread() -> Option<bool> {
     match BACKGROUND_THREAD.get() {
-        (_, Source::Default) => None,
+        (_, Source::Default | Source::Unparsed) => None,
         (on, _) => Some(on),
     }
 }
@@ -180,13 +187,115 @@ pub fn preload_threshold() -> usize {
         .max(1)
 }
 
-/// Whether `CKALLOC_SHOW_STATS` asks the preload library to print its
-/// statistics to stderr at exit: `false` unless it is set to an on value
-/// by the `CKALLOC_*` switch rule (`1`, `true`, `yes`, `on`, or any value
-/// other than the off words). Read once per process, then cached; never
+/// Which processes the preload library prints a summary of its statistics
+/// for at `exit` ([`show_stats`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ShowStats {
+    /// None (`CKALLOC_SHOW_STATS` unset, an off word, or a value not taken,
+    /// while `CKALLOC_STATS_FILE` is unset).
+    Off,
+    /// Those that served at least one huge-page block (an on word, or
+    /// `CKALLOC_STATS_FILE` set while `CKALLOC_SHOW_STATS` is unset).
+    Huge,
+    /// Every process (`all`).
+    All,
+}
+
+/// Which processes the preload library prints its summary for:
+/// `CKALLOC_SHOW_STATS` by the `CKALLOC_*` switch rule, with one more word,
+/// `all` ([`ShowStats`]); unset, [`ShowStats::Huge`] when
+/// `CKALLOC_STATS_FILE` is set and [`ShowStats::Off`] otherwise. Read once
+/// per process, then cached; never allocates.
+pub fn show_stats() -> ShowStats {
+    match SHOW_STATS.get() {
+        (2, _) => ShowStats::All,
+        (1, _) => ShowStats::Huge,
+        (_, Source::Environment) => ShowStats::Off,
+        _ if stats_file().is_some() => ShowStats::Huge,
+        _ => ShowStats::Off,
+    }
+}
+
+/// The file the preload library's summary goes to instead of standard
+/// error: `CKALLOC_STATS_FILE` when set and not empty, as its bytes (a path
+/// template: `%p` stands for the process ID, `%%` for `%`; see
+/// [`stats_file_template`]). Read at every call, without allocating.
+pub fn stats_file() -> Option<&'static [u8]> {
+    sys::getenv(c"CKALLOC_STATS_FILE").filter(|v| !v.is_empty())
+}
+
+/// Why a `CKALLOC_STATS_FILE` template is not taken.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TemplateError {
+    /// A `%` followed by a character other than `p` or `%`, or by nothing.
+    Escape,
+    /// The path with a process ID put in would exceed `PATH_MAX` (4096
+    /// bytes with its NUL), or holds a NUL byte.
+    TooLong,
+}
+
+impl std::fmt::Display for TemplateError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            TemplateError::Escape => "a % not followed by p (the process ID) or % (a %)",
+            TemplateError::TooLong => "longer than PATH_MAX with a process ID, or holds a NUL",
+        })
+    }
+}
+
+/// The most bytes a process ID takes in decimal (Linux's `pid_max` is at
+/// most 2^22; a `pid_t` at most 10 digits).
+const PID_DIGITS: usize = 10;
+
+/// The path `template` names for process `pid`, written into `out` with a
+/// NUL after it: `%p` becomes the decimal process ID, `%%` one `%`, every
+/// other byte stays. Returns the path's length without the NUL. Never
 /// allocates.
-pub fn show_stats() -> bool {
-    SHOW_STATS.on()
+///
+/// # Errors
+/// [`TemplateError::Escape`] for any other `%` sequence,
+/// [`TemplateError::TooLong`] when the path and its NUL do not fit in
+/// `out` or `template` holds a NUL byte.
+pub fn stats_file_template(
+    template: &[u8],
+    pid: u32,
+    out: &mut [u8],
+) -> Result<usize, TemplateError> {
+    let mut len = 0;
+    let mut push = |b: u8, len: &mut usize| -> Result<(), TemplateError> {
+        *out.get_mut(*len).ok_or(TemplateError::TooLong)? = b;
+        *len += 1;
+        Ok(())
+    };
+    let mut bytes = template.iter().copied();
+    while let Some(b) = bytes.next() {
+        match b {
+            0 => return Err(TemplateError::TooLong),
+            b'%' => match bytes.next() {
+                Some(b'%') => push(b'%', &mut len)?,
+                Some(b'p') => {
+                    let mut digits = [0u8; PID_DIGITS];
+                    let mut n = pid;
+                    let mut i = PID_DIGITS;
+                    loop {
+                        i -= 1;
+                        digits[i] = b'0' + (n % 10) as u8;
+                        n /= 10;
+                        if n == 0 {
+                            break;
+                        }
+                    }
+                    for &d in &digits[i..] {
+                        push(d, &mut len)?;
+                    }
+                }
+                _ => return Err(TemplateError::Escape),
+            },
+            b => push(b, &mut len)?,
+        }
+    }
+    push(0, &mut len)?;
+    Ok(len - 1)
 }
 
 /// How long, in milliseconds, the tier ladder skips hugetlb after a failed

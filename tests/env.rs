@@ -45,7 +45,7 @@ fn in_child() -> bool {
 
 #[test]
 #[cfg_attr(miri, ignore = "spawns a child process")]
-fn switch_values_other_than_on_and_off_words_are_on_and_reported() {
+fn switch_values_other_than_on_and_off_words_are_not_taken_and_reported() {
     run_child(
         "child_odd_switches",
         &[
@@ -54,17 +54,24 @@ fn switch_values_other_than_on_and_off_words_are_on_and_reported() {
             ("CKALLOC_FIRST_TOUCH_PROBE", "disable"),
             ("CKALLOC_RETAIN_DECAY_MS", "1s"),
             ("CKALLOC_SHOW_STATS", "maybe"),
+            ("CKALLOC_BACKGROUND_THREAD", "nope"),
+            ("CKALLOC_PRELOAD_THRESHOLD", "18446744073709551615"),
         ],
     );
 }
 
 #[test]
-#[ignore = "run by switch_values_other_than_on_and_off_words_are_on_and_reported"]
+#[ignore = "run by switch_values_other_than_on_and_off_words_are_not_taken_and_reported"]
 fn child_odd_switches() {
     use ckalloc::env::{settings, Source};
     assert!(in_child());
-    assert!(ckalloc::env::thp_allowed(), "an odd value is on");
+    // An odd value is not taken: the default applies, whatever it is.
+    assert!(ckalloc::env::thp_allowed());
     assert!(ckalloc::env::first_touch_probe());
+    assert_eq!(ckalloc::env::show_stats(), ckalloc::env::ShowStats::Off);
+    assert_eq!(ckalloc::env::background_thread(), None);
+    // A size is taken as given, the largest too.
+    assert_eq!(ckalloc::env::preload_threshold() as u64, u64::MAX);
     let s = settings();
     let by_name = |n: &str| *s.iter().find(|x| x.name == n).unwrap();
     assert_eq!(by_name("CKALLOC_THP").source, Source::Unparsed);
@@ -86,12 +93,14 @@ fn child_odd_switches() {
         assert!(shown.contains(&format!("{name} does not parse")), "{shown}");
     }
     assert!(!shown.contains("CKALLOC_HUGETLB does not parse"), "{shown}");
-    // An odd switch is on whatever its default; an odd number is its
-    // default.
     assert_eq!(by_name("CKALLOC_SHOW_STATS").source, Source::Unparsed);
-    assert_eq!(by_name("CKALLOC_SHOW_STATS").value, 1);
+    assert_eq!(by_name("CKALLOC_SHOW_STATS").value, 0);
     assert!(
-        shown.contains("CKALLOC_SHOW_STATS does not parse: taken as on"),
+        shown.contains("CKALLOC_SHOW_STATS does not parse: taken as unset (default off)"),
+        "{shown}"
+    );
+    assert!(
+        shown.contains("CKALLOC_PRELOAD_THRESHOLD 16384.00 PiB (18446744073709551615 B)"),
         "{shown}"
     );
     assert!(

@@ -5,7 +5,13 @@ each forward pass's time, the minor page faults of the forward passes (a
 getrusage delta around them), peak RSS (VmHWM), AnonHugePages, and a checksum of the
 last output.
 
-Usage: python serve.py MODEL_DIR [BATCH] [SEQ] [PASSES]
+Usage: python serve.py [MODEL_DIR [BATCH [SEQ [PASSES]]]]
+
+MODEL_DIR defaults to .cache/models/all-minilm-l6-v2 at the repository
+root, which scripts/fetch-model fills (the model.safetensors path it prints
+stands for its folder); BATCH 16, SEQ 128 tokens (at most the model's
+positions), PASSES 7. Without the model, torch or transformers it says what
+is missing and how to get it, and exits 2 before importing torch.
 
 With SERVE_MARK_PASSES=1 in the environment, each forward pass starts with a
 write of "serve.py: pass N" to stderr (one system call), and the last one is
@@ -13,23 +19,65 @@ followed by "serve.py: passes done", so that a trace (`strace -f`) can be
 cut at the passes.
 """
 import hashlib
+import importlib.util
 import json
 import os
 import resource
 import sys
 import time
+from pathlib import Path
 
 from procfs import kib
+
+DEFAULT_MODEL = Path(__file__).resolve().parents[2] / ".cache/models/all-minilm-l6-v2"
+USAGE = "usage: python serve.py [MODEL_DIR [BATCH [SEQ [PASSES]]]]  (defaults: " \
+        f"{DEFAULT_MODEL} 16 128 7)"
+
+
+def arguments():
+    """MODEL_DIR, BATCH, SEQ and PASSES, checked before torch is imported;
+    exit 2 with what is missing or wrong."""
+    def die(message):
+        print(f"serve.py: {message}", file=sys.stderr)
+        sys.exit(2)
+
+    if len(sys.argv) > 5:
+        die(f"too many arguments\n{USAGE}")
+    model_dir = Path(sys.argv[1]) if len(sys.argv) > 1 else DEFAULT_MODEL
+    if model_dir.is_file():
+        model_dir = model_dir.parent
+    missing = []
+    for name in ("config.json", "model.safetensors"):
+        if not (model_dir / name).is_file():
+            missing.append(f"no {name} in {model_dir} (scripts/fetch-model fills {DEFAULT_MODEL})")
+            break
+    absent = [m for m in ("torch", "transformers") if importlib.util.find_spec(m) is None]
+    if absent:
+        missing.append(f"{' and '.join(absent)} not installed for {sys.executable}: "
+                       f"python -m pip install torch transformers (into a venv; "
+                       f"benches/preload-client/run makes one)")
+    if missing:
+        die("; ".join(missing))
+    with open(model_dir / "config.json") as f:
+        positions = json.load(f).get("max_position_embeddings", 512)
+    try:
+        batch, seq, passes = (int(sys.argv[i]) if len(sys.argv) > i else default
+                              for i, default in ((2, 16), (3, 128), (4, 7)))
+    except ValueError:
+        die(f"BATCH, SEQ and PASSES must be whole numbers\n{USAGE}")
+    if not (batch >= 1 and 1 <= seq <= positions and passes >= 1):
+        die(f"BATCH {batch}, SEQ {seq}, PASSES {passes}: each must be at least 1, and SEQ at "
+            f"most {positions} (the model's positions)\n{USAGE}")
+    return model_dir, batch, seq, passes
+
+
+model_dir, batch, seq, passes = arguments()
 
 t0 = time.perf_counter()
 import torch  # noqa: E402
 from transformers import BertModel  # noqa: E402
 
 import_s = time.perf_counter() - t0
-model_dir = sys.argv[1]
-batch = int(sys.argv[2]) if len(sys.argv) > 2 else 16
-seq = int(sys.argv[3]) if len(sys.argv) > 3 else 128
-passes = int(sys.argv[4]) if len(sys.argv) > 4 else 7
 mark = os.environ.get("SERVE_MARK_PASSES") == "1"
 torch.set_num_threads(2)
 

@@ -11,7 +11,7 @@
 #![cfg(all(target_os = "linux", target_env = "gnu"))]
 
 use ckalloc::preload as api;
-use std::ffi::{c_int, c_void};
+use std::ffi::{c_char, c_int, c_void};
 use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 
 /// The threshold, kept here so that `malloc`'s fast path reads it with one
@@ -145,24 +145,40 @@ pub extern "C" fn malloc_trim(pad: usize) -> c_int {
     api::malloc_trim(pad)
 }
 
-/// Reads `CKALLOC_SHOW_STATS` and notes which file standard error is, when
-/// the library loads (a program may clear its environment or reuse file
-/// descriptor 2 before it exits), and asks for the engine's background
+/// The library's statistics as one JSON object ([`api::write_stats_json`]
+/// lists the keys): written into `buf` (`len` bytes) with a NUL after it
+/// when there is room; returns the object's length without the NUL
+/// whether or not it fit, as `snprintf` does. `buf` may be null when `len`
+/// is 0 (to learn the length). Thread-safe; never allocates. The Python
+/// package's `ckalloc.stats()` calls it.
+///
+/// # Safety
+/// `buf` is valid for writes of `len` bytes (or `len` is 0).
+#[no_mangle]
+pub unsafe extern "C" fn ckalloc_stats_json(buf: *mut c_char, len: usize) -> usize {
+    if buf.is_null() || len == 0 {
+        return api::write_stats_json(&mut []);
+    }
+    // SAFETY: the caller's contract: `len` writable bytes at `buf`.
+    let out = unsafe { std::slice::from_raw_parts_mut(buf.cast::<u8>(), len) };
+    api::write_stats_json(out)
+}
+
+/// Reads `CKALLOC_SHOW_STATS` and notes where the summary goes
+/// (`CKALLOC_STATS_FILE`, or which file standard error is), when the
+/// library loads (a program may clear its environment, change directory or
+/// reuse file descriptor 2 before it exits), and asks for the engine's background
 /// thread, which the first huge-path call after this starts (unless
 /// `CKALLOC_BACKGROUND_THREAD` is off).
 extern "C" fn at_load() {
     ckalloc::huge::enable_background_thread();
-    if ckalloc::env::show_stats() {
-        api::remember_stderr();
-    }
+    api::remember_output();
 }
 
 /// Prints the `CKALLOC_SHOW_STATS` summary when the process exits (run by
 /// `exit` through `.fini_array`; `_exit` runs nothing).
 extern "C" fn at_exit() {
-    if ckalloc::env::show_stats() {
-        api::print_at_exit();
-    }
+    api::print_at_exit();
 }
 
 #[used]

@@ -10,23 +10,93 @@ use std::ffi::CStr;
 use std::fmt;
 use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 
-/// The `CKALLOC_*` switch rule (see the [parent module](super)): `default`
-/// when unset, off when the trimmed value is empty, `0`, `false`, `no` or `off`
-/// (ASCII case-insensitive), on otherwise; with where the answer came from:
-/// `1`, `true`, `yes` and `on` are the values that say "on", any other is
-/// taken as on and reported as [`Source::Unparsed`].
-fn ckalloc_switch(value: Option<&[u8]>, default: bool) -> (bool, Source) {
-    let Some(v) = value else {
-        return (default, Source::Default);
-    };
-    let v = v.trim_ascii();
-    let is = |word: &[u8]| v.eq_ignore_ascii_case(word);
-    if v.is_empty() || is(b"0") || is(b"false") || is(b"no") || is(b"off") {
-        (false, Source::Environment)
-    } else if is(b"1") || is(b"true") || is(b"yes") || is(b"on") {
-        (true, Source::Environment)
-    } else {
-        (true, Source::Unparsed)
+/// The word rule of a [`Choice`] (for a switch, the `CKALLOC_*` switch
+/// rule of the [parent module](super)): `default` when unset; else the
+/// index of the list holding the value trimmed of ASCII white space (ASCII
+/// case-insensitive); a value in no list is not taken: `default`, reported
+/// as [`Source::Unparsed`].
+fn choose(value: Option<&[u8]>, lists: &[&[&str]], default: u8) -> (u8, Source) {
+    match value.map(<[u8]>::trim_ascii) {
+        None => (default, Source::Default),
+        // At most 31 lists: the index fits a `Choice`'s state.
+        Some(v) => match word_index(v, lists) {
+            Some(i) => (i as u8, Source::Environment),
+            None => (default, Source::Unparsed),
+        },
+    }
+}
+
+/// The values that turn a `CKALLOC_*` switch off (with the empty value).
+pub(super) const OFF_WORDS: &[&str] = &["", "0", "false", "no", "off"];
+/// The values that turn a `CKALLOC_*` switch on.
+pub(super) const ON_WORDS: &[&str] = &["1", "true", "yes", "on"];
+
+/// The index of the first list in `lists` holding `v` (ASCII
+/// case-insensitive), `None` when none does.
+fn word_index(v: &[u8], lists: &[&[&str]]) -> Option<usize> {
+    lists
+        .iter()
+        .position(|words| words.iter().any(|w| v.eq_ignore_ascii_case(w.as_bytes())))
+}
+
+/// A `CKALLOC_*` variable whose value is one of a few words, each list of
+/// synonyms one choice ([`Choice::get`] answers its index), read once and
+/// cached. The first list holds the off words and the second the on words,
+/// so a switch word keeps its meaning; a value in no list is not taken (the
+/// default, reported as [`Source::Unparsed`]). Never allocates.
+pub(super) struct Choice {
+    name: &'static CStr,
+    /// The lists of synonyms, one per choice.
+    lists: &'static [&'static [&'static str]],
+    /// The name each choice prints as.
+    names: &'static [&'static str],
+    /// The choice when the variable is unset.
+    default: u8,
+    /// 0: not read yet; else 1 | source code << 1 | choice << 3.
+    state: AtomicU8,
+}
+
+impl Choice {
+    pub(super) const fn new(
+        name: &'static CStr,
+        lists: &'static [&'static [&'static str]],
+        names: &'static [&'static str],
+        default: u8,
+    ) -> Choice {
+        Choice {
+            name,
+            lists,
+            names,
+            default,
+            state: AtomicU8::new(0),
+        }
+    }
+
+    /// The choice in use and where it came from. Never allocates.
+    pub(super) fn get(&self) -> (u8, Source) {
+        let mut s = self.state.load(Ordering::Relaxed);
+        if s == 0 {
+            let (choice, source) = choose(sys::getenv(self.name), self.lists, self.default);
+            s = 1 | (source.code() << 1) | (choice << 3);
+            // Before the C library has set up the environment (an
+            // allocation from the dynamic loader in a preloaded library),
+            // every variable reads unset: answer, but read again later.
+            if sys::environment_ready() {
+                self.state.store(s, Ordering::Relaxed);
+            }
+        }
+        (s >> 3, Source::from_code((s >> 1) & 3))
+    }
+
+    pub(super) fn setting(&self) -> Setting {
+        let (choice, source) = self.get();
+        Setting {
+            name: self.name.to_str().unwrap_or(""),
+            value: u64::from(choice),
+            source,
+            unit: Unit::Word(self.names),
+            per_front: false,
+        }
     }
 }
 
@@ -46,48 +116,27 @@ fn parse_u64(v: &[u8]) -> Option<u64> {
     })
 }
 
-/// A `CKALLOC_*` switch, read once and cached. Never allocates.
-pub(super) struct Switch {
-    name: &'static CStr,
-    /// The value when the variable is unset.
-    default: bool,
-    /// 0: not read yet; else 1 | on << 1 | source << 2.
-    state: AtomicU8,
-}
+/// A `CKALLOC_*` switch (the switch rule), read once and cached. Never
+/// allocates.
+pub(super) struct Switch(Choice);
+
+/// A switch's lists of words: off, then on.
+const SWITCH_WORDS: &[&[&str]] = &[OFF_WORDS, ON_WORDS];
 
 impl Switch {
     pub(super) const fn new(name: &'static CStr, default: bool) -> Switch {
-        Switch {
+        Switch(Choice::new(
             name,
-            default,
-            state: AtomicU8::new(0),
-        }
+            SWITCH_WORDS,
+            &["off", "on"],
+            default as u8,
+        ))
     }
 
     #[inline]
     pub(super) fn get(&self) -> (bool, Source) {
-        let mut s = self.state.load(Ordering::Relaxed);
-        if s == 0 {
-            let (on, source) = ckalloc_switch(sys::getenv(self.name), self.default);
-            let code = match source {
-                Source::Default => 0,
-                Source::Environment => 1,
-                Source::Unparsed => 2,
-            };
-            s = 1 | (u8::from(on) << 1) | (code << 2);
-            // Before the C library has set up the environment (an
-            // allocation from the dynamic loader in a preloaded library),
-            // every variable reads unset: answer, but read again later.
-            if sys::environment_ready() {
-                self.state.store(s, Ordering::Relaxed);
-            }
-        }
-        let source = match s >> 2 {
-            1 => Source::Environment,
-            2 => Source::Unparsed,
-            _ => Source::Default,
-        };
-        (s & 2 != 0, source)
+        let (choice, source) = self.0.get();
+        (choice == 1, source)
     }
 
     #[inline]
@@ -96,13 +145,9 @@ impl Switch {
     }
 
     pub(super) fn setting(&self) -> Setting {
-        let (on, source) = self.get();
         Setting {
-            name: self.name.to_str().unwrap_or(""),
-            value: u64::from(on),
-            source,
             unit: Unit::Switch,
-            per_front: false,
+            ..self.0.setting()
         }
     }
 }
@@ -115,9 +160,24 @@ pub enum Source {
     Default,
     /// The variable is set and parsed.
     Environment,
-    /// The variable is set but does not parse: it is taken as unset (for a
-    /// switch: a value other than the on and off words, taken as on).
+    /// The variable is set but does not parse (for a switch: a value other
+    /// than the on and off words): it is not taken, the default applies.
     Unparsed,
+}
+
+impl Source {
+    /// 0, 1, 2 in the order of the variants.
+    const fn code(self) -> u8 {
+        self as u8
+    }
+
+    const fn from_code(c: u8) -> Source {
+        match c {
+            1 => Source::Environment,
+            2 => Source::Unparsed,
+            _ => Source::Default,
+        }
+    }
 }
 
 /// A `CKALLOC_*` setting as this process uses it ([`settings`](super::settings)).
@@ -147,6 +207,38 @@ pub enum Unit {
     Milliseconds,
     /// A switch: 1 on, 0 off.
     Switch,
+    /// One of the named values: `value` is the index of its name.
+    Word(&'static [&'static str]),
+}
+
+impl Setting {
+    /// What the variable takes, in words for a message about a value that
+    /// does not parse (`ckalloc probe`, `ckalloc run`).
+    pub fn expected(&self) -> Expected {
+        Expected(self.unit)
+    }
+}
+
+/// What a setting's variable takes ([`Setting::expected`]); displays as a
+/// phrase such as "a decimal number of milliseconds".
+#[derive(Clone, Copy, Debug)]
+pub struct Expected(Unit);
+
+impl fmt::Display for Expected {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.0 {
+            Unit::Bytes => f.write_str("a number of bytes or a size such as 512mib or 1GiB"),
+            Unit::Milliseconds => f.write_str("a decimal number of milliseconds"),
+            Unit::Switch => f.write_str("1, true, yes or on; 0, false, no, off or empty"),
+            Unit::Word(names) => {
+                f.write_str("a switch word (1, true, yes, on; 0, false, no, off)")?;
+                for n in names.iter().skip(2) {
+                    write!(f, " or {n}")?;
+                }
+                Ok(())
+            }
+        }
+    }
 }
 
 impl fmt::Display for Setting {
@@ -160,6 +252,10 @@ impl fmt::Display for Setting {
                     Unit::Milliseconds => write!(f, "{} ms", self.0.value),
                     Unit::Switch if self.0.value == 0 => f.write_str("off"),
                     Unit::Switch => f.write_str("on"),
+                    Unit::Word(names) => {
+                        let i = usize::try_from(self.0.value).unwrap_or(usize::MAX);
+                        f.write_str(names.get(i).copied().unwrap_or("?"))
+                    }
                 }
             }
         }
@@ -172,10 +268,6 @@ impl fmt::Display for Setting {
             ),
             Source::Default => write!(f, "{} {value} (default)", self.name),
             Source::Environment => write!(f, "{} {value}", self.name),
-            // An odd switch value is taken as on, whatever the default.
-            Source::Unparsed if self.unit == Unit::Switch => {
-                write!(f, "{} does not parse: taken as {value}", self.name)
-            }
             // Unset, not only the default value: while `CKALLOC_RETAIN_BYTES`
             // is unset the preload library's cap follows the live peak.
             Source::Unparsed => write!(
@@ -187,14 +279,15 @@ impl fmt::Display for Setting {
     }
 }
 
-/// A numeric variable, read once and cached.
+/// A numeric variable, read once and cached. Never allocates.
 pub(super) struct Number {
     name: &'static CStr,
     default: u64,
     unit: Unit,
-    /// The value; `u64::MAX`: not read yet.
+    /// The value, once `state` says it was read.
     value: AtomicU64,
-    source: AtomicU8,
+    /// 0: not read yet; else 1 + the source's code, stored after `value`.
+    state: AtomicU8,
 }
 
 impl Number {
@@ -203,23 +296,24 @@ impl Number {
             name,
             default,
             unit,
-            value: AtomicU64::new(u64::MAX),
-            source: AtomicU8::new(0),
+            value: AtomicU64::new(0),
+            state: AtomicU8::new(0),
         }
     }
 
-    /// The setting, reading the variable the first time. Never allocates.
+    /// The value in use and where it came from, reading the variable the
+    /// first time.
     #[inline]
-    pub(super) fn get(&self) -> Setting {
-        let mut value = self.value.load(Ordering::Acquire);
-        if value == u64::MAX {
-            value = self.read();
+    fn load(&self) -> (u64, Source) {
+        match self.state.load(Ordering::Acquire) {
+            0 => self.read(),
+            s => (self.value.load(Ordering::Relaxed), Source::from_code(s - 1)),
         }
-        let source = match self.source.load(Ordering::Relaxed) {
-            1 => Source::Environment,
-            2 => Source::Unparsed,
-            _ => Source::Default,
-        };
+    }
+
+    /// The setting, reading the variable the first time.
+    pub(super) fn get(&self) -> Setting {
+        let (value, source) = self.load();
         Setting {
             name: self.name.to_str().unwrap_or(""),
             value,
@@ -230,46 +324,38 @@ impl Number {
     }
 
     #[cold]
-    fn read(&self) -> u64 {
+    fn read(&self) -> (u64, Source) {
         let (value, source) = match sys::getenv(self.name) {
-            None => (self.default, 0),
+            None => (self.default, Source::Default),
             Some(text) => {
                 let text = text.trim_ascii();
                 let parsed = match self.unit {
                     Unit::Bytes => units::parse_size(text, SuffixCase::Any),
-                    Unit::Milliseconds | Unit::Switch => parse_u64(text),
+                    _ => parse_u64(text),
                 };
                 match parsed {
-                    Some(v) => (v, 1),
-                    None => (self.default, 2),
+                    Some(v) => (v, Source::Environment),
+                    None => (self.default, Source::Unparsed),
                 }
             }
         };
-        // `u64::MAX` marks "not read".
-        let value = value.min(u64::MAX - 1);
         // Racing first readers store the same pair; before the environment
-        // is set up nothing is stored (see `Switch::get`).
+        // is set up nothing is stored (see `Choice::get`).
         if sys::environment_ready() {
-            self.source.store(source, Ordering::Relaxed);
-            self.value.store(value, Ordering::Release);
+            self.value.store(value, Ordering::Relaxed);
+            self.state.store(1 + source.code(), Ordering::Release);
         }
-        value
+        (value, source)
     }
 
     /// Whether the variable is set and parses (reading it the first time).
     pub(super) fn parsed(&self) -> bool {
-        self.value();
-        self.source.load(Ordering::Relaxed) == 1
+        self.load().1 == Source::Environment
     }
 
     #[inline]
     pub(super) fn value(&self) -> u64 {
-        let v = self.value.load(Ordering::Acquire);
-        if v != u64::MAX {
-            v
-        } else {
-            self.read()
-        }
+        self.load().0
     }
 }
 
@@ -303,9 +389,13 @@ mod tests {
     }
 
     #[test]
-    fn ckalloc_switch_is_trimmed_and_knows_off() {
-        let f = |v| ckalloc_switch(v, true).0;
-        assert!(f(None), "unset means on");
+    fn a_switch_takes_only_the_on_and_off_words() {
+        let f = |v: Option<&[u8]>, default: bool| {
+            let (choice, source) = choose(v, SWITCH_WORDS, u8::from(default));
+            (choice == 1, source)
+        };
+        assert_eq!(f(None, true), (true, Source::Default));
+        assert_eq!(f(None, false), (false, Source::Default));
         for off in [
             &b""[..],
             b"0",
@@ -317,32 +407,38 @@ mod tests {
             b" Off ",
             b"  ",
         ] {
-            assert!(!f(Some(off)), "{off:?}");
+            assert_eq!(f(Some(off), true), (false, Source::Environment), "{off:?}");
         }
-        for on in [&b"1"[..], b"yes", b"on", b" 1 ", b"true", b"00", b"offf"] {
-            assert!(f(Some(on)), "{on:?}");
+        for on in [&b"1"[..], b"YES", b" on ", b"True", b"1\n"] {
+            assert_eq!(f(Some(on), false), (true, Source::Environment), "{on:?}");
         }
-        // Only the on words are parsed; other values are on and reported.
-        for on in [&b"1"[..], b"YES", b" on ", b"True"] {
-            assert_eq!(
-                ckalloc_switch(Some(on), true),
-                (true, Source::Environment),
-                "{on:?}"
-            );
+        // Any other value is not taken: the default, reported.
+        for odd in [
+            &b"00"[..],
+            b"offf",
+            b"nope",
+            b"disable",
+            "\u{ff11}".as_bytes(),
+        ] {
+            assert_eq!(f(Some(odd), true), (true, Source::Unparsed), "{odd:?}");
+            assert_eq!(f(Some(odd), false), (false, Source::Unparsed), "{odd:?}");
         }
-        for odd in [&b"00"[..], b"offf", b"disable", "\u{ff11}".as_bytes()] {
-            assert_eq!(
-                ckalloc_switch(Some(odd), true),
-                (true, Source::Unparsed),
-                "{odd:?}"
-            );
-        }
-        assert_eq!(ckalloc_switch(None, true), (true, Source::Default));
-        assert_eq!(ckalloc_switch(None, false), (false, Source::Default));
-        assert_eq!(
-            ckalloc_switch(Some(b"1"), false),
-            (true, Source::Environment)
-        );
+    }
+
+    #[test]
+    fn a_choice_answers_the_index_of_its_word_list() {
+        let lists: &[&[&str]] = &[OFF_WORDS, ON_WORDS, &["all"]];
+        assert_eq!(choose(Some(b" ALL"), lists, 0), (2, Source::Environment));
+        assert_eq!(choose(Some(b"yes"), lists, 0), (1, Source::Environment));
+        assert_eq!(choose(Some(b"al"), lists, 0), (0, Source::Unparsed));
+        let s = Setting {
+            name: "CKALLOC_SHOW_STATS",
+            value: 2,
+            source: Source::Environment,
+            unit: Unit::Word(&["off", "on", "all"]),
+            per_front: false,
+        };
+        assert_eq!(s.to_string(), "CKALLOC_SHOW_STATS all");
     }
 
     #[test]

@@ -158,6 +158,33 @@ pub fn trim(pad: usize) -> c_int {
     }
 }
 
+extern "C" {
+    static mut stdout: *mut libc::FILE;
+    static mut stderr: *mut libc::FILE;
+    fn ftrylockfile(f: *mut libc::FILE) -> c_int;
+    fn funlockfile(f: *mut libc::FILE);
+    fn fflush_unlocked(f: *mut libc::FILE) -> c_int;
+}
+
+/// Write out what the program left in the buffers of C's `stdout` and
+/// `stderr` (`fflush_unlocked`), each only when its lock is free
+/// (`ftrylockfile`): a thread stopped in the middle of `printf` holds it,
+/// and then that stream is left as it is (glibc's `exit` flushes it later,
+/// without its lock). Never blocks; never allocates.
+pub fn flush_stdio_if_unlocked() {
+    // SAFETY: reads glibc's `stdout` and `stderr` pointers (set before any
+    // constructor runs, never freed); each stream is flushed only while
+    // this thread holds its lock, as `fflush_unlocked` requires.
+    unsafe {
+        for f in [stdout, stderr] {
+            if !f.is_null() && ftrylockfile(f) == 0 {
+                fflush_unlocked(f);
+                funlockfile(f);
+            }
+        }
+    }
+}
+
 /// A [`GlobalAlloc`] over glibc's own allocator (see the module docs).
 /// Thread-safe as glibc's allocator is.
 #[derive(Clone, Copy, Debug, Default)]

@@ -170,15 +170,35 @@
 //! # Seeing what you got
 //!
 //! `CKALLOC_SHOW_STATS=1` (read when the library loads) prints one
-//! summary when the process calls `exit` (or returns from `main`), into
+//! summary when the process calls `exit` (or returns from `main`), for a
+//! process that served at least one huge block (`CKALLOC_SHOW_STATS=all`:
+//! every process, so a shell or a pyenv shim in front of the program stays
+//! quiet by default). `CKALLOC_STATS_FILE=PATH` appends the summary to a
+//! file instead of stderr (and asks for summaries while
+//! `CKALLOC_SHOW_STATS` is unset): `%p` in `PATH` is replaced by the
+//! process ID, so each process of a tree writes its own file and no
+//! summary mixes into a stream a parent parses; `%%` is one `%`; any other
+//! `%` sequence is not taken and no summary is written (`ckalloc run` says
+//! so); a relative path is taken from the directory the process had at
+//! load; one `write(2)` per summary to a file opened `O_APPEND`, so two
+//! processes sharing a path never interleave within a summary. Without a
+//! file, the summary goes into
 //! the stderr the process had at load: through descriptor 2 while it is
 //! still that file, else through a copy of it the library made at load
-//! (close-on-exec, numbered from 512), so a program that closed stderr
+//! (close-on-exec, numbered from 512, or from half the descriptor limit
+//! when that is lower), so a program that closed stderr
 //! first (GNU coreutils do, in an `atexit` handler that runs before the
 //! library's) or reused its number still gets it there; a program that
 //! closed the copy too gets none. While the variable is on, the copy keeps
 //! stderr open until exit: a reader of a pipe on it sees its end then, not
-//! when the program closes descriptor 2. The summary is written without
+//! when the program closes descriptor 2. The library's destructor runs
+//! before glibc's `exit` writes out the C streams' buffers, so it first
+//! writes out what the program left in `stdout`'s and `stderr`'s buffers
+//! itself (`fflush_unlocked`), each only when `ftrylockfile` gets the
+//! stream's lock: a thread stopped inside `printf` holds it, and the
+//! library never waits for it (that stream's last lines may then follow
+//! the summary). Python flushes its own `sys.stdout` before `exit`. The
+//! summary is written without
 //! dying of `SIGPIPE` when stderr is a closed pipe: huge blocks served and bytes
 //! requested at allocation (growth by `realloc` is not in these bytes: it
 //! shows in the resize counts), the threshold and the retention cap in
@@ -195,7 +215,19 @@
 //! its parent's counters, as jemalloc's and mimalloc's statistics do, so
 //! its summary includes what the parent did before the fork (subtract the
 //! parent's, or set the variable in the parent only). `_exit` (and a death
-//! by signal) prints none.
+//! by signal) prints none: dash, the `sh` of Debian and Ubuntu, leaves
+//! through `_exit`, so `sh -c 'a; b'` prints the summaries of `a` and `b`
+//! and none of its own (it served no huge block anyway), and a program
+//! dash runs as its last command replaces it (`exec`).
+//!
+//! The library exports one function of its own beside the allocation
+//! API, `size_t ckalloc_stats_json(char *buf, size_t len)`: the same
+//! statistics as one JSON object (the keys are listed at
+//! [`write_stats_json`]), written as `snprintf` writes, for a program to
+//! read at run time; the Python package's `ckalloc.stats()` calls it. The
+//! library writes to no stream on its own: a setting it does not take is
+//! reported in the summary, by `ckalloc probe` and by `ckalloc run`, which
+//! checks every `CKALLOC_*` variable before the program starts.
 //!
 //! # Limits
 //!
@@ -247,6 +279,7 @@
 
 mod api;
 pub mod glibc;
+mod json;
 mod report;
 
 pub use api::{
@@ -254,7 +287,8 @@ pub use api::{
     pvalloc, realloc, reallocarray, valloc,
 };
 pub use glibc::GlibcMalloc;
-pub use report::{print_at_exit, remember_stderr, write_summary};
+pub use json::write_stats_json;
+pub use report::{print_at_exit, remember_output, write_summary};
 
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 

@@ -1,12 +1,19 @@
-//! The summary `CKALLOC_SHOW_STATS=1` prints at exit: one block of text on
-//! stderr, labelled with the PID, formatted on the stack and written with
-//! one `write(2)` (no allocation, as the allocator's own paths require).
+//! The summary `CKALLOC_SHOW_STATS` prints at exit: one block of text on
+//! stderr or appended to the `CKALLOC_STATS_FILE` file, labelled with the
+//! PID, formatted on the stack and written with one `write(2)` (no
+//! allocation, as the allocator's own paths require).
 
+use super::glibc::flush_stdio_if_unlocked;
 use super::stats;
+use crate::env::{stats_file_template, ShowStats};
 use crate::huge::huge_stats;
 use crate::units::{ExactBytes, SliceWriter};
+use std::cell::UnsafeCell;
 use std::fmt::Write as _;
-use std::sync::atomic::{AtomicI32, AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{
+    AtomicI32, AtomicU64, AtomicU8, AtomicUsize,
+    Ordering::{Acquire, Relaxed, Release},
+};
 
 /// Bytes of the summary's buffer (the summary is about 1 KiB).
 const SUMMARY_MAX: usize = 4096;
@@ -93,9 +100,10 @@ impl std::fmt::Write for Prefixed<'_, '_> {
 static STDERR_FILE: [AtomicU64; 2] = [AtomicU64::new(u64::MAX), AtomicU64::new(u64::MAX)];
 
 /// A copy of file descriptor 2 made at load (close-on-exec, numbered from
-/// [`COPY_FD_MIN`]), for a program that closes standard error before the
-/// summary is printed: GNU coreutils' `close_stdout`, an `atexit` handler,
-/// closes it first. -1: none.
+/// [`COPY_FD_MIN`], or from half the descriptor limit when that is lower),
+/// for a program that closes standard error before the summary is printed:
+/// GNU coreutils' `close_stdout`, an `atexit` handler, closes it first.
+/// -1: none.
 static STDERR_COPY: AtomicI32 = AtomicI32::new(-1);
 
 /// The lowest number the copy of standard error takes: above the numbers
@@ -110,32 +118,177 @@ fn file_id(fd: i32) -> Option<(u64, u64)> {
     (unsafe { libc::fstat(fd, &mut st) } == 0).then_some((st.st_dev, st.st_ino))
 }
 
-/// Remember which file standard error is (the preload library calls this
-/// when it loads), so that [`print_at_exit`] never writes into a file the
-/// program opened later under the same number.
-pub fn remember_stderr() {
+/// The lowest number for the copy of standard error: [`COPY_FD_MIN`], or
+/// half the soft `RLIMIT_NOFILE` when that is lower (a shell's `ulimit -n
+/// 256`), at least 3.
+fn copy_fd_min() -> i32 {
+    // SAFETY: a plain out-struct.
+    let mut lim: libc::rlimit = unsafe { std::mem::zeroed() };
+    // SAFETY: a valid out pointer.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } != 0 {
+        return COPY_FD_MIN;
+    }
+    let half = i32::try_from(lim.rlim_cur / 2).unwrap_or(i32::MAX);
+    half.clamp(3, COPY_FD_MIN)
+}
+
+/// The summary's file when `CKALLOC_STATS_FILE` is set: its template made
+/// absolute at load (a `%` of the working directory's name doubled), so
+/// that a program that changes directory still writes where the variable
+/// said. Written once, by the library's constructor, before `len` is
+/// published.
+struct Template {
+    bytes: UnsafeCell<[u8; PATH_MAX]>,
+    /// 0: no template (standard error); [`REFUSED`]: a template that was
+    /// not taken (no summary); else its length.
+    len: AtomicUsize,
+}
+
+/// [`Template::len`] of a template that was not taken.
+const REFUSED: usize = usize::MAX;
+
+/// Linux's `PATH_MAX`: the most bytes of a path with its NUL.
+const PATH_MAX: usize = 4096;
+
+// SAFETY: `bytes` is written only by `remember_output`, which the
+// library's constructor calls once before any reader can see a non-zero
+// `len` (Release/Acquire), and only read after that.
+unsafe impl Sync for Template {}
+
+static TEMPLATE: Template = Template {
+    bytes: UnsafeCell::new([0; PATH_MAX]),
+    len: AtomicUsize::new(0),
+};
+
+/// The [`ShowStats`] read at load, as its discriminant.
+static MODE: AtomicU8 = AtomicU8::new(ShowStats::Off as u8);
+
+/// Note which processes get a summary and where it goes, when the library loads (a program may
+/// clear its environment, change directory or reuse file descriptor 2
+/// before it exits): the file `CKALLOC_STATS_FILE` names, made absolute,
+/// or else which file standard error is, so that [`print_at_exit`] never
+/// writes into a file the program opened later under the same number.
+/// Call once, from the library's constructor. Never allocates.
+pub fn remember_output() {
+    let mode = crate::env::show_stats();
+    MODE.store(mode as u8, Relaxed);
+    if mode == ShowStats::Off {
+        return;
+    }
+    if let Some(template) = crate::env::stats_file() {
+        // SAFETY: the only writer, before `len` is published (`Template`).
+        let buf = unsafe { &mut *TEMPLATE.bytes.get() };
+        let len = absolute_template(template, buf).unwrap_or(REFUSED);
+        TEMPLATE.len.store(len, Release);
+        return;
+    }
     if let Some((dev, ino)) = file_id(libc::STDERR_FILENO) {
         STDERR_FILE[0].store(dev, Relaxed);
         STDERR_FILE[1].store(ino, Relaxed);
         // SAFETY: duplicates an open descriptor; no memory is passed.
         // -1 when it fails: no copy.
-        let copy = unsafe { libc::fcntl(libc::STDERR_FILENO, libc::F_DUPFD_CLOEXEC, COPY_FD_MIN) };
+        let copy =
+            unsafe { libc::fcntl(libc::STDERR_FILENO, libc::F_DUPFD_CLOEXEC, copy_fd_min()) };
         STDERR_COPY.store(copy, Relaxed);
     }
 }
 
-/// Write the summary to the file [`remember_stderr`] saw as standard
-/// error: through descriptor 2 while it is still that file, else through
-/// the copy made at load while that still is (a program that closed
-/// standard error, or closed the copy and reused its number, gets none).
-/// `SIGPIPE` is blocked during the write (and a `SIGPIPE` the write raised
-/// discarded), so that a closed pipe neither kills the exiting process nor
-/// changes its exit status. Never allocates.
+/// `template` made absolute into `out`: as it is when it starts with `/`,
+/// else after the working directory (each `%` in it doubled) and a `/`.
+/// `None` when it does not fit, the working directory cannot be read, or
+/// the template is not taken ([`stats_file_template`]).
+fn absolute_template(template: &[u8], out: &mut [u8; PATH_MAX]) -> Option<usize> {
+    // The template must expand for the largest process ID.
+    stats_file_template(template, u32::MAX, &mut [0; PATH_MAX]).ok()?;
+    let mut len = 0;
+    if template.first() != Some(&b'/') {
+        let mut cwd = [0u8; PATH_MAX];
+        // SAFETY: `cwd` has room for `PATH_MAX` bytes.
+        if unsafe { libc::getcwd(cwd.as_mut_ptr().cast(), PATH_MAX) }.is_null() {
+            return None;
+        }
+        let cwd_len = cwd.iter().position(|&b| b == 0)?;
+        for &b in cwd[..cwd_len].iter().chain(b"/") {
+            let doubled: &[u8] = if b == b'%' {
+                b"%%"
+            } else {
+                std::slice::from_ref(&b)
+            };
+            for &c in doubled {
+                *out.get_mut(len)? = c;
+                len += 1;
+            }
+        }
+    }
+    let end = len.checked_add(template.len())?;
+    out.get_mut(len..end)?.copy_from_slice(template);
+    stats_file_template(&out[..end], u32::MAX, &mut [0; PATH_MAX]).ok()?;
+    Some(end)
+}
+
+/// Write the summary at exit, if `CKALLOC_SHOW_STATS` (as read by
+/// [`remember_output`]) asks for this process ([`ShowStats`]: by default only one that served a huge-page
+/// block): appended to the `CKALLOC_STATS_FILE` file with one `write(2)`
+/// (opened `O_APPEND`, created with mode 0644 less the umask), else to the
+/// file [`remember_output`] saw as standard error, through descriptor 2
+/// while it is still that file, else through the copy made at load while
+/// that still is (a program that closed standard error, or closed the copy
+/// and reused its number, gets none). Before writing to standard error the
+/// program's own buffered `stdout` and `stderr` output is written out, so
+/// that the summary comes after it, each stream only when no thread holds
+/// its lock ([`flush_stdio_if_unlocked`]). `SIGPIPE` is blocked during the
+/// write (and a `SIGPIPE` the write raised discarded), so that a closed
+/// pipe neither kills the exiting process nor changes its exit status.
+/// Never allocates; never blocks on a lock.
 pub fn print_at_exit() {
+    let mode = MODE.load(Relaxed);
+    let wanted = if mode == ShowStats::All as u8 {
+        true
+    } else {
+        mode == ShowStats::Huge as u8 && stats().blocks > 0
+    };
+    if !wanted {
+        return;
+    }
+    match TEMPLATE.len.load(Acquire) {
+        0 => {}
+        REFUSED => return,
+        len => {
+            // SAFETY: written before `len` was published, never again.
+            let template = unsafe { &(&*TEMPLATE.bytes.get())[..len] };
+            let mut path = [0u8; PATH_MAX];
+            // SAFETY: getpid cannot fail.
+            let pid = unsafe { libc::getpid() }.unsigned_abs();
+            if stats_file_template(template, pid, &mut path).is_err() {
+                return;
+            }
+            // SAFETY: `path` holds a NUL-terminated path.
+            let fd = unsafe {
+                libc::open(
+                    path.as_ptr().cast(),
+                    libc::O_WRONLY
+                        | libc::O_CREAT
+                        | libc::O_APPEND
+                        | libc::O_CLOEXEC
+                        | libc::O_NOCTTY,
+                    0o644 as libc::c_uint,
+                )
+            };
+            if fd >= 0 {
+                without_sigpipe(|| {
+                    let _ = write_summary(fd);
+                });
+                // SAFETY: closes the descriptor opened above.
+                unsafe { libc::close(fd) };
+            }
+            return;
+        }
+    }
     let then = (STDERR_FILE[0].load(Relaxed), STDERR_FILE[1].load(Relaxed));
     if then == (u64::MAX, u64::MAX) {
         return;
     }
+    flush_stdio_if_unlocked();
     let copy = STDERR_COPY.load(Relaxed);
     let fd = if file_id(libc::STDERR_FILENO) == Some(then) {
         libc::STDERR_FILENO
@@ -144,6 +297,15 @@ pub fn print_at_exit() {
     } else {
         return;
     };
+    without_sigpipe(|| {
+        let _ = write_summary(fd);
+    });
+}
+
+/// Run `f` with `SIGPIPE` blocked in this thread, discarding a `SIGPIPE`
+/// that `f` raised (not one pending before); `f` does not run when the
+/// mask cannot be changed.
+fn without_sigpipe(f: impl FnOnce()) {
     // SAFETY: signal sets on the stack, initialised by sigemptyset; the
     // calls only change this thread's mask and pending set.
     unsafe {
@@ -158,7 +320,7 @@ pub fn print_at_exit() {
         libc::sigemptyset(&mut pending);
         libc::sigpending(&mut pending);
         let was_pending = libc::sigismember(&pending, libc::SIGPIPE) == 1;
-        let _ = write_summary(fd);
+        f();
         if !was_pending {
             let zero = libc::timespec {
                 tv_sec: 0,

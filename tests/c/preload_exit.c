@@ -3,18 +3,50 @@
  * environment, "reuse-stderr FILE" closes descriptor 2 and opens FILE in
  * its place, "close-stderr-at-exit" closes descriptor 2 in an atexit
  * handler (as GNU coreutils' close_stdout does), "close-all FILE" closes
- * every descriptor from 2 to 1023 and opens FILE under 2 and 512.
- * CKALLOC_SHOW_STATS prints at exit only, into the stderr the program
- * started with. */
+ * every descriptor from 2 to 1023 and opens FILE under 2 and 512,
+ * "small-only" allocates no huge block, "print-lines" leaves two lines in
+ * stdout's buffer, "locked-stdout" exits while another thread holds
+ * stdout's lock, "fork" has a child allocate a huge block and exit first,
+ * "chdir DIR" changes directory before exit. CKALLOC_SHOW_STATS prints at
+ * exit only, into the stderr the program started with. */
 #define _GNU_SOURCE
 #include <fcntl.h>
+#include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
+#include <sys/wait.h>
 #include <string.h>
 #include <unistd.h>
 
 static void close_stderr(void) { close(2); }
 
+static pthread_mutex_t held = PTHREAD_MUTEX_INITIALIZER;
+
+static void *hold_stdout(void *arg) {
+    (void)arg;
+    flockfile(stdout);
+    fputs("held\n", stdout);
+    pthread_mutex_unlock(&held);
+    for (;;) pause();
+    return NULL;
+}
+
 int main(int argc, char **argv) {
+    const char *mode = argc > 1 ? argv[1] : "";
+    if (strcmp(mode, "small-only") == 0) {
+        char *small = malloc(100);
+        if (!small) return 2;
+        free(small);
+        return 0;
+    }
+    if (strcmp(mode, "fork") == 0) {
+        pid_t child = fork();
+        if (child < 0) return 5;
+        if (child > 0) {
+            int status = 0;
+            if (waitpid(child, &status, 0) != child || status != 0) return 6;
+        }
+    }
     char *big = malloc(5u << 20);
     char *small = malloc(100);
     if (!big || !small) return 2;
@@ -33,5 +65,13 @@ int main(int argc, char **argv) {
         if (open(argv[2], O_WRONLY | O_CREAT | O_TRUNC, 0600) != 2) return 3;
         if (dup2(2, 512) != 512) return 4;
     }
+    if (strcmp(mode, "print-lines") == 0) printf("first line\nlast line\n");
+    if (strcmp(mode, "locked-stdout") == 0) {
+        pthread_t t;
+        pthread_mutex_lock(&held);
+        if (pthread_create(&t, NULL, hold_stdout, NULL) != 0) return 7;
+        pthread_mutex_lock(&held);
+    }
+    if (argc > 2 && strcmp(mode, "chdir") == 0 && chdir(argv[2]) != 0) return 8;
     return 0;
 }

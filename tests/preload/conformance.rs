@@ -32,7 +32,7 @@ fn the_c_api_keeps_glibc_semantics_at_a_threshold_off_the_page_size() {
 
 #[test]
 fn show_stats_is_read_at_load_and_survives_a_closed_pipe() {
-    let prog = compile("preload_exit.c", "cc", &["-std=c11"]);
+    let prog = compile("preload_exit.c", "cc", &["-std=c11", "-pthread"]);
     // The program clears its environment before it exits: the summary is
     // still printed.
     let mut cmd = Command::new(&prog);
@@ -79,7 +79,7 @@ fn a_later_preload_does_not_answer_for_glibc() {
 
 #[test]
 fn show_stats_prints_one_summary_at_exit_labelled_with_the_pid() {
-    let prog = compile("preload_exit.c", "cc", &["-std=c11"]);
+    let prog = compile("preload_exit.c", "cc", &["-std=c11", "-pthread"]);
     let mut cmd = Command::new(&prog);
     cmd.env("CKALLOC_SHOW_STATS", "1");
     let child = {
@@ -164,4 +164,140 @@ fn show_stats_prints_one_summary_at_exit_labelled_with_the_pid() {
     assert_eq!(std::fs::read(&file).expect("the file exists"), b"");
     silent(&[], None, "preload_exit without CKALLOC_SHOW_STATS");
     silent(&[], Some("0"), "preload_exit with CKALLOC_SHOW_STATS=0");
+}
+
+/// `preload_exit` with `args`, the library preloaded, `env` set (and
+/// `CKALLOC_SHOW_STATS`, `CKALLOC_STATS_FILE` unset unless given), its
+/// stderr into its stdout: (pid, the combined output).
+fn exit_run(args: &[&str], env: &[(&str, &str)]) -> (u32, String) {
+    let prog = compile("preload_exit.c", "cc", &["-std=c11", "-pthread"]);
+    let mut cmd = Command::new("sh");
+    cmd.arg("-c")
+        .arg("exec \"$@\" 2>&1")
+        .arg("sh")
+        .arg(&prog)
+        .args(args)
+        .env("LD_PRELOAD", super::library())
+        .env_remove("CKALLOC_SHOW_STATS")
+        .env_remove("CKALLOC_STATS_FILE")
+        .envs(env.iter().copied());
+    let child = cmd
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    let pid = child.id();
+    let out = child.wait_with_output().expect("wait");
+    assert_success(&out, &format!("preload_exit {args:?}"));
+    (pid, String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+#[test]
+fn a_summary_comes_only_from_a_process_that_served_a_huge_block_unless_all_is_asked() {
+    let (_, out) = exit_run(&["small-only"], &[("CKALLOC_SHOW_STATS", "1")]);
+    assert_eq!(out, "", "no huge block, no summary");
+    let (pid, out) = exit_run(&["small-only"], &[("CKALLOC_SHOW_STATS", "all")]);
+    assert!(
+        out.contains(&format!("ckalloc[{pid}]: preload: 0 huge blocks served")),
+        "{out}"
+    );
+    assert!(out.contains("CKALLOC_SHOW_STATS all"), "{out}");
+    let (pid, out) = exit_run(&[], &[("CKALLOC_SHOW_STATS", " ON ")]);
+    assert!(
+        out.contains(&format!("ckalloc[{pid}]: preload: 1 huge block served")),
+        "{out}"
+    );
+    // A value that is not a switch word is not taken: the default (off).
+    let (_, out) = exit_run(&[], &[("CKALLOC_SHOW_STATS", "nope")]);
+    assert_eq!(out, "");
+}
+
+#[test]
+fn the_summary_follows_the_programs_buffered_output_and_never_waits_for_its_lock() {
+    let (_, out) = exit_run(&["print-lines"], &[("CKALLOC_SHOW_STATS", "1")]);
+    assert!(out.starts_with("first line\nlast line\nckalloc["), "{out}");
+    // Another thread holds stdout's lock at exit: the summary is printed
+    // (after what is already written) and the process still exits.
+    let (_, out) = exit_run(&["locked-stdout"], &[("CKALLOC_SHOW_STATS", "1")]);
+    assert!(out.contains("preload: 1 huge block served"), "{out}");
+}
+
+#[test]
+fn summaries_go_to_one_file_per_process_through_a_pid_template() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let elsewhere = tempfile::tempdir().expect("tempdir");
+    let root = dir.path().to_str().expect("UTF-8 path");
+    // A relative template is taken from the directory at load, though the
+    // program changes directory before it exits; `%%` is one `%`.
+    let (pid, out) = {
+        let prog = compile("preload_exit.c", "cc", &["-std=c11", "-pthread"]);
+        let child = Command::new(&prog)
+            .args(["chdir", elsewhere.path().to_str().expect("UTF-8 path")])
+            .current_dir(dir.path())
+            .env("LD_PRELOAD", super::library())
+            .env_remove("CKALLOC_SHOW_STATS")
+            .env("CKALLOC_STATS_FILE", "ck-%p-100%%.txt")
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("spawn");
+        let pid = child.id();
+        (pid, child.wait_with_output().expect("wait"))
+    };
+    assert_success(&out, "preload_exit chdir");
+    assert!(
+        out.stderr.is_empty(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = std::fs::read_to_string(dir.path().join(format!("ck-{pid}-100%.txt")))
+        .expect("the summary file");
+    assert!(
+        text.starts_with(&format!("ckalloc[{pid}]: preload: 1 huge block served")),
+        "{text}"
+    );
+    assert_eq!(std::fs::read_dir(elsewhere.path()).unwrap().count(), 0);
+
+    // A parent and its child: one file each, nothing on the streams.
+    let template = format!("{root}/fork-%p.txt");
+    let (pid, out) = exit_run(&["fork"], &[("CKALLOC_STATS_FILE", &template)]);
+    assert_eq!(out, "");
+    let mut names: Vec<String> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with("fork-"))
+        .collect();
+    names.sort();
+    assert_eq!(names.len(), 2, "{names:?}");
+    assert!(names.contains(&format!("fork-{pid}.txt")), "{names:?}");
+    for n in &names {
+        let text = std::fs::read_to_string(dir.path().join(n)).unwrap();
+        let pid = n.trim_start_matches("fork-").trim_end_matches(".txt");
+        assert!(
+            text.starts_with(&format!("ckalloc[{pid}]: preload: 1 huge block")),
+            "{n}: {text}"
+        );
+        assert_eq!(text.matches("preload: ").count(), 1, "{n}: {text}");
+    }
+
+    // A template not taken prints nothing anywhere.
+    let bad = format!("{root}/bad-%q.txt");
+    let (_, out) = exit_run(&[], &[("CKALLOC_STATS_FILE", &bad)]);
+    assert_eq!(out, "");
+    assert!(!dir.path().join("bad-%q.txt").exists());
+}
+
+#[test]
+fn the_copy_of_stderr_fits_under_a_low_descriptor_limit() {
+    let prog = compile("preload_exit.c", "cc", &["-std=c11", "-pthread"]);
+    let out = Command::new("sh")
+        .arg("-c")
+        .arg("ulimit -n 200 && exec \"$0\" close-stderr-at-exit")
+        .arg(&prog)
+        .env("LD_PRELOAD", super::library())
+        .env("CKALLOC_SHOW_STATS", "1")
+        .output()
+        .expect("run");
+    assert_success(&out, "preload_exit under ulimit -n 200");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("preload: 1 huge block served"), "{err}");
 }

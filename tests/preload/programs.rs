@@ -221,3 +221,94 @@ fn ckalloc_run_preloads_the_library_and_returns_the_program_status() {
         .expect("run ckalloc");
     assert_eq!(out.status.code(), Some(2), "{out:?}");
 }
+
+#[cfg(feature = "cli")]
+#[test]
+fn ckalloc_run_warns_of_settings_not_taken_and_programs_out_of_reach_and_runs_them() {
+    let ckalloc = env!("CARGO_BIN_EXE_ckalloc");
+    let run = |program: &std::path::Path, env: &[(&str, &str)]| {
+        let mut cmd = Command::new(ckalloc);
+        cmd.arg("run")
+            .arg("--")
+            .arg(program)
+            .env("CKALLOC_PRELOAD_LIB", super::library())
+            .env_remove("LD_PRELOAD");
+        for (k, _) in std::env::vars()
+            .filter(|(k, _)| k.starts_with("CKALLOC_") && k != "CKALLOC_PRELOAD_LIB")
+        {
+            cmd.env_remove(k);
+        }
+        let out = cmd.envs(env.iter().copied()).output().expect("run ckalloc");
+        assert_eq!(out.status.code(), Some(0), "{out:?}");
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("t.c");
+    std::fs::write(&src, "int main(void) { return 0; }\n").unwrap();
+    let build = |out: &str, flags: &[&str]| {
+        let p = dir.path().join(out);
+        let st = Command::new("cc")
+            .args(flags)
+            .arg(&src)
+            .arg("-o")
+            .arg(&p)
+            .status()
+            .unwrap();
+        assert!(st.success());
+        p
+    };
+    let dynamic = build("dynamic", &[]);
+    assert_eq!(run(&dynamic, &[]), "", "a dynamic program: no warning");
+    let err = run(
+        &dynamic,
+        &[
+            ("CKALLOC_THP", "nope"),
+            ("CKALLOC_PRELOAD_THRESHOLD", "1e99"),
+            ("CKALLOC_STATS_FILE", "/tmp/x-%d"),
+            ("CKALLOC_RETAIN_BYTE", "1"),
+        ],
+    );
+    assert_eq!(err.lines().count(), 4, "{err}");
+    assert!(
+        err.lines().all(|l| l.starts_with("ckalloc run: warning: ")),
+        "{err}"
+    );
+    assert!(
+        err.contains(
+            "CKALLOC_THP=\"nope\": CKALLOC_THP does not parse: taken as unset (default on)"
+        ),
+        "{err}"
+    );
+    assert!(err.contains("CKALLOC_PRELOAD_THRESHOLD=\"1e99\""), "{err}");
+    assert!(
+        err.contains("CKALLOC_STATS_FILE=\"/tmp/x-%d\" is not taken"),
+        "{err}"
+    );
+    assert!(
+        err.contains("CKALLOC_RETAIN_BYTE is not a ckalloc variable"),
+        "{err}"
+    );
+    // A script whose interpreter is dynamic: no warning; a static program
+    // and a set-group-ID one: one line each, and they still run.
+    let script = dir.path().join("script");
+    std::fs::write(&script, "#!/usr/bin/env sh\nexit 0\n").unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+    assert_eq!(run(&script, &[]), "");
+    if Command::new("cc")
+        .args(["-static", "-x", "c", "-", "-o"])
+        .arg(dir.path().join("probe"))
+        .stdin(std::fs::File::open(&src).unwrap())
+        .status()
+        .is_ok_and(|s| s.success())
+    {
+        let err = run(&dir.path().join("probe"), &[]);
+        assert!(err.contains("is statically linked (no PT_INTERP)"), "{err}");
+    } else {
+        eprintln!("skipped the static case: cc -static failed (no static libc)");
+    }
+    let sgid = build("sgid", &[]);
+    std::fs::set_permissions(&sgid, std::fs::Permissions::from_mode(0o2755)).unwrap();
+    let err = run(&sgid, &[]);
+    assert!(err.contains("is set-user-ID or set-group-ID"), "{err}");
+}

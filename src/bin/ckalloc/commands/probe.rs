@@ -206,17 +206,10 @@ fn hints(sys: &SystemHugePages, trials: &[Trial]) -> Vec<String> {
         );
     }
     for s in huge_stats().unparsed_settings() {
-        let (taken, syntax) = match s.unit {
-            Unit::Bytes => (
-                "it is taken as unset",
-                "a number of bytes or a size such as `512mib` or `1GiB`",
-            ),
-            Unit::Milliseconds => ("it is taken as unset", "a decimal number of milliseconds"),
-            Unit::Switch => ("it is taken as on", "on, off, 1, 0, true, false, yes or no"),
-        };
         h.push(format!(
-            "{}: set but does not parse, so {taken}; write {syntax}",
-            s.name
+            "{}: set but does not parse, so it is taken as unset; write {}",
+            s.name,
+            s.expected()
         ));
     }
     if sys.memlock_soft.is_some_and(|l| l < TOUCH_BYTES as u64) {
@@ -264,6 +257,7 @@ fn settings_json() -> Value {
                         Unit::Bytes => "bytes",
                         Unit::Milliseconds => "ms",
                         Unit::Switch => "switch",
+                        Unit::Word(_) => "word",
                     },
                     "source": match s.source {
                         Source::Default => "default",

@@ -2,6 +2,17 @@
 //! (`libckalloc_preload.so`) first in `LD_PRELOAD`. The program replaces
 //! this process (`execvp`), so its exit status and any signal that ends it
 //! are the status of `ckalloc run` itself.
+//!
+//! Before it starts the program it prints, on its own standard error, one
+//! `ckalloc run: warning:` line per `CKALLOC_*` variable whose value the
+//! library will not take (and what it uses instead) or whose name nothing
+//! reads, and one when the library cannot reach the program: a statically
+//! linked one (no `PT_INTERP`), a set-user-ID or set-group-ID one, or one
+//! with file capabilities (`PATH` and `#!` interpreters followed). These
+//! are warnings: the program runs all the same.
+
+mod program;
+mod settings;
 
 use crate::error::{err, CliError};
 use std::ffi::{OsStr, OsString};
@@ -164,6 +175,12 @@ pub fn run(a: RunArgs) -> ExitCode {
             .report(false);
         }
     };
+    for w in settings::warnings()
+        .into_iter()
+        .chain(program::why_not_preloaded(program))
+    {
+        eprintln!("ckalloc run: warning: {w}");
+    }
     let e = std::process::Command::new(program)
         .args(args)
         .env("LD_PRELOAD", preload)

@@ -1,0 +1,82 @@
+"""ckalloc for Python programs: the preload library (``libckalloc_preload.so``)
+installed with this package, and the statistics of the process it runs in.
+
+Run a program under the library with the ``ckalloc`` command (or
+``python -m ckalloc`` where scripts are not on ``PATH``)::
+
+    ckalloc run -- python serve.py
+
+and read what it did from inside that program::
+
+    import ckalloc
+    if ckalloc.is_active():
+        print(ckalloc.stats()["tiers"]["thp"])
+
+Standard library only. Linux with glibc, x86_64.
+"""
+
+import ctypes
+import json
+import os
+
+__all__ = ["library_path", "is_active", "stats", "NotActiveError"]
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+_LIBRARY = "libckalloc_preload.so"
+_STATS_SYMBOL = "ckalloc_stats_json"
+
+
+class NotActiveError(RuntimeError):
+    """The preload library is not loaded into this process."""
+
+
+def library_path():
+    """The absolute path of the preload library this package installed (put
+    it in ``LD_PRELOAD``, or use ``ckalloc run``). Raises ``FileNotFoundError``
+    when the package was installed without it."""
+    path = os.path.join(_HERE, "lib", _LIBRARY)
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"{path}: the ckalloc package holds no preload library")
+    return path
+
+
+def _stats_function():
+    """The library's exported ``ckalloc_stats_json`` as the dynamic loader's
+    global scope finds it (where ``LD_PRELOAD`` puts it), or ``None``."""
+    try:
+        f = getattr(ctypes.CDLL(None), _STATS_SYMBOL)
+    except AttributeError:
+        return None
+    f.restype = ctypes.c_size_t
+    f.argtypes = [ctypes.c_char_p, ctypes.c_size_t]
+    return f
+
+
+def is_active():
+    """Whether this process runs under the preload library (it was preloaded,
+    so its ``malloc`` serves the process)."""
+    return _stats_function() is not None
+
+
+def stats():
+    """This process's statistics from the preload library as a dict: the
+    preload counters (``stats()["preload"]``: huge blocks served, bytes
+    requested, threshold, retention cap), the blocks and bytes of each tier
+    (``"tiers"``: ``hugetlb``, ``thp``, ``normal``), live, retained, purged and
+    collapsed bytes, the background thread's state, the THP settings and every
+    ``CKALLOC_*`` setting with where it came from. Sizes are bytes, times
+    nanoseconds. Each number is read at the call (no snapshot of one moment).
+    Raises ``NotActiveError`` when the library is not loaded."""
+    f = _stats_function()
+    if f is None:
+        raise NotActiveError(
+            "the ckalloc preload library is not loaded in this process: start it with "
+            "`ckalloc run -- python ...` (or LD_PRELOAD=" + _LIBRARY + ")"
+        )
+    size = 16384
+    while True:
+        buf = ctypes.create_string_buffer(size)
+        n = f(buf, size)
+        if n < size:
+            return json.loads(buf.raw[:n].decode("utf-8"))
+        size = n + 1
