@@ -21,7 +21,9 @@
 //!    and block-table shard locks;
 //! 3. [`Stage::Retention`]: `CkHuge`'s retention cache, which takes no lock
 //!    and only repairs, in the child, slots a thread of the parent held mid
-//!    operation.
+//!    operation;
+//! 4. [`Stage::PreloadCounters`]: the preload library's counters, which
+//!    take no lock; the child notes how many huge blocks it inherited.
 //!
 //! No thread other than the prepare handler holds two of these locks at
 //! once, and none waits for anything but the global allocator while holding
@@ -51,9 +53,11 @@ pub(crate) enum Stage {
     CArenas = 0,
     CachingAllocators = 1,
     Retention = 2,
+    #[cfg_attr(not(feature = "preload"), allow(dead_code))]
+    PreloadCounters = 3,
 }
 
-const STAGES: usize = 3;
+const STAGES: usize = 4;
 
 static TABLE: [AtomicPtr<Hooks>; STAGES] = [const { AtomicPtr::new(std::ptr::null_mut()) }; STAGES];
 

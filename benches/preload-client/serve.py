@@ -9,9 +9,12 @@ Usage: python serve.py [MODEL_DIR [BATCH [SEQ [PASSES]]]]
 
 MODEL_DIR defaults to .cache/models/all-minilm-l6-v2 at the repository
 root, which scripts/fetch-model fills (the model.safetensors path it prints
-stands for its folder); BATCH 16, SEQ 128 tokens (at most the model's
-positions), PASSES 7. Without the model, torch or transformers it says what
-is missing and how to get it, and exits 2 before importing torch.
+stands for its folder); BATCH 16 (1 to 1024), SEQ 128 tokens (1 to the
+model's positions), PASSES 7 (1 to 10000), each in decimal digits alone.
+It exits 2 before importing torch on a bad argument, or when the model,
+torch or transformers is missing, saying what is missing and how to get it.
+A forward pass that cannot get its memory (a RuntimeError or MemoryError
+from torch) ends it with one line on stderr and status 1.
 
 With SERVE_MARK_PASSES=1 in the environment, each forward pass starts with a
 write of "serve.py: pass N" to stderr (one system call), and the last one is
@@ -32,6 +35,9 @@ from procfs import kib
 DEFAULT_MODEL = Path(__file__).resolve().parents[2] / ".cache/models/all-minilm-l6-v2"
 USAGE = "usage: python serve.py [MODEL_DIR [BATCH [SEQ [PASSES]]]]  (defaults: " \
         f"{DEFAULT_MODEL} 16 128 7)"
+# (name, position in argv, default, largest). SEQ is bounded by the model's
+# positions too, once its config is read.
+NUMBERS = (("BATCH", 2, 16, 1024), ("SEQ", 3, 128, 512), ("PASSES", 4, 7, 10000))
 
 
 def arguments():
@@ -43,6 +49,18 @@ def arguments():
 
     if len(sys.argv) > 5:
         die(f"too many arguments\n{USAGE}")
+    numbers = []
+    for name, i, default, largest in NUMBERS:
+        text = sys.argv[i] if len(sys.argv) > i else str(default)
+        # ASCII digits alone: int() would also take "+16", "1_6", " 16" and
+        # other scripts' digits. The length rules out a long number first, as
+        # int() refuses more than 4300 digits.
+        if not (text.isascii() and text.isdigit()):
+            die(f"{name} {text!r}: not a whole number in decimal digits\n{USAGE}")
+        if len(text.lstrip("0")) > len(str(largest)) or not 1 <= int(text) <= largest:
+            die(f"{name} {text[:40]}: not 1 to {largest}\n{USAGE}")
+        numbers.append(int(text))
+    batch, seq, passes = numbers
     model_dir = Path(sys.argv[1]) if len(sys.argv) > 1 else DEFAULT_MODEL
     if model_dir.is_file():
         model_dir = model_dir.parent
@@ -60,14 +78,8 @@ def arguments():
         die("; ".join(missing))
     with open(model_dir / "config.json") as f:
         positions = json.load(f).get("max_position_embeddings", 512)
-    try:
-        batch, seq, passes = (int(sys.argv[i]) if len(sys.argv) > i else default
-                              for i, default in ((2, 16), (3, 128), (4, 7)))
-    except ValueError:
-        die(f"BATCH, SEQ and PASSES must be whole numbers\n{USAGE}")
-    if not (batch >= 1 and 1 <= seq <= positions and passes >= 1):
-        die(f"BATCH {batch}, SEQ {seq}, PASSES {passes}: each must be at least 1, and SEQ at "
-            f"most {positions} (the model's positions)\n{USAGE}")
+    if seq > positions:
+        die(f"SEQ {seq}: more than the model's {positions} positions\n{USAGE}")
     return model_dir, batch, seq, passes
 
 
@@ -92,13 +104,21 @@ mask = torch.ones_like(ids)
 
 faults0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 times = []
-with torch.inference_mode():
-    for i in range(passes):
-        if mark:
-            os.write(2, f"serve.py: pass {i}\n".encode())
-        t = time.perf_counter()
-        out = model(input_ids=ids, attention_mask=mask).last_hidden_state
-        times.append((time.perf_counter() - t) * 1e3)
+try:
+    with torch.inference_mode():
+        for i in range(passes):
+            if mark:
+                os.write(2, f"serve.py: pass {i}\n".encode())
+            t = time.perf_counter()
+            out = model(input_ids=ids, attention_mask=mask).last_hidden_state
+            times.append((time.perf_counter() - t) * 1e3)
+except (RuntimeError, MemoryError) as e:
+    # torch's CPU allocator raises a RuntimeError ("DefaultCPUAllocator:
+    # can't allocate memory") when a batch's activations do not fit.
+    reason = (str(e).strip().splitlines() or [type(e).__name__])[0]
+    print(f"serve.py: forward pass {len(times)} on batch {batch} x {seq} failed: {reason}",
+          file=sys.stderr)
+    sys.exit(1)
 if mark:
     os.write(2, b"serve.py: passes done\n")
 faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults0

@@ -10,8 +10,10 @@ there; that path is accepted too and stands for its folder). Beside
 config.json and model.safetensors the folder needs the model's tokenizer
 (tokenizer.json, or vocab.txt); sentence_bert_config.json, when present,
 sets the maximum sequence length as sentence-transformers reads it.
-`--port 0` picks a free port. Once the model is loaded and the port bound,
-the server prints `listening on http://HOST:PORT` on stdout.
+`--port 0` picks a free port; `--threads` is 1 to four times the CPUs. The
+port is bound before the model is loaded, so that a busy port fails at
+once; once the model is loaded the server prints
+`listening on http://HOST:PORT` on stdout and serves.
 
 API (JSON in and out):
 
@@ -27,8 +29,12 @@ max_seq_length of sentence_bert_config.json, else the model's 512
 positions). A request holds 1 to 1024 texts in a body of at most 8 MiB; the
 model runs on chunks of at most 32 texts, so memory stays bounded whatever
 the request. Bad input gets 400 (411 without Content-Length, 413 for a body
-over the limit) and a server-side failure 500, each with a JSON body
-`{"error": "..."}`; the server goes on serving after either.
+over the limit) and a server-side failure 500; what http.server refuses on
+its own keeps its status (501 for another method, 400 for a request line it
+cannot read, 414 for a URL over 64 KiB, 431 for over 100 headers). Every
+error has a JSON body `{"error": "..."}` (none for HEAD), and the server goes
+on serving after any of them. A client that goes away mid-request costs one
+line in the log; a server-side failure logs its traceback.
 
 The HTTP layer is `http.server.ThreadingHTTPServer`: one thread per
 connection, so `/health` answers and a slow or stalled client (its socket
@@ -40,14 +46,16 @@ at once, and peak memory stays that of one chunk. The standard library has
 no asynchronous HTTP server, and the model would block its event loop
 anyway.
 
-Exit status 2, before the port is bound, when torch or transformers cannot
-be imported or the model folder lacks a file; Ctrl-C or SIGTERM stops the
-server with status 0.
+Exit status 2 for a bad option, a model folder that lacks a file, or torch
+or transformers that cannot be imported (the files and the packages are
+looked for before the port is bound); 1 when the port cannot be bound or the
+model does not load. Ctrl-C or SIGTERM stops the server with status 0.
 """
 import argparse
 import importlib
 import importlib.util
 import json
+import os
 import signal
 import sys
 import threading
@@ -60,6 +68,10 @@ MAX_BODY = 8 << 20
 MAX_TEXTS = 1024
 CHUNK = 32
 SOCKET_TIMEOUT_S = 60
+# torch.set_num_threads takes any count, and a count such as 100000 crashes
+# the process; more than a few threads per CPU only slow it down.
+MAX_THREADS = 4 * (os.cpu_count() or 1)
+QUOTE = 40  # how much of a header value an error message shows
 
 INSTALL = "python -m pip install torch transformers (into a venv)"
 
@@ -70,6 +82,24 @@ def fail(message, status):
     sys.exit(status)
 
 
+def digits(text):
+    """True when `text` is a whole number in ASCII digits alone: int() also
+    takes a sign, underscores, surrounding spaces and other scripts' digits."""
+    return text.isascii() and text.isdigit()
+
+
+def quote(text):
+    """`text`, cut to QUOTE characters for an error message."""
+    return text if len(text) <= QUOTE else text[:QUOTE] + "..."
+
+
+def count(text):
+    """An argparse type: a whole number in ASCII digits."""
+    if not digits(text):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number")
+    return int(text)  # a ValueError past 4300 digits is argparse's "invalid value"
+
+
 def arguments():
     p = argparse.ArgumentParser(
         description="all-MiniLM-L6-v2 sentence embeddings over HTTP (POST /embed, GET /health)")
@@ -78,15 +108,16 @@ def arguments():
     p.add_argument("--model", metavar="DIR", help="the same as MODEL_DIR")
     p.add_argument("--host", default="127.0.0.1",
                    help="IPv4 address or host name (default 127.0.0.1)")
-    p.add_argument("--port", type=int, default=8000, help="0 picks a free port (default 8000)")
-    p.add_argument("--threads", type=int, help="torch.set_num_threads (default: torch's own)")
+    p.add_argument("--port", type=count, default=8000, help="0 picks a free port (default 8000)")
+    p.add_argument("--threads", type=count,
+                   help=f"torch.set_num_threads, 1 to {MAX_THREADS} (default: torch's own)")
     a = p.parse_args()
     if a.model_dir and a.model and Path(a.model_dir) != Path(a.model):
         p.error(f"two model folders: {a.model_dir} and --model {a.model}")
-    if not 0 <= a.port <= 65535:
+    if a.port > 65535:
         p.error(f"--port {a.port}: not 0 to 65535")
-    if a.threads is not None and a.threads < 1:
-        p.error(f"--threads {a.threads}: not a positive number")
+    if a.threads is not None and not 1 <= a.threads <= MAX_THREADS:
+        p.error(f"--threads {a.threads}: not 1 to {MAX_THREADS} (four times the CPUs)")
     model = Path(a.model_dir or a.model or DEFAULT_MODEL)
     if model.is_file():
         model = model.parent
@@ -175,6 +206,10 @@ def parse_texts(body):
         request = json.loads(body)
     except (UnicodeDecodeError, ValueError) as e:
         raise BadRequest(400, f"body is not JSON: {e}") from None
+    except RecursionError:
+        # The decoder recurses once per nested array or object; a body of
+        # 8 MiB can nest far deeper than the interpreter's recursion limit.
+        raise BadRequest(400, "body is not JSON this server reads: nested too deeply") from None
     if not isinstance(request, dict) or "texts" not in request:
         raise BadRequest(400, 'body must be an object {"texts": [...]}')
     texts = request["texts"]
@@ -199,8 +234,24 @@ def parse_texts(body):
 class Handler(BaseHTTPRequestHandler):
     server_version = "ckalloc-example"
     protocol_version = "HTTP/1.1"
+    # The version of a request line without one (HTTP/0.9, long obsolete)
+    # or one that cannot be read. http.server's own default, HTTP/0.9, sends
+    # no status line and no headers, so a client that sent garbage would get
+    # a bare body; as HTTP/1.0 it gets the status and the JSON error.
+    default_request_version = "HTTP/1.0"
     timeout = SOCKET_TIMEOUT_S
     embedder = None  # set before serving
+
+    def handle(self):
+        try:
+            super().handle()
+        except ConnectionError as e:
+            # The client closed or reset the connection before its request
+            # was read or its answer written: no one is left to answer, and
+            # there is no server fault to trace. (http.server logs a socket
+            # timeout, a client that stalls, in one line of its own.)
+            self.close_connection = True
+            self.log_error("client gone: %s", e)
 
     def do_GET(self):
         if self.path == "/health":
@@ -218,12 +269,6 @@ class Handler(BaseHTTPRequestHandler):
         except BadRequest as e:
             self.reply(e.status, {"error": str(e)})
             return
-        except OSError as e:
-            # The client went away or stalled past the socket timeout
-            # mid-body: there is no one to answer.
-            self.close_connection = True
-            self.log_error("reading the body: %s", e)
-            return
         try:
             embeddings, tokens, truncated = self.embedder.embed(texts)
         except Exception as e:  # noqa: BLE001 - the server outlives any request
@@ -234,21 +279,27 @@ class Handler(BaseHTTPRequestHandler):
 
     def read_body(self):
         """The request body, its length checked before it is read."""
-        length = self.headers.get("Content-Length")
-        if length is None:
+        lengths = self.headers.get_all("Content-Length")
+        if lengths is None:
             # A chunked body (or none) cannot be measured before it is read.
             self.close_connection = True
             raise BadRequest(411, "Content-Length required")
-        try:
-            n = int(length)
-        except ValueError:
-            n = -1
-        if n < 0:
+        # RFC 9110 8.6: ASCII digits alone, with optional spaces or tabs
+        # around them. Two differing values leave the body's end in doubt.
+        values = {v.strip(" \t") for v in lengths}
+        length = values.pop()
+        if values:
             self.close_connection = True
-            raise BadRequest(400, f"Content-Length {length!r} is not a byte count")
+            raise BadRequest(400, "Content-Length given twice, with different values")
+        if not digits(length):
+            self.close_connection = True
+            raise BadRequest(400, f"Content-Length {quote(length)!r} is not a byte count")
+        # int() refuses more than 4300 digits; so many are over the limit anyway.
+        significant = length.lstrip("0")
+        n = int(significant or "0") if len(significant) <= 20 else MAX_BODY + 1
         if n > MAX_BODY:
             self.close_connection = True
-            raise BadRequest(413, f"body of {n} bytes: at most {MAX_BODY}")
+            raise BadRequest(413, f"Content-Length {quote(length)}: at most {MAX_BODY} bytes")
         body = self.rfile.read(n)
         if len(body) != n:
             self.close_connection = True
@@ -256,6 +307,7 @@ class Handler(BaseHTTPRequestHandler):
         return body
 
     def reply(self, status, obj):
+        """Send `obj` as the JSON answer; a HEAD request gets its headers alone."""
         data = json.dumps(obj).encode()
         self.send_response(status)
         self.send_header("Content-Type", "application/json")
@@ -263,7 +315,19 @@ class Handler(BaseHTTPRequestHandler):
         if self.close_connection:
             self.send_header("Connection", "close")
         self.end_headers()
-        self.wfile.write(data)
+        if self.command != "HEAD":
+            self.wfile.write(data)
+
+    def send_error(self, code, message=None, explain=None):
+        """http.server's own refusals (an unsupported method, a request line
+        or headers it cannot read or that are over its limits) as JSON, in
+        place of its HTML page. The connection closes after it, as
+        http.server closes it: what is left of the request is not read."""
+        if message is None:
+            message = self.responses.get(code, ("error",))[0]
+        self.log_error("code %d, message %s", code, message)
+        self.close_connection = True
+        self.reply(code, {"error": f"{message}: {explain}" if explain else message})
 
 
 class Server(ThreadingHTTPServer):
@@ -276,11 +340,9 @@ def interrupt(signum, frame):
     raise KeyboardInterrupt
 
 
-def main():
-    a = arguments()
-    lacking = missing(a.model)
-    if lacking:
-        fail("; ".join(lacking), 2)
+def load_model(a):
+    """Import torch and transformers and load the model for the Handler, or
+    exit with the reason."""
     try:
         import torch
     except ImportError as e:
@@ -295,19 +357,29 @@ def main():
         Handler.embedder = Embedder(a.model)
     except Exception as e:  # noqa: BLE001 - a one-line reason beats a traceback here
         fail(f"cannot load the model from {a.model}: {type(e).__name__}: {e}", 1)
+
+
+def main():
+    a = arguments()
+    lacking = missing(a.model)
+    if lacking:
+        fail("; ".join(lacking), 2)
+    # Bound and listening before the model loads, which takes seconds, so
+    # that a busy port fails at once; a client that connects meanwhile waits
+    # in the listen queue until serving starts.
     try:
         server = Server((a.host, a.port), Handler)
     except OSError as e:
         fail(f"cannot listen on {a.host}:{a.port}: {e}", 1)
-    signal.signal(signal.SIGTERM, interrupt)
-    host, port = server.server_address[:2]
-    print(f"listening on http://{host}:{port}", flush=True)
-    try:
-        server.serve_forever()
-    except KeyboardInterrupt:
-        pass
-    finally:
-        server.server_close()
+    with server:
+        load_model(a)
+        signal.signal(signal.SIGTERM, interrupt)
+        host, port = server.server_address[:2]
+        print(f"listening on http://{host}:{port}", flush=True)
+        try:
+            server.serve_forever()
+        except KeyboardInterrupt:
+            pass
 
 
 if __name__ == "__main__":

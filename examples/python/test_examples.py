@@ -9,8 +9,8 @@ drives it over HTTP and with load.py; without torch, transformers or the
 model (in $CKALLOC_MODEL_CACHE/all-minilm-l6-v2, by default
 .cache/models/all-minilm-l6-v2 at the repository root, as scripts/fetch-model
 uses it) its tests are skipped with the reason. `WithoutModelTest` needs
-neither: the HTTP layer with a stand-in embedder, and the exits of both
-scripts when there is nothing to talk to.
+neither: the HTTP layer with a stand-in embedder, and the exits of the
+scripts on bad arguments or when there is nothing to talk to.
 """
 import contextlib
 import http.client
@@ -22,10 +22,13 @@ import queue
 import shlex
 import signal
 import socket
+import ssl
+import struct
 import subprocess
 import sys
 import tempfile
 import threading
+import time
 import unittest
 from pathlib import Path
 
@@ -67,6 +70,78 @@ def request(port, method, path, body=None, headers=None):
 def embed(port, texts):
     return request(port, "POST", "/embed", json.dumps({"texts": texts}),
                    {"Content-Type": "application/json"})
+
+
+def exchange(port, data):
+    """(status, headers, body) of the answer to the bytes `data`, sent as
+    they are on a fresh connection whose sending side then closes."""
+    answer = b""
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as s:
+        s.sendall(data)
+        s.shutdown(socket.SHUT_WR)
+        try:
+            while chunk := s.recv(65536):
+                answer += chunk
+        except ConnectionResetError:
+            # The server closed with part of a refused request unread, so
+            # its kernel reset the connection after the answer.
+            pass
+    head, _, body = answer.partition(b"\r\n\r\n")
+    status, *lines = head.decode("latin-1").split("\r\n")
+    headers = {k.strip().lower(): v.strip() for k, v in (x.split(":", 1) for x in lines)}
+    return int(status.split()[1]), headers, body
+
+
+def post(port, length, body=b'{"texts": ["a"]}'):
+    """exchange() of a POST /embed with `length` (in UTF-8) as its
+    Content-Length header, or a list of them for as many headers."""
+    lengths = [length] if isinstance(length, str) else length
+    head = "".join(f"Content-Length: {x}\r\n" for x in lengths)
+    return exchange(port, f"POST /embed HTTP/1.1\r\nHost: x\r\n{head}\r\n".encode() + body)
+
+
+def tls_client_hello():
+    """The first bytes a TLS client sends: what a server reached with
+    https:// reads."""
+    outgoing = ssl.MemoryBIO()
+    tls = ssl.create_default_context().wrap_bio(ssl.MemoryBIO(), outgoing,
+                                                server_hostname="localhost")
+    with contextlib.suppress(ssl.SSLWantReadError):
+        tls.do_handshake()
+    return outgoing.read()
+
+
+class StandIn:
+    """An embedder in place of the model: [1.0] for each text, at once."""
+
+    def embed(self, texts):
+        return [[1.0]] * len(texts), len(texts), 0
+
+
+@contextlib.contextmanager
+def serving(embedder):
+    """server.py's HTTP layer with `embedder` in place of the model, served
+    from a thread on a free port, and its stderr captured. Yields the port,
+    a queue that gets None as each connection is done with, and the log."""
+    ended = queue.Queue()
+
+    class Server(server.Server):
+        def shutdown_request(self, request):
+            super().shutdown_request(request)
+            ended.put(None)
+
+    handler = type("Handler", (server.Handler,), {"embedder": embedder})
+    httpd = Server(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    log = io.StringIO()
+    with contextlib.redirect_stderr(log):
+        thread.start()
+        try:
+            yield httpd.server_address[1], ended, log
+        finally:
+            httpd.shutdown()
+            httpd.server_close()
+            thread.join()
 
 
 class ServerTest(unittest.TestCase):
@@ -197,6 +272,7 @@ class ServerTest(unittest.TestCase):
             ("a lone surrogate", b'{"texts": ["\\ud800"]}'),
             ("empty", b'{"texts": []}'),
             ("too many texts", too_many.encode()),
+            ("nested too deeply", b"[" * 100000 + b"]" * 100000),
         ]
         for name, body in cases:
             with self.subTest(name):
@@ -223,6 +299,19 @@ class ServerTest(unittest.TestCase):
         self.assertEqual(request(self.port, "GET", "/health"), (200, {"ok": True}))
         self.assertEqual(embed(self.port, ["still serving"])[0], 200)
 
+    def test_a_busy_port_fails_before_the_model_is_loaded(self):
+        # Files that pass the server's checks but hold no model: had it
+        # loaded the model before binding, it would fail on them instead.
+        with tempfile.TemporaryDirectory() as fake:
+            for name in ("config.json", "model.safetensors", "tokenizer.json"):
+                Path(fake, name).write_text("{}")
+            r = subprocess.run([sys.executable, str(SERVER), fake, "--port", str(self.port)],
+                               capture_output=True, text=True, timeout=60)
+        self.assertEqual(r.returncode, 1, r.stderr)
+        self.assertEqual(r.stdout, "")
+        self.assertRegex(r.stderr, rf"^server\.py: cannot listen on 127\.0\.0\.1:{self.port}: ")
+        self.assertEqual(len(r.stderr.splitlines()), 1, r.stderr)
+
 
 class WithoutModelTest(unittest.TestCase):
     def test_load_exits_1_without_a_server(self):
@@ -230,6 +319,17 @@ class WithoutModelTest(unittest.TestCase):
         self.assertEqual(r.returncode, 1)
         self.assertEqual(r.stdout, "")
         self.assertRegex(r.stderr, r"^load\.py: no server at http://127\.0\.0\.1:\d+")
+
+    def test_server_refuses_a_thread_count_or_port_out_of_range_as_a_usage_error(self):
+        for args in (["--threads", "100000"], ["--threads", "0"], ["--threads", "+2"],
+                     ["--threads", "1_0"], ["--port", "8_000"], ["--port", "65536"]):
+            with self.subTest(args):
+                r = subprocess.run([sys.executable, str(SERVER), *args], capture_output=True,
+                                   text=True, timeout=60)
+                self.assertEqual(r.returncode, 2, r.stderr)
+                self.assertIn("usage:", r.stderr)
+                self.assertIn(args[0], r.stderr)
+                self.assertNotIn("Traceback", r.stderr)
 
     def test_server_exits_2_naming_what_is_missing(self):
         with tempfile.TemporaryDirectory() as empty:
@@ -252,6 +352,30 @@ class WithoutModelTest(unittest.TestCase):
                 self.assertNotIn("Traceback", r.stderr)
                 self.assertIn("serve.py", r.stderr)
 
+    def test_the_benchmark_server_script_takes_only_decimal_counts_in_range(self):
+        serve = HERE.parent.parent / "benches" / "preload-client" / "serve.py"
+        cases = [
+            (["1_0"], "BATCH '1_0'"),
+            (["+16"], "BATCH '+16'"),
+            (["\u0663"], "BATCH"),  # an Arabic-Indic 3, a digit to int()
+            (["0"], "BATCH 0"),
+            (["100000000", "128", "1"], "BATCH 100000000"),
+            (["16", "513"], "SEQ 513"),
+            (["1", "1", "100000000000000000000"], "PASSES 100000000000000000000"),
+            (["1", "1", "9" * 5000], "PASSES 9999"),
+        ]
+        with tempfile.TemporaryDirectory() as empty:
+            for args, named in cases:
+                with self.subTest(args[-1][:20]):
+                    # The counts are checked before the model folder, torch
+                    # or anything slow.
+                    r = subprocess.run([sys.executable, str(serve), empty, *args],
+                                       capture_output=True, text=True, timeout=60)
+                    self.assertEqual(r.returncode, 2, r.stderr)
+                    self.assertTrue(r.stderr.startswith(f"serve.py: {named}"), r.stderr)
+                    self.assertIn("usage:", r.stderr)
+                    self.assertNotIn("Traceback", r.stderr)
+
     def test_server_error_is_a_json_500_and_serving_goes_on(self):
         class Broken:
             calls = 0
@@ -262,27 +386,119 @@ class WithoutModelTest(unittest.TestCase):
                     raise RuntimeError("a failure inside the model")
                 return [[1.0]] * len(texts), 3, 0
 
-        class Handler(server.Handler):
-            embedder = Broken()
-
-        httpd = server.Server(("127.0.0.1", 0), Handler)
-        port = httpd.server_address[1]
-        thread = threading.Thread(target=httpd.serve_forever, daemon=True)
-        thread.start()
-        log = io.StringIO()
-        try:
-            with contextlib.redirect_stderr(log):
-                status, answer = embed(port, ["a"])
-                self.assertEqual(status, 500)
-                self.assertNotIn("Traceback", answer["error"])
-                self.assertNotIn("a failure inside the model", answer["error"])
-                self.assertEqual(embed(port, ["a"]),
-                                 (200, {"embeddings": [[1.0]], "tokens": 3, "truncated": 0}))
-        finally:
-            httpd.shutdown()
-            httpd.server_close()
-            thread.join()
+        with serving(Broken()) as (port, _, log):
+            status, answer = embed(port, ["a"])
+            self.assertEqual(status, 500)
+            self.assertNotIn("Traceback", answer["error"])
+            self.assertNotIn("a failure inside the model", answer["error"])
+            self.assertEqual(embed(port, ["a"]),
+                             (200, {"embeddings": [[1.0]], "tokens": 3, "truncated": 0}))
+        self.assertIn("Traceback", log.getvalue())
         self.assertIn("RuntimeError: a failure inside the model", log.getvalue())
+
+    def test_deeply_nested_json_is_a_json_400(self):
+        with serving(StandIn()) as (port, _, log):
+            for name, body in [("an array", b"[" * 100000 + b"]" * 100000),
+                               ("in texts", b'{"texts": ' + b"[" * 100000 + b"]" * 100000 + b"}")]:
+                with self.subTest(name):
+                    status, answer = request(port, "POST", "/embed", body)
+                    self.assertEqual(status, 400, answer)
+                    self.assertIn("nested too deeply", answer["error"])
+            self.assertEqual(embed(port, ["a"])[0], 200)
+        self.assertNotIn("Traceback", log.getvalue())
+
+    def test_content_length_is_ascii_digits_alone(self):
+        # The body is 16 bytes long.
+        with serving(StandIn()) as (port, _, log):
+            for length in ("16", "0016", " 16 ", ["16", "16"]):
+                with self.subTest(length):
+                    self.assertEqual(post(port, length)[0], 200)
+            for length, status in [("1_6", 400), ("+16", 400), ("-16", 400), ("1 6", 400),
+                                   ("16.0", 400), ("0x10", 400), ("\u0661\u0666", 400),
+                                   (["16", "17"], 400), ("9" * 5000, 413)]:
+                with self.subTest(length[:20] if isinstance(length, str) else length):
+                    got, headers, body = post(port, length)
+                    self.assertEqual(got, status, body)
+                    self.assertEqual(headers["content-type"], "application/json")
+                    self.assertIsInstance(json.loads(body)["error"], str)
+        self.assertNotIn("Traceback", log.getvalue())
+
+    def test_http_server_refusals_are_json_with_their_status(self):
+        many_headers = b"".join(b"X-Header-%d: x\r\n" % i for i in range(200))
+        cases = [
+            ("PUT", b"PUT /embed HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{}", 501),
+            ("DELETE", b"DELETE /embed HTTP/1.1\r\nHost: x\r\n\r\n", 501),
+            ("a garbage request line", b"\x00\x01 garbage\r\n\r\n", 400),
+            ("a bad version", b"GET /health HTTP/one\r\n\r\n", 400),
+            ("HTTP/2", b"GET /health HTTP/2.0\r\n\r\n", 505),
+            ("a TLS client hello", tls_client_hello(), 400),
+            ("a 70 kB URL", b"GET /" + b"a" * 70000 + b" HTTP/1.1\r\nHost: x\r\n\r\n", 414),
+            ("200 headers", b"GET /health HTTP/1.1\r\n" + many_headers + b"\r\n", 431),
+            ("an unknown path", b"GET /nowhere HTTP/1.1\r\nHost: x\r\n\r\n", 404),
+        ]
+        with serving(StandIn()) as (port, _, log):
+            for name, data, status in cases:
+                with self.subTest(name):
+                    got, headers, body = exchange(port, data)
+                    self.assertEqual(got, status, body)
+                    self.assertEqual(headers["content-type"], "application/json")
+                    self.assertEqual(int(headers["content-length"]), len(body))
+                    self.assertIsInstance(json.loads(body)["error"], str)
+            with self.subTest("HEAD"):
+                got, headers, body = exchange(port, b"HEAD /health HTTP/1.1\r\nHost: x\r\n\r\n")
+                self.assertEqual(got, 501)
+                self.assertEqual(headers["content-type"], "application/json")
+                self.assertEqual(body, b"")  # HEAD: the headers of the answer alone
+            self.assertEqual(request(port, "GET", "/health"), (200, {"ok": True}))
+        self.assertNotIn("Traceback", log.getvalue())
+
+    def test_a_client_gone_away_is_one_line_in_the_log(self):
+        running, release = threading.Event(), threading.Event()
+
+        class Slow:
+            def embed(self, texts):
+                running.set()
+                release.wait(30)
+                return [[1.0]] * len(texts), 1, 0
+
+        def reset(s):
+            """Close `s` with a reset, as a client that crashed or gave up."""
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            s.close()
+
+        def logged(since):
+            """The lines logged after the first `since` characters."""
+            return log.getvalue()[since:].splitlines()
+
+        request_head = b"POST /embed HTTP/1.1\r\nContent-Length: 16\r\n\r\n"
+        body = b'{"texts": ["a"]}'
+        with serving(Slow()) as (port, ended, log):
+            # Gone before the answer is written: the request's own line,
+            # and one that says the client is gone.
+            s = socket.create_connection(("127.0.0.1", port), timeout=30)
+            s.sendall(request_head + body)
+            self.assertTrue(running.wait(30))
+            reset(s)
+            release.set()
+            ended.get(timeout=30)
+            lines = logged(0)
+            self.assertEqual(len(lines), 2, lines)
+            self.assertIn('"POST /embed HTTP/1.1" 200', lines[0])
+            self.assertIn("client gone", lines[1])
+            # Gone halfway through the body, or through the headers: one
+            # line at most (none when the reset beats the first read).
+            for partial in (request_head + body[:8], request_head[:30]):
+                since = len(log.getvalue())
+                s = socket.create_connection(("127.0.0.1", port), timeout=30)
+                s.sendall(partial)
+                time.sleep(0.1)  # for the server to read what there is
+                reset(s)
+                ended.get(timeout=30)
+                lines = logged(since)
+                self.assertLessEqual(len(lines), 1, lines)
+                self.assertTrue(all("client gone" in x for x in lines), lines)
+            self.assertEqual(embed(port, ["a"])[0], 200)
+        self.assertNotIn("Traceback", log.getvalue())
 
 
 if __name__ == "__main__":

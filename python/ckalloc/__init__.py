@@ -40,12 +40,38 @@ def library_path():
     return path
 
 
+class _DlInfo(ctypes.Structure):
+    """glibc's ``Dl_info`` (``dladdr(3)``)."""
+    _fields_ = [("dli_fname", ctypes.c_char_p), ("dli_fbase", ctypes.c_void_p),
+                ("dli_sname", ctypes.c_char_p), ("dli_saddr", ctypes.c_void_p)]
+
+
+def _address(f):
+    return ctypes.cast(f, ctypes.c_void_p).value
+
+
 def _stats_function():
-    """The library's exported ``ckalloc_stats_json`` as the dynamic loader's
-    global scope finds it (where ``LD_PRELOAD`` puts it), or ``None``."""
+    """The exported ``ckalloc_stats_json`` of the preload library that serves
+    this process's ``malloc``, or ``None``: the dynamic loader's global scope
+    must answer both ``ckalloc_stats_json`` and ``malloc`` from the same
+    library (``dladdr(3)`` names the file, opened again with
+    ``RTLD_NOLOAD``), so a copy loaded with ``ctypes``, or one preloaded after
+    another allocator, does not count."""
+    process = ctypes.CDLL(None)
     try:
-        f = getattr(ctypes.CDLL(None), _STATS_SYMBOL)
+        f = getattr(process, _STATS_SYMBOL)
+        dladdr = process.dladdr
     except AttributeError:
+        return None
+    info = _DlInfo()
+    dladdr.argtypes = [ctypes.c_void_p, ctypes.POINTER(_DlInfo)]
+    if not dladdr(_address(f), ctypes.byref(info)) or not info.dli_fname:
+        return None
+    try:
+        lib = ctypes.CDLL(os.fsdecode(info.dli_fname), mode=os.RTLD_NOLOAD)
+        if _address(lib.malloc) != _address(process.malloc):
+            return None
+    except (OSError, AttributeError):
         return None
     f.restype = ctypes.c_size_t
     f.argtypes = [ctypes.c_char_p, ctypes.c_size_t]
@@ -53,8 +79,9 @@ def _stats_function():
 
 
 def is_active():
-    """Whether this process runs under the preload library (it was preloaded,
-    so its ``malloc`` serves the process)."""
+    """Whether this process runs under the preload library: it was preloaded,
+    so its ``malloc`` serves the process (a copy only loaded with ``ctypes``,
+    or one preloaded after another allocator, does not)."""
     return _stats_function() is not None
 
 

@@ -14,8 +14,14 @@ def main(argv=None):
     program = os.path.join(_HERE, "bin", "ckalloc")
     if not os.access(program, os.X_OK):
         sys.exit(f"ckalloc: {program}: not installed with this package")
-    sys.stdout.flush()
-    sys.stderr.flush()
+    # Python's own buffers, when the streams exist (a closed descriptor
+    # leaves them None), go out before the program replaces this process.
+    for stream in (sys.stdout, sys.stderr):
+        if stream is not None:
+            try:
+                stream.flush()
+            except (OSError, ValueError):
+                pass
     os.execv(program, [program] + args)
 
 

@@ -42,6 +42,22 @@ class WithoutTheLibrary(unittest.TestCase):
         self.assertIn("ckalloc run", str(e.exception))
 
 
+    def test_a_copy_loaded_with_ctypes_serves_no_malloc_and_is_not_active(self):
+        code = "import ckalloc, ctypes, os; " \
+               "ctypes.CDLL(ckalloc.library_path(), os.RTLD_GLOBAL); print(ckalloc.is_active())"
+        p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+        self.assertEqual((p.returncode, p.stdout), (0, "False\n"), p.stderr)
+
+    def test_behind_another_allocator_it_is_not_active(self):
+        jemalloc = "/usr/lib/x86_64-linux-gnu/libjemalloc.so.2"
+        if not os.path.exists(jemalloc):
+            self.skipTest(f"no {jemalloc} (Debian's libjemalloc2)")
+        env = dict(os.environ, LD_PRELOAD=f"{jemalloc} {ckalloc.library_path()}")
+        p = subprocess.run([sys.executable, "-c", "import ckalloc; print(ckalloc.is_active())"],
+                           env=env, capture_output=True, text=True, timeout=60)
+        self.assertEqual((p.returncode, p.stdout), (0, "False\n"), p.stderr)
+
+
 class UnderCkallocRun(unittest.TestCase):
     def test_stats_reads_the_preloaded_library(self):
         code = ALLOCATE + "; import ckalloc, json; print(json.dumps([ckalloc.is_active(), ckalloc.stats()]))"
@@ -55,6 +71,14 @@ class UnderCkallocRun(unittest.TestCase):
             self.assertGreaterEqual(stats["preload"]["bytes"], 64 << 20, stats)
             self.assertEqual(set(stats["tiers"]), {"hugetlb", "thp", "normal"})
             self.assertEqual(stats["settings"]["CKALLOC_SHOW_STATS"]["source"], "default")
+
+    def test_the_command_runs_with_its_output_streams_closed(self):
+        head = os.path.join(os.path.dirname(sys.executable), "ckalloc")
+        for closed in ("1", "2"):
+            p = subprocess.run(["sh", "-c", f'"$0" run -- "$1" -c "raise SystemExit(5)" {closed}>&-',
+                                head, sys.executable], capture_output=True, text=True, timeout=60)
+            self.assertEqual(p.returncode, 5, p.stderr)
+            self.assertNotIn("Traceback", p.stderr)
 
     def test_the_program_status_is_kept(self):
         self.assertEqual(ckalloc_run("raise SystemExit(7)").returncode, 7)

@@ -268,6 +268,11 @@ impl fmt::Display for Setting {
             ),
             Source::Default => write!(f, "{} {value} (default)", self.name),
             Source::Environment => write!(f, "{} {value}", self.name),
+            Source::Unparsed if self.per_front => write!(
+                f,
+                "{} does not parse: taken as unset (on under the preload library, off for CkHuge)",
+                self.name
+            ),
             // Unset, not only the default value: while `CKALLOC_RETAIN_BYTES`
             // is unset the preload library's cap follows the live peak.
             Source::Unparsed => write!(

@@ -287,7 +287,9 @@ pub struct HugeStats {
     pub copied: u64,
     /// Bytes purged (`MADV_DONTNEED`), their address space kept.
     pub purged_bytes: u64,
-    /// Bytes given back by decay (retained longer than the delay).
+    /// Bytes given back by decay (retained longer than the delay): purged, or
+    /// unmapped with a span no block used for the window (so they may exceed
+    /// `purged_bytes`).
     pub decayed_bytes: u64,
     /// Fresh THP blocks the first-touch probe faulted in, one 2 MiB page at
     /// a time ([`FirstTouch::Probe`](crate::huge::FirstTouch)).
@@ -399,7 +401,7 @@ impl fmt::Display for HugeStats {
         writeln!(
             f,
             "retention: hits {} of which carved {}, misses {} of which extended a retained run {}; \
-             resizes in place {}, moved {}, copied {}; purged {} (by decay {})",
+             resizes in place {}, moved {}, copied {}; purged {}; given back by decay {} (purged, or unmapped with an idle span)",
             self.retention_hits,
             self.retention_carves,
             self.retention_misses,

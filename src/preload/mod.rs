@@ -211,7 +211,8 @@
 //! `CKALLOC_FIRST_TOUCH_PROBE` setting concern `CkHuge` in Rust code only
 //! (the C API never applies the policy), and the `CKALLOC_RETAIN_BYTES`
 //! setting shows the variable, not the cap in use. A child that inherits
-//! the variable prints its own; a child of `fork` starts from a copy of
+//! the variable prints its own; a child of `fork` prints one only when it
+//! served a huge block itself (or under `all`), and starts from a copy of
 //! its parent's counters, as jemalloc's and mimalloc's statistics do, so
 //! its summary includes what the parent did before the fork (subtract the
 //! parent's, or set the variable in the parent only). `_exit` (and a death
@@ -308,6 +309,35 @@ pub(crate) static COUNTERS: Counters = Counters {
     bytes: AtomicU64::new(0),
     glibc_fallbacks: AtomicU64::new(0),
 };
+
+/// Of [`Counters::blocks`], those this process inherited from its parent
+/// at `fork` (the child starts from a copy of the parent's counters): a
+/// child that served none itself prints no `CKALLOC_SHOW_STATS=1` summary.
+pub(crate) static INHERITED_BLOCKS: AtomicU64 = AtomicU64::new(0);
+
+/// Whether this process served a huge block itself (not only its parent
+/// before `fork`).
+pub(crate) fn served_huge_blocks() -> bool {
+    COUNTERS.blocks.load(Relaxed) > INHERITED_BLOCKS.load(Relaxed)
+}
+
+fn no_fork_work() {}
+
+fn note_inherited_blocks() {
+    INHERITED_BLOCKS.store(COUNTERS.blocks.load(Relaxed), Relaxed);
+}
+
+/// The fork hooks of stage `PreloadCounters` (`crate::fork`): the child
+/// notes the huge blocks it inherited.
+static FORK_HOOKS: crate::fork::Hooks = crate::fork::Hooks {
+    prepare: no_fork_work,
+    parent: no_fork_work,
+    child: note_inherited_blocks,
+};
+
+crate::fork::at_load!(ADD_PRELOAD_FORK_HOOKS, {
+    crate::fork::add(crate::fork::Stage::PreloadCounters, &FORK_HOOKS);
+});
 
 /// The threshold ([`env::preload_threshold`](crate::env::preload_threshold))
 /// once the environment it comes from is set up; `None` before that (a call

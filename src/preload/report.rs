@@ -229,7 +229,9 @@ fn absolute_template(template: &[u8], out: &mut [u8; PATH_MAX]) -> Option<usize>
 /// Write the summary at exit, if `CKALLOC_SHOW_STATS` (as read by
 /// [`remember_output`]) asks for this process ([`ShowStats`]: by default only one that served a huge-page
 /// block): appended to the `CKALLOC_STATS_FILE` file with one `write(2)`
-/// (opened `O_APPEND`, created with mode 0644 less the umask), else to the
+/// (opened `O_APPEND`, created with mode 0644 less the umask; `O_NONBLOCK`,
+/// so a FIFO without a reader, or a full one, costs the summary, never a
+/// wait), else to the
 /// file [`remember_output`] saw as standard error, through descriptor 2
 /// while it is still that file, else through the copy made at load while
 /// that still is (a program that closed standard error, or closed the copy
@@ -245,7 +247,7 @@ pub fn print_at_exit() {
     let wanted = if mode == ShowStats::All as u8 {
         true
     } else {
-        mode == ShowStats::Huge as u8 && stats().blocks > 0
+        mode == ShowStats::Huge as u8 && super::served_huge_blocks()
     };
     if !wanted {
         return;
@@ -270,7 +272,8 @@ pub fn print_at_exit() {
                         | libc::O_CREAT
                         | libc::O_APPEND
                         | libc::O_CLOEXEC
-                        | libc::O_NOCTTY,
+                        | libc::O_NOCTTY
+                        | libc::O_NONBLOCK,
                     0o644 as libc::c_uint,
                 )
             };

@@ -7,7 +7,8 @@
  * "small-only" allocates no huge block, "print-lines" leaves two lines in
  * stdout's buffer, "locked-stdout" exits while another thread holds
  * stdout's lock, "fork" has a child allocate a huge block and exit first,
- * "chdir DIR" changes directory before exit. CKALLOC_SHOW_STATS prints at
+ * "chdir DIR" changes directory before exit, "fork-after" forks after its
+ * huge block and has the child exit serving none. CKALLOC_SHOW_STATS prints at
  * exit only, into the stderr the program started with. */
 #define _GNU_SOURCE
 #include <fcntl.h>
@@ -64,6 +65,13 @@ int main(int argc, char **argv) {
         for (int fd = 2; fd < 1024; fd++) close(fd);
         if (open(argv[2], O_WRONLY | O_CREAT | O_TRUNC, 0600) != 2) return 3;
         if (dup2(2, 512) != 512) return 4;
+    }
+    if (strcmp(mode, "fork-after") == 0) {
+        pid_t child = fork();
+        if (child < 0) return 5;
+        if (child == 0) exit(0);
+        int status = 0;
+        if (waitpid(child, &status, 0) != child || status != 0) return 6;
     }
     if (strcmp(mode, "print-lines") == 0) printf("first line\nlast line\n");
     if (strcmp(mode, "locked-stdout") == 0) {

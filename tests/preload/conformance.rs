@@ -206,6 +206,13 @@ fn a_summary_comes_only_from_a_process_that_served_a_huge_block_unless_all_is_as
         out.contains(&format!("ckalloc[{pid}]: preload: 1 huge block served")),
         "{out}"
     );
+    // A child of `fork` that served no huge block itself: none from it.
+    let (pid, out) = exit_run(&["fork-after"], &[("CKALLOC_SHOW_STATS", "1")]);
+    assert_eq!(out.matches(": preload: ").count(), 1, "{out}");
+    assert!(
+        out.contains(&format!("ckalloc[{pid}]: preload: 1 huge block")),
+        "{out}"
+    );
     // A value that is not a switch word is not taken: the default (off).
     let (_, out) = exit_run(&[], &[("CKALLOC_SHOW_STATS", "nope")]);
     assert_eq!(out, "");

@@ -97,6 +97,12 @@ fn main() -> ExitCode {
         Err(e) => return error::usage_error(e, json),
     };
     if let Command::Run(a) = cli.command {
+        if cli.global.json {
+            eprintln!(
+                "ckalloc: error: --json does not apply to run (the program's output is its own)"
+            );
+            return ExitCode::from(2);
+        }
         return run_cmd::run(a);
     }
     match run(cli) {

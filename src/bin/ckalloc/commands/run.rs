@@ -107,20 +107,20 @@ fn checked(p: &Path) -> Result<PathBuf, String> {
     let text = abs.to_string_lossy();
     if text.contains([' ', ':']) {
         return Err(format!(
-            "its path {} holds a space or a colon, where ld.so splits LD_PRELOAD; move it",
+            "its path {} holds a space or a colon, where ld.so splits LD_PRELOAD; copy it to a \
+             path without one and set CKALLOC_PRELOAD_LIB to that path",
             abs.display()
         ));
     }
     Ok(abs)
 }
 
-/// The entry of an `LD_PRELOAD` value that is an allocator already (a file
-/// name with `malloc` in it: jemalloc, tcmalloc, mimalloc; or this
-/// library), by its own name or, for a symbolic link, by the name of the
-/// file it leads to: two allocators in one process split the calls and
-/// corrupt each other's blocks. A copy renamed to anything else is not
-/// recognised.
-fn allocator_in(preload: &OsStr) -> Option<String> {
+/// The entries of an `LD_PRELOAD` value that are allocators (a file name
+/// with `malloc` in it: jemalloc, tcmalloc, mimalloc; or this library), by
+/// their own name or, for a symbolic link, by the name of the file it leads
+/// to: two allocators in one process split the calls and corrupt each
+/// other's blocks. A copy renamed to anything else is not recognised.
+fn allocators_in(preload: &OsStr) -> Vec<String> {
     let is_allocator = |p: &Path| {
         p.file_name()
             .map(|n| n.to_string_lossy().into_owned())
@@ -130,11 +130,12 @@ fn allocator_in(preload: &OsStr) -> Option<String> {
         .to_string_lossy()
         .split([' ', ':'])
         .filter(|e| !e.is_empty())
-        .find(|e| {
+        .filter(|e| {
             let p = Path::new(e);
             is_allocator(p) || std::fs::canonicalize(p).is_ok_and(|real| is_allocator(&real))
         })
         .map(str::to_owned)
+        .collect()
 }
 
 /// `LD_PRELOAD` with `lib` first, keeping what was there.
@@ -159,13 +160,13 @@ pub fn run(a: RunArgs) -> ExitCode {
         return err("no program given").report(false);
     };
     let old = std::env::var_os("LD_PRELOAD");
-    let preload = match old.as_deref().and_then(allocator_in) {
-        None => preload_value(&lib, old.as_deref()),
+    let found = old.as_deref().map(allocators_in).unwrap_or_default();
+    let is_lib = |e: &String| std::fs::canonicalize(e).is_ok_and(|o| o == lib);
+    let preload = match found.iter().find(|e| !is_lib(e)) {
         // The same library already (`ckalloc run` inside `ckalloc run`):
         // the program gets it as it is.
-        Some(other) if std::fs::canonicalize(&other).is_ok_and(|o| o == lib) => {
-            old.clone().unwrap_or_default()
-        }
+        None if !found.is_empty() => old.clone().unwrap_or_default(),
+        None => preload_value(&lib, old.as_deref()),
         Some(other) => {
             return err(format!(
                 "LD_PRELOAD already holds an allocator ({other}) other than {}; two allocators \
@@ -214,21 +215,22 @@ mod tests {
 
     #[test]
     fn allocators_already_preloaded_are_found() {
-        let found = |v: &str| allocator_in(OsStr::new(v));
+        let found = |v: &str| allocators_in(OsStr::new(v));
         assert_eq!(
             found("/usr/lib/x86_64-linux-gnu/libjemalloc.so.2"),
-            Some("/usr/lib/x86_64-linux-gnu/libjemalloc.so.2".into())
+            ["/usr/lib/x86_64-linux-gnu/libjemalloc.so.2"]
         );
         assert_eq!(
             found("/a/libprof.so:libtcmalloc_minimal.so.4"),
-            Some("libtcmalloc_minimal.so.4".into())
+            ["libtcmalloc_minimal.so.4"]
         );
+        // Every allocator, not only the first.
         assert_eq!(
-            found("/x/libckalloc_preload.so"),
-            Some("/x/libckalloc_preload.so".into())
+            found("/x/libckalloc_preload.so /y/libjemalloc.so.2"),
+            ["/x/libckalloc_preload.so", "/y/libjemalloc.so.2"]
         );
-        assert_eq!(found("/a/libprof.so /b/libasan-free.so"), None);
-        assert_eq!(found(""), None);
+        assert!(found("/a/libprof.so /b/libasan-free.so").is_empty());
+        assert!(found("").is_empty());
         // A symbolic link with another name is found by its target.
         let dir = tempfile::tempdir().unwrap();
         let real = dir.path().join("libjemalloc.so.2");
@@ -236,7 +238,7 @@ mod tests {
         let link = dir.path().join("libfast.so");
         std::os::unix::fs::symlink(&real, &link).unwrap();
         let link = link.to_string_lossy().into_owned();
-        assert_eq!(found(&link), Some(link.clone()));
+        assert_eq!(found(&link), [link]);
     }
 
     #[test]

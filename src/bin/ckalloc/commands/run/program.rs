@@ -1,9 +1,11 @@
 //! Whether the dynamic loader will preload a library into a program:
 //! `ld.so` reads `LD_PRELOAD` only for a dynamically linked ELF executable
 //! (one with a `PT_INTERP` program header, the path of `ld.so` itself), and
-//! in secure-execution mode (set-user-ID or set-group-ID files, file
-//! capabilities; `ld.so(8)`) it ignores entries holding a slash unless they
-//! sit in the standard directories and are set-user-ID themselves. A
+//! in secure-execution mode (`AT_SECURE`: a set-user-ID file owned by
+//! another user, a set-group-ID file of another group, file capabilities
+//! that a user other than root gains; `ld.so(8)`, `getauxval(3)`) it
+//! ignores entries holding a slash unless they sit in the standard
+//! directories and are set-user-ID themselves. A
 //! script runs its `#!` interpreter, which is the program that matters
 //! (`env NAME` looked up in `PATH` as `env` does).
 
@@ -21,6 +23,11 @@ const MAX_INTERPRETERS: usize = 4;
 pub fn why_not_preloaded(program: &OsStr) -> Option<String> {
     let mut path = resolve(program)?;
     for _ in 0..=MAX_INTERPRETERS {
+        // Only a regular file is opened: opening a FIFO would wait for a
+        // writer (`exec` refuses one anyway).
+        if !std::fs::metadata(&path).ok()?.is_file() {
+            return None;
+        }
         let mut head = [0u8; 256];
         let n = std::fs::File::open(&path).ok()?.read(&mut head).ok()?;
         let head = &head[..n];
@@ -31,7 +38,7 @@ pub fn why_not_preloaded(program: &OsStr) -> Option<String> {
         if !head.starts_with(b"\x7fELF") {
             return None;
         }
-        let shown = path.display();
+        let shown = path.display().to_string().escape_debug().to_string();
         if !has_interp(&path)? {
             return Some(format!(
                 "{shown} is statically linked (no PT_INTERP): the dynamic loader never runs, \
@@ -39,13 +46,18 @@ pub fn why_not_preloaded(program: &OsStr) -> Option<String> {
             ));
         }
         let meta = std::fs::metadata(&path).ok()?;
-        if meta.mode() & (libc::S_ISUID | libc::S_ISGID) != 0 {
+        // SAFETY: getuid and getgid cannot fail.
+        let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
+        let setuid = meta.mode() & libc::S_ISUID != 0 && meta.uid() != uid;
+        let setgid = meta.mode() & libc::S_ISGID != 0 && meta.gid() != gid;
+        if setuid || setgid {
             return Some(format!(
-                "{shown} is set-user-ID or set-group-ID: ld.so runs it in secure-execution \
-                 mode and ignores a preload path with a slash, so ckalloc does not apply"
+                "{shown} is set-user-ID or set-group-ID to another user or group: ld.so runs \
+                 it in secure-execution mode and ignores a preload path with a slash, so \
+                 ckalloc does not apply"
             ));
         }
-        if has_capabilities(&path) {
+        if uid != 0 && has_capabilities(&path) {
             return Some(format!(
                 "{shown} has file capabilities: ld.so runs it in secure-execution mode and \
                  ignores a preload path with a slash, so ckalloc does not apply"
@@ -84,18 +96,44 @@ fn interpreter(line: &[u8]) -> Option<PathBuf> {
 }
 
 /// Whether the ELF file at `path` has a `PT_INTERP` program header; `None`
-/// when its headers cannot be read.
+/// when its headers cannot be read. Reads the ELF header and the program
+/// headers only.
 fn has_interp(path: &Path) -> Option<bool> {
-    let bytes = std::fs::read(path).ok()?;
-    program_header_types(&bytes).map(|types| types.contains(&PT_INTERP))
+    use std::os::unix::fs::FileExt;
+    let f = std::fs::File::open(path).ok()?;
+    let mut header = [0u8; 64];
+    let n = f.read_at(&mut header, 0).ok()?;
+    let (phoff, phentsize, phnum, little) = program_headers_at(&header[..n])?;
+    let len = phentsize.checked_mul(phnum)?;
+    // At most 65535 headers of at most 65535 bytes: a bounded read.
+    let mut table = vec![0u8; len];
+    f.read_exact_at(&mut table, u64::try_from(phoff).ok()?)
+        .ok()?;
+    let types = table
+        .chunks_exact(phentsize.max(4))
+        .map(|h| read_int(h, 0, 4, little).map(|t| t as u32))
+        .collect::<Option<Vec<u32>>>()?;
+    Some(types.contains(&PT_INTERP))
 }
 
 /// `PT_INTERP` (`elf.h`).
 const PT_INTERP: u32 = 3;
 
-/// The `p_type` of every program header of an ELF image; `None` when the
-/// header is cut or malformed.
-fn program_header_types(elf: &[u8]) -> Option<Vec<u32>> {
+/// The unsigned integer of `len` bytes at `at` in `bytes`.
+fn read_int(bytes: &[u8], at: usize, len: usize, little: bool) -> Option<u64> {
+    let b = bytes.get(at..at.checked_add(len)?)?;
+    let mut v = 0u64;
+    for i in 0..len {
+        let byte = if little { b[len - 1 - i] } else { b[i] };
+        v = v << 8 | u64::from(byte);
+    }
+    Some(v)
+}
+
+/// Where an ELF image's program headers are, from its ELF header: (offset,
+/// entry size, count, little-endian); `None` when the header is cut or
+/// malformed (an entry shorter than `p_type`'s 4 bytes included).
+fn program_headers_at(elf: &[u8]) -> Option<(usize, usize, usize, bool)> {
     let class64 = match elf.get(4)? {
         1 => false,
         2 => true,
@@ -106,30 +144,19 @@ fn program_header_types(elf: &[u8]) -> Option<Vec<u32>> {
         2 => false,
         _ => return None,
     };
-    let int = |at: usize, len: usize| -> Option<u64> {
-        let b = elf.get(at..at.checked_add(len)?)?;
-        let mut v = 0u64;
-        for i in 0..len {
-            let byte = if little { b[len - 1 - i] } else { b[i] };
-            v = v << 8 | u64::from(byte);
-        }
-        Some(v)
-    };
+    let int = |at, len| read_int(elf, at, len, little);
     let (phoff, phentsize, phnum) = if class64 {
         (int(32, 8)?, int(54, 2)?, int(56, 2)?)
     } else {
         (int(28, 4)?, int(42, 2)?, int(44, 2)?)
     };
-    let (phoff, phentsize) = (
+    let phentsize = usize::try_from(phentsize).ok().filter(|&n| n >= 4)?;
+    Some((
         usize::try_from(phoff).ok()?,
-        usize::try_from(phentsize).ok()?,
-    );
-    (0..usize::try_from(phnum).ok()?)
-        .map(|i| {
-            let at = phoff.checked_add(i.checked_mul(phentsize)?)?;
-            int(at, 4).map(|t| t as u32)
-        })
-        .collect()
+        phentsize,
+        usize::try_from(phnum).ok()?,
+        little,
+    ))
 }
 
 /// Whether the file carries `security.capability` (file capabilities).
@@ -172,9 +199,24 @@ mod tests {
 
     #[test]
     fn a_cut_elf_header_is_not_read_as_static() {
-        assert_eq!(program_header_types(b"\x7fELF\x02\x01"), None);
-        let sh = std::fs::read(resolve(OsStr::new("sh")).unwrap()).unwrap();
-        assert!(program_header_types(&sh).unwrap().contains(&PT_INTERP));
-        assert_eq!(program_header_types(&sh[..40]), None);
+        assert_eq!(program_headers_at(b"\x7fELF\x02\x01"), None);
+        let sh = resolve(OsStr::new("sh")).unwrap();
+        assert_eq!(has_interp(&sh), Some(true));
+        let bytes = std::fs::read(&sh).unwrap();
+        assert_eq!(program_headers_at(&bytes[..40]), None);
+        let dir = tempfile::tempdir().unwrap();
+        let cut = dir.path().join("cut");
+        std::fs::write(&cut, &bytes[..100]).unwrap();
+        assert_eq!(has_interp(&cut), None, "headers past the end");
+    }
+
+    #[test]
+    fn a_fifo_is_not_opened() {
+        let dir = tempfile::tempdir().unwrap();
+        let fifo = dir.path().join("fifo");
+        let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+        // SAFETY: a NUL-terminated path.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o755) }, 0);
+        assert_eq!(why_not_preloaded(fifo.as_os_str()), None);
     }
 }

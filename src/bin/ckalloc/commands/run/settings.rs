@@ -1,47 +1,142 @@
 //! The `CKALLOC_*` variables checked once before the program starts: each
-//! value the library will not take, with what it uses instead, and each
-//! name no part of ckalloc reads. The library itself says nothing about
-//! them (it never writes to a stream the program did not ask for).
+//! value the library will not take, with what it uses instead, a summary
+//! file that cannot be written, and each name that is a near miss of a
+//! setting's (a typo). The library itself says nothing about them (it
+//! never writes to a stream the program did not ask for). Other
+//! `CKALLOC_*` names (the repository's scripts read some) pass silently.
 
 use ckalloc::env::{settings, stats_file_template, Source};
+use std::ffi::OsStr;
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
 
-/// The `CKALLOC_*` variables read outside [`settings`]: the summary's file,
-/// `ckalloc run`'s library and the model cache of the CLI.
-const OTHER_NAMES: [&str; 3] = [
-    "CKALLOC_STATS_FILE",
-    "CKALLOC_PRELOAD_LIB",
-    "CKALLOC_MODEL_CACHE",
-];
+/// The variable naming the summary's file.
+const STATS_FILE: &str = "CKALLOC_STATS_FILE";
+
+/// Linux's `PATH_MAX` (with the NUL) and `NAME_MAX`.
+const PATH_MAX: usize = 4096;
+const NAME_MAX: usize = 255;
 
 /// One line per `CKALLOC_*` variable of this process's environment that is
 /// not taken as written, in the environment's order.
 pub fn warnings() -> Vec<String> {
     let table = settings();
+    let names: Vec<&str> = table.iter().map(|s| s.name).chain([STATS_FILE]).collect();
     let mut out = Vec::new();
     for (name, value) in std::env::vars_os() {
-        let Some(name) = name.to_str().filter(|n| n.starts_with("CKALLOC_")) else {
+        let name = name.to_string_lossy();
+        if !name.starts_with("CKALLOC_") {
             continue;
-        };
+        }
         let shown = value.to_string_lossy();
         if let Some(s) = table.iter().find(|s| s.name == name) {
             if s.source == Source::Unparsed {
                 out.push(format!("{name}={shown:?}: {s}; write {}", s.expected()));
             }
-        } else if name == "CKALLOC_STATS_FILE" {
-            let mut path = [0u8; 4096];
-            if let Err(e) = stats_file_template(value.as_encoded_bytes(), u32::MAX, &mut path) {
+        } else if name == STATS_FILE {
+            if let Err(why) = stats_file_problem(&value) {
                 out.push(format!(
-                    "{name}={shown:?} is not taken ({e}): no summary is written; write a path, \
-                     with %p for the process ID"
+                    "{name}={shown:?}: {why}, so no summary is written; write a path in a \
+                     writable directory, with %p for the process ID"
                 ));
             }
-        } else if !OTHER_NAMES.contains(&name) {
-            let known: Vec<&str> = table.iter().map(|s| s.name).chain(OTHER_NAMES).collect();
+        } else if let Some(near) = names.iter().find(|n| edit_distance(n, &name) <= 2) {
             out.push(format!(
-                "{name} is not a ckalloc variable and has no effect (they are {})",
-                known.join(", ")
+                "{:?} is not a ckalloc setting and has no effect; did you mean {near}?",
+                name
             ));
         }
     }
     out
+}
+
+/// Why the summary could not be written where the `CKALLOC_STATS_FILE`
+/// template `value` says (for this process's ID, as the program's would
+/// be alike): the template is not taken, the directory is missing or not
+/// writable, the file is a directory or not a regular file, or a name in
+/// the path is longer than `NAME_MAX`.
+fn stats_file_problem(value: &OsStr) -> Result<(), String> {
+    let mut buf = [0u8; PATH_MAX];
+    // Taken only when it expands for the largest process ID.
+    stats_file_template(value.as_bytes(), u32::MAX, &mut buf)
+        .map_err(|e| format!("not taken ({e})"))?;
+    let len = stats_file_template(value.as_bytes(), std::process::id(), &mut buf)
+        .map_err(|e| format!("not taken ({e})"))?;
+    let path = Path::new(OsStr::from_bytes(&buf[..len]));
+    if path.components().any(|c| c.as_os_str().len() > NAME_MAX) {
+        return Err(format!(
+            "a name in the path is longer than {NAME_MAX} bytes"
+        ));
+    }
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    if !dir.is_dir() {
+        return Err(format!("{} is not a directory", dir.display()));
+    }
+    let c = std::ffi::CString::new(dir.as_os_str().as_bytes()).map_err(|e| e.to_string())?;
+    // SAFETY: a NUL-terminated path.
+    if unsafe { libc::access(c.as_ptr(), libc::W_OK | libc::X_OK) } != 0 {
+        return Err(format!("{} is not writable", dir.display()));
+    }
+    match std::fs::metadata(path) {
+        Ok(m) if !m.is_file() => Err(format!(
+            "{} exists and is not a regular file",
+            path.display()
+        )),
+        _ => Ok(()),
+    }
+}
+
+/// The Levenshtein distance of two ASCII names (bytes inserted, deleted or
+/// replaced).
+fn edit_distance(a: &str, b: &str) -> usize {
+    let (a, b) = (a.as_bytes(), b.as_bytes());
+    let mut row: Vec<usize> = (0..=b.len()).collect();
+    for (i, &x) in a.iter().enumerate() {
+        let mut diagonal = row[0];
+        row[0] = i + 1;
+        for (j, &y) in b.iter().enumerate() {
+            let next = (diagonal + usize::from(x != y))
+                .min(row[j] + 1)
+                .min(row[j + 1] + 1);
+            diagonal = row[j + 1];
+            row[j + 1] = next;
+        }
+    }
+    row[b.len()]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn near_misses_of_a_setting_are_typos_and_other_names_are_not() {
+        assert_eq!(edit_distance("CKALLOC_THP", "CKALLOC_THP"), 0);
+        assert_eq!(
+            edit_distance("CKALLOC_RETAIN_BYTES", "CKALLOC_RETAIN_BYTE"),
+            1
+        );
+        assert_eq!(edit_distance("CKALLOC_SHOW_STATS", "CKALLOC_SHOWSTAT"), 2);
+        assert!(edit_distance("CKALLOC_THP", "CKALLOC_FETCH_TRIES") > 2);
+    }
+
+    #[test]
+    fn a_summary_file_in_a_missing_or_unwritable_place_is_named() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path().to_str().unwrap();
+        let problem = |v: &str| stats_file_problem(OsStr::new(v));
+        assert_eq!(problem(&format!("{d}/ck.%p.txt")), Ok(()));
+        assert!(problem(&format!("{d}/missing/ck.txt"))
+            .unwrap_err()
+            .contains("not a directory"));
+        assert!(problem(d).unwrap_err().contains("not a regular file"));
+        let long = "a".repeat(300);
+        assert!(problem(&format!("{d}/{long}"))
+            .unwrap_err()
+            .contains("longer than 255"));
+        assert!(problem("/tmp/x-%d").unwrap_err().starts_with("not taken"));
+    }
 }
