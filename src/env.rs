@@ -243,6 +243,10 @@ impl std::fmt::Display for TemplateError {
     }
 }
 
+/// Linux's `PATH_MAX`: the most bytes of a path with its NUL, and so the
+/// buffer [`stats_file_template`] needs at most.
+pub const PATH_MAX: usize = 4096;
+
 /// The most bytes a process ID takes in decimal (Linux's `pid_max` is at
 /// most 2^22; a `pid_t` at most 10 digits).
 const PID_DIGITS: usize = 10;

@@ -3,21 +3,25 @@ driven by its load script (examples/python/load.py): p50/p99 latency and the
 server's resident memory after the load, one table of medians over
 interleaved rounds, and whether every run's embeddings agree.
 
-    python benches/preload-client/server_load.py --ckalloc VENV/bin/ckalloc [--rounds 5] [--requests 60]
+    python benches/preload-client/server_load.py --ckalloc VENV/bin/ckalloc [--rounds 5] [--requests 60] [--state none,thp]
 
 Run it with a Python that has torch and transformers (the repository's
 .cache/venv-torch); the ckalloc command comes from an installed wheel
 (scripts/test-python installs one under target/python-test/venv). The
 allocators: glibc, jemalloc as Intel's PyTorch guide configures it, tcmalloc
 (Intel's launcher default), and ckalloc through `ckalloc run`. Each run
-starts a fresh server on a free port, waits for it, sends the seeded load
+starts a new server on a free port, waits for it, sends the seeded load
 (idle spells of 1, 2 and 4 s between bursts) and reads VmRSS and
 AnonHugePages from /proc before stopping it. Rounds interleave the
-allocators; the memory state is whatever the previous run left (no
-preparation), so the order rotates each round.
+allocators, the order rotating each round. The memory state before each run
+(`--state`): `none`, whatever the previous run left; `thp`, 512 MiB advised
+MADV_HUGEPAGE, touched and unmapped first (host-backed free 2 MiB blocks on
+a VM that reports free memory to its host, as benches/real-client's `thp`).
+One table per state.
 """
 import argparse
 import json
+import mmap
 import os
 import signal
 import statistics
@@ -49,6 +53,21 @@ def status_kib(pid, field):
             if line.startswith(field + ":"):
                 return int(line.split()[1])
     return 0
+
+
+PREP_BYTES = 512 << 20
+
+
+def prepare(state):
+    """The memory state before a run (see the module docs)."""
+    if state != "thp":
+        return
+    m = mmap.mmap(-1, PREP_BYTES)
+    m.madvise(mmap.MADV_HUGEPAGE)
+    chunk = b"\1" * (2 << 20)
+    for off in range(0, PREP_BYTES, len(chunk)):
+        m[off:off + len(chunk)] = chunk
+    m.close()
 
 
 def one_run(prefix, env, requests, seed):
@@ -84,15 +103,29 @@ def main():
     p.add_argument("--rounds", type=int, default=5, choices=range(1, 101), metavar="1..100")
     p.add_argument("--requests", type=int, default=60, choices=range(1, 10001), metavar="1..10000")
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--state", default="none", help="memory states, comma-separated: none, thp")
     a = p.parse_args()
+    states = a.state.split(",")
+    if not states or any(x not in ("none", "thp") for x in states):
+        p.error("--state takes none and thp, comma-separated")
     configs = configurations(a.ckalloc)
+    same = True
+    for state in states:
+        same &= report(state, configs, a)
+    return 0 if same else 1
+
+
+def report(state, configs, a):
+    """The rounds in one memory state, and their table; whether every run's
+    checksum agreed."""
     runs = {name: [] for name, _, _ in configs}
     for r in range(a.rounds):
         order = configs[r % len(configs):] + configs[:r % len(configs)]
         for name, prefix, env in order:
+            prepare(state)
             res = one_run(prefix, env, a.requests, a.seed)
             runs[name].append(res)
-            print(f"round {r + 1} {name}: p50 {res['p50_ms']:.1f} ms, p99 {res['p99_ms']:.1f} ms, "
+            print(f"{state} round {r + 1} {name}: p50 {res['p50_ms']:.1f} ms, p99 {res['p99_ms']:.1f} ms, "
                   f"first {res['first_ms']:.1f} ms, after idle {res['after_idle_ms']:.0f} ms, "
                   f"RSS {res['rss_mib']:.0f} MiB (AnonHugePages {res['anon_huge_mib']:.0f}), "
                   f"checksum {res['checksum']}", flush=True)
@@ -102,8 +135,8 @@ def main():
                             "anon_huge_mib")}
            for name, rs in runs.items()}
     base = med["glibc"]
-    print(f"\n{a.rounds} interleaved rounds, {a.requests} requests each, medians; ratio to glibc "
-          f"in brackets; checksums {'all equal' if len(checksums) == 1 else 'DIFFER'}\n")
+    print(f"\nstate {state}: {a.rounds} interleaved rounds, {a.requests} requests each, medians; "
+          f"ratio to glibc in brackets; checksums {'all equal' if len(checksums) == 1 else 'DIFFER'}\n")
     print("| allocator | p50 ms | p99 ms | first ms | after idle ms | RSS after load MiB | AnonHugePages MiB |")
     print("| --- | --- | --- | --- | --- | --- | --- |")
     for name, m in med.items():
@@ -112,7 +145,8 @@ def main():
         print(f"| {name} | {cell('p50_ms', '.1f')} | {cell('p99_ms', '.1f')} | "
               f"{cell('first_ms', '.1f')} | {cell('after_idle_ms', '.0f')} | "
               f"{cell('rss_mib', '.0f')} | {m['anon_huge_mib']:.0f} |")
-    return 0 if len(checksums) == 1 else 1
+    print()
+    return len(checksums) == 1
 
 
 if __name__ == "__main__":

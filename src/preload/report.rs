@@ -5,7 +5,7 @@
 
 use super::glibc::flush_stdio_if_unlocked;
 use super::stats;
-use crate::env::{stats_file_template, ShowStats};
+use crate::env::{stats_file_template, ShowStats, PATH_MAX};
 use crate::huge::huge_stats;
 use crate::units::{ExactBytes, SliceWriter};
 use std::cell::UnsafeCell;
@@ -147,9 +147,6 @@ struct Template {
 /// [`Template::len`] of a template that was not taken.
 const REFUSED: usize = usize::MAX;
 
-/// Linux's `PATH_MAX`: the most bytes of a path with its NUL.
-const PATH_MAX: usize = 4096;
-
 // SAFETY: `bytes` is written only by `remember_output`, which the
 // library's constructor calls once before any reader can see a non-zero
 // `len` (Release/Acquire), and only read after that.
@@ -198,8 +195,6 @@ pub fn remember_output() {
 /// `None` when it does not fit, the working directory cannot be read, or
 /// the template is not taken ([`stats_file_template`]).
 fn absolute_template(template: &[u8], out: &mut [u8; PATH_MAX]) -> Option<usize> {
-    // The template must expand for the largest process ID.
-    stats_file_template(template, u32::MAX, &mut [0; PATH_MAX]).ok()?;
     let mut len = 0;
     if template.first() != Some(&b'/') {
         let mut cwd = [0u8; PATH_MAX];
@@ -222,6 +217,7 @@ fn absolute_template(template: &[u8], out: &mut [u8; PATH_MAX]) -> Option<usize>
     }
     let end = len.checked_add(template.len())?;
     out.get_mut(len..end)?.copy_from_slice(template);
+    // Taken only when it expands for the largest process ID.
     stats_file_template(&out[..end], u32::MAX, &mut [0; PATH_MAX]).ok()?;
     Some(end)
 }

@@ -5,7 +5,7 @@
 //! never writes to a stream the program did not ask for). Other
 //! `CKALLOC_*` names (the repository's scripts read some) pass silently.
 
-use ckalloc::env::{settings, stats_file_template, Source};
+use ckalloc::env::{settings, stats_file_template, Source, PATH_MAX};
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
@@ -13,8 +13,7 @@ use std::path::Path;
 /// The variable naming the summary's file.
 const STATS_FILE: &str = "CKALLOC_STATS_FILE";
 
-/// Linux's `PATH_MAX` (with the NUL) and `NAME_MAX`.
-const PATH_MAX: usize = 4096;
+/// Linux's `NAME_MAX`: the most bytes of one name in a path.
 const NAME_MAX: usize = 255;
 
 /// One line per `CKALLOC_*` variable of this process's environment that is
