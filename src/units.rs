@@ -101,13 +101,31 @@ pub(crate) enum SuffixCase {
     /// Lowercase only (`64mib`): the caching spec, which rejects what IREE
     /// silently misreads.
     Lower,
-    /// ASCII case-insensitive (`64MiB`, `1GiB`): the `CKALLOC_*` variables.
+    /// ASCII case-insensitive (`64MiB`, `1GiB`), and the one-letter binary
+    /// units `k`, `m`, `g` and `t` (`512m`, `1G`) that the `ckalloc`
+    /// command's SIZE arguments take too: the `CKALLOC_*` variables.
     Any,
+}
+
+/// The value of `digits`, ASCII decimal digits only: `None` when it is
+/// empty, holds any other byte, or overflows `u64`. Never allocates. The
+/// one digit reader of the crate's settings, sizes and `/proc` numbers.
+pub(crate) fn decimal(digits: &[u8]) -> Option<u64> {
+    if digits.is_empty() {
+        return None;
+    }
+    digits.iter().try_fold(0u64, |acc, &b| {
+        if !b.is_ascii_digit() {
+            return None;
+        }
+        acc.checked_mul(10)?.checked_add(u64::from(b - b'0'))
+    })
 }
 
 /// Parses a size: `0` or decimal digits without a leading zero, then an
 /// optional unit suffix `b`, `kb`, `kib`, `mb`, `mib`, `gb`, `gib`, `tb` or
-/// `tib` (decimal units of 1000, binary units of 1024). `None` on any other
+/// `tib` (decimal units of 1000, binary units of 1024; with
+/// [`SuffixCase::Any`] also `k`, `m`, `g` and `t`, binary). `None` on any other
 /// text (white space included), or when the value overflows `u64` or
 /// `usize`. Never allocates.
 pub(crate) fn parse_size(s: &[u8], case: SuffixCase) -> Option<u64> {
@@ -130,21 +148,20 @@ pub(crate) fn parse_size(s: &[u8], case: SuffixCase) -> Option<u64> {
         (b"tb", 1000 * 1000 * 1000 * 1000),
         (b"tib", 1 << 40),
     ];
+    const LETTERS: [(&[u8], u64); 4] = [(b"k", 1 << 10), (b"m", 1 << 20), (b"g", 1 << 30), (b"t", 1 << 40)];
     let mult = if suffix.is_empty() {
         1
     } else {
-        UNITS
-            .iter()
-            .find(|(name, _)| match case {
-                SuffixCase::Lower => *name == suffix,
-                SuffixCase::Any => name.eq_ignore_ascii_case(suffix),
-            })?
-            .1
+        match case {
+            SuffixCase::Lower => UNITS.iter().find(|(name, _)| *name == suffix),
+            SuffixCase::Any => UNITS
+                .iter()
+                .chain(&LETTERS)
+                .find(|(name, _)| name.eq_ignore_ascii_case(suffix)),
+        }?
+        .1
     };
-    let value = digits.iter().try_fold(0u64, |acc, &b| {
-        acc.checked_mul(10)?.checked_add(u64::from(b - b'0'))
-    })?;
-    let value = value.checked_mul(mult)?;
+    let value = decimal(digits)?.checked_mul(mult)?;
     usize::try_from(value).ok()?;
     Some(value)
 }
@@ -165,6 +182,16 @@ mod tests {
     }
 
     #[test]
+    fn decimals_are_digits_only_and_checked() {
+        assert_eq!(decimal(b"0"), Some(0));
+        assert_eq!(decimal(b"18446744073709551615"), Some(u64::MAX));
+        assert_eq!(decimal(b"18446744073709551616"), None);
+        for bad in [&b""[..], b" 1", b"1 ", b"+1", b"-1", b"1.5", b"1k"] {
+            assert_eq!(decimal(bad), None, "{bad:?}");
+        }
+    }
+
+    #[test]
     fn sizes_in_lowercase() {
         let p = |s: &str| parse_size(s.as_bytes(), SuffixCase::Lower);
         assert_eq!(p("0"), Some(0));
@@ -173,6 +200,7 @@ mod tests {
         assert_eq!(p("7b"), Some(7));
         assert_eq!(p("010"), None);
         assert_eq!(p("1GiB"), None);
+        assert_eq!(p("1g"), None, "no one-letter units in the spec");
         assert_eq!(p(""), None);
         assert_eq!(p("gib"), None);
         assert_eq!(p(" 1"), None);
@@ -191,7 +219,12 @@ mod tests {
         assert_eq!(p("1gib"), Some(1 << 30));
         assert_eq!(p("64MB"), Some(64_000_000));
         assert_eq!(p("512KiB"), Some(512 << 10));
-        assert_eq!(p("1G"), None);
+        assert_eq!(p("1G"), Some(1 << 30));
+        assert_eq!(p("512m"), Some(512 << 20));
+        assert_eq!(p("4k"), Some(4096));
+        assert_eq!(p("2T"), Some(2 << 40));
         assert_eq!(p("1GiBs"), None);
+        assert_eq!(p("1gg"), None);
+        assert_eq!(p("m"), None);
     }
 }

@@ -103,17 +103,7 @@ impl Choice {
 /// A decimal `u64` after trimming ASCII white space; `None` for anything
 /// else (including overflow).
 fn parse_u64(v: &[u8]) -> Option<u64> {
-    let v = v.trim_ascii();
-    if v.is_empty() {
-        return None;
-    }
-    v.iter().try_fold(0u64, |acc, &b| {
-        if b.is_ascii_digit() {
-            acc.checked_mul(10)?.checked_add(u64::from(b - b'0'))
-        } else {
-            None
-        }
-    })
+    units::decimal(v.trim_ascii())
 }
 
 /// A `CKALLOC_*` switch (the switch rule), read once and cached. Never
@@ -227,7 +217,7 @@ pub struct Expected(Unit);
 impl fmt::Display for Expected {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self.0 {
-            Unit::Bytes => f.write_str("a number of bytes or a size such as 512mib or 1GiB"),
+            Unit::Bytes => f.write_str("a number of bytes or a size such as 512mib, 512m or 1GiB"),
             Unit::Milliseconds => f.write_str("a decimal number of milliseconds"),
             Unit::Switch => f.write_str("1, true, yes or on; 0, false, no, off or empty"),
             Unit::Word(names) => {

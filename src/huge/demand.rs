@@ -117,6 +117,12 @@ impl Demand {
         let at = self.released_at.load(Relaxed);
         if at != 0 && now_ns.saturating_sub(at) < HOLD_NS && live > self.released_live.load(Relaxed)
         {
+            if self.held_until.load(Relaxed) <= now_ns {
+                // The last hold expired: this one starts at `live`. Two
+                // notes at that moment may leave the lower of the two,
+                // until the next note raises it again.
+                self.held.store(live, Relaxed);
+            }
             self.held.fetch_max(live, Relaxed);
             self.held_until
                 .fetch_max(now_ns.saturating_add(HOLD_NS), Relaxed);
@@ -133,11 +139,10 @@ impl Demand {
         let slot = slot_at(now_ns, window) + 1;
         let oldest = slot.saturating_sub(SLOTS_PER_WINDOW);
         let mut peak = live;
+        // Read only: an expired hold is replaced by the next note that
+        // holds demand, so a reader never drops one a note just raised.
         if now_ns < self.held_until.load(Relaxed) {
             peak = peak.max(self.held.load(Relaxed));
-        } else if self.held.load(Relaxed) != 0 {
-            // Held no longer: a later return starts afresh.
-            self.held.store(0, Relaxed);
         }
         for (s, p) in self.slots.iter().zip(&self.peaks) {
             let held = s.load(Relaxed);
@@ -203,6 +208,28 @@ mod tests {
         // Small requests after the release: only their own demand is held.
         d.note(5 * w, 13);
         assert_eq!(d.keep(9 * w, 10), 3);
+    }
+
+    #[test]
+    fn an_expired_hold_is_not_carried_into_the_next_one() {
+        let w = window_ns();
+        let d = Demand::new();
+        // A burst of 1,000 comes back after a release: held.
+        d.released(w, 10);
+        d.note(2 * w, 1_000);
+        assert_eq!(d.keep(3 * w, 10), 990);
+        // The hold expires with no reader in between; a later release and
+        // a small return hold only that return.
+        let t = 2 * w + HOLD_NS + 10 * w;
+        d.released(t, 10);
+        d.note(t + w, 13);
+        assert_eq!(d.keep(t + 4 * w, 10), 3);
+        // Reading an expired hold writes nothing: a note's hold survives.
+        let t2 = t + w + HOLD_NS + w;
+        assert_eq!(d.keep(t2, 10), 0);
+        d.released(t2, 10);
+        d.note(t2 + w, 50);
+        assert_eq!(d.keep(t2 + 4 * w, 10), 40);
     }
 
     #[test]

@@ -245,6 +245,9 @@ mod tests {
                 retained: 2
             })
         );
+        // Bounds noted 2^32 releases ago are stale: the count goes on.
+        b.skip_releases(1 << 32);
+        assert_eq!(b.bounds(), None);
         for (s, v) in [(a, other), (b, mine)] {
             s.release(0, v.units);
             s.dirty.clear(0, v.units);

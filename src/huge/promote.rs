@@ -147,12 +147,7 @@ pub(crate) struct Pass {
 /// ended.
 pub(crate) fn pass(c: &Counters, spans: &Spans, held: &Held, pass: &Pass) -> Stop {
     let age = u32::try_from((PROMOTE_AFTER_MS * 1_000_000) >> 20).unwrap_or(u32::MAX);
-    let cursor = held.cursor.load(Relaxed);
-    let (from_span, from_unit) = ((cursor >> 32) as u16, cursor as u32);
-    let order = spans
-        .live()
-        .filter(|(_, v)| v.index >= from_span)
-        .chain(spans.live().filter(|(_, v)| v.index <= from_span));
+    let order = from_cursor(spans, held.cursor.load(Relaxed));
     let now = sys::monotonic_ns();
     if now >= held.retry_refused.load(Relaxed) {
         // What the kernel refused may be collapsible now (a copy-on-write
@@ -165,15 +160,10 @@ pub(crate) fn pass(c: &Counters, spans: &Spans, held: &Held, pass: &Pass) -> Sto
     }
     let mut examined = 0;
     let mut called = false;
-    for (k, (span, v)) in order.enumerate() {
+    for (span, v, first, end) in order {
         if v.tier != Backing::TransparentHuge || v.shift != span::UNIT_SHIFT {
             continue;
         }
-        let first = if k == 0 && v.index == from_span {
-            from_unit
-        } else {
-            0
-        };
         let in_use = span.in_use.snapshot();
         let (holes, dirty) = (span.holes.snapshot(), span.dirty.snapshot());
         let open = bits::and(
@@ -182,7 +172,7 @@ pub(crate) fn pass(c: &Counters, spans: &Spans, held: &Held, pass: &Pass) -> Sto
         );
         let open = bits::and(&open, &bits::not(&span.base_pages.snapshot()));
         let open = bits::and(&open, &bits::not(&holes));
-        let open = bits::within(&open, first, v.units);
+        let open = bits::within(&open, first, end);
         for u in bits::runs(&open).flat_map(|(s, e)| s..e) {
             if background::pausing() {
                 return Stop::Paused;
@@ -231,6 +221,24 @@ pub(crate) fn pass(c: &Counters, spans: &Spans, held: &Held, pass: &Pass) -> Sto
     }
     held.cursor.store(0, Relaxed);
     Stop::Done
+}
+
+/// The live spans a pass visits from `cursor` (`span index << 32 | unit`),
+/// each with the units `first..end` it covers: the cursor's span from the
+/// unit, the spans after it, then, wrapping, the spans before it and the
+/// cursor's span up to the unit. Every unit comes once.
+fn from_cursor(spans: &Spans, cursor: u64) -> impl Iterator<Item = (&Span, View, u32, u32)> {
+    let (at, unit) = ((cursor >> 32) as u16, cursor as u32);
+    let part = move |v: &View| unit.min(v.units);
+    let on = spans
+        .live()
+        .filter(move |(_, v)| v.index >= at)
+        .map(move |(s, v)| (s, v, if v.index == at { part(&v) } else { 0 }, v.units));
+    let wrapped = spans
+        .live()
+        .filter(move |(_, v)| v.index <= at)
+        .map(move |(s, v)| (s, v, 0, if v.index == at { part(&v) } else { v.units }));
+    on.chain(wrapped)
 }
 
 /// Why a pass ended.
@@ -363,6 +371,11 @@ mod tests {
             .reserve(&c, &MAP, HUGE_PAGE_2M, HUGE_PAGE_2M, 0, false)
             .unwrap();
         let span = SPANS.get(v.index);
+        // A pass from unit 3 of the span covers 3.., then wraps to ..3.
+        let ranges: Vec<(u16, u32, u32)> = from_cursor(&SPANS, u64::from(v.index) << 32 | 3)
+            .map(|(_, w, a, e)| (w.index, a, e))
+            .collect();
+        assert_eq!(ranges, [(v.index, 3, v.units), (v.index, 0, 3)]);
         if v.tier == Backing::TransparentHuge {
             // Two units of a block in use for about a second: old enough,
             // but untouched (not half resident), so examined, not collapsed.

@@ -29,8 +29,15 @@ use std::sync::atomic::{
 pub(crate) const UNIT_SHIFT: u32 = HUGE_PAGE_2M.trailing_zeros();
 /// The length of a span shared by many blocks (512 units of 2 MiB).
 pub(crate) const SPAN_LEN: usize = (BITS as usize) << UNIT_SHIFT;
-// A run's length fits the 16 bits [`Span::note_bounds`] gives it.
-const _: () = assert!(BITS < 1 << 16);
+/// Bits of a run's length in a span's noted bounds ([`Span::note_bounds`]).
+const RUN_BITS: u32 = 10;
+// A run is at most `BITS` units long.
+const _: () = assert!(BITS < 1 << RUN_BITS);
+/// Bits of the release count in a span's noted bounds: the rest of the
+/// word. Bounds noted at one count read as fresh again only after 2^44
+/// more releases (20 days at ten million a second) with no search noting
+/// new ones.
+const COUNT_BITS: u32 = 64 - 2 * RUN_BITS;
 /// Slots of the span table.
 pub(crate) const MAX_SPANS: usize = 8192;
 /// Home groups of threads.
@@ -104,9 +111,10 @@ pub(crate) struct Span {
     state: AtomicU64,
     /// Releases of units so far (wrapping): a [`free_hint`](Self::free_hint)
     /// taken at another count is stale.
-    releases: AtomicU32,
+    releases: AtomicU64,
     /// Upper bounds of the span's longest free run and longest retained
-    /// (free and dirty) run, as `releases << 32 | free << 16 | retained`,
+    /// (free and dirty) run, as `releases << 20 | free << 10 | retained`
+    /// (the count's low [`COUNT_BITS`] bits, each run in [`RUN_BITS`]),
     /// taken by a search that found no place in it; claims, purges and
     /// reuse only shorten runs, so they hold until the next release.
     free_hint: AtomicU64,
@@ -227,7 +235,7 @@ impl Span {
     const fn new() -> Span {
         Span {
             state: AtomicU64::new(EMPTY),
-            releases: AtomicU32::new(0),
+            releases: AtomicU64::new(0),
             free_hint: AtomicU64::new(0),
             base: AtomicUsize::new(0),
             units: AtomicU32::new(0),
@@ -340,8 +348,15 @@ impl Span {
 
     /// The count of releases now; read before the snapshot a
     /// [`note_bounds`](Self::note_bounds) takes.
-    pub(crate) fn release_count(&self) -> u32 {
+    pub(crate) fn release_count(&self) -> u64 {
         self.releases.load(Acquire)
+    }
+
+    /// Count `n` releases that released nothing: a test's way to a count
+    /// far from the one bounds were noted at.
+    #[cfg(test)]
+    pub(crate) fn skip_releases(&self, n: u64) {
+        self.releases.fetch_add(n, Release);
     }
 
     /// Bounds of the span's runs that still hold: `None` when a unit was
@@ -349,25 +364,27 @@ impl Span {
     #[inline]
     pub(crate) fn bounds(&self) -> Option<Bounds> {
         let h = self.free_hint.load(Relaxed);
-        ((h >> 32) as u32 == self.releases.load(Acquire)).then_some(Bounds {
-            free: (h >> 16) as u16 as u32,
-            retained: h as u16 as u32,
-        })
+        let run = |x: u64| (x & ((1 << RUN_BITS) - 1)) as u32;
+        (h >> (2 * RUN_BITS) == self.releases.load(Acquire) & (u64::MAX >> (64 - COUNT_BITS)))
+            .then_some(Bounds {
+                free: run(h >> RUN_BITS),
+                retained: run(h),
+            })
     }
 
     /// Remember the longest free run and the longest retained run of `v`'s
     /// span now (snapshots taken after `count` releases) as bounds until
     /// the next release.
-    pub(crate) fn note_bounds(&self, count: u32, v: &View) {
+    pub(crate) fn note_bounds(&self, count: u64, v: &View) {
         let free = bits::not_below(&self.in_use.snapshot(), v.units);
         let retained = bits::and(&free, &self.dirty.snapshot());
         let longest = |b: &bits::Snapshot| bits::runs(b).map(|(a, e)| e - a).max().unwrap_or(0);
-        // Runs are at most `BITS` (512) units long: each fits 16 bits.
+        // Runs are at most `BITS` (512) units long: each fits `RUN_BITS`.
         let (f, r) = (u64::from(longest(&free)), u64::from(longest(&retained)));
         // A span retired and made anew meanwhile has other units.
         if self.is(v) {
             self.free_hint
-                .store(u64::from(count) << 32 | f << 16 | r, Relaxed);
+                .store(count << (2 * RUN_BITS) | f << RUN_BITS | r, Relaxed);
         }
     }
 

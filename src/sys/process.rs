@@ -5,6 +5,7 @@ use super::cvt;
 #[cfg(target_os = "linux")]
 use super::files::open_readonly;
 use super::files::Fd;
+use crate::units;
 use std::io;
 
 /// `getenv` without allocating (std::env::var allocates, which the global
@@ -71,16 +72,9 @@ pub(crate) fn read_small_file<'a>(path: &std::ffi::CStr, buf: &'a mut [u8]) -> O
 /// it overflows.
 pub(crate) fn leading_u64(text: &[u8]) -> Option<u64> {
     let start = text.iter().position(|b| !b.is_ascii_whitespace())?;
-    let digits = text[start..].iter().take_while(|b| b.is_ascii_digit());
-    let mut n: Option<u64> = None;
-    for &d in digits {
-        n = Some(
-            n.unwrap_or(0)
-                .checked_mul(10)?
-                .checked_add(u64::from(d - b'0'))?,
-        );
-    }
-    n
+    let text = &text[start..];
+    let end = text.iter().position(|b| !b.is_ascii_digit());
+    units::decimal(&text[..end.unwrap_or(text.len())])
 }
 
 /// This thread's scheduler statistics, `/proc/thread-self/schedstat`

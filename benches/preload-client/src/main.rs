@@ -23,6 +23,11 @@
 //!                [--baseline-library SO] [--records FILE]
 //! ```
 //!
+//! With the trace among the workloads, the configuration `ckalloc-floor` runs
+//! too: ckalloc's library with `CKALLOC_PRELOAD_THRESHOLD` out of reach, so
+//! glibc serves every request ([`FLOOR_THRESHOLD`]); it is left out of "the
+//! best of the others", and ckalloc's ratio to it is printed.
+//!
 //! `--baseline-library SO` adds the configuration `ckalloc@base`: another
 //! build of the preload library (another version of ckalloc), interleaved
 //! with the rest and left out of the "best of the others"; `--records FILE`
@@ -135,11 +140,22 @@ const CONFIGS: &[Config] = &[
         env: &[],
     },
     Config {
+        name: "ckalloc-floor",
+        preload: Some("ckalloc"),
+        env: &[("CKALLOC_PRELOAD_THRESHOLD", FLOOR_THRESHOLD)],
+    },
+    Config {
         name: "ckalloc@base",
         preload: Some("ckalloc@base"),
         env: &[],
     },
 ];
+
+/// `ckalloc-floor`'s `CKALLOC_PRELOAD_THRESHOLD`: 1 TiB, out of reach of
+/// every request, so that glibc serves them all while the library is loaded.
+/// Its times are the floor that the requests ckalloc leaves to glibc set:
+/// the trace's ratio row "to ckalloc-floor" compares ckalloc with it.
+const FLOOR_THRESHOLD: &str = "1099511627776";
 
 /// Whether a configuration is ckalloc's (this build's or the baseline's),
 /// not one of the others.
@@ -329,6 +345,7 @@ fn command(program: &Path, env: &[(String, String)]) -> Command {
         .env_remove("GLIBC_TUNABLES")
         .env_remove("MIMALLOC_LARGE_OS_PAGES")
         .env_remove("THP_MEM_ALLOC_ENABLE")
+        .env_remove("CKALLOC_PRELOAD_THRESHOLD")
         .envs(env.iter().map(|(k, v)| (k.as_str(), v.as_str())));
     cmd
 }
@@ -379,6 +396,7 @@ fn main() -> ExitCode {
     let configs: Vec<&Config> = CONFIGS
         .iter()
         .filter(|c| c.name != "ckalloc@base" || a.baseline.is_some())
+        .filter(|c| c.name != "ckalloc-floor" || a.workloads.iter().any(|w| w == "trace"))
         .filter(|c| {
             a.only
                 .as_ref()
@@ -548,6 +566,8 @@ fn run_state(
             println!("|{}", " --- |".repeat(compared.len() + 1));
             let mut best = Vec::new();
             let mut glibc = Vec::new();
+            let mut floor = Vec::new();
+            let floor_at = configs.iter().position(|c| c.name == "ckalloc-floor");
             for &k in &compared {
                 let mine = median(col(ck, k));
                 let peers: Vec<(f64, &str)> = configs
@@ -562,10 +582,16 @@ fn run_state(
                 if let Some((v, _)) = peers.iter().find(|(_, n)| *n == "glibc") {
                     glibc.push(format!("{:.2}x", mine / v));
                 }
+                if let Some(f) = floor_at.filter(|&f| !runs[f].is_empty()) {
+                    floor.push(format!("{:.2}x", mine / median(col(f, k))));
+                }
             }
             println!("| to the best of the others | {} |", best.join(" | "));
             if !glibc.is_empty() {
                 println!("| to default glibc | {} |", glibc.join(" | "));
+            }
+            if !floor.is_empty() {
+                println!("| to ckalloc-floor | {} |", floor.join(" | "));
             }
         }
     }

@@ -150,7 +150,8 @@ fn preload_value(lib: &Path, old: Option<&OsStr>) -> OsString {
 
 /// Replace this process with the program; returns only when it cannot be
 /// started: exit status 127 when it is not found, 126 otherwise (as `sh`
-/// and `env` do), 1 when the library is not found.
+/// and `env` do; 126 too for an ELF file with malformed headers, which
+/// `execvp` would hand to `sh`), 1 when the library is not found.
 pub fn run(a: RunArgs) -> ExitCode {
     let lib = match find_library() {
         Ok(l) => l,
@@ -176,6 +177,10 @@ pub fn run(a: RunArgs) -> ExitCode {
             .report(false);
         }
     };
+    if let Some(why) = program::malformed_elf(program) {
+        let _ = err(format!("cannot run {why}")).report(false);
+        return ExitCode::from(126);
+    }
     for w in settings::warnings()
         .into_iter()
         .chain(program::why_not_preloaded(program))
@@ -191,7 +196,8 @@ pub fn run(a: RunArgs) -> ExitCode {
     } else {
         126
     };
-    let _ = err(format!("cannot run {}: {e}", Path::new(program).display())).report(false);
+    let shown = Path::new(program).display().to_string();
+    let _ = err(format!("cannot run {}: {e}", shown.escape_debug())).report(false);
     ExitCode::from(code)
 }
 

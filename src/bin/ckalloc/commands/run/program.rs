@@ -68,6 +68,31 @@ pub fn why_not_preloaded(program: &OsStr) -> Option<String> {
     None
 }
 
+/// Why `program` is an ELF file the kernel cannot load: its ELF header or
+/// program headers are cut or malformed. `None` for any other file, and when
+/// it cannot be read (`exec` reports that itself). The kernel refuses such a
+/// file with `ENOEXEC`, and `execvp` would then hand it to `sh` as a script
+/// (POSIX's rule for files that are no executable format), which reports
+/// nonsense about its bytes; `ckalloc run` reports the format instead, with
+/// exit status 126, as bash does.
+pub fn malformed_elf(program: &OsStr) -> Option<String> {
+    let path = resolve(program)?;
+    if !std::fs::metadata(&path).ok()?.is_file() {
+        return None;
+    }
+    let mut magic = [0u8; 4];
+    std::fs::File::open(&path)
+        .ok()?
+        .read_exact(&mut magic)
+        .ok()?;
+    (magic == *b"\x7fELF" && has_interp(&path).is_none()).then(|| {
+        format!(
+            "{}: exec format error (an ELF file whose headers are cut or malformed)",
+            path.display().to_string().escape_debug()
+        )
+    })
+}
+
 /// `program` as `execvp` finds it: a name with a slash as it is, else the
 /// first executable file of that name in `PATH`.
 fn resolve(program: &OsStr) -> Option<PathBuf> {
@@ -208,6 +233,23 @@ mod tests {
         let cut = dir.path().join("cut");
         std::fs::write(&cut, &bytes[..100]).unwrap();
         assert_eq!(has_interp(&cut), None, "headers past the end");
+    }
+
+    #[test]
+    fn a_malformed_elf_file_is_named_and_other_files_are_not() {
+        let dir = tempfile::tempdir().unwrap();
+        let bad = dir.path().join("bad");
+        std::fs::write(&bad, b"\x7fELF\x02\x01\x01garbage").unwrap();
+        let why = malformed_elf(bad.as_os_str()).unwrap();
+        assert!(why.contains("exec format error"), "{why}");
+        assert_eq!(malformed_elf(OsStr::new("sh")), None);
+        let script = dir.path().join("s");
+        std::fs::write(&script, "echo hi\n").unwrap();
+        assert_eq!(malformed_elf(script.as_os_str()), None);
+        let short = dir.path().join("short");
+        std::fs::write(&short, b"\x7fEL").unwrap();
+        assert_eq!(malformed_elf(short.as_os_str()), None);
+        assert_eq!(malformed_elf(OsStr::new("/nonexistent/x")), None);
     }
 
     #[test]
