@@ -148,7 +148,12 @@ pub(crate) fn parse_size(s: &[u8], case: SuffixCase) -> Option<u64> {
         (b"tb", 1000 * 1000 * 1000 * 1000),
         (b"tib", 1 << 40),
     ];
-    const LETTERS: [(&[u8], u64); 4] = [(b"k", 1 << 10), (b"m", 1 << 20), (b"g", 1 << 30), (b"t", 1 << 40)];
+    const LETTERS: [(&[u8], u64); 4] = [
+        (b"k", 1 << 10),
+        (b"m", 1 << 20),
+        (b"g", 1 << 30),
+        (b"t", 1 << 40),
+    ];
     let mult = if suffix.is_empty() {
         1
     } else {

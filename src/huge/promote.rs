@@ -371,11 +371,13 @@ mod tests {
             .reserve(&c, &MAP, HUGE_PAGE_2M, HUGE_PAGE_2M, 0, false)
             .unwrap();
         let span = SPANS.get(v.index);
-        // A pass from unit 3 of the span covers 3.., then wraps to ..3.
+        // A pass from unit 3 of the span covers 3.., then wraps to ..3
+        // (a span of fewer units, under an address-space limit: all once).
         let ranges: Vec<(u16, u32, u32)> = from_cursor(&SPANS, u64::from(v.index) << 32 | 3)
             .map(|(_, w, a, e)| (w.index, a, e))
             .collect();
-        assert_eq!(ranges, [(v.index, 3, v.units), (v.index, 0, 3)]);
+        let at = v.units.min(3);
+        assert_eq!(ranges, [(v.index, at, v.units), (v.index, 0, at)]);
         if v.tier == Backing::TransparentHuge {
             // Two units of a block in use for about a second: old enough,
             // but untouched (not half resident), so examined, not collapsed.

@@ -109,8 +109,8 @@ pub(crate) fn stamp_at(ns: u64) -> u32 {
 pub(crate) struct Span {
     /// Generation, tier and phase ([`state`]).
     state: AtomicU64,
-    /// Releases of units so far (wrapping): a [`free_hint`](Self::free_hint)
-    /// taken at another count is stale.
+    /// Releases of units so far: a [`free_hint`](Self::free_hint) taken at
+    /// another count is stale.
     releases: AtomicU64,
     /// Upper bounds of the span's longest free run and longest retained
     /// (free and dirty) run, as `releases << 20 | free << 10 | retained`

@@ -23,8 +23,8 @@
 //!                [--baseline-library SO] [--records FILE]
 //! ```
 //!
-//! With the trace among the workloads, the configuration `ckalloc-floor` runs
-//! too: ckalloc's library with `CKALLOC_PRELOAD_THRESHOLD` out of reach, so
+//! The serving trace also runs the configuration `ckalloc-floor` (not the
+//! other workloads): ckalloc's library with `CKALLOC_PRELOAD_THRESHOLD` out of reach, so
 //! glibc serves every request ([`FLOOR_THRESHOLD`]); it is left out of "the
 //! best of the others", and ckalloc's ratio to it is printed.
 //!
@@ -69,6 +69,9 @@ const LIB_DIRS: &[&str] = &[
     "/usr/lib64",
     "/usr/lib",
 ];
+
+/// A configuration's environment: `LD_PRELOAD` and its variables.
+type Env = Vec<(String, String)>;
 
 /// A configuration: its name, the library it preloads (a key of
 /// `PEER_LIBS`, `"ckalloc"`, or none) and its environment.
@@ -396,7 +399,6 @@ fn main() -> ExitCode {
     let configs: Vec<&Config> = CONFIGS
         .iter()
         .filter(|c| c.name != "ckalloc@base" || a.baseline.is_some())
-        .filter(|c| c.name != "ckalloc-floor" || a.workloads.iter().any(|w| w == "trace"))
         .filter(|c| {
             a.only
                 .as_ref()
@@ -413,6 +415,13 @@ fn main() -> ExitCode {
             }
         }
     }
+    // `ckalloc-floor` runs in the serving trace only.
+    let (plain, plain_envs): (Vec<&Config>, Vec<Env>) = configs
+        .iter()
+        .zip(&envs)
+        .filter(|(c, _)| c.name != "ckalloc-floor")
+        .map(|(c, e)| (*c, e.clone()))
+        .unzip();
     let mut failed = false;
     if a.run_serve {
         let workloads: Vec<Workload> = a
@@ -424,18 +433,22 @@ fn main() -> ExitCode {
             })
             .collect();
         for w in &workloads {
+            let (cs, es) = match w.name {
+                "trace" => (&configs, &envs),
+                _ => (&plain, &plain_envs),
+            };
             for &state in &a.states {
-                failed |= run_state(w, state, &a, &configs, &envs);
+                failed |= run_state(w, state, &a, cs, es);
             }
         }
     }
     if a.blocks {
         for &state in &a.blocks_states {
-            failed |= run_blocks(state, &a, &configs, &envs);
+            failed |= run_blocks(state, &a, &plain, &plain_envs);
         }
     }
     if a.small {
-        failed |= run_small(&a, &configs, &envs);
+        failed |= run_small(&a, &plain, &plain_envs);
     }
     if failed {
         ExitCode::FAILURE

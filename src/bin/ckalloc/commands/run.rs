@@ -150,8 +150,7 @@ fn preload_value(lib: &Path, old: Option<&OsStr>) -> OsString {
 
 /// Replace this process with the program; returns only when it cannot be
 /// started: exit status 127 when it is not found, 126 otherwise (as `sh`
-/// and `env` do; 126 too for an ELF file with malformed headers, which
-/// `execvp` would hand to `sh`), 1 when the library is not found.
+/// and `env` do), 1 when the library is not found.
 pub fn run(a: RunArgs) -> ExitCode {
     let lib = match find_library() {
         Ok(l) => l,
@@ -177,10 +176,6 @@ pub fn run(a: RunArgs) -> ExitCode {
             .report(false);
         }
     };
-    if let Some(why) = program::malformed_elf(program) {
-        let _ = err(format!("cannot run {why}")).report(false);
-        return ExitCode::from(126);
-    }
     for w in settings::warnings()
         .into_iter()
         .chain(program::why_not_preloaded(program))
