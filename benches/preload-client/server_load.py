@@ -10,7 +10,7 @@ Run it with a Python that has torch and transformers (the repository's
 (scripts/test-python installs one under target/python-test/venv). The
 allocators: glibc, jemalloc as Intel's PyTorch guide configures it, tcmalloc
 (Intel's launcher default), and ckalloc through `ckalloc run`. Each run
-starts a new server on a free port, waits for it, sends the seeded load
+starts a server of its own on a free port, waits for it, sends the seeded load
 (idle spells of 1, 2 and 4 s between bursts) and reads VmRSS and
 AnonHugePages from /proc before stopping it. Rounds interleave the
 allocators, the order rotating each round. The memory state before each run

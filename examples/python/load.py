@@ -8,7 +8,7 @@ them, and a summary of the latencies and a checksum of the answers.
 The requests come in bursts of 4 to 8, with an idle spell before every
 burst after the first, its length drawn from the --idle choices (seconds;
 `--idle 0` for none). A request holds 1, 2, 4, 8 or 16 texts of 16 to 256
-words drawn from a fixed vocabulary. The seed alone determines the texts, and
+words drawn from one vocabulary list. The seed alone determines the texts, and
 the first N requests are the same whatever --requests and --idle say, so
 two runs with the same seed send the same texts and their checksums must
 match when the embeddings do (to 4 decimals).
@@ -101,7 +101,7 @@ def arguments():
 def stream(seed, requests, idle_choices):
     """The requests: a list of (idle seconds before it, texts).
 
-    Two generators: one for the texts and one for the bursts and spells, so
+    Two generators, one for the texts and one for the bursts and spells:
     the seed alone determines the texts."""
     texts_rng = random.Random(seed)
     bursts_rng = random.Random(f"{seed}/bursts")
