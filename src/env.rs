@@ -8,7 +8,7 @@
 //! | `CKALLOC_HUGETLB_BACKOFF_MS` | decimal milliseconds | 1000 | the tier ladder: how long hugetlb is skipped after a failed hugetlb `mmap` | trimmed decimal `u64`; read once per process ([`hugetlb_backoff_ms`]); a value that does not parse gives the default and is reported ([`settings`]) |
 //! | `CKALLOC_RETAIN_BYTES` | a size: bytes, or with a unit (`512mib`, `512m`, `1GiB`, `2gb`) | 128 MiB | the huge-page engine's retention ([`CapRule`](crate::huge::CapRule)): the most bytes of freed blocks kept with their pages for reuse, process-wide; 0 turns retention off; unset, the preload library's cap is twice the high-water mark of live huge bytes, at least the default ([`preload`](crate::preload#huge-blocks-first-touch-and-retention)) | trimmed; the caching spec's size syntax with the unit in any case, and `k`/`m`/`g`/`t`; read once per process ([`retain_bytes`]); a value that does not parse gives the default and is reported ([`settings`]) |
 //! | `CKALLOC_RETAIN_DECAY_MS` | decimal milliseconds | 2000 | the same retention: the decay window. Retained bytes beyond what the window's demand can take back (its peak of live bytes less the live bytes now) are purged (`MADV_DONTNEED`, keeping the address space), oldest first (demand that comes back within 30 s of a release is held 30 s longer), and a span no block used for the window is unmapped; by the background thread every 100 ms, else by engine calls (every 256 calls of a thread, or a huge-path call an eighth of a window after the last step), so `0` gives memory back at the next step, not at once | trimmed decimal `u64`; read once per process ([`retain_decay_ms`]); a value that does not parse gives the default and is reported ([`settings`]) |
-//! | `CKALLOC_PRELOAD_THRESHOLD` | a size, as `CKALLOC_RETAIN_BYTES` | 2 MiB | the preload library (`libckalloc_preload.so`, [`preload`](crate::preload)): requests of at least this many bytes get huge-page blocks, smaller ones go to glibc; `0` is taken as 1; every request at or over it costs at least one 2 MiB mapping, so a threshold far below 2 MiB multiplies the memory mapped (and uses up a reserved hugetlb pool) | as `CKALLOC_RETAIN_BYTES` ([`preload_threshold`]) |
+//! | `CKALLOC_PRELOAD_THRESHOLD` | a size, as `CKALLOC_RETAIN_BYTES` | 2 MiB | the preload library (`libckalloc_preload.so`, [`preload`](crate::preload)): requests of at least this many bytes get huge-page blocks, smaller ones go to glibc; `0` is taken as 1; every request at or over it costs at least one 2 MiB mapping, so a threshold far below 2 MiB multiplies the memory mapped (and uses up a reserved hugetlb pool); `ckalloc run` and `ckalloc probe` warn of a value below 2 MiB ([`small_preload_threshold`]) | as `CKALLOC_RETAIN_BYTES` ([`preload_threshold`]) |
 //! | `CKALLOC_BACKGROUND_THREAD` | on / off switch | unset: on for the preload library, off for [`CkHuge`](crate::CkHuge) | the huge-page engine's background thread (decay by the clock, promotion to huge pages with `MADV_COLLAPSE`; [docs/engine.md](https://github.com/ckalloc/ckalloc/blob/main/docs/engine.md#the-background-thread)): on starts it in any program that uses the engine, off keeps it from starting (also when [`enable_background_thread`](crate::huge::enable_background_thread) is called) | `CKALLOC_*` switch, read once per process ([`background_thread`]) |
 //! | `CKALLOC_SHOW_STATS` | on / off switch, or `all` | off (on while `CKALLOC_STATS_FILE` is set) | the preload library: on prints one summary of [`huge_stats`](crate::huge_stats) at `exit`, labelled with the PID, for a process that served at least one huge-page block; `all` for every process | `CKALLOC_*` switch with the word `all` added, read once per process ([`show_stats`]) |
 //! | `CKALLOC_STATS_FILE` | path template | unset: standard error | the preload library: the summary is appended to this file instead (`%p` is replaced by the process ID, `%%` by `%`; a relative path is taken from the working directory at load); a template with another `%` sequence prints no summary | read once at load ([`stats_file`], [`stats_file_template`]) |
@@ -51,9 +51,11 @@
 
 mod read;
 
+pub use crate::units::SizeError;
 pub use read::{Expected, Setting, Source, Unit};
 
 use crate::sys;
+use crate::units::ExactBytes;
 use read::{Choice, Number, Switch};
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
@@ -187,6 +189,55 @@ pub fn preload_threshold() -> usize {
     usize::try_from(PRELOAD_THRESHOLD.value())
         .unwrap_or(usize::MAX)
         .max(1)
+}
+
+/// Why the variable of a byte setting that [`settings`] reports as
+/// [`Source::Unparsed`] is not a size as [the rules](self) take it (a
+/// leading zero, too large, ...); `None` for any other setting. Reads the
+/// variable again, and allocates: for messages (`ckalloc run`, `ckalloc
+/// probe`), not for allocation paths.
+pub fn size_error(s: &Setting) -> Option<SizeError> {
+    if s.unit != Unit::Bytes || s.source != Source::Unparsed {
+        return None;
+    }
+    let value = std::env::var_os(s.name)?;
+    let text = value.as_encoded_bytes().trim_ascii();
+    crate::units::parse_size(text, crate::units::SuffixCase::Any).err()
+}
+
+/// `CKALLOC_PRELOAD_THRESHOLD` when it is set below
+/// [`DEFAULT_PRELOAD_THRESHOLD`] (2 MiB), where every request at or over it
+/// costs at least one 2 MiB mapping; `None` otherwise. Displays as one
+/// sentence (`ckalloc run` and `ckalloc probe` print it as a warning).
+pub fn small_preload_threshold() -> Option<SmallThreshold> {
+    let s = PRELOAD_THRESHOLD.get();
+    (s.source == Source::Environment && s.value < DEFAULT_PRELOAD_THRESHOLD as u64)
+        .then_some(SmallThreshold(s.value))
+}
+
+/// A `CKALLOC_PRELOAD_THRESHOLD` below 2 MiB, in bytes as written
+/// ([`small_preload_threshold`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SmallThreshold(pub u64);
+
+impl std::fmt::Display for SmallThreshold {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let taken = self.0.max(1);
+        if self.0 == 0 {
+            f.write_str("CKALLOC_PRELOAD_THRESHOLD is 0, taken as 1 byte")?;
+        } else {
+            write!(f, "CKALLOC_PRELOAD_THRESHOLD is {}", ExactBytes(taken))?;
+        }
+        write!(
+            f,
+            ", below 2 MiB: every request of at least {} gets a huge-page block of at least \
+             2 MiB, so the memory mapped grows with the number of such blocks live (up to \
+             {}x the bytes requested); the default, 2 MiB, keeps requests below one huge page \
+             in glibc",
+            ExactBytes(taken),
+            (DEFAULT_PRELOAD_THRESHOLD as u64).div_ceil(taken)
+        )
+    }
 }
 
 /// Which processes the preload library prints a summary of its statistics

@@ -122,20 +122,49 @@ pub(crate) fn decimal(digits: &[u8]) -> Option<u64> {
     })
 }
 
+/// Why a text is not a size ([`parse_size`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SizeError {
+    /// No decimal digits at the start (empty, a sign, white space, a unit
+    /// alone).
+    NoDigits,
+    /// More than one digit, the first `0` (`00m`, `0128`): refused as in
+    /// the caching spec, where such text may be meant as octal.
+    LeadingZero,
+    /// Text after the digits that is not a unit (`1.5g`, `1e9`, `2 m`).
+    Unit,
+    /// The value is over `u64::MAX` or `usize::MAX` bytes.
+    TooLarge,
+}
+
+impl std::fmt::Display for SizeError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            SizeError::NoDigits => "no decimal digits at the start",
+            SizeError::LeadingZero => "a leading zero (write 0, or digits without one)",
+            SizeError::Unit => "not a unit after the digits",
+            SizeError::TooLarge => "too large (over 2^64 - 1 bytes)",
+        })
+    }
+}
+
 /// Parses a size: `0` or decimal digits without a leading zero, then an
 /// optional unit suffix `b`, `kb`, `kib`, `mb`, `mib`, `gb`, `gib`, `tb` or
 /// `tib` (decimal units of 1000, binary units of 1024; with
-/// [`SuffixCase::Any`] also `k`, `m`, `g` and `t`, binary). `None` on any other
-/// text (white space included), or when the value overflows `u64` or
+/// [`SuffixCase::Any`] also `k`, `m`, `g` and `t`, binary). An error on any
+/// other text (white space included), or when the value overflows `u64` or
 /// `usize`. Never allocates.
-pub(crate) fn parse_size(s: &[u8], case: SuffixCase) -> Option<u64> {
+pub(crate) fn parse_size(s: &[u8], case: SuffixCase) -> Result<u64, SizeError> {
     let digits_end = s
         .iter()
         .position(|b| !b.is_ascii_digit())
         .unwrap_or(s.len());
     let (digits, suffix) = s.split_at(digits_end);
-    if digits.is_empty() || (digits.len() > 1 && digits[0] == b'0') {
-        return None;
+    if digits.is_empty() {
+        return Err(SizeError::NoDigits);
+    }
+    if digits.len() > 1 && digits[0] == b'0' {
+        return Err(SizeError::LeadingZero);
     }
     const UNITS: [(&[u8], u64); 9] = [
         (b"b", 1),
@@ -163,12 +192,16 @@ pub(crate) fn parse_size(s: &[u8], case: SuffixCase) -> Option<u64> {
                 .iter()
                 .chain(&LETTERS)
                 .find(|(name, _)| name.eq_ignore_ascii_case(suffix)),
-        }?
+        }
+        .ok_or(SizeError::Unit)?
         .1
     };
-    let value = decimal(digits)?.checked_mul(mult)?;
-    usize::try_from(value).ok()?;
-    Some(value)
+    // Only digits are left, so `decimal` fails only by overflow.
+    let value = decimal(digits)
+        .and_then(|d| d.checked_mul(mult))
+        .filter(|&v| usize::try_from(v).is_ok())
+        .ok_or(SizeError::TooLarge)?;
+    Ok(value)
 }
 
 #[cfg(test)]
@@ -198,7 +231,7 @@ mod tests {
 
     #[test]
     fn sizes_in_lowercase() {
-        let p = |s: &str| parse_size(s.as_bytes(), SuffixCase::Lower);
+        let p = |s: &str| parse_size(s.as_bytes(), SuffixCase::Lower).ok();
         assert_eq!(p("0"), Some(0));
         assert_eq!(p("1gib"), Some(1 << 30));
         assert_eq!(p("2kb"), Some(2000));
@@ -218,8 +251,22 @@ mod tests {
     }
 
     #[test]
+    fn a_size_that_does_not_parse_says_why() {
+        let e = |s: &str| parse_size(s.as_bytes(), SuffixCase::Any).err();
+        assert_eq!(e("00m"), Some(SizeError::LeadingZero));
+        assert_eq!(e("0128"), Some(SizeError::LeadingZero));
+        assert_eq!(e("99999999999999999999"), Some(SizeError::TooLarge));
+        assert_eq!(e("16777216t"), Some(SizeError::TooLarge));
+        assert_eq!(e("1.5g"), Some(SizeError::Unit));
+        assert_eq!(e("1e99"), Some(SizeError::Unit));
+        assert_eq!(e("m"), Some(SizeError::NoDigits));
+        assert_eq!(e(""), Some(SizeError::NoDigits));
+        assert_eq!(e("0"), None);
+    }
+
+    #[test]
     fn sizes_in_any_case() {
-        let p = |s: &str| parse_size(s.as_bytes(), SuffixCase::Any);
+        let p = |s: &str| parse_size(s.as_bytes(), SuffixCase::Any).ok();
         assert_eq!(p("1GiB"), Some(1 << 30));
         assert_eq!(p("1gib"), Some(1 << 30));
         assert_eq!(p("64MB"), Some(64_000_000));

@@ -93,7 +93,7 @@ fn trim(s: &str) -> &str {
 /// Parses a strict size (the syntax of `crate::units::parse_size`, suffix
 /// in lowercase).
 fn parse_size(s: &str) -> Option<u64> {
-    units::parse_size(s.as_bytes(), SuffixCase::Lower)
+    units::parse_size(s.as_bytes(), SuffixCase::Lower).ok()
 }
 
 fn parse_count(s: &str) -> Option<u32> {

@@ -325,7 +325,7 @@ impl Number {
             Some(text) => {
                 let text = text.trim_ascii();
                 let parsed = match self.unit {
-                    Unit::Bytes => units::parse_size(text, SuffixCase::Any),
+                    Unit::Bytes => units::parse_size(text, SuffixCase::Any).ok(),
                     _ => parse_u64(text),
                 };
                 match parsed {

@@ -47,6 +47,30 @@ fn probe_reports_system_and_tiers() {
     assert!(j["hints"].is_array());
     let quick = json(&["probe", "--no-touch"]);
     assert_eq!(quick["tiers"].as_array().unwrap().len(), 0);
+    // Hints say why a size does not parse, and flag a threshold below one
+    // huge page.
+    for (value, hint) in [
+        (
+            "00m",
+            "CKALLOC_PRELOAD_THRESHOLD: set but does not parse: a leading zero",
+        ),
+        (
+            "0",
+            "CKALLOC_PRELOAD_THRESHOLD is 0, taken as 1 byte, below 2 MiB",
+        ),
+    ] {
+        let o = ckalloc_env(
+            &["probe", "--no-touch", "--json"],
+            &[("CKALLOC_PRELOAD_THRESHOLD", value)],
+        );
+        assert_eq!(o.code, Some(0), "{}", o.stderr);
+        let j: serde_json::Value = serde_json::from_str(&o.stdout).unwrap();
+        let hints = j["hints"].as_array().unwrap();
+        assert!(
+            hints.iter().any(|h| h.as_str().unwrap().contains(hint)),
+            "{value}: {hints:?}"
+        );
+    }
 }
 
 #[test]

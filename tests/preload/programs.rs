@@ -161,6 +161,10 @@ fn ckalloc_run_preloads_the_library_and_returns_the_program_status() {
     let out = run_sh("kill -TERM $$", lib);
     use std::os::unix::process::ExitStatusExt;
     assert_eq!(out.status.signal(), Some(15), "{out:?}");
+    // SIGPIPE at its default action (the Rust runtime of `ckalloc` ignores
+    // it, and a shell cannot undo an ignore it inherits).
+    let out = run_sh("kill -PIPE $$; exit 3", lib);
+    assert_eq!(out.status.signal(), Some(libc::SIGPIPE), "{out:?}");
     // No library: exit 1, one error line, the program not run.
     let out = run_sh("echo ran", std::path::Path::new("/nonexistent/lib.so"));
     assert_eq!(out.status.code(), Some(1));
@@ -236,6 +240,66 @@ fn ckalloc_run_preloads_the_library_and_returns_the_program_status() {
         .output()
         .expect("run ckalloc");
     assert_eq!(out.status.code(), Some(127), "{out:?}");
+    // Files that cannot run: 126 and a message naming why; a file with the
+    // ELF magic is never handed to the shell as commands, a file of
+    // commands without `#!` is (as `execvp` does).
+    let dir = tempfile::tempdir().unwrap();
+    let marker = dir.path().join("ran");
+    let file = |name: &str, text: &[u8]| {
+        use std::os::unix::fs::PermissionsExt;
+        let p = dir.path().join(name);
+        std::fs::write(&p, text).unwrap();
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
+        p
+    };
+    let commands = format!("touch {}\n", marker.display());
+    let cases = [
+        (
+            file("fake-elf", format!("\x7fELF\n{commands}").as_bytes()),
+            126,
+            "exec format error",
+        ),
+        (
+            file("no-interp", b"#!/nonexistent/interp\ntrue\n"),
+            126,
+            "its interpreter /nonexistent/interp (the #! line) does not exist",
+        ),
+        (dir.path().to_path_buf(), 126, "is a directory"),
+        (
+            std::path::PathBuf::new(),
+            127,
+            "cannot run \"\": an empty program name",
+        ),
+    ];
+    for (program, code, says) in cases {
+        let out = Command::new(ckalloc)
+            .args(["run", "--"])
+            .arg(&program)
+            .env("CKALLOC_PRELOAD_LIB", lib)
+            .output()
+            .expect("run ckalloc");
+        assert_eq!(out.status.code(), Some(code), "{program:?}: {out:?}");
+        assert!(
+            String::from_utf8_lossy(&out.stderr).contains(says),
+            "{out:?}"
+        );
+        assert!(!marker.exists(), "{program:?} ran as shell commands");
+    }
+    let out = Command::new(ckalloc)
+        .args(["run", "--"])
+        .arg(file("commands", commands.as_bytes()))
+        .env("CKALLOC_PRELOAD_LIB", lib)
+        .output()
+        .expect("run ckalloc");
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    assert!(marker.exists(), "a file of commands runs under /bin/sh");
+    let out = Command::new(ckalloc)
+        .args(["run", "--", "no-such-program-anywhere"])
+        .env("CKALLOC_PRELOAD_LIB", lib)
+        .output()
+        .expect("run ckalloc");
+    assert_eq!(out.status.code(), Some(127), "{out:?}");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("not found in PATH"));
     // No program: a usage error.
     let out = Command::new(ckalloc)
         .arg("run")
@@ -309,7 +373,29 @@ fn ckalloc_run_warns_of_settings_not_taken_and_programs_out_of_reach_and_runs_th
         ),
         "{err}"
     );
-    assert!(err.contains("CKALLOC_PRELOAD_THRESHOLD=\"1e99\""), "{err}");
+    assert!(
+        err.contains("CKALLOC_PRELOAD_THRESHOLD=\"1e99\": not a unit after the digits;"),
+        "{err}"
+    );
+    // Why a size does not parse, and a threshold that parses but maps
+    // 2 MiB for every small request.
+    let says = |value: &str, text: &str| {
+        let err = run(&dynamic, &[("CKALLOC_PRELOAD_THRESHOLD", value)]);
+        assert_eq!(err.lines().count(), 1, "{err}");
+        assert!(err.contains(text), "{value}: {err}");
+    };
+    says("00m", "a leading zero");
+    says("99999999999999999999", "too large (over 2^64 - 1 bytes)");
+    says(
+        "0",
+        "CKALLOC_PRELOAD_THRESHOLD is 0, taken as 1 byte, below 2 MiB",
+    );
+    says("64k", "CKALLOC_PRELOAD_THRESHOLD is 64.00 KiB, below 2 MiB");
+    assert_eq!(
+        run(&dynamic, &[("CKALLOC_PRELOAD_THRESHOLD", "2m")]),
+        "",
+        "the default written out"
+    );
     assert!(
         err.contains("CKALLOC_STATS_FILE=\"/tmp/x-%d\": not taken"),
         "{err}"

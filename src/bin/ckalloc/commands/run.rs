@@ -1,7 +1,8 @@
 //! `ckalloc run -- CMD ARGS...`: run a program with the preload library
 //! (`libckalloc_preload.so`) first in `LD_PRELOAD`. The program replaces
-//! this process (`execvp`), so its exit status and any signal that ends it
-//! are the status of `ckalloc run` itself.
+//! this process (`execve`, found as `execvp` finds it: [`exec`]), so its
+//! exit status and any signal that ends it are the status of `ckalloc run`
+//! itself.
 //!
 //! Before it starts the program it prints, on its own standard error, one
 //! `ckalloc run: warning:` line per `CKALLOC_*` variable whose value the
@@ -11,12 +12,12 @@
 //! with file capabilities (`PATH` and `#!` interpreters followed). These
 //! are warnings: the program runs all the same.
 
+mod exec;
 mod program;
 mod settings;
 
 use crate::error::{err, CliError};
 use std::ffi::{OsStr, OsString};
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
@@ -149,14 +150,16 @@ fn preload_value(lib: &Path, old: Option<&OsStr>) -> OsString {
 }
 
 /// Replace this process with the program; returns only when it cannot be
-/// started: exit status 127 when it is not found, 126 otherwise (as `sh`
-/// and `env` do), 1 when the library is not found.
+/// started: exit status 127 when it is not found, 126 otherwise (found but
+/// not runnable: a directory, no permission, a missing `#!` interpreter,
+/// an ELF file for another machine; as `sh` and `env` do), 1 when the
+/// library is not found.
 pub fn run(a: RunArgs) -> ExitCode {
     let lib = match find_library() {
         Ok(l) => l,
         Err(e) => return e.report(false),
     };
-    let Some((program, args)) = a.command.split_first() else {
+    let Some(program) = a.command.first() else {
         return err("no program given").report(false);
     };
     let old = std::env::var_os("LD_PRELOAD");
@@ -182,18 +185,9 @@ pub fn run(a: RunArgs) -> ExitCode {
     {
         eprintln!("ckalloc run: warning: {w}");
     }
-    let e = std::process::Command::new(program)
-        .args(args)
-        .env("LD_PRELOAD", preload)
-        .exec();
-    let code = if e.kind() == std::io::ErrorKind::NotFound {
-        127
-    } else {
-        126
-    };
-    let shown = Path::new(program).display().to_string();
-    let _ = err(format!("cannot run {}: {e}", shown.escape_debug())).report(false);
-    ExitCode::from(code)
+    let not_run = exec::exec(&a.command, &preload);
+    let _ = err(not_run.why).report(false);
+    ExitCode::from(not_run.code)
 }
 
 #[cfg(test)]

@@ -14,6 +14,8 @@ use std::io::Read;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
+use super::exec::places;
+
 /// `#!` chains followed at most this deep (Linux allows 4 levels).
 const MAX_INTERPRETERS: usize = 4;
 
@@ -69,15 +71,15 @@ pub fn why_not_preloaded(program: &OsStr) -> Option<String> {
 }
 
 /// `program` as `execvp` finds it: a name with a slash as it is, else the
-/// first executable file of that name in `PATH`.
+/// first executable file of that name among the `PATH` places
+/// ([`places`]).
 fn resolve(program: &OsStr) -> Option<PathBuf> {
-    let p = Path::new(program);
+    let mut places = places(program);
     if program.as_encoded_bytes().contains(&b'/') {
-        return Some(p.to_path_buf());
+        return places.pop();
     }
-    let path = std::env::var_os("PATH")?;
-    std::env::split_paths(&path)
-        .map(|dir| dir.join(p))
+    places
+        .into_iter()
         .find(|c| std::fs::metadata(c).is_ok_and(|m| m.is_file() && m.mode() & 0o111 != 0))
 }
 

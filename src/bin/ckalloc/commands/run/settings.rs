@@ -5,7 +5,9 @@
 //! never writes to a stream the program did not ask for). Other
 //! `CKALLOC_*` names (the repository's scripts read some) pass silently.
 
-use ckalloc::env::{settings, stats_file_template, Source, PATH_MAX};
+use ckalloc::env::{
+    settings, size_error, small_preload_threshold, stats_file_template, Source, PATH_MAX,
+};
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
@@ -30,7 +32,11 @@ pub fn warnings() -> Vec<String> {
         let shown = value.to_string_lossy();
         if let Some(s) = table.iter().find(|s| s.name == name) {
             if s.source == Source::Unparsed {
-                out.push(format!("{name}={shown:?}: {s}; write {}", s.expected()));
+                let why = size_error(s).map(|e| format!("{e}; ")).unwrap_or_default();
+                out.push(format!(
+                    "{name}={shown:?}: {why}{s}; write {}",
+                    s.expected()
+                ));
             }
         } else if name == STATS_FILE {
             if let Err(why) = stats_file_problem(&value) {
@@ -46,6 +52,7 @@ pub fn warnings() -> Vec<String> {
             ));
         }
     }
+    out.extend(small_preload_threshold().map(|t| t.to_string()));
     out
 }
 
