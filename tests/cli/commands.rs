@@ -47,22 +47,26 @@ fn probe_reports_system_and_tiers() {
     assert!(j["hints"].is_array());
     let quick = json(&["probe", "--no-touch"]);
     assert_eq!(quick["tiers"].as_array().unwrap().len(), 0);
-    // Hints say why a size does not parse, and flag a threshold below one
-    // huge page.
-    for (value, hint) in [
+    // Hints say why a size does not parse, flag a threshold below one
+    // huge page, and name a typo, as `ckalloc run` warns.
+    for (name, value, hint) in [
         (
+            "CKALLOC_PRELOAD_THRESHOLD",
             "00m",
-            "CKALLOC_PRELOAD_THRESHOLD: set but does not parse: a leading zero",
+            "CKALLOC_PRELOAD_THRESHOLD=\"00m\": a leading zero",
         ),
         (
+            "CKALLOC_PRELOAD_THRESHOLD",
             "0",
             "CKALLOC_PRELOAD_THRESHOLD is 0, taken as 1 byte, below 2 MiB",
         ),
+        (
+            "CKALLOC_RETAIN_BYTE",
+            "1",
+            "did you mean CKALLOC_RETAIN_BYTES?",
+        ),
     ] {
-        let o = ckalloc_env(
-            &["probe", "--no-touch", "--json"],
-            &[("CKALLOC_PRELOAD_THRESHOLD", value)],
-        );
+        let o = ckalloc_env(&["probe", "--no-touch", "--json"], &[(name, value)]);
         assert_eq!(o.code, Some(0), "{}", o.stderr);
         let j: serde_json::Value = serde_json::from_str(&o.stdout).unwrap();
         let hints = j["hints"].as_array().unwrap();

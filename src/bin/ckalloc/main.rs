@@ -24,6 +24,7 @@ mod model;
 mod output;
 mod packing;
 mod resident;
+mod settings;
 mod sigbus;
 mod synthetic;
 mod weights_file;

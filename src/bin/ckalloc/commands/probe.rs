@@ -205,17 +205,7 @@ fn hints(sys: &SystemHugePages, trials: &[Trial]) -> Vec<String> {
                 .into(),
         );
     }
-    for s in huge_stats().unparsed_settings() {
-        let why = ckalloc::env::size_error(s)
-            .map(|e| format!(": {e}"))
-            .unwrap_or_default();
-        h.push(format!(
-            "{}: set but does not parse{why}, so it is taken as unset; write {}",
-            s.name,
-            s.expected()
-        ));
-    }
-    h.extend(ckalloc::env::small_preload_threshold().map(|t| t.to_string()));
+    h.extend(crate::settings::warnings());
     if sys.memlock_soft.is_some_and(|l| l < TOUCH_BYTES as u64) {
         h.push(format!(
             "mlock: RLIMIT_MEMLOCK is {}; HugeOptions::mlock needs more: `ulimit -l unlimited` or CAP_IPC_LOCK",

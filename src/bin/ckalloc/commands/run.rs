@@ -14,7 +14,6 @@
 
 mod exec;
 mod program;
-mod settings;
 
 use crate::error::{err, CliError};
 use std::ffi::{OsStr, OsString};
@@ -179,7 +178,7 @@ pub fn run(a: RunArgs) -> ExitCode {
             .report(false);
         }
     };
-    for w in settings::warnings()
+    for w in crate::settings::warnings()
         .into_iter()
         .chain(program::why_not_preloaded(program))
     {

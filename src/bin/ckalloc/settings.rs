@@ -1,8 +1,10 @@
-//! The `CKALLOC_*` variables checked once before the program starts: each
-//! value the library will not take, with what it uses instead, a summary
-//! file that cannot be written, and each name that is a near miss of a
-//! setting's (a typo). The library itself says nothing about them (it
-//! never writes to a stream the program did not ask for). Other
+//! The `CKALLOC_*` variables of this process's environment, checked for
+//! `ckalloc run` (before the program starts, as warnings) and `ckalloc
+//! probe` (as hints): each value the library will not take, with why and
+//! what it uses instead, a summary file that cannot be written, a
+//! `CKALLOC_PRELOAD_THRESHOLD` below one huge page, and each name that is a
+//! near miss of a setting's (a typo). The library itself says nothing about
+//! them (it never writes to a stream the program did not ask for). Other
 //! `CKALLOC_*` names (the repository's scripts read some) pass silently.
 
 use ckalloc::env::{
