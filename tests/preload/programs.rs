@@ -194,6 +194,28 @@ fn ckalloc_run_preloads_the_library_and_returns_the_program_status() {
     let out = run_sh("echo ran", std::path::Path::new("/etc/hostname"));
     assert_eq!(out.status.code(), Some(1), "{out:?}");
     assert!(String::from_utf8_lossy(&out.stderr).contains("ELF"));
+    // An executable, and a shared library that is not this one (ld.so would
+    // skip the first with a warning and preload the second silently).
+    let sh = std::fs::canonicalize("/bin/sh").unwrap();
+    let libc_so = std::path::Path::new("/lib/x86_64-linux-gnu/libc.so.6");
+    for (file, says) in [
+        (sh.as_path(), "not a shared library"),
+        (
+            libc_so,
+            "not libckalloc_preload.so (it has no symbol ckalloc_stats_json)",
+        ),
+    ] {
+        if !file.exists() {
+            continue;
+        }
+        let out = run_sh("echo ran", file);
+        assert_eq!(out.status.code(), Some(1), "{out:?}");
+        assert!(out.stdout.is_empty());
+        assert!(
+            String::from_utf8_lossy(&out.stderr).contains(says),
+            "{out:?}"
+        );
+    }
     let out = Command::new(ckalloc)
         .args(["run", "--", "sh", "-c", "echo ran"])
         .env("CKALLOC_PRELOAD_LIB", lib)

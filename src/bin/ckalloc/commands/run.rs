@@ -87,8 +87,25 @@ fn find_library() -> Result<PathBuf, CliError> {
     )))
 }
 
+/// A symbol only the library exports (`ckalloc_stats_json`), by which it is
+/// told from other shared libraries.
+const LIBRARY_SYMBOL: &[u8] = b"ckalloc_stats_json";
+
+/// `ET_DYN` (`elf.h`): a shared object.
+const ET_DYN: u16 = 3;
+
+/// `e_machine` of this build's target (`elf.h`: `EM_X86_64`, `EM_AARCH64`).
+const ELF_MACHINE: u16 = if cfg!(target_arch = "aarch64") {
+    183
+} else {
+    62
+};
+
 /// `p` made absolute (a child that changes directory keeps it), once it is
-/// known to be an ELF file whose path `LD_PRELOAD` can hold (`ld.so` splits
+/// known to be a shared library of this build's machine (an ELF file of
+/// type `ET_DYN`, not an executable, whose class, byte order and
+/// `e_machine` are this build's) that names the library's own symbol, and
+/// whose path `LD_PRELOAD` can hold (`ld.so` splits
 /// the variable at spaces and colons, and ignores what it cannot load
 /// with only a warning).
 fn checked(p: &Path) -> Result<PathBuf, String> {
@@ -96,13 +113,46 @@ fn checked(p: &Path) -> Result<PathBuf, String> {
     if abs.is_dir() {
         return Err("is a directory, not the library file".into());
     }
-    let mut magic = [0u8; 4];
-    let is_elf = std::fs::File::open(&abs)
-        .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut magic))
-        .is_ok()
-        && magic == *b"\x7fELF";
-    if !is_elf {
+    let mut header = [0u8; 20];
+    let read = std::fs::File::open(&abs)
+        .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut header))
+        .is_ok();
+    if !read || !header.starts_with(b"\x7fELF") {
         return Err("not a shared library (no ELF header)".into());
+    }
+    // `elf.h`: the class, byte order, type and machine of this build.
+    let ours = [
+        if cfg!(target_pointer_width = "64") {
+            2
+        } else {
+            1
+        },
+        if cfg!(target_endian = "little") { 1 } else { 2 },
+    ];
+    let field = |at: usize| {
+        let b = [header[at], header[at + 1]];
+        if ours[1] == 1 {
+            u16::from_le_bytes(b)
+        } else {
+            u16::from_be_bytes(b)
+        }
+    };
+    if header[4..6] != ours || field(18) != ELF_MACHINE {
+        return Err("an ELF file not built for this machine, or damaged".into());
+    }
+    let facts = program::dynamic_facts(&abs, LIBRARY_SYMBOL);
+    if field(16) != ET_DYN || facts.as_ref().is_none_or(|f| f.pie) {
+        return Err(
+            "an ELF file that is not a shared library (an executable, an object file, \
+                    or a dynamic section that does not read)"
+                .into(),
+        );
+    }
+    if !facts.is_some_and(|f| f.names_symbol) {
+        return Err(format!(
+            "a shared library, but not {LIBRARY} (it has no symbol {})",
+            String::from_utf8_lossy(LIBRARY_SYMBOL)
+        ));
     }
     let text = abs.to_string_lossy();
     if text.contains([' ', ':']) {

@@ -101,26 +101,149 @@ fn interpreter(line: &[u8]) -> Option<PathBuf> {
 /// when its headers cannot be read. Reads the ELF header and the program
 /// headers only.
 fn has_interp(path: &Path) -> Option<bool> {
-    use std::os::unix::fs::FileExt;
-    let f = std::fs::File::open(path).ok()?;
-    let mut header = [0u8; 64];
-    let n = f.read_at(&mut header, 0).ok()?;
-    let (phoff, phentsize, phnum, little) = program_headers_at(&header[..n])?;
-    let len = phentsize.checked_mul(phnum)?;
-    // Linux refuses a program header table over 64 KiB (`load_elf_phdrs`),
-    // and the read stays that small.
-    if len > MAX_PROGRAM_HEADERS {
-        return None;
-    }
-    let mut table = vec![0u8; len];
-    f.read_exact_at(&mut table, u64::try_from(phoff).ok()?)
-        .ok()?;
-    let types = table
-        .chunks_exact(phentsize.max(4))
-        .map(|h| read_int(h, 0, 4, little).map(|t| t as u32))
-        .collect::<Option<Vec<u32>>>()?;
-    Some(types.contains(&PT_INTERP))
+    let elf = ProgramHeaders::read(path)?;
+    Some(elf.types().contains(&PT_INTERP))
 }
+
+/// What `ld.so` would see in the shared object at `path`: whether it is a
+/// position-independent executable (`DF_1_PIE` in `DT_FLAGS_1`), which
+/// `ld.so` refuses to preload ("cannot dynamically load
+/// position-independent executable"), and whether its dynamic string table
+/// (`DT_STRTAB`, `DT_STRSZ`) holds `symbol`; `None` when the headers, the
+/// dynamic section or the string table cannot be read.
+pub fn dynamic_facts(path: &Path, symbol: &[u8]) -> Option<DynamicFacts> {
+    use std::os::unix::fs::FileExt;
+    let elf = ProgramHeaders::read(path)?;
+    let (offset, size) = elf.offset_and_size(elf.find(PT_DYNAMIC)?)?;
+    let entry = if elf.class64 { 16 } else { 8 };
+    let mut table = vec![0u8; size.min(MAX_DYNAMIC)];
+    elf.file.read_exact_at(&mut table, offset).ok()?;
+    let half = entry / 2;
+    let (mut flags_1, mut strtab, mut strsz) = (0, None, None);
+    for e in table.chunks_exact(entry) {
+        let tag = read_int(e, 0, half, elf.little)?;
+        let value = read_int(e, half, half, elf.little)?;
+        match tag {
+            DT_NULL => break,
+            DT_FLAGS_1 => flags_1 = value,
+            DT_STRTAB => strtab = Some(value),
+            DT_STRSZ => strsz = Some(value),
+            _ => {}
+        }
+    }
+    let at = elf.file_offset(strtab?)?;
+    let len = usize::try_from(strsz?).ok()?.min(MAX_DYNAMIC);
+    let mut strings = vec![0u8; len];
+    elf.file.read_exact_at(&mut strings, at).ok()?;
+    Some(DynamicFacts {
+        pie: flags_1 & DF_1_PIE != 0,
+        names_symbol: strings.split(|&b| b == 0).any(|name| name == symbol),
+    })
+}
+
+/// [`dynamic_facts`]' answer.
+pub struct DynamicFacts {
+    /// A position-independent executable, not a library.
+    pub pie: bool,
+    /// The dynamic string table holds the symbol asked for.
+    pub names_symbol: bool,
+}
+
+/// The most bytes of a dynamic section or string table read (16 MiB).
+const MAX_DYNAMIC: usize = 16 << 20;
+
+/// An ELF file's program header table, read whole.
+struct ProgramHeaders {
+    file: std::fs::File,
+    table: Vec<u8>,
+    entry: usize,
+    class64: bool,
+    little: bool,
+}
+
+impl ProgramHeaders {
+    /// `None` when the ELF header or the table cannot be read, or the
+    /// table is over 64 KiB.
+    fn read(path: &Path) -> Option<ProgramHeaders> {
+        use std::os::unix::fs::FileExt;
+        let file = std::fs::File::open(path).ok()?;
+        let mut header = [0u8; 64];
+        let n = file.read_at(&mut header, 0).ok()?;
+        let (phoff, entry, count, little) = program_headers_at(&header[..n])?;
+        let len = entry.checked_mul(count)?;
+        // Linux refuses a program header table over 64 KiB (`load_elf_phdrs`),
+        // and the read stays that small.
+        if len > MAX_PROGRAM_HEADERS {
+            return None;
+        }
+        let mut table = vec![0u8; len];
+        file.read_exact_at(&mut table, u64::try_from(phoff).ok()?)
+            .ok()?;
+        Some(ProgramHeaders {
+            file,
+            table,
+            entry,
+            class64: header[4] == 2,
+            little,
+        })
+    }
+
+    /// `p_type` of every header.
+    fn types(&self) -> Vec<u32> {
+        self.table
+            .chunks_exact(self.entry)
+            .filter_map(|h| read_int(h, 0, 4, self.little).map(|t| t as u32))
+            .collect()
+    }
+
+    /// The first header of type `p_type`.
+    fn find(&self, p_type: u32) -> Option<&[u8]> {
+        self.table
+            .chunks_exact(self.entry)
+            .find(|h| read_int(h, 0, 4, self.little) == Some(u64::from(p_type)))
+    }
+
+    /// The file offset of virtual address `vaddr`, through the `PT_LOAD`
+    /// header whose file bytes hold it.
+    fn file_offset(&self, vaddr: u64) -> Option<u64> {
+        self.table.chunks_exact(self.entry).find_map(|h| {
+            if read_int(h, 0, 4, self.little)? != u64::from(PT_LOAD) {
+                return None;
+            }
+            let at = if self.class64 { 16 } else { 8 };
+            let width = if self.class64 { 8 } else { 4 };
+            let start = read_int(h, at, width, self.little)?;
+            let (offset, size) = self.offset_and_size(h)?;
+            let within = vaddr.checked_sub(start)?;
+            (within < size as u64).then(|| offset.checked_add(within))?
+        })
+    }
+
+    /// `p_offset` and `p_filesz` of a header.
+    fn offset_and_size(&self, h: &[u8]) -> Option<(u64, usize)> {
+        let (offset, size) = if self.class64 {
+            (
+                read_int(h, 8, 8, self.little)?,
+                read_int(h, 32, 8, self.little)?,
+            )
+        } else {
+            (
+                read_int(h, 4, 4, self.little)?,
+                read_int(h, 16, 4, self.little)?,
+            )
+        };
+        Some((offset, usize::try_from(size).ok()?))
+    }
+}
+
+/// `PT_LOAD`, `PT_DYNAMIC`, the `DT_*` tags read and `DF_1_PIE` (`elf.h`).
+const PT_LOAD: u32 = 1;
+const PT_DYNAMIC: u32 = 2;
+const DT_NULL: u64 = 0;
+const DT_STRTAB: u64 = 5;
+const DT_STRSZ: u64 = 10;
+const DT_FLAGS_1: u64 = 0x6fff_fffb;
+const DF_1_PIE: u64 = 0x0800_0000;
 
 /// The largest program header table Linux loads (`ELF_MIN_ALIGN`, 64 KiB).
 const MAX_PROGRAM_HEADERS: usize = 65536;
