@@ -71,6 +71,12 @@ class UnderCkallocRun(unittest.TestCase):
             self.assertGreaterEqual(stats["preload"]["bytes"], 64 << 20, stats)
             self.assertEqual(set(stats["tiers"]), {"hugetlb", "thp", "normal"})
             self.assertEqual(stats["settings"]["CKALLOC_SHOW_STATS"]["source"], "default")
+            self.assertIsNone(stats["stats_file"])
+        with tempfile.TemporaryDirectory() as d:
+            path = os.path.join(d, 'ck "%p".txt')
+            p = ckalloc_run(code, {"CKALLOC_STATS_FILE": path})
+            self.assertEqual(p.returncode, 0, p.stderr)
+            self.assertEqual(json.loads(p.stdout)[1]["stats_file"], path)
 
     def test_the_command_runs_with_its_output_streams_closed(self):
         head = os.path.join(os.path.dirname(sys.executable), "ckalloc")

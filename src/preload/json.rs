@@ -21,6 +21,8 @@
 //! `base_page_first_bytes`, `collapsed_bytes`, `collapse_ns`,
 //! `collapse_failures`, `collapse_races`, `collapsed_live_bytes`,
 //! `thp_enabled`, `thp_defrag` (strings, `null` when unreadable),
+//! `stats_file` (`CKALLOC_STATS_FILE` as set, a string; `null` when unset
+//! or empty),
 //! `settings` (each `CKALLOC_*` name to `{value, source}`, `source` one of
 //! `default`, `environment`, `unparsed`). Sizes are in bytes, times in
 //! nanoseconds; the fields mean what [`HugeStats`]'s do.
@@ -144,6 +146,11 @@ fn write_object(w: &mut Counting<'_>, h: &HugeStats) -> std::fmt::Result {
     let t = &h.thp_settings;
     write_name(w, "thp_enabled", t.enabled.map(|e| e.name()))?;
     write_name(w, "thp_defrag", t.defrag.map(|d| d.name()))?;
+    w.write_str(",\"stats_file\":")?;
+    match crate::env::stats_file() {
+        Some(path) => write_string(w, path)?,
+        None => w.write_str("null")?,
+    }
     w.write_str(",\"settings\":{")?;
     for (i, s) in h.settings.iter().enumerate() {
         let source = match s.source {
@@ -169,6 +176,26 @@ fn write_name(w: &mut Counting<'_>, key: &str, value: Option<&str>) -> std::fmt:
     }
 }
 
+/// `bytes` as a JSON string: quote and backslash escaped, control
+/// characters as `\u00XX`, each byte sequence that is not UTF-8 as U+FFFD.
+fn write_string(w: &mut Counting<'_>, bytes: &[u8]) -> std::fmt::Result {
+    w.write_str("\"")?;
+    for chunk in bytes.utf8_chunks() {
+        for c in chunk.valid().chars() {
+            match c {
+                '"' => w.write_str("\\\"")?,
+                '\\' => w.write_str("\\\\")?,
+                c if u32::from(c) < 0x20 => write!(w, "\\u{:04x}", u32::from(c))?,
+                c => w.write_char(c)?,
+            }
+        }
+        if !chunk.invalid().is_empty() {
+            w.write_char(char::REPLACEMENT_CHARACTER)?;
+        }
+    }
+    w.write_str("\"")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -187,5 +214,18 @@ mod tests {
         assert_eq!(write_stats_json(&mut small), len);
         assert_eq!(&small[..], &big[..10]);
         assert_eq!(write_stats_json(&mut []), len);
+    }
+
+    #[test]
+    fn a_path_is_a_json_string_whatever_its_bytes() {
+        let mut buf = [0u8; 64];
+        let mut w = Counting {
+            buf: &mut buf,
+            len: 0,
+        };
+        write_string(&mut w, b"/t\"mp\\a\n\xffb\xc3\xa9.%p").unwrap();
+        let len = w.len;
+        let text = std::str::from_utf8(&buf[..len]).unwrap();
+        assert_eq!(text, "\"/t\\\"mp\\\\a\\u000a\u{fffd}b\u{e9}.%p\"");
     }
 }

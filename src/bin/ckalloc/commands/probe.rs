@@ -297,6 +297,9 @@ pub fn run(g: Global, a: ProbeArgs) -> Result<(), CliError> {
         emit_json(&json!({
             "system": system_json(&sys),
             "settings": settings_json(),
+            "stats_file": std::env::var_os("CKALLOC_STATS_FILE")
+                .filter(|v| !v.is_empty())
+                .map(|v| v.to_string_lossy().into_owned()),
             "tiers": trials.iter().map(Trial::json).collect::<Vec<_>>(),
             "hints": hints,
         }));
@@ -307,6 +310,13 @@ pub fn run(g: Global, a: ProbeArgs) -> Result<(), CliError> {
     outln!("settings:        {}", settings[0]);
     for s in &settings[1..] {
         outln!("                 {s}");
+    }
+    match std::env::var_os("CKALLOC_STATS_FILE").filter(|v| !v.is_empty()) {
+        Some(v) => outln!(
+            "                 CKALLOC_STATS_FILE {:?}",
+            v.to_string_lossy()
+        ),
+        None => outln!("                 CKALLOC_STATS_FILE unset (summaries go to stderr)"),
     }
     if !trials.is_empty() {
         outln!();
