@@ -744,6 +744,36 @@ fn a_closed_stdout_pipe_keeps_the_exit_status() {
     }
 }
 
+/// A closed stderr pipe loses the error line, never the exit status: no
+/// abort (`eprintln!` would panic, and the panic hook's own write again).
+#[test]
+fn a_closed_stderr_pipe_keeps_the_exit_status() {
+    use std::os::fd::FromRawFd as _;
+    for (args, code) in [
+        (&["inspect", "/nonexistent/weights.bump"][..], 1),
+        (&["probe", "--bogus"][..], 2),
+        (&["run", "--", "/nonexistent/program"][..], 127),
+    ] {
+        let mut fds = [0; 2];
+        // SAFETY: `fds` has room for the two descriptors pipe(2) returns.
+        assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
+        // SAFETY: both descriptors were just returned by pipe(2) and are
+        // owned here alone; the read end is closed at once.
+        let write_end = unsafe {
+            drop(std::fs::File::from_raw_fd(fds[0]));
+            std::fs::File::from_raw_fd(fds[1])
+        };
+        let o = std::process::Command::new(env!("CARGO_BIN_EXE_ckalloc"))
+            .args(args)
+            .env("CKALLOC_THP", "offf")
+            .stdout(Stdio::null())
+            .stderr(write_end)
+            .status()
+            .unwrap();
+        assert_eq!(o.code(), Some(code), "{args:?}: {o:?}");
+    }
+}
+
 /// Without sidecars `inspect` shows the header and the checksum and exits
 /// 0, unless the options ask for a bound or a warning-free manifest;
 /// `load` always needs one.

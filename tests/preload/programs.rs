@@ -283,8 +283,35 @@ fn ckalloc_run_preloads_the_library_and_returns_the_program_status() {
         ),
         (
             file("no-interp", b"#!/nonexistent/interp\ntrue\n"),
-            126,
+            127,
             "its interpreter /nonexistent/interp (the #! line) does not exist",
+        ),
+        (
+            file("crlf", b"#!/bin/sh\r\ntrue\r\n"),
+            127,
+            "its interpreter /bin/sh\\r (the #! line) does not exist: the line ends in a \
+             carriage return",
+        ),
+        (
+            file(
+                "foreign-interp",
+                format!("#!{}\n{commands}", dir.path().join("fake-elf").display()).as_bytes(),
+            ),
+            126,
+            "exec format error: its interpreter",
+        ),
+        (
+            file(
+                "dir-interp",
+                format!("#!{}\n", dir.path().display()).as_bytes(),
+            ),
+            126,
+            "(the #! line) is a directory",
+        ),
+        (
+            std::path::PathBuf::from("/bin/sh/x"),
+            126,
+            "not a directory",
         ),
         (dir.path().to_path_buf(), 126, "is a directory"),
         (

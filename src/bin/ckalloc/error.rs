@@ -22,7 +22,7 @@ impl CliError {
         if json && !self.json_done {
             emit_json_line(&serde_json::json!({ "error": line, "exit_code": 1 }));
         }
-        eprintln!("ckalloc: error: {line}");
+        crate::errln!("ckalloc: error: {line}");
         ExitCode::from(1)
     }
 }
@@ -108,7 +108,7 @@ pub fn usage_error(e: clap::Error, json: bool) -> ExitCode {
             serde_json::json!({ "error": line, "exit_code": 2 })
         );
     }
-    eprintln!("ckalloc: error: {line}");
+    crate::errln!("ckalloc: error: {line}");
     ExitCode::from(2)
 }
 
@@ -126,7 +126,7 @@ pub fn install_panic_hook() {
             .location()
             .map(|l| format!(" at {}:{}", l.file(), l.line()))
             .unwrap_or_default();
-        eprintln!(
+        crate::errln!(
             "ckalloc: internal error: {}{at} (please report this)",
             ckalloc::Escaped::new(&one_line(&msg))
         );

@@ -99,7 +99,7 @@ fn main() -> ExitCode {
     };
     if let Command::Run(a) = cli.command {
         if cli.global.json {
-            eprintln!(
+            crate::errln!(
                 "ckalloc: error: --json does not apply to run (the program's output is its own)"
             );
             return ExitCode::from(2);

@@ -27,7 +27,7 @@ fn write_stdout(text: &str) {
             STDOUT_CLOSED.store(true, Ordering::Relaxed);
             return;
         }
-        eprintln!("ckalloc: error: writing to stdout: {e}");
+        err_line(format!("ckalloc: error: writing to stdout: {e}"));
         std::process::exit(1);
     }
 }
@@ -42,6 +42,19 @@ pub fn out(line: impl fmt::Display) {
         text.push('\n');
     }
     write_stdout(&text);
+}
+
+/// Write one line to stderr. A failed write (stderr a closed pipe or a
+/// closed descriptor) is ignored: the line has nowhere else to go, and the
+/// command goes on (where `eprintln!` would panic and abort).
+pub fn err_line(line: impl fmt::Display) {
+    let _ = writeln!(std::io::stderr().lock(), "{line}");
+}
+
+/// `err_line(format!(...))`.
+#[macro_export]
+macro_rules! errln {
+    ($($t:tt)*) => { $crate::output::err_line(format!($($t)*)) };
 }
 
 /// `out(format!(...))`.

@@ -17,14 +17,26 @@ use std::path::Path;
 /// The variable naming the summary's file.
 const STATS_FILE: &str = "CKALLOC_STATS_FILE";
 
+/// The variables of the `ckalloc` command itself (`env`'s table), which the
+/// library does not read: not typos, and names a typo may be near.
+const OTHER_NAMES: [&str; 2] = ["CKALLOC_PRELOAD_LIB", "CKALLOC_MODEL_CACHE"];
+
 /// Linux's `NAME_MAX`: the most bytes of one name in a path.
 const NAME_MAX: usize = 255;
 
 /// One line per `CKALLOC_*` variable of this process's environment that is
-/// not taken as written, in the environment's order.
+/// not taken as written, in the environment's order (a name that differs
+/// from a setting's by case, or by at most two letters, is a typo), then
+/// the threshold's warning. Values and names are quoted; print the lines
+/// through [`ckalloc::Escaped`].
 pub fn warnings() -> Vec<String> {
     let table = settings();
-    let names: Vec<&str> = table.iter().map(|s| s.name).chain([STATS_FILE]).collect();
+    let names: Vec<&str> = table
+        .iter()
+        .map(|s| s.name)
+        .chain([STATS_FILE])
+        .chain(OTHER_NAMES)
+        .collect();
     let mut out = Vec::new();
     for (name, value) in std::env::vars_os() {
         let name = name.to_string_lossy();
@@ -47,7 +59,12 @@ pub fn warnings() -> Vec<String> {
                      writable directory, with %p for the process ID"
                 ));
             }
-        } else if let Some(near) = names.iter().find(|n| edit_distance(n, &name) <= 2) {
+        } else if OTHER_NAMES.contains(&&*name) {
+            continue;
+        } else if let Some(near) = names
+            .iter()
+            .find(|n| edit_distance(n, &name.to_ascii_uppercase()) <= 2)
+        {
             out.push(format!(
                 "{:?} is not a ckalloc setting and has no effect; did you mean {near}?",
                 name

@@ -158,13 +158,22 @@ fn hints(sys: &SystemHugePages, trials: &[Trial]) -> Vec<String> {
             "hugetlb: the kernel has no hugetlbfs (CONFIG_HUGETLBFS); THP is the best tier here"
                 .to_string(),
         ),
-        (Some(p), t) if t.is_none_or(|t| !t.works()) => h.push(format!(
+        // Without a trial (`--no-touch`), only when too few pages are free
+        // for the 64 MiB a trial would take.
+        (Some(p), t) if t.map_or(p.free < pages_2m, |t| !t.works()) => h.push(format!(
             "hugetlb: {} free 2 MiB pages; reserve some as root: `echo {} > /proc/sys/vm/nr_hugepages` \
              (persist with vm.nr_hugepages in /etc/sysctl.conf)",
             p.free,
             p.total + pages_2m
         )),
         _ => {}
+    }
+    if !ckalloc::env::hugetlb_allowed() {
+        h.push(
+            "hugetlb: turned off for ckalloc by CKALLOC_HUGETLB (skipped unless a caller \
+             requires it); unset it"
+                .into(),
+        );
     }
     if let Some(p) = sys.pool(GIB) {
         if p.free == 0 {
@@ -198,12 +207,16 @@ fn hints(sys: &SystemHugePages, trials: &[Trial]) -> Vec<String> {
         }
     }
     if sys.free_page_reporting {
-        h.push(
+        let timed = if trials.is_empty() {
+            "`ckalloc probe` without --no-touch times a first touch; "
+        } else {
+            "the first touches above show it; "
+        };
+        h.push(format!(
             "free page reporting: this VM hands free 2 MiB blocks back to its host, so fresh huge \
-             pages may fault on the host too (`ckalloc probe` without --no-touch times a first \
-             touch; CkHuge's first-touch probe falls back to 4 KiB pages when THP faults are slow)"
-                .into(),
-        );
+             pages may fault on the host too ({timed}CkHuge's first-touch probe falls back to \
+             4 KiB pages when THP faults are slow)"
+        ));
     }
     h.extend(crate::settings::warnings());
     if sys.memlock_soft.is_some_and(|l| l < TOUCH_BYTES as u64) {

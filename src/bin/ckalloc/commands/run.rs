@@ -69,7 +69,7 @@ fn find_library() -> Result<PathBuf, CliError> {
         let p = &looked[at];
         let lib = checked(p).map_err(|why| err(format!("{}: {why}", p.display())))?;
         if at + SOURCE_TREE_CANDIDATES >= looked.len() {
-            eprintln!(
+            crate::errln!(
                 "ckalloc run: preloading {} from the source tree ckalloc was built from; put \
                  {LIBRARY} next to the ckalloc executable or set CKALLOC_PRELOAD_LIB to choose",
                 lib.display()
@@ -232,7 +232,7 @@ pub fn run(a: RunArgs) -> ExitCode {
         .into_iter()
         .chain(program::why_not_preloaded(program))
     {
-        eprintln!("ckalloc run: warning: {w}");
+        crate::errln!("ckalloc run: warning: {}", ckalloc::Escaped::new(&w));
     }
     let not_run = exec::exec(&a.command, &preload);
     let _ = err(not_run.why).report(false);

@@ -66,12 +66,14 @@ pub fn exec(command: &[OsString], preload: &OsStr) -> NotRun {
     out
 }
 
-/// The search (see the module's text) over [`places`]. The error shown
-/// is the first `EACCES`, else the first error of a file that exists (its
-/// interpreter missing), else "not found".
+/// The search (see the module's text) over [`places`]. For a name with a
+/// slash the error shown is that of its one try; in a `PATH` search, the
+/// first `EACCES`, else the first error of a file that exists (its
+/// interpreter missing), else "not found in PATH".
 fn search(program: &OsStr, args: &[CString], envp: &[CString]) -> NotRun {
     let mut denied: Option<PathBuf> = None;
     let mut present: Option<(i32, PathBuf)> = None;
+    let mut last = libc::ENOENT;
     for path in places(program) {
         let Some(c) = CString::new(path.as_os_str().as_bytes()).ok() else {
             continue;
@@ -79,15 +81,8 @@ fn search(program: &OsStr, args: &[CString], envp: &[CString]) -> NotRun {
         let argv: Vec<&CStr> = args.iter().map(CString::as_c_str).collect();
         let mut errno = execve(&c, &argv, envp);
         if errno == libc::ENOEXEC {
-            if starts_with_elf_magic(&path) {
-                return NotRun {
-                    code: 126,
-                    why: format!(
-                        "cannot run {}: exec format error (an ELF file this kernel cannot \
-                         run: built for another machine, or damaged)",
-                        shown(path.as_os_str())
-                    ),
-                };
+            if let Some(refused) = not_for_the_shell(&path) {
+                return refused;
             }
             let argv: Vec<&CStr> = [SHELL, &c]
                 .into_iter()
@@ -95,6 +90,7 @@ fn search(program: &OsStr, args: &[CString], envp: &[CString]) -> NotRun {
                 .collect();
             errno = execve(SHELL, &argv, envp);
         }
+        last = errno;
         match errno {
             libc::EACCES => {
                 denied.get_or_insert(path);
@@ -107,19 +103,45 @@ fn search(program: &OsStr, args: &[CString], envp: &[CString]) -> NotRun {
             _ => return explain(errno, &path),
         }
     }
+    if program.as_bytes().contains(&b'/') {
+        return explain(last, Path::new(program));
+    }
     if let Some(path) = denied {
         return explain(libc::EACCES, &path);
     }
     if let Some((errno, path)) = present {
         return explain(errno, &path);
     }
-    if program.as_bytes().contains(&b'/') {
-        return explain(libc::ENOENT, Path::new(program));
-    }
     NotRun {
         code: 127,
         why: format!("cannot run {}: not found in PATH", shown(program)),
     }
+}
+
+/// The refusal of a file the kernel answered `ENOEXEC` for that must not
+/// go to `/bin/sh`: an ELF file (another machine's, or damaged), or a
+/// script whose `#!` interpreter the kernel would not run (its body is
+/// another language's, not commands for the shell). `None` for a file of
+/// commands.
+fn not_for_the_shell(path: &Path) -> Option<NotRun> {
+    let head = head_of(path);
+    let why = if head.starts_with(b"\x7fELF") {
+        "exec format error (an ELF file this kernel cannot run: built for another machine, or \
+         damaged)"
+            .to_owned()
+    } else if let Some(line) = head.strip_prefix(b"#!") {
+        format!(
+            "exec format error: its interpreter {} (the #! line) is not a program this kernel \
+             runs",
+            shown(OsStr::from_bytes(interpreter_of(line)))
+        )
+    } else {
+        return None;
+    };
+    Some(NotRun {
+        code: 126,
+        why: format!("cannot run {}: {why}", shown(path.as_os_str())),
+    })
 }
 
 /// The paths `execvp` tries for `program`, in order.
@@ -157,21 +179,24 @@ fn execve(path: &CStr, argv: &[&CStr], envp: &[CString]) -> i32 {
         .unwrap_or(libc::ENOEXEC)
 }
 
-/// The message and status for `errno` from running `path`.
+/// The message and status for `errno` from running `path`: 127 when
+/// something it needs does not exist (the file, its `#!` interpreter, its
+/// dynamic loader), as `sh`, `env` and bash return; 126 otherwise.
 fn explain(errno: i32, path: &Path) -> NotRun {
     let name = shown(path.as_os_str());
     let meta = std::fs::metadata(path);
     let (code, what) = match errno {
         // The file is there: what is missing is the program that runs it.
-        libc::ENOENT if meta.is_ok() => (126, missing_interpreter(path)),
+        libc::ENOENT if meta.is_ok() => (127, missing_interpreter(path)),
         libc::ENOENT => (127, "no such file or directory".to_owned()),
+        libc::ENOTDIR => (
+            126,
+            "not a directory (a component of the path is a file)".to_owned(),
+        ),
         libc::EACCES if meta.as_ref().is_ok_and(|m| m.is_dir()) => {
             (126, "is a directory".to_owned())
         }
-        libc::EACCES => (
-            126,
-            "permission denied (no execute permission, or a file system mounted noexec)".into(),
-        ),
+        libc::EACCES => (126, denied_because(path)),
         e => (126, std::io::Error::from_raw_os_error(e).to_string()),
     };
     NotRun {
@@ -180,34 +205,86 @@ fn explain(errno: i32, path: &Path) -> NotRun {
     }
 }
 
+/// Why `execve` said `EACCES` for `path`: its `#!` interpreter is a
+/// directory or not executable, or else the file itself may not be run.
+fn denied_because(path: &Path) -> String {
+    if let Some(line) = head_of(path).strip_prefix(b"#!") {
+        let interp = interpreter_of(line);
+        let p = Path::new(OsStr::from_bytes(interp));
+        let what = match std::fs::metadata(p) {
+            Ok(m) if m.is_dir() => Some("is a directory"),
+            Ok(m) if !m.is_file() || !executable(p) => Some("is not an executable file"),
+            _ => None,
+        };
+        if let Some(what) = what {
+            return format!(
+                "its interpreter {} (the #! line) {what}",
+                shown(p.as_os_str())
+            );
+        }
+    }
+    "permission denied (no execute permission on the file or no search permission on a \
+     directory of its path, or a file system mounted noexec)"
+        .into()
+}
+
+/// Whether this process may execute the file at `p` (`access(X_OK)`).
+pub(super) fn executable(p: &Path) -> bool {
+    let Ok(c) = CString::new(p.as_os_str().as_bytes()) else {
+        return false;
+    };
+    // SAFETY: a NUL-terminated path.
+    unsafe { libc::access(c.as_ptr(), libc::X_OK) == 0 }
+}
+
 /// Why the kernel said `ENOENT` for a file that exists: its `#!`
-/// interpreter, or for an ELF program its dynamic loader (`PT_INTERP`),
-/// does not exist.
+/// interpreter, or the dynamic loader of it or of the ELF program
+/// (`PT_INTERP`), does not exist.
 fn missing_interpreter(path: &Path) -> String {
+    let Some(line) = head_of(path).strip_prefix(b"#!").map(<[u8]>::to_vec) else {
+        return "its dynamic loader (the program interpreter its PT_INTERP names) does not exist"
+            .into();
+    };
+    let interp = interpreter_of(&line);
+    let shown_interp = shown(OsStr::from_bytes(interp));
+    if interp.ends_with(b"\r") {
+        return format!(
+            "its interpreter {shown_interp} (the #! line) does not exist: the line ends in a \
+             carriage return (CRLF line endings; convert them with `dos2unix` or `sed -i \
+             's/\\r$//'`)"
+        );
+    }
+    if Path::new(OsStr::from_bytes(interp)).exists() {
+        return format!(
+            "its interpreter {shown_interp} (the #! line) cannot run: its dynamic loader does \
+             not exist"
+        );
+    }
+    format!("its interpreter {shown_interp} (the #! line) does not exist")
+}
+
+/// The interpreter path of a `#!` line (after the `#!`): its first word,
+/// split at spaces and tabs and ended by a newline as Linux reads it (a
+/// carriage return stays part of it).
+fn interpreter_of(line: &[u8]) -> &[u8] {
+    let line = line.split(|&b| b == b'\n').next().unwrap_or(line);
+    line.split(|&b| b == b' ' || b == b'\t')
+        .find(|w| !w.is_empty())
+        .unwrap_or(b"")
+}
+
+/// The first 256 bytes of the regular file at `path` (fewer when it is
+/// shorter or cannot be read; none when it is not a regular file, so a FIFO
+/// is never opened).
+fn head_of(path: &Path) -> Vec<u8> {
+    if !std::fs::metadata(path).is_ok_and(|m| m.is_file()) {
+        return Vec::new();
+    }
     let mut head = [0u8; 256];
     let n = std::fs::File::open(path)
         .and_then(|mut f| f.read(&mut head))
         .unwrap_or(0);
-    if let Some(line) = head[..n].strip_prefix(b"#!") {
-        let line = line.split(|&b| b == b'\n').next().unwrap_or(line);
-        let first = line
-            .split(|b| b.is_ascii_whitespace())
-            .find(|w| !w.is_empty())
-            .unwrap_or(b"");
-        return format!(
-            "its interpreter {} (the #! line) does not exist",
-            shown(OsStr::from_bytes(first))
-        );
-    }
-    "its program interpreter (the dynamic loader its PT_INTERP names) does not exist".into()
-}
-
-/// Whether the file at `path` starts with `\x7fELF`.
-fn starts_with_elf_magic(path: &Path) -> bool {
-    let mut magic = [0u8; 4];
-    std::fs::File::open(path)
-        .and_then(|mut f| f.read_exact(&mut magic))
-        .is_ok_and(|()| magic == *b"\x7fELF")
+    head[..n].to_vec()
 }
 
 /// `s` for a message: escaped, and quoted when empty.
@@ -227,15 +304,25 @@ fn c_strings(items: &[OsString]) -> Option<Vec<CString>> {
         .collect()
 }
 
-/// This process's environment as `NAME=value` strings, `LD_PRELOAD` set
-/// to `preload`.
+/// This process's environment, every entry as it is (also one without
+/// `=`, which `env` passes on too), but `LD_PRELOAD` set to `preload`.
 fn environment(preload: &OsStr) -> Option<Vec<CString>> {
+    extern "C" {
+        static environ: *const *const libc::c_char;
+    }
     let mut out = Vec::new();
-    for (name, value) in std::env::vars_os().filter(|(n, _)| n != "LD_PRELOAD") {
-        let mut e = name.as_bytes().to_vec();
-        e.push(b'=');
-        e.extend_from_slice(value.as_bytes());
-        out.push(CString::new(e).ok()?);
+    // SAFETY: `environ` is the C library's null-terminated array of
+    // NUL-terminated strings; nothing in this single-threaded program
+    // changes the environment while it is read.
+    unsafe {
+        let mut at = environ;
+        while !at.is_null() && !(*at).is_null() {
+            let entry = CStr::from_ptr(*at);
+            if !entry.to_bytes().starts_with(b"LD_PRELOAD=") {
+                out.push(entry.to_owned());
+            }
+            at = at.add(1);
+        }
     }
     let mut e = b"LD_PRELOAD=".to_vec();
     e.extend_from_slice(preload.as_bytes());
@@ -263,7 +350,7 @@ mod tests {
         let script = dir.path().join("s");
         std::fs::write(&script, "#!/nonexistent/interp -x\n").unwrap();
         let n = explain(libc::ENOENT, &script);
-        assert_eq!(n.code, 126);
+        assert_eq!(n.code, 127);
         assert!(
             n.why
                 .ends_with("its interpreter /nonexistent/interp (the #! line) does not exist"),

@@ -14,7 +14,7 @@ use std::io::Read;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
-use super::exec::places;
+use super::exec::{executable, places};
 
 /// `#!` chains followed at most this deep (Linux allows 4 levels).
 const MAX_INTERPRETERS: usize = 4;
@@ -71,8 +71,8 @@ pub fn why_not_preloaded(program: &OsStr) -> Option<String> {
 }
 
 /// `program` as `execvp` finds it: a name with a slash as it is, else the
-/// first executable file of that name among the `PATH` places
-/// ([`places`]).
+/// first regular file of that name among the `PATH` places ([`places`])
+/// this process may execute.
 fn resolve(program: &OsStr) -> Option<PathBuf> {
     let mut places = places(program);
     if program.as_encoded_bytes().contains(&b'/') {
@@ -80,7 +80,7 @@ fn resolve(program: &OsStr) -> Option<PathBuf> {
     }
     places
         .into_iter()
-        .find(|c| std::fs::metadata(c).is_ok_and(|m| m.is_file() && m.mode() & 0o111 != 0))
+        .find(|c| std::fs::metadata(c).is_ok_and(|m| m.is_file()) && executable(c))
 }
 
 /// The program a `#!` line runs: its first word, or for `env` (with or
