@@ -65,6 +65,12 @@ fn probe_reports_system_and_tiers() {
             "1",
             "did you mean CKALLOC_RETAIN_BYTES?",
         ),
+        ("CKALLOC_thp", "0", "did you mean CKALLOC_THP?"),
+        (
+            "CKALLOC_PRELAOD_LIB",
+            "x",
+            "did you mean CKALLOC_PRELOAD_LIB?",
+        ),
     ] {
         let o = ckalloc_env(&["probe", "--no-touch", "--json"], &[(name, value)]);
         assert_eq!(o.code, Some(0), "{}", o.stderr);
