@@ -774,6 +774,22 @@ fn a_closed_stderr_pipe_keeps_the_exit_status() {
     }
 }
 
+/// Help that cannot be written (a full disk) is an error, exit status 1.
+#[test]
+fn help_to_a_full_disk_fails() {
+    let full = std::fs::OpenOptions::new()
+        .write(true)
+        .open("/dev/full")
+        .unwrap();
+    let o = std::process::Command::new(env!("CARGO_BIN_EXE_ckalloc"))
+        .arg("--help")
+        .stdout(full)
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(1), "{o:?}");
+    assert!(String::from_utf8_lossy(&o.stderr).contains("writing to stdout"));
+}
+
 /// Without sidecars `inspect` shows the header and the checksum and exits
 /// 0, unless the options ask for a bound or a warning-free manifest;
 /// `load` always needs one.

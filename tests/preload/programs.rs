@@ -198,11 +198,44 @@ fn ckalloc_run_preloads_the_library_and_returns_the_program_status() {
     // skip the first with a warning and preload the second silently).
     let sh = std::fs::canonicalize("/bin/sh").unwrap();
     let libc_so = std::path::Path::new("/lib/x86_64-linux-gnu/libc.so.6");
+    // A FIFO is never opened (it would block); a library that only imports
+    // the symbol is not this one; a `$` in the path is expanded by ld.so.
+    let libdir = tempfile::tempdir().unwrap();
+    let fifo = libdir.path().join("fifo.so");
+    let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+    // SAFETY: a NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o644) }, 0);
+    let importer = libdir.path().join("libimports.so");
+    let built = Command::new("cc")
+        .args(["-shared", "-fPIC", "-x", "c", "-", "-o"])
+        .arg(&importer)
+        .stdin(std::process::Stdio::piped())
+        .spawn()
+        .and_then(|mut child| {
+            use std::io::Write;
+            child.stdin.take().unwrap().write_all(
+                b"extern const char *ckalloc_stats_json(void);\n\
+                  const char *f(void) { return ckalloc_stats_json(); }\n",
+            )?;
+            child.wait()
+        })
+        .is_ok_and(|s| s.success());
+    assert!(built, "cc -shared");
+    let dollar = libdir.path().join("x$LIB");
+    std::fs::create_dir(&dollar).unwrap();
+    std::fs::copy(lib, dollar.join("libckalloc_preload.so")).unwrap();
+    let dollar = dollar.join("libckalloc_preload.so");
     for (file, says) in [
+        (fifo.as_path(), "not a regular file"),
+        (
+            importer.as_path(),
+            "it defines no symbol ckalloc_stats_json",
+        ),
+        (dollar.as_path(), "or a $, which ld.so expands"),
         (sh.as_path(), "not a shared library"),
         (
             libc_so,
-            "not libckalloc_preload.so (it has no symbol ckalloc_stats_json)",
+            "not libckalloc_preload.so (it defines no symbol ckalloc_stats_json)",
         ),
     ] {
         if !file.exists() {
@@ -312,6 +345,24 @@ fn ckalloc_run_preloads_the_library_and_returns_the_program_status() {
             std::path::PathBuf::from("/bin/sh/x"),
             126,
             "not a directory",
+        ),
+        (
+            file("binary", b"MZ\x90\0\x03\0\0\0\ntouch ran\n"),
+            126,
+            "exec format error (a binary file",
+        ),
+        (
+            file("interp-through-file", b"#!/etc/hostname/x\n"),
+            126,
+            "its interpreter /etc/hostname/x (the #! line) cannot be reached",
+        ),
+        (
+            file(
+                "nested",
+                format!("#!{}\n", dir.path().join("no-interp").display()).as_bytes(),
+            ),
+            127,
+            "cannot run: its interpreter /nonexistent/interp (the #! line) does not exist",
         ),
         (dir.path().to_path_buf(), 126, "is a directory"),
         (

@@ -76,7 +76,15 @@ pub fn usage_error(e: clap::Error, json: bool) -> ExitCode {
             | ErrorKind::DisplayVersion
             | ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand
     ) {
-        let _ = e.print();
+        // `print` writes help and version to stdout: a write that fails
+        // (a full disk, a closed descriptor) is exit status 1, as every
+        // report's.
+        if let Err(err) = e.print() {
+            if err.kind() != std::io::ErrorKind::BrokenPipe {
+                crate::errln!("ckalloc: error: writing to stdout: {err}");
+                return ExitCode::from(1);
+            }
+        }
         return if e.kind() == ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand {
             ExitCode::from(2)
         } else {

@@ -41,6 +41,13 @@ pub fn warnings() -> Vec<String> {
     for (name, value) in std::env::vars_os() {
         let name = name.to_string_lossy();
         if !name.starts_with("CKALLOC_") {
+            // A near miss of the prefix itself (`ckalloc_thp`, `CKALOC_THP`).
+            let upper = name.to_ascii_uppercase();
+            if let Some(near) = names.iter().find(|n| edit_distance(n, &upper) <= 2) {
+                out.push(format!(
+                    "{name:?} is not a ckalloc setting and has no effect; did you mean {near}?"
+                ));
+            }
             continue;
         }
         let shown = value.to_string_lossy();

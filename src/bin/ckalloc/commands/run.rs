@@ -12,6 +12,7 @@
 //! with file capabilities (`PATH` and `#!` interpreters followed). These
 //! are warnings: the program runs all the same.
 
+mod elf;
 mod exec;
 mod program;
 
@@ -106,17 +107,21 @@ const ELF_MACHINE: u16 = if cfg!(target_arch = "aarch64") {
 /// type `ET_DYN`, not an executable, whose class, byte order and
 /// `e_machine` are this build's) that names the library's own symbol, and
 /// whose path `LD_PRELOAD` can hold (`ld.so` splits
-/// the variable at spaces and colons, and ignores what it cannot load
-/// with only a warning).
+/// the variable at spaces and colons, expands `$` tokens, and ignores what
+/// it cannot load with only a warning).
 fn checked(p: &Path) -> Result<PathBuf, String> {
     let abs = std::fs::canonicalize(p).map_err(|e| e.to_string())?;
-    if abs.is_dir() {
+    let meta = std::fs::metadata(&abs).map_err(|e| e.to_string())?;
+    if meta.is_dir() {
         return Err("is a directory, not the library file".into());
     }
+    // Only a regular file is opened: a FIFO or a terminal would block.
+    if !meta.is_file() {
+        return Err("not a regular file (a FIFO, socket or device), not the library".into());
+    }
     let mut header = [0u8; 20];
-    let read = std::fs::File::open(&abs)
-        .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut header))
-        .is_ok();
+    let mut file = std::fs::File::open(&abs).map_err(|e| format!("cannot be read: {e}"))?;
+    let read = std::io::Read::read_exact(&mut file, &mut header).is_ok();
     if !read || !header.starts_with(b"\x7fELF") {
         return Err("not a shared library (no ELF header)".into());
     }
@@ -140,7 +145,7 @@ fn checked(p: &Path) -> Result<PathBuf, String> {
     if header[4..6] != ours || field(18) != ELF_MACHINE {
         return Err("an ELF file not built for this machine, or damaged".into());
     }
-    let facts = program::dynamic_facts(&abs, LIBRARY_SYMBOL);
+    let facts = elf::dynamic_facts(&abs, LIBRARY_SYMBOL);
     if field(16) != ET_DYN || facts.as_ref().is_none_or(|f| f.pie) {
         return Err(
             "an ELF file that is not a shared library (an executable, an object file, \
@@ -148,18 +153,19 @@ fn checked(p: &Path) -> Result<PathBuf, String> {
                 .into(),
         );
     }
-    if !facts.is_some_and(|f| f.names_symbol) {
+    if !facts.is_some_and(|f| f.defines_symbol) {
         return Err(format!(
-            "a shared library, but not {LIBRARY} (it has no symbol {})",
+            "a shared library, but not {LIBRARY} (it defines no symbol {})",
             String::from_utf8_lossy(LIBRARY_SYMBOL)
         ));
     }
     let text = abs.to_string_lossy();
-    if text.contains([' ', ':']) {
+    if text.contains([' ', ':', '$']) {
         return Err(format!(
-            "its path {} holds a space or a colon, where ld.so splits LD_PRELOAD; copy it to a \
-             path without one and set CKALLOC_PRELOAD_LIB to that path",
-            abs.display()
+            "its path {} holds a space or a colon, where ld.so splits LD_PRELOAD, or a $, \
+             which ld.so expands ($ORIGIN, $LIB, $PLATFORM); copy it to a path without one and \
+             set CKALLOC_PRELOAD_LIB to that path",
+            abs.display().to_string().escape_debug()
         ));
     }
     Ok(abs)

@@ -22,6 +22,8 @@ use std::io::Read;
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
+use super::elf::loader_of;
+
 /// The shell `execvp` runs a file of commands with (`_PATH_BSHELL`).
 const SHELL: &CStr = c"/bin/sh";
 
@@ -119,15 +121,24 @@ fn search(program: &OsStr, args: &[CString], envp: &[CString]) -> NotRun {
 }
 
 /// The refusal of a file the kernel answered `ENOEXEC` for that must not
-/// go to `/bin/sh`: an ELF file (another machine's, or damaged), or a
-/// script whose `#!` interpreter the kernel would not run (its body is
-/// another language's, not commands for the shell). `None` for a file of
-/// commands.
+/// go to `/bin/sh`: an ELF file (another machine's, or damaged), a binary
+/// file (a NUL byte in its first line within 80 bytes, bash's
+/// `check_binary_file` rule), or a script whose `#!` interpreter the kernel
+/// would not run (its body is another language's, not commands for the
+/// shell). `None` for a file of commands.
 fn not_for_the_shell(path: &Path) -> Option<NotRun> {
     let head = head_of(path);
     let why = if head.starts_with(b"\x7fELF") {
         "exec format error (an ELF file this kernel cannot run: built for another machine, or \
          damaged)"
+            .to_owned()
+    } else if head[..head.len().min(80)]
+        .split(|&b| b == b'\n')
+        .next()
+        .is_some_and(|first| first.contains(&0))
+    {
+        "exec format error (a binary file: a NUL byte in its first line, where bash refuses \
+         it too)"
             .to_owned()
     } else if let Some(line) = head.strip_prefix(b"#!") {
         format!(
@@ -181,23 +192,47 @@ fn execve(path: &CStr, argv: &[&CStr], envp: &[CString]) -> i32 {
 
 /// The message and status for `errno` from running `path`: 127 when
 /// something it needs does not exist (the file, its `#!` interpreter, its
-/// dynamic loader), as `sh`, `env` and bash return; 126 otherwise.
+/// dynamic loader), as `sh`, `env` and bash return; 126 otherwise. When the
+/// file exists, an error the kernel met on its way to the interpreter or
+/// the loader is told as theirs.
 fn explain(errno: i32, path: &Path) -> NotRun {
     let name = shown(path.as_os_str());
     let meta = std::fs::metadata(path);
-    let (code, what) = match errno {
-        // The file is there: what is missing is the program that runs it.
-        libc::ENOENT if meta.is_ok() => (127, missing_interpreter(path)),
-        libc::ENOENT => (127, "no such file or directory".to_owned()),
-        libc::ENOTDIR => (
+    let theirs = match errno {
+        libc::ENOENT | libc::ENOTDIR | libc::ELOOP | libc::EACCES
+            if meta.as_ref().is_ok_and(|m| m.is_file()) =>
+        {
+            needs(path, 0)
+        }
+        _ => None,
+    };
+    let (code, what) = match (theirs, errno) {
+        (Some(t), _) => t,
+        (None, libc::ENOENT) if meta.is_ok() => (
+            127,
+            "its #! interpreter or its dynamic loader does not exist (the file cannot be read \
+             to tell which)"
+                .to_owned(),
+        ),
+        (None, libc::ENOENT) => (127, "no such file or directory".to_owned()),
+        (None, libc::ENOTDIR) => (
             126,
             "not a directory (a component of the path is a file)".to_owned(),
         ),
-        libc::EACCES if meta.as_ref().is_ok_and(|m| m.is_dir()) => {
-            (126, "is a directory".to_owned())
-        }
-        libc::EACCES => (126, denied_because(path)),
-        e => (126, std::io::Error::from_raw_os_error(e).to_string()),
+        (None, libc::EACCES) => match &meta {
+            Ok(m) if m.is_dir() => (126, "is a directory".to_owned()),
+            Ok(m) if !m.is_file() => (
+                126,
+                "not a regular file (a FIFO, socket or device)".to_owned(),
+            ),
+            _ => (
+                126,
+                "permission denied (no execute permission on the file or no search permission \
+                 on a directory of its path, or a file system mounted noexec)"
+                    .to_owned(),
+            ),
+        },
+        (None, e) => (126, std::io::Error::from_raw_os_error(e).to_string()),
     };
     NotRun {
         code,
@@ -205,27 +240,62 @@ fn explain(errno: i32, path: &Path) -> NotRun {
     }
 }
 
-/// Why `execve` said `EACCES` for `path`: its `#!` interpreter is a
-/// directory or not executable, or else the file itself may not be run.
-fn denied_because(path: &Path) -> String {
-    if let Some(line) = head_of(path).strip_prefix(b"#!") {
-        let interp = interpreter_of(line);
-        let p = Path::new(OsStr::from_bytes(interp));
-        let what = match std::fs::metadata(p) {
-            Ok(m) if m.is_dir() => Some("is a directory"),
-            Ok(m) if !m.is_file() || !executable(p) => Some("is not an executable file"),
-            _ => None,
-        };
-        if let Some(what) = what {
-            return format!(
-                "its interpreter {} (the #! line) {what}",
-                shown(p.as_os_str())
-            );
-        }
+/// What keeps the regular file at `path` from running although it is
+/// there: its `#!` interpreter (followed through `#!` chains as Linux
+/// does, at most [`MAX_INTERPRETERS`] deep) or its dynamic loader is
+/// missing (127), or is a directory, not executable, or unreachable (126);
+/// `None` when neither is the cause or the file cannot be read.
+fn needs(path: &Path, depth: usize) -> Option<(u8, String)> {
+    let head = head_of(path);
+    if head.starts_with(b"\x7fELF") {
+        return loader_problem(path);
     }
-    "permission denied (no execute permission on the file or no search permission on a \
-     directory of its path, or a file system mounted noexec)"
-        .into()
+    let line = head.strip_prefix(b"#!")?;
+    let interp = interpreter_of(line);
+    let p = Path::new(OsStr::from_bytes(interp));
+    let shown_interp = format!("its interpreter {} (the #! line)", shown(p.as_os_str()));
+    let (code, what) = match std::fs::metadata(p) {
+        Err(_) if interp.ends_with(b"\r") => (
+            127,
+            "does not exist: the line ends in a carriage return (CRLF line endings; convert \
+             them with `dos2unix` or `sed -i 's/\\r$//'`)"
+                .to_owned(),
+        ),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => (127, "does not exist".to_owned()),
+        Err(e) => (126, format!("cannot be reached: {e}")),
+        Ok(m) if m.is_dir() => (126, "is a directory".to_owned()),
+        Ok(m) if !m.is_file() || !executable(p) => (126, "is not an executable file".to_owned()),
+        Ok(_) if depth + 1 >= MAX_INTERPRETERS => (
+            126,
+            format!("is a script too, and #! chains deeper than {MAX_INTERPRETERS} do not run"),
+        ),
+        Ok(_) => {
+            let (code, inner) = needs(p, depth + 1)?;
+            (code, format!("cannot run: {inner}"))
+        }
+    };
+    Some((code, format!("{shown_interp} {what}")))
+}
+
+/// `#!` interpreters Linux follows before it gives up (`ELOOP`).
+const MAX_INTERPRETERS: usize = 5;
+
+/// Why the ELF program at `path` cannot run for its dynamic loader
+/// (`PT_INTERP`): missing (127), a directory, not executable or
+/// unreachable (126); `None` when the loader is fine or none is named.
+fn loader_problem(path: &Path) -> Option<(u8, String)> {
+    let loader = loader_of(path)?;
+    let shown_loader = format!("its dynamic loader {}", shown(loader.as_os_str()));
+    let (code, what) = match std::fs::metadata(&loader) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => (127, "does not exist".to_owned()),
+        Err(e) => (126, format!("cannot be reached: {e}")),
+        Ok(m) if m.is_dir() => (126, "is a directory".to_owned()),
+        Ok(m) if !m.is_file() || !executable(&loader) => {
+            (126, "is not an executable file".to_owned())
+        }
+        Ok(_) => return None,
+    };
+    Some((code, format!("{shown_loader} (PT_INTERP) {what}")))
 }
 
 /// Whether this process may execute the file at `p` (`access(X_OK)`).
@@ -235,32 +305,6 @@ pub(super) fn executable(p: &Path) -> bool {
     };
     // SAFETY: a NUL-terminated path.
     unsafe { libc::access(c.as_ptr(), libc::X_OK) == 0 }
-}
-
-/// Why the kernel said `ENOENT` for a file that exists: its `#!`
-/// interpreter, or the dynamic loader of it or of the ELF program
-/// (`PT_INTERP`), does not exist.
-fn missing_interpreter(path: &Path) -> String {
-    let Some(line) = head_of(path).strip_prefix(b"#!").map(<[u8]>::to_vec) else {
-        return "its dynamic loader (the program interpreter its PT_INTERP names) does not exist"
-            .into();
-    };
-    let interp = interpreter_of(&line);
-    let shown_interp = shown(OsStr::from_bytes(interp));
-    if interp.ends_with(b"\r") {
-        return format!(
-            "its interpreter {shown_interp} (the #! line) does not exist: the line ends in a \
-             carriage return (CRLF line endings; convert them with `dos2unix` or `sed -i \
-             's/\\r$//'`)"
-        );
-    }
-    if Path::new(OsStr::from_bytes(interp)).exists() {
-        return format!(
-            "its interpreter {shown_interp} (the #! line) cannot run: its dynamic loader does \
-             not exist"
-        );
-    }
-    format!("its interpreter {shown_interp} (the #! line) does not exist")
 }
 
 /// The interpreter path of a `#!` line (after the `#!`): its first word,
