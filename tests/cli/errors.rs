@@ -752,7 +752,8 @@ fn a_closed_stderr_pipe_keeps_the_exit_status() {
     for (args, code) in [
         (&["inspect", "/nonexistent/weights.bump"][..], 1),
         (&["probe", "--bogus"][..], 2),
-        (&["run", "--", "/nonexistent/program"][..], 127),
+        // No library to preload: the error comes before the program.
+        (&["run", "--", "true"][..], 1),
     ] {
         let mut fds = [0; 2];
         // SAFETY: `fds` has room for the two descriptors pipe(2) returns.
@@ -766,6 +767,7 @@ fn a_closed_stderr_pipe_keeps_the_exit_status() {
         let o = std::process::Command::new(env!("CARGO_BIN_EXE_ckalloc"))
             .args(args)
             .env("CKALLOC_THP", "offf")
+            .env("CKALLOC_PRELOAD_LIB", "/nonexistent/libckalloc_preload.so")
             .stdout(Stdio::null())
             .stderr(write_end)
             .status()

@@ -347,6 +347,16 @@ fn ckalloc_run_preloads_the_library_and_returns_the_program_status() {
             "not a directory",
         ),
         (
+            file("nul-in-interp", b"#!/nonexistent/x\0junk\n"),
+            127,
+            "its interpreter /nonexistent/x (the #! line) does not exist",
+        ),
+        (
+            file("long-line", format!("#!/{}\n", "y".repeat(300)).as_bytes()),
+            126,
+            "its #! line is longer than the 255 bytes Linux reads",
+        ),
+        (
             file("binary", b"MZ\x90\0\x03\0\0\0\ntouch ran\n"),
             126,
             "exec format error (a binary file",
@@ -393,6 +403,28 @@ fn ckalloc_run_preloads_the_library_and_returns_the_program_status() {
         .expect("run ckalloc");
     assert_eq!(out.status.code(), Some(0), "{out:?}");
     assert!(marker.exists(), "a file of commands runs under /bin/sh");
+    // A bare `#!` names no interpreter: the shell runs it, as under `env`.
+    let out = Command::new(ckalloc)
+        .args(["run", "--"])
+        .arg(file("bare-shebang", b"#!\necho bare\n"))
+        .env("CKALLOC_PRELOAD_LIB", lib)
+        .output()
+        .expect("run ckalloc");
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "bare\n");
+    // A script this process may not execute is refused for itself, not for
+    // its missing interpreter.
+    let no_x = file("no-exec-bit", b"#!/nonexistent/interp\n");
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&no_x, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let out = Command::new(ckalloc)
+        .args(["run", "--"])
+        .arg(&no_x)
+        .env("CKALLOC_PRELOAD_LIB", lib)
+        .output()
+        .expect("run ckalloc");
+    assert_eq!(out.status.code(), Some(126), "{out:?}");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("permission denied"));
     let out = Command::new(ckalloc)
         .args(["run", "--", "no-such-program-anywhere"])
         .env("CKALLOC_PRELOAD_LIB", lib)

@@ -84,9 +84,9 @@ pub fn warnings() -> Vec<String> {
 
 /// Why the summary could not be written where the `CKALLOC_STATS_FILE`
 /// template `value` says (for this process's ID, as the program's would
-/// be alike): the template is not taken, the directory is missing or not
-/// writable, the file is a directory or not a regular file, or a name in
-/// the path is longer than `NAME_MAX`.
+/// be alike): the template is not taken, a name in the path is longer than
+/// `NAME_MAX`, the file is a directory or not writable, or (for a file not
+/// there yet) its directory is missing or not writable.
 fn stats_file_problem(value: &OsStr) -> Result<(), String> {
     let mut buf = [0u8; PATH_MAX];
     // Taken only when it expands for the largest process ID.
@@ -100,24 +100,32 @@ fn stats_file_problem(value: &OsStr) -> Result<(), String> {
             "a name in the path is longer than {NAME_MAX} bytes"
         ));
     }
-    let dir = match path.parent() {
-        Some(d) if !d.as_os_str().is_empty() => d,
-        _ => Path::new("."),
+    let allowed = |p: &Path, mode: libc::c_int| {
+        let Ok(c) = std::ffi::CString::new(p.as_os_str().as_bytes()) else {
+            return false;
+        };
+        // SAFETY: a NUL-terminated path.
+        unsafe { libc::access(c.as_ptr(), mode) == 0 }
     };
-    if !dir.is_dir() {
-        return Err(format!("{} is not a directory", dir.display()));
-    }
-    let c = std::ffi::CString::new(dir.as_os_str().as_bytes()).map_err(|e| e.to_string())?;
-    // SAFETY: a NUL-terminated path.
-    if unsafe { libc::access(c.as_ptr(), libc::W_OK | libc::X_OK) } != 0 {
-        return Err(format!("{} is not writable", dir.display()));
-    }
+    // The library appends to a file that exists (a FIFO or a terminal
+    // too, opened without blocking) and creates one that does not.
     match std::fs::metadata(path) {
-        Ok(m) if !m.is_file() => Err(format!(
-            "{} exists and is not a regular file",
-            path.display()
-        )),
-        _ => Ok(()),
+        Ok(m) if m.is_dir() => Err(format!("{} is a directory", path.display())),
+        Ok(_) if !allowed(path, libc::W_OK) => Err(format!("{} is not writable", path.display())),
+        Ok(_) => Ok(()),
+        Err(_) => {
+            let dir = match path.parent() {
+                Some(d) if !d.as_os_str().is_empty() => d,
+                _ => Path::new("."),
+            };
+            if !dir.is_dir() {
+                return Err(format!("{} is not a directory", dir.display()));
+            }
+            if !allowed(dir, libc::W_OK | libc::X_OK) {
+                return Err(format!("{} is not writable", dir.display()));
+            }
+            Ok(())
+        }
     }
 }
 
@@ -164,7 +172,12 @@ mod tests {
         assert!(problem(&format!("{d}/missing/ck.txt"))
             .unwrap_err()
             .contains("not a directory"));
-        assert!(problem(d).unwrap_err().contains("not a regular file"));
+        assert!(problem(d).unwrap_err().contains("is a directory"));
+        assert_eq!(
+            problem("/dev/stderr"),
+            Ok(()),
+            "a terminal or a pipe is written"
+        );
         let long = "a".repeat(300);
         assert!(problem(&format!("{d}/{long}"))
             .unwrap_err()

@@ -92,6 +92,18 @@ fn find_library() -> Result<PathBuf, CliError> {
 /// told from other shared libraries.
 const LIBRARY_SYMBOL: &[u8] = b"ckalloc_stats_json";
 
+/// Whether the file is on a file system mounted `noexec` (`statvfs(3)`'s
+/// `ST_NOEXEC`), where `ld.so` fails to map a library's code.
+fn on_noexec_mount(file: &std::fs::File) -> bool {
+    use std::os::fd::AsRawFd;
+    // SAFETY: `statvfs` is plain data; zeroed is a valid value.
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: a descriptor this function's caller holds open, and a
+    // pointer to a `statvfs` that lives for the call.
+    let r = unsafe { libc::fstatvfs(file.as_raw_fd(), &mut st) };
+    r == 0 && st.f_flag & libc::ST_NOEXEC != 0
+}
+
 /// `ET_DYN` (`elf.h`): a shared object.
 const ET_DYN: u16 = 3;
 
@@ -121,6 +133,13 @@ fn checked(p: &Path) -> Result<PathBuf, String> {
     }
     let mut header = [0u8; 20];
     let mut file = std::fs::File::open(&abs).map_err(|e| format!("cannot be read: {e}"))?;
+    if on_noexec_mount(&file) {
+        return Err(
+            "on a file system mounted noexec, where ld.so cannot map it; copy it to \
+                    another file system"
+                .into(),
+        );
+    }
     let read = std::io::Read::read_exact(&mut file, &mut header).is_ok();
     if !read || !header.starts_with(b"\x7fELF") {
         return Err("not a shared library (no ELF header)".into());
@@ -210,6 +229,10 @@ fn preload_value(lib: &Path, old: Option<&OsStr>) -> OsString {
 /// an ELF file for another machine; as `sh` and `env` do), 1 when the
 /// library is not found.
 pub fn run(a: RunArgs) -> ExitCode {
+    // First, so a typo of `CKALLOC_PRELOAD_LIB` shows beside "not found".
+    for w in crate::settings::warnings() {
+        crate::errln!("ckalloc run: warning: {}", ckalloc::Escaped::new(&w));
+    }
     let lib = match find_library() {
         Ok(l) => l,
         Err(e) => return e.report(false),
@@ -234,10 +257,7 @@ pub fn run(a: RunArgs) -> ExitCode {
             .report(false);
         }
     };
-    for w in crate::settings::warnings()
-        .into_iter()
-        .chain(program::why_not_preloaded(program))
-    {
+    if let Some(w) = program::why_not_preloaded(program) {
         crate::errln!("ckalloc run: warning: {}", ckalloc::Escaped::new(&w));
     }
     let not_run = exec::exec(&a.command, &preload);

@@ -141,6 +141,24 @@ fn not_for_the_shell(path: &Path) -> Option<NotRun> {
          it too)"
             .to_owned()
     } else if let Some(line) = head.strip_prefix(b"#!") {
+        let interp = interpreter_of(line);
+        // `#!` alone: the kernel finds no interpreter, and `execvp` hands
+        // the file to the shell, as `env` and bash do.
+        if interp.is_empty() {
+            return None;
+        }
+        if head.len() == HEAD && !head.contains(&b'\n') {
+            return Some(NotRun {
+                code: 126,
+                why: format!(
+                    "cannot run {}: exec format error: its #! line is longer than the {} bytes \
+                     Linux reads (BINPRM_BUF_SIZE); shorten the interpreter's path (a deep \
+                     virtual environment: run its python by path instead)",
+                    shown(path.as_os_str()),
+                    HEAD - 1
+                ),
+            });
+        }
         format!(
             "exec format error: its interpreter {} (the #! line) is not a program this kernel \
              runs",
@@ -199,8 +217,9 @@ fn explain(errno: i32, path: &Path) -> NotRun {
     let name = shown(path.as_os_str());
     let meta = std::fs::metadata(path);
     let theirs = match errno {
+        // A file this process may not execute is refused for itself.
         libc::ENOENT | libc::ENOTDIR | libc::ELOOP | libc::EACCES
-            if meta.as_ref().is_ok_and(|m| m.is_file()) =>
+            if meta.as_ref().is_ok_and(|m| m.is_file()) && executable(path) =>
         {
             needs(path, 0)
         }
@@ -265,7 +284,7 @@ fn needs(path: &Path, depth: usize) -> Option<(u8, String)> {
         Err(e) => (126, format!("cannot be reached: {e}")),
         Ok(m) if m.is_dir() => (126, "is a directory".to_owned()),
         Ok(m) if !m.is_file() || !executable(p) => (126, "is not an executable file".to_owned()),
-        Ok(_) if depth + 1 >= MAX_INTERPRETERS => (
+        Ok(_) if depth + 1 >= MAX_INTERPRETERS && head_of(p).starts_with(b"#!") => (
             126,
             format!("is a script too, and #! chains deeper than {MAX_INTERPRETERS} do not run"),
         ),
@@ -277,8 +296,9 @@ fn needs(path: &Path, depth: usize) -> Option<(u8, String)> {
     Some((code, format!("{shown_interp} {what}")))
 }
 
-/// `#!` interpreters Linux follows before it gives up (`ELOOP`).
-const MAX_INTERPRETERS: usize = 5;
+/// `#!` scripts Linux runs in one chain before it gives up (`ELOOP`): a
+/// script, its interpreter a script, and so on, 5 deep, then a program.
+pub(super) const MAX_INTERPRETERS: usize = 5;
 
 /// Why the ELF program at `path` cannot run for its dynamic loader
 /// (`PT_INTERP`): missing (127), a directory, not executable or
@@ -308,23 +328,28 @@ pub(super) fn executable(p: &Path) -> bool {
 }
 
 /// The interpreter path of a `#!` line (after the `#!`): its first word,
-/// split at spaces and tabs and ended by a newline as Linux reads it (a
-/// carriage return stays part of it).
+/// split at spaces and tabs and ended by a newline or a NUL as Linux reads
+/// it (a carriage return stays part of it).
 fn interpreter_of(line: &[u8]) -> &[u8] {
     let line = line.split(|&b| b == b'\n').next().unwrap_or(line);
+    let line = line.split(|&b| b == 0).next().unwrap_or(line);
     line.split(|&b| b == b' ' || b == b'\t')
         .find(|w| !w.is_empty())
         .unwrap_or(b"")
 }
 
-/// The first 256 bytes of the regular file at `path` (fewer when it is
+/// The bytes of a file's head that Linux reads for its format and `#!`
+/// line (`BINPRM_BUF_SIZE`).
+const HEAD: usize = 256;
+
+/// The first [`HEAD`] bytes of the regular file at `path` (fewer when it is
 /// shorter or cannot be read; none when it is not a regular file, so a FIFO
 /// is never opened).
 fn head_of(path: &Path) -> Vec<u8> {
     if !std::fs::metadata(path).is_ok_and(|m| m.is_file()) {
         return Vec::new();
     }
-    let mut head = [0u8; 256];
+    let mut head = [0u8; HEAD];
     let n = std::fs::File::open(path)
         .and_then(|mut f| f.read(&mut head))
         .unwrap_or(0);
@@ -393,6 +418,8 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let script = dir.path().join("s");
         std::fs::write(&script, "#!/nonexistent/interp -x\n").unwrap();
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
         let n = explain(libc::ENOENT, &script);
         assert_eq!(n.code, 127);
         assert!(

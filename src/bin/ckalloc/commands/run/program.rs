@@ -15,10 +15,7 @@ use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
 use super::elf::has_interp;
-use super::exec::{executable, places};
-
-/// `#!` chains followed at most this deep (Linux allows 4 levels).
-const MAX_INTERPRETERS: usize = 4;
+use super::exec::{executable, places, MAX_INTERPRETERS};
 
 /// Why the library will not reach a program: one warning line's text, or
 /// `None` when nothing stops it (or the program cannot be read, which
@@ -26,9 +23,10 @@ const MAX_INTERPRETERS: usize = 4;
 pub fn why_not_preloaded(program: &OsStr) -> Option<String> {
     let mut path = resolve(program)?;
     for _ in 0..=MAX_INTERPRETERS {
-        // Only a regular file is opened: opening a FIFO would wait for a
-        // writer (`exec` refuses one anyway).
-        if !std::fs::metadata(&path).ok()?.is_file() {
+        // Only a regular file this process may execute is opened: opening
+        // a FIFO would wait for a writer, reading some files in /sys
+        // blocks, and `exec` refuses both anyway.
+        if !std::fs::metadata(&path).ok()?.is_file() || !executable(&path) {
             return None;
         }
         let mut head = [0u8; 256];
