@@ -213,6 +213,30 @@ fn allocators_in(preload: &OsStr) -> Vec<String> {
         .collect()
 }
 
+/// `LD_PRELOAD` (`old`) with every entry that is the file `lib` written as
+/// `lib` (its absolute path), the others byte for byte, separated by
+/// spaces.
+fn absolute_entries(old: Option<&OsStr>, lib: &Path) -> OsString {
+    use std::os::unix::ffi::{OsStrExt, OsStringExt};
+    let old = old.map(OsStr::as_bytes).unwrap_or_default();
+    let mut out: Vec<u8> = Vec::new();
+    for e in old
+        .split(|&b| b == b' ' || b == b':')
+        .filter(|e| !e.is_empty())
+    {
+        if !out.is_empty() {
+            out.push(b' ');
+        }
+        let entry = OsStr::from_bytes(e);
+        if std::fs::canonicalize(entry).is_ok_and(|real| real == lib) {
+            out.extend_from_slice(lib.as_os_str().as_bytes());
+        } else {
+            out.extend_from_slice(e);
+        }
+    }
+    OsString::from_vec(out)
+}
+
 /// `LD_PRELOAD` with `lib` first, keeping what was there.
 fn preload_value(lib: &Path, old: Option<&OsStr>) -> OsString {
     let mut v = OsString::from(lib);
@@ -245,8 +269,8 @@ pub fn run(a: RunArgs) -> ExitCode {
     let is_lib = |e: &String| std::fs::canonicalize(e).is_ok_and(|o| o == lib);
     let preload = match found.iter().find(|e| !is_lib(e)) {
         // The same library already (`ckalloc run` inside `ckalloc run`):
-        // the program gets it as it is.
-        None if !found.is_empty() => old.clone().unwrap_or_default(),
+        // the program gets it once, as an absolute path.
+        None if !found.is_empty() => absolute_entries(old.as_deref(), &lib),
         None => preload_value(&lib, old.as_deref()),
         Some(other) => {
             return err(format!(
@@ -281,6 +305,27 @@ mod tests {
             preload_value(lib, Some(OsStr::new(""))),
             "/x/libckalloc_preload.so"
         );
+    }
+
+    #[test]
+    fn the_library_already_preloaded_is_kept_once_as_an_absolute_path() {
+        let dir = tempfile::tempdir().unwrap();
+        let lib = dir.path().join(LIBRARY);
+        std::fs::write(&lib, b"").unwrap();
+        let lib = std::fs::canonicalize(&lib).unwrap();
+        let cwd = std::env::current_dir().unwrap();
+        let relative = pathdiff(&lib, &cwd);
+        let old = OsString::from(format!("{}:/y/libprof.so", relative.display()));
+        assert_eq!(
+            absolute_entries(Some(&old), &lib),
+            OsString::from(format!("{} /y/libprof.so", lib.display()))
+        );
+    }
+
+    /// `p` relative to `from` (both absolute).
+    fn pathdiff(p: &Path, from: &Path) -> PathBuf {
+        let up: PathBuf = from.components().skip(1).map(|_| "..").collect();
+        up.join(p.strip_prefix("/").unwrap())
     }
 
     #[test]

@@ -14,7 +14,7 @@ use std::io::Read;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
-use super::elf::has_interp;
+use super::elf::{dynamic_facts, has_interp};
 use super::exec::{executable, places, MAX_INTERPRETERS};
 
 /// Why the library will not reach a program: one warning line's text, or
@@ -40,7 +40,11 @@ pub fn why_not_preloaded(program: &OsStr) -> Option<String> {
             return None;
         }
         let shown = path.display().to_string().escape_debug().to_string();
-        if !has_interp(&path)? {
+        // A shared object run as a program (`ld.so` itself, run with the
+        // program as its argument) has no PT_INTERP and loads preloads.
+        let shared_object =
+            head.get(16..18) == Some(&[3, 0]) && dynamic_facts(&path, b"").is_some_and(|f| !f.pie);
+        if !has_interp(&path)? && !shared_object {
             return Some(format!(
                 "{shown} is statically linked (no PT_INTERP): the dynamic loader never runs, \
                  so LD_PRELOAD and ckalloc do not apply to it"
@@ -132,6 +136,11 @@ mod tests {
         );
         assert_eq!(interpreter(b" /bin/sh -e"), Some(PathBuf::from("/bin/sh")));
         assert_eq!(why_not_preloaded(OsStr::new("/nonexistent/x")), None);
+        // The dynamic loader run as a program loads preloads.
+        let loader = OsStr::new("/lib64/ld-linux-x86-64.so.2");
+        if Path::new(loader).exists() {
+            assert_eq!(why_not_preloaded(loader), None);
+        }
     }
 
     #[test]
