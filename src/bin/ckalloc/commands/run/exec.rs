@@ -330,7 +330,7 @@ pub(super) fn executable(p: &Path) -> bool {
 /// The interpreter path of a `#!` line (after the `#!`): its first word,
 /// split at spaces and tabs and ended by a newline or a NUL as Linux reads
 /// it (a carriage return stays part of it).
-fn interpreter_of(line: &[u8]) -> &[u8] {
+pub(super) fn interpreter_of(line: &[u8]) -> &[u8] {
     let line = line.split(|&b| b == b'\n').next().unwrap_or(line);
     let line = line.split(|&b| b == 0).next().unwrap_or(line);
     line.split(|&b| b == b' ' || b == b'\t')
@@ -345,7 +345,7 @@ const HEAD: usize = 256;
 /// The first [`HEAD`] bytes of the regular file at `path` (fewer when it is
 /// shorter or cannot be read; none when it is not a regular file, so a FIFO
 /// is never opened).
-fn head_of(path: &Path) -> Vec<u8> {
+pub(super) fn head_of(path: &Path) -> Vec<u8> {
     if !std::fs::metadata(path).is_ok_and(|m| m.is_file()) {
         return Vec::new();
     }

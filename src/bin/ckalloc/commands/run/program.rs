@@ -10,12 +10,11 @@
 //! (`env NAME` looked up in `PATH` as `env` does).
 
 use std::ffi::OsStr;
-use std::io::Read;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
 use super::elf::{dynamic_facts, has_interp};
-use super::exec::{executable, places, MAX_INTERPRETERS};
+use super::exec::{executable, head_of, interpreter_of, places, MAX_INTERPRETERS};
 
 /// Why the library will not reach a program: one warning line's text, or
 /// `None` when nothing stops it (or the program cannot be read, which
@@ -29,9 +28,7 @@ pub fn why_not_preloaded(program: &OsStr) -> Option<String> {
         if !std::fs::metadata(&path).ok()?.is_file() || !executable(&path) {
             return None;
         }
-        let mut head = [0u8; 256];
-        let n = std::fs::File::open(&path).ok()?.read(&mut head).ok()?;
-        let head = &head[..n];
+        let head = head_of(&path);
         if let Some(line) = head.strip_prefix(b"#!") {
             path = interpreter(line)?;
             continue;
@@ -86,17 +83,26 @@ fn resolve(program: &OsStr) -> Option<PathBuf> {
         .find(|c| std::fs::metadata(c).is_ok_and(|m| m.is_file()) && executable(c))
 }
 
-/// The program a `#!` line runs: its first word, or for `env` (with or
+/// The program a `#!` line runs: its first word as Linux reads it
+/// ([`interpreter_of`]), or for `env` (with or
 /// without `-S`) the first word after the options, looked up in `PATH`.
 fn interpreter(line: &[u8]) -> Option<PathBuf> {
-    let line = line.split(|&b| b == b'\n').next()?;
-    let text = std::str::from_utf8(line).ok()?;
-    let mut words = text.split_ascii_whitespace();
-    let first = words.next()?;
-    if Path::new(first).file_name() != Some(OsStr::new("env")) {
-        return Some(PathBuf::from(first));
+    use std::os::unix::ffi::OsStrExt;
+    let first = interpreter_of(line);
+    if first.is_empty() {
+        return None;
     }
-    let name = words.find(|w| !w.starts_with('-') && !w.contains('='))?;
+    let first = Path::new(OsStr::from_bytes(first));
+    if first.file_name() != Some(OsStr::new("env")) {
+        return Some(first.to_path_buf());
+    }
+    // `env`'s options and assignments, then the program it looks up.
+    let line = line.split(|&b| b == b'\n' || b == 0).next()?;
+    let text = std::str::from_utf8(line).ok()?;
+    let name = text
+        .split_ascii_whitespace()
+        .skip(1)
+        .find(|w| !w.starts_with('-') && !w.contains('='))?;
     resolve(OsStr::new(name))
 }
 
