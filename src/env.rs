@@ -41,7 +41,7 @@
 //!   MiB). A value that does not parse is never taken
 //!   silently: it is taken as unset (the default applies), and [`settings`] (and so
 //!   [`huge_stats`](crate::huge_stats) and `ckalloc probe`) reports it as
-//!   [`Source::Unparsed`].
+//!   [`Source::Unparsed`]; [`size_error`] and [`millis_error`] say why.
 //!
 //! The switches on the allocation paths are read with `getenv` without
 //! allocating and cached in atomics, so changing them after the first
@@ -52,7 +52,7 @@
 mod read;
 
 pub use crate::units::SizeError;
-pub use read::{Expected, Setting, Source, Unit};
+pub use read::{Expected, MillisError, Setting, Source, Unit};
 
 use crate::sys;
 use crate::units::ExactBytes;
@@ -203,6 +203,19 @@ pub fn size_error(s: &Setting) -> Option<SizeError> {
     let value = std::env::var_os(s.name)?;
     let text = value.as_encoded_bytes().trim_ascii();
     crate::units::parse_size(text, crate::units::SuffixCase::Any).err()
+}
+
+/// Why the variable of a millisecond setting that [`settings`] reports as
+/// [`Source::Unparsed`] is not a number as [the rules](self) take it
+/// (empty, a sign, a unit after the digits, too large, ...); `None` for any
+/// other setting. Reads the variable again, and allocates: for messages
+/// (`ckalloc run`, `ckalloc probe`), not for allocation paths.
+pub fn millis_error(s: &Setting) -> Option<MillisError> {
+    if s.unit != Unit::Milliseconds || s.source != Source::Unparsed {
+        return None;
+    }
+    let value = std::env::var_os(s.name)?;
+    read::parse_millis(value.as_encoded_bytes()).err()
 }
 
 /// `CKALLOC_PRELOAD_THRESHOLD` when it is set below

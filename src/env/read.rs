@@ -100,10 +100,52 @@ impl Choice {
     }
 }
 
-/// A decimal `u64` after trimming ASCII white space; `None` for anything
-/// else (including overflow).
-fn parse_u64(v: &[u8]) -> Option<u64> {
-    units::decimal(v.trim_ascii())
+/// A number of milliseconds: a decimal `u64` after trimming ASCII white
+/// space (leading zeros allowed); any other text, or a value over 2^64 - 1,
+/// is an error saying which. Never allocates.
+pub(super) fn parse_millis(v: &[u8]) -> Result<u64, MillisError> {
+    let v = v.trim_ascii();
+    units::decimal(v).ok_or(match v {
+        [] => MillisError::Empty,
+        [b'+' | b'-', ..] => MillisError::Sign,
+        [first, ..] if !first.is_ascii_digit() => MillisError::NoDigits,
+        // Digits alone fail only by overflow.
+        _ if v.iter().all(u8::is_ascii_digit) => MillisError::TooLarge,
+        _ => MillisError::NotDigit,
+    })
+}
+
+/// Why a text is not a number of milliseconds as the `CKALLOC_*_MS`
+/// settings read them ([`env::millis_error`](super::millis_error)):
+/// trimmed of ASCII white space, decimal digits only.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MillisError {
+    /// Empty, or ASCII white space only.
+    Empty,
+    /// A `+` or `-` first: no sign is taken.
+    Sign,
+    /// Another character first (a word, a decimal point).
+    NoDigits,
+    /// A character other than a decimal digit after the first digit: a
+    /// unit (`250ms`, `2s`), a fraction (`1.5`), an exponent (`1e3`), white
+    /// space between digits.
+    NotDigit,
+    /// Over 2^64 - 1 milliseconds.
+    TooLarge,
+}
+
+impl fmt::Display for MillisError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            MillisError::Empty => "empty",
+            MillisError::Sign => "a sign before the digits (no sign is taken)",
+            MillisError::NoDigits => "no decimal digits at the start",
+            MillisError::NotDigit => {
+                "not a digit after the digits (no unit, fraction or exponent is taken)"
+            }
+            MillisError::TooLarge => "too large (over 2^64 - 1 milliseconds)",
+        })
+    }
 }
 
 /// A `CKALLOC_*` switch (the switch rule), read once and cached. Never
@@ -326,7 +368,7 @@ impl Number {
                 let text = text.trim_ascii();
                 let parsed = match self.unit {
                     Unit::Bytes => units::parse_size(text, SuffixCase::Any).ok(),
-                    _ => parse_u64(text),
+                    _ => parse_millis(text).ok(),
                 };
                 match parsed {
                     Some(v) => (v, Source::Environment),
@@ -437,12 +479,27 @@ mod tests {
     }
 
     #[test]
-    fn backoff_number_is_trimmed_decimal() {
-        assert_eq!(parse_u64(b"250"), Some(250));
-        assert_eq!(parse_u64(b" 250\n"), Some(250));
-        assert_eq!(parse_u64(b""), None);
-        assert_eq!(parse_u64(b"2 5"), None);
-        assert_eq!(parse_u64(b"-1"), None);
-        assert_eq!(parse_u64(b"99999999999999999999"), None);
+    fn milliseconds_are_a_trimmed_decimal_and_say_why_not() {
+        assert_eq!(parse_millis(b"250"), Ok(250));
+        assert_eq!(parse_millis(b" 250\n"), Ok(250));
+        assert_eq!(parse_millis(b"0250"), Ok(250));
+        assert_eq!(parse_millis(b"18446744073709551615"), Ok(u64::MAX));
+        assert_eq!(parse_millis(b""), Err(MillisError::Empty));
+        assert_eq!(parse_millis(b" \t"), Err(MillisError::Empty));
+        assert_eq!(parse_millis(b"-1"), Err(MillisError::Sign));
+        assert_eq!(parse_millis(b"+5"), Err(MillisError::Sign));
+        assert_eq!(parse_millis(b"ms"), Err(MillisError::NoDigits));
+        assert_eq!(parse_millis(b".5"), Err(MillisError::NoDigits));
+        assert_eq!(parse_millis(b"2 5"), Err(MillisError::NotDigit));
+        assert_eq!(parse_millis(b"250ms"), Err(MillisError::NotDigit));
+        assert_eq!(parse_millis(b"1.5"), Err(MillisError::NotDigit));
+        assert_eq!(
+            parse_millis(b"18446744073709551616"),
+            Err(MillisError::TooLarge)
+        );
+        assert_eq!(
+            MillisError::Sign.to_string(),
+            "a sign before the digits (no sign is taken)"
+        );
     }
 }

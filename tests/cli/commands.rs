@@ -83,6 +83,66 @@ fn probe_reports_system_and_tiers() {
     }
 }
 
+/// A millisecond setting that does not parse is named with why, as the
+/// library's parser refuses it, among `probe`'s hints (the lines `ckalloc
+/// run` warns with).
+#[test]
+fn probe_says_why_a_millisecond_setting_does_not_parse() {
+    for (name, value, why) in [
+        ("CKALLOC_RETAIN_DECAY_MS", "", "empty;"),
+        (
+            "CKALLOC_RETAIN_DECAY_MS",
+            "-5",
+            "a sign before the digits (no sign is taken);",
+        ),
+        (
+            "CKALLOC_HUGETLB_BACKOFF_MS",
+            "250ms",
+            "not a digit after the digits (no unit, fraction or exponent is taken);",
+        ),
+        (
+            "CKALLOC_HUGETLB_BACKOFF_MS",
+            "1.5",
+            "not a digit after the digits (no unit, fraction or exponent is taken);",
+        ),
+        (
+            "CKALLOC_RETAIN_DECAY_MS",
+            "soon",
+            "no decimal digits at the start;",
+        ),
+        (
+            "CKALLOC_RETAIN_DECAY_MS",
+            "99999999999999999999",
+            "too large (over 2^64 - 1 milliseconds);",
+        ),
+    ] {
+        let o = ckalloc_env(&["probe", "--no-touch", "--json"], &[(name, value)]);
+        assert_eq!(o.code, Some(0), "{}", o.stderr);
+        let j: Value = serde_json::from_str(&o.stdout).unwrap();
+        let hints = j["hints"].as_array().unwrap();
+        let line = format!("{name}={value:?}: {why} {name} does not parse: taken as unset");
+        assert!(
+            hints.iter().any(|h| h.as_str().unwrap().contains(&line)),
+            "{line}: {hints:?}"
+        );
+    }
+    // Leading zeros and white space around the digits are taken.
+    for value in ["0250", " 250\n"] {
+        let o = ckalloc_env(
+            &["probe", "--no-touch", "--json"],
+            &[("CKALLOC_RETAIN_DECAY_MS", value)],
+        );
+        let j: Value = serde_json::from_str(&o.stdout).unwrap();
+        let hints = j["hints"].as_array().unwrap();
+        assert!(
+            !hints
+                .iter()
+                .any(|h| h.as_str().unwrap().contains("CKALLOC_RETAIN_DECAY_MS")),
+            "{value:?}: {hints:?}"
+        );
+    }
+}
+
 #[test]
 fn synth_pack_inspect_load_round_trip() {
     let dir = tempfile::tempdir().unwrap();

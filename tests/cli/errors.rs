@@ -67,6 +67,82 @@ fn usage_errors_exit_2_on_one_line() {
     assert!(j["error"].as_str().unwrap().contains("--bogus"));
 }
 
+/// An unknown option of `run` before the program is a usage error with
+/// clap's tips, never taken for the program; `--` and the program's own
+/// options after its name pass through. The library is never found here
+/// (`CKALLOC_PRELOAD_LIB` names no file), so a command line that parses
+/// ends with exit status 1, one that does not with 2.
+#[test]
+fn run_refuses_an_unknown_option_before_the_program() {
+    let no_lib = [("CKALLOC_PRELOAD_LIB", "/nonexistent/libckalloc_preload.so")];
+    let run = |args: &[&str]| crate::support::ckalloc_env(args, &no_lib);
+    for typo in [&["run", "--jsn", "true"][..], &["run", "-x", "--", "true"]] {
+        let o = run(typo);
+        assert_eq!(o.code, Some(2), "{typo:?}: {}", o.stderr);
+        assert_eq!(o.stderr.lines().count(), 1, "{}", o.stderr);
+        assert!(
+            o.stderr.starts_with(&format!(
+                "ckalloc: error: unexpected argument '{}' found",
+                typo[1]
+            )),
+            "{}",
+            o.stderr
+        );
+        assert!(
+            o.stderr.contains(&format!(
+                "tip: to pass '{0}' as a value, use '-- {0}'",
+                typo[1]
+            )),
+            "{}",
+            o.stderr
+        );
+        assert!(o.stdout.is_empty(), "{}", o.stdout);
+    }
+    let o = run(&["run", "--jsn", "true"]);
+    assert!(
+        o.stderr
+            .contains("tip: a similar argument exists: '--json'"),
+        "{}",
+        o.stderr
+    );
+    // The same tips for every command.
+    let o = run(&["probe", "--jsn"]);
+    assert_eq!(o.code, Some(2));
+    assert!(
+        o.stderr
+            .contains("tip: a similar argument exists: '--json'"),
+        "{}",
+        o.stderr
+    );
+    // Parsed: the library is looked for.
+    for parses in [
+        &["run", "--", "true"][..],
+        &["run", "--", "--jsn"],
+        &["run", "true", "--flag"],
+        &["run", "sh", "-c", "true", "--", "-x"],
+    ] {
+        let o = run(parses);
+        assert_eq!(o.code, Some(1), "{parses:?}: {}", o.stderr);
+        assert!(o.stderr.contains("CKALLOC_PRELOAD_LIB"), "{}", o.stderr);
+    }
+    // `--json` before the program is ckalloc's (and refused for `run`);
+    // after it, the program's, and a usage error stays text.
+    let o = run(&["run", "--json", "--", "true"]);
+    assert_eq!(o.code, Some(2), "{}", o.stderr);
+    assert!(
+        o.stderr.contains("--json does not apply to run"),
+        "{}",
+        o.stderr
+    );
+    let o = run(&["run", "--jsn", "prog", "--json"]);
+    assert_eq!(o.code, Some(2), "{}", o.stderr);
+    assert!(o.stdout.is_empty(), "{}", o.stdout);
+    let o = run(&["--json", "run", "--jsn", "prog"]);
+    assert_eq!(o.code, Some(2), "{}", o.stderr);
+    let j: Value = serde_json::from_str(&o.stdout).unwrap();
+    assert!(j["error"].as_str().unwrap().contains("'--jsn'"), "{j}");
+}
+
 #[test]
 fn corrupt_models_are_rejected() {
     let dir = tempfile::tempdir().unwrap();
@@ -807,4 +883,22 @@ fn without_sidecars_inspect_refuses_only_when_asked() {
         fails(&["inspect", c.w(), opt], 1, "weights_manifest");
     }
     fails(&["load", c.w()], 1, "weights_manifest");
+}
+
+#[test]
+fn a_usage_error_escapes_a_line_break_or_escape_sequence_in_the_argument() {
+    for (arg, shown) in [
+        ("--x\nUsage: fake", "'--x\\nUsage: fake'"),
+        (
+            "--x\n  tip: fake\nmore",
+            "'--x\\n  tip: fake\\nmore' found; tip:",
+        ),
+        ("--x\u{1b}[31m", "'--x\\u{1b}[31m'"),
+    ] {
+        let line = fails(&["run", arg, "true"], 2, shown);
+        assert!(line.ends_with("(see `ckalloc --help`)\n"), "{line:?}");
+        let o = ckalloc(&["--json", "run", arg, "true"]);
+        let j: Value = serde_json::from_str(&o.stdout).unwrap();
+        assert!(j["error"].as_str().unwrap().contains(shown), "{j}");
+    }
 }

@@ -281,6 +281,28 @@ fn ckalloc_run_preloads_the_library_and_returns_the_program_status() {
         .expect("run ckalloc");
     assert_eq!(out.status.code(), Some(2), "{out:?}");
     assert!(out.stdout.is_empty());
+    // Without `--`: the first argument that is not an option of `run` is
+    // the program, and every argument after it (`--json` and `--`
+    // included) is the program's; an unknown option before it is a usage
+    // error, not a program to look for.
+    let out = Command::new(ckalloc)
+        .args(["run", "sh", "-c", "echo \"$*\"", "sh", "--json", "--", "-x"])
+        .env("CKALLOC_PRELOAD_LIB", lib)
+        .output()
+        .expect("run ckalloc");
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "--json -- -x\n");
+    let out = Command::new(ckalloc)
+        .args(["run", "--jsn", "sh", "-c", "echo ran"])
+        .env("CKALLOC_PRELOAD_LIB", lib)
+        .output()
+        .expect("run ckalloc");
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    assert!(out.stdout.is_empty(), "{out:?}");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("unexpected argument '--jsn' found"),
+        "{out:?}"
+    );
     // The same library preloaded already (`run` inside `run`): kept as it
     // is, once.
     assert_eq!(preload_seen(&[ckalloc, "run", "--"], lib), canonical);
@@ -518,6 +540,19 @@ fn ckalloc_run_warns_of_settings_not_taken_and_programs_out_of_reach_and_runs_th
     };
     says("00m", "a leading zero");
     says("99999999999999999999", "too large (over 2^64 - 1 bytes)");
+    // Why a number of milliseconds does not parse.
+    for (value, text) in [
+        ("-1", "a sign before the digits"),
+        ("250ms", "not a digit after the digits"),
+        ("", "empty;"),
+    ] {
+        let err = run(&dynamic, &[("CKALLOC_RETAIN_DECAY_MS", value)]);
+        assert_eq!(err.lines().count(), 1, "{err}");
+        assert!(
+            err.contains(&format!("CKALLOC_RETAIN_DECAY_MS={value:?}: {text}")),
+            "{value}: {err}"
+        );
+    }
     says(
         "0",
         "CKALLOC_PRELOAD_THRESHOLD is 0, taken as 1 byte, below 2 MiB",
@@ -572,4 +607,79 @@ fn ckalloc_run_warns_of_settings_not_taken_and_programs_out_of_reach_and_runs_th
     } else {
         eprintln!("skipped the set-group-ID case: cannot give a file to group 65534 (not root)");
     }
+}
+
+/// A set-user-ID program that the user running `ckalloc run` may execute
+/// but not read (mode 4711, owned by root) is warned of from its mode bits;
+/// one without the bit, or run under `no_new_privs` (where the kernel
+/// ignores it), is not. Runs as root, which runs `ckalloc` as user 65534
+/// with `setpriv`.
+#[cfg(feature = "cli")]
+#[test]
+fn ckalloc_run_warns_of_a_set_user_id_program_it_cannot_read() {
+    use std::os::unix::fs::PermissionsExt;
+    let ckalloc = env!("CARGO_BIN_EXE_ckalloc");
+    let lib = super::library();
+    let as_nobody = || {
+        let mut cmd = Command::new("setpriv");
+        cmd.args(["--reuid=65534", "--regid=65534", "--clear-groups"]);
+        cmd
+    };
+    // SAFETY: geteuid cannot fail.
+    let root = unsafe { libc::geteuid() } == 0;
+    let reachable = root
+        && as_nobody()
+            .args(["sh", "-c", "test -r \"$1\" && test -x \"$2\"", "sh"])
+            .arg(lib)
+            .arg(ckalloc)
+            .status()
+            .is_ok_and(|s| s.success());
+    if !reachable {
+        println!(
+            "skipped: needs root, setpriv, and the library and ckalloc readable by user 65534"
+        );
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let src = dir.path().join("t.c");
+    std::fs::write(&src, "int main(void) { return 0; }\n").unwrap();
+    let prog = dir.path().join("setuid");
+    let built = Command::new("cc")
+        .arg(&src)
+        .arg("-o")
+        .arg(&prog)
+        .status()
+        .unwrap();
+    assert!(built.success());
+    let run = |mode: u32, options: &[&str]| {
+        std::fs::set_permissions(&prog, std::fs::Permissions::from_mode(mode)).unwrap();
+        let mut cmd = as_nobody();
+        cmd.args(options)
+            .args([ckalloc, "run", "--"])
+            .arg(&prog)
+            .env("CKALLOC_PRELOAD_LIB", lib)
+            .env_remove("LD_PRELOAD");
+        for (k, _) in std::env::vars().filter(|(k, _)| k.starts_with("CKALLOC_")) {
+            cmd.env_remove(k);
+        }
+        let out = cmd
+            .env("CKALLOC_PRELOAD_LIB", lib)
+            .output()
+            .expect("run ckalloc");
+        assert_eq!(out.status.code(), Some(0), "{mode:o}: {out:?}");
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    let err = run(0o4711, &[]);
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(
+        err.contains(
+            "is set-user-ID or set-group-ID to another user or group: ld.so runs it in \
+             secure-execution mode"
+        ),
+        "{err}"
+    );
+    assert!(run(0o2711, &[]).contains("is set-user-ID or set-group-ID"));
+    assert_eq!(run(0o0711, &[]), "", "not set-user-ID");
+    assert_eq!(run(0o4711, &["--no-new-privs"]), "", "no_new_privs");
 }

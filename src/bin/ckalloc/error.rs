@@ -91,23 +91,9 @@ pub fn usage_error(e: clap::Error, json: bool) -> ExitCode {
             ExitCode::SUCCESS
         };
     }
-    // clap renders "error: ...", optional detail lines, "tip: ...", then
-    // "Usage: ..."; keep the message and its detail, joined on one line.
-    let text = e.render().to_string();
-    let mut parts = Vec::new();
-    for line in text.lines() {
-        let t = line.trim();
-        if t.starts_with("Usage:") || t.starts_with("For more information") {
-            break;
-        }
-        if t.is_empty() || t.starts_with("tip:") {
-            continue;
-        }
-        parts.push(t.strip_prefix("error:").unwrap_or(t).trim().to_string());
-    }
     let line = format!(
         "{} (see `ckalloc --help`)",
-        ckalloc::Escaped::new(&parts.join(" "))
+        ckalloc::Escaped::new(&usage_line(&e.render().to_string()))
     );
     if json {
         let _ = writeln!(
@@ -118,6 +104,35 @@ pub fn usage_error(e: clap::Error, json: bool) -> ExitCode {
     }
     crate::errln!("ckalloc: error: {line}");
     ExitCode::from(2)
+}
+
+/// clap's rendering of a usage error on one line: "error: ...", the
+/// detail lines after it, then each "tip: ..." after a semicolon (a
+/// similar option's name, how to pass a value that starts with `-`); the
+/// "Usage:" block and what follows it are left out.
+fn usage_line(rendered: &str) -> String {
+    let mut parts = Vec::new();
+    let mut tips = Vec::new();
+    for line in rendered.lines() {
+        let t = line.trim();
+        if t.starts_with("Usage:") || t.starts_with("For more information") {
+            break;
+        }
+        if t.is_empty() {
+            continue;
+        }
+        if t.starts_with("tip:") {
+            tips.push(t);
+        } else {
+            parts.push(t.strip_prefix("error:").unwrap_or(t).trim());
+        }
+    }
+    let mut line = parts.join(" ");
+    for tip in tips {
+        line.push_str("; ");
+        line.push_str(tip);
+    }
+    line
 }
 
 /// Replace the panic message (and backtrace hint) with one line. A panic is
@@ -144,6 +159,27 @@ pub fn install_panic_hook() {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_usage_error_keeps_its_detail_and_tips_on_one_line() {
+        let rendered = "error: unexpected argument '--jsn' found\n\n  \
+                        tip: a similar argument exists: '--json'\n  \
+                        tip: to pass '--jsn' as a value, use '-- --jsn'\n\n\
+                        Usage: ckalloc run [OPTIONS] <CMD>...\n\n\
+                        For more information, try '--help'.\n";
+        assert_eq!(
+            usage_line(rendered),
+            "unexpected argument '--jsn' found; tip: a similar argument exists: '--json'; \
+             tip: to pass '--jsn' as a value, use '-- --jsn'"
+        );
+        let rendered = "error: invalid value 'x' for '--mode <MODE>'\n  \
+                        [possible values: auto, anon, mixed]\n\n\
+                        For more information, try '--help'.\n";
+        assert_eq!(
+            usage_line(rendered),
+            "invalid value 'x' for '--mode <MODE>' [possible values: auto, anon, mixed]"
+        );
+    }
 
     #[test]
     fn joins_lines_and_keeps_spaces_inside_them() {

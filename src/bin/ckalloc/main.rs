@@ -7,7 +7,7 @@
 //! ckalloc load DIR/weights.bump [--mode auto|anon|mixed] [--activations SIZE]
 //! ckalloc demo [MODEL.safetensors]    pack, load three ways, verify, compute
 //! ckalloc synth DIR                   write the demo's synthetic model
-//! ckalloc run -- CMD ARGS...          run a program with libckalloc_preload.so preloaded
+//! ckalloc run [--] CMD ARGS...        run a program with libckalloc_preload.so preloaded
 //! ```
 //!
 //! Every command takes `--json` (one JSON document on stdout). Errors are one
@@ -15,6 +15,7 @@
 //! (2 for a usage error); the tool never shows a panic or a backtrace.
 //! See docs/cli.md.
 
+mod access;
 mod arena_load;
 mod args;
 mod commands;
@@ -85,17 +86,65 @@ fn run(cli: Cli) -> Result<(), CliError> {
     }
 }
 
+/// Whether the arguments (after the program's name) hold `--json` as an
+/// option of `ckalloc`: before a `--`, and under `run` before the program,
+/// whose arguments are its own. The subcommand is the first argument that
+/// is not an option (no option of `ckalloc` itself takes a value).
+fn json_asked(args: impl IntoIterator<Item = std::ffi::OsString>) -> bool {
+    let mut subcommand = None;
+    for a in args {
+        if a == "--" {
+            break;
+        }
+        if a == "--json" {
+            return true;
+        }
+        if a.as_encoded_bytes().starts_with(b"-") {
+            continue;
+        }
+        match subcommand {
+            None => subcommand = Some(a),
+            // The program `run` starts: the rest is its arguments.
+            Some(ref c) if c == "run" => break,
+            Some(_) => {}
+        }
+    }
+    false
+}
+
+/// The usage error `e` as clap reports it for this process's arguments
+/// with every control or formatting character escaped (`\n`, `\u{1b}`):
+/// clap quotes an argument as it is, so a line break in one would split
+/// the message that [`error::usage_error`] puts on one line, and clap's
+/// rendering drops an escape sequence. The escaped arguments fail the same
+/// way, as no name, option or keyword of the tool holds such a character;
+/// `e` itself for help and version, or when they do not fail alike.
+fn with_escaped_args(e: clap::Error) -> clap::Error {
+    use clap::error::ErrorKind;
+    if matches!(
+        e.kind(),
+        ErrorKind::DisplayHelp
+            | ErrorKind::DisplayVersion
+            | ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand
+    ) {
+        return e;
+    }
+    let escaped = std::env::args_os()
+        .map(|a| std::ffi::OsString::from(ckalloc::Escaped::new(&a.to_string_lossy()).to_string()));
+    match Cli::try_parse_from(escaped) {
+        Err(same) if same.kind() == e.kind() => same,
+        _ => e,
+    }
+}
+
 fn main() -> ExitCode {
     error::install_panic_hook();
     // `--json` is global; look for it before parsing so usage errors can be JSON too.
-    let json = std::env::args_os()
-        .skip(1)
-        .take_while(|a| a != "--")
-        .any(|a| a == "--json");
+    let json = json_asked(std::env::args_os().skip(1));
     sigbus::set_json(json);
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
-        Err(e) => return error::usage_error(e, json),
+        Err(e) => return error::usage_error(with_escaped_args(e), json),
     };
     if let Command::Run(a) = cli.command {
         if cli.global.json {
@@ -109,5 +158,25 @@ fn main() -> ExitCode {
     match run(cli) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => e.report(json),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn json_is_asked_before_run_s_program_and_never_after_it() {
+        let asked = |args: &[&str]| json_asked(args.iter().map(std::ffi::OsString::from));
+        assert!(asked(&["--json", "probe"]));
+        assert!(asked(&["probe", "--json"]));
+        assert!(asked(&["inspect", "w.bump", "--json"]));
+        assert!(asked(&["run", "--json", "--", "prog"]));
+        assert!(asked(&["run", "--jsn", "--json", "prog"]));
+        assert!(!asked(&["probe"]));
+        assert!(!asked(&["probe", "--", "--json"]));
+        assert!(!asked(&["run", "--", "prog", "--json"]));
+        assert!(!asked(&["run", "prog", "--json"]));
+        assert!(!asked(&["run", "--jsn", "prog", "--json"]));
     }
 }

@@ -7,10 +7,12 @@
 //! them (it never writes to a stream the program did not ask for). Other
 //! `CKALLOC_*` names (the repository's scripts read some) pass silently.
 
+use crate::access::permitted;
 use ckalloc::env::{
-    settings, size_error, small_preload_threshold, stats_file_template, Source, PATH_MAX,
+    millis_error, settings, size_error, small_preload_threshold, stats_file_template, Setting,
+    Source, PATH_MAX,
 };
-use std::ffi::OsStr;
+use std::ffi::{OsStr, OsString};
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 
@@ -26,11 +28,20 @@ const NAME_MAX: usize = 255;
 
 /// One line per `CKALLOC_*` variable of this process's environment that is
 /// not taken as written, in the environment's order (a name that differs
-/// from a setting's by case, or by at most two letters, is a typo), then
-/// the threshold's warning. Values and names are quoted; print the lines
-/// through [`ckalloc::Escaped`].
+/// from a setting's by case, or by at most two letters, is a typo; a name
+/// set more than once is read at its first entry, as `getenv` reads it),
+/// then the threshold's warning. Values and names are quoted; print the
+/// lines through [`ckalloc::Escaped`].
 pub fn warnings() -> Vec<String> {
-    let table = settings();
+    warnings_in(std::env::vars_os(), &settings())
+}
+
+/// [`warnings`] for the environment entries `vars`, in order, with the
+/// settings `table` as the library reads them.
+fn warnings_in(
+    vars: impl IntoIterator<Item = (OsString, OsString)>,
+    table: &[Setting],
+) -> Vec<String> {
     let names: Vec<&str> = table
         .iter()
         .map(|s| s.name)
@@ -38,7 +49,25 @@ pub fn warnings() -> Vec<String> {
         .chain(OTHER_NAMES)
         .collect();
     let mut out = Vec::new();
-    for (name, value) in std::env::vars_os() {
+    let mut seen: Vec<OsString> = Vec::new();
+    for (name, value) in vars {
+        // `getenv` (the library's, and `ckalloc run`'s for
+        // `CKALLOC_PRELOAD_LIB`) answers a name's first entry: a later one
+        // is never read, whatever its value.
+        if seen.contains(&name) {
+            let read = names.iter().any(|n| OsStr::new(n) == name);
+            if read {
+                out.push(format!(
+                    "{}={:?} is not read: {} is set more than once in the environment, and \
+                     only its first value is read",
+                    name.to_string_lossy(),
+                    value.to_string_lossy(),
+                    name.to_string_lossy()
+                ));
+            }
+            continue;
+        }
+        seen.push(name.clone());
         let name = name.to_string_lossy();
         if !name.starts_with("CKALLOC_") {
             // A near miss of the prefix itself (`ckalloc_thp`, `CKALOC_THP`).
@@ -53,7 +82,7 @@ pub fn warnings() -> Vec<String> {
         let shown = value.to_string_lossy();
         if let Some(s) = table.iter().find(|s| s.name == name) {
             if s.source == Source::Unparsed {
-                let why = size_error(s).map(|e| format!("{e}; ")).unwrap_or_default();
+                let why = why_unparsed(s).map(|e| e + "; ").unwrap_or_default();
                 out.push(format!(
                     "{name}={shown:?}: {why}{s}; write {}",
                     s.expected()
@@ -82,6 +111,15 @@ pub fn warnings() -> Vec<String> {
     out
 }
 
+/// Why the value of a size or millisecond setting that does not parse is
+/// refused, as the library's parser refuses it; `None` for a switch, whose
+/// values are listed in [`Setting::expected`] instead.
+fn why_unparsed(s: &Setting) -> Option<String> {
+    size_error(s)
+        .map(|e| e.to_string())
+        .or_else(|| millis_error(s).map(|e| e.to_string()))
+}
+
 /// Why the summary could not be written where the `CKALLOC_STATS_FILE`
 /// template `value` says (for this process's ID, as the program's would
 /// be alike): the template is not taken, a name in the path is longer than
@@ -100,18 +138,11 @@ fn stats_file_problem(value: &OsStr) -> Result<(), String> {
             "a name in the path is longer than {NAME_MAX} bytes"
         ));
     }
-    let allowed = |p: &Path, mode: libc::c_int| {
-        let Ok(c) = std::ffi::CString::new(p.as_os_str().as_bytes()) else {
-            return false;
-        };
-        // SAFETY: a NUL-terminated path.
-        unsafe { libc::access(c.as_ptr(), mode) == 0 }
-    };
     // The library appends to a file that exists (a FIFO or a terminal
     // too, opened without blocking) and creates one that does not.
     match std::fs::metadata(path) {
         Ok(m) if m.is_dir() => Err(format!("{} is a directory", path.display())),
-        Ok(_) if !allowed(path, libc::W_OK) => Err(format!("{} is not writable", path.display())),
+        Ok(_) if !permitted(path, libc::W_OK) => Err(format!("{} is not writable", path.display())),
         Ok(_) => Ok(()),
         Err(_) => {
             let dir = match path.parent() {
@@ -121,7 +152,7 @@ fn stats_file_problem(value: &OsStr) -> Result<(), String> {
             if !dir.is_dir() {
                 return Err(format!("{} is not a directory", dir.display()));
             }
-            if !allowed(dir, libc::W_OK | libc::X_OK) {
+            if !permitted(dir, libc::W_OK | libc::X_OK) {
                 return Err(format!("{} is not writable", dir.display()));
             }
             Ok(())
@@ -161,6 +192,38 @@ mod tests {
         );
         assert_eq!(edit_distance("CKALLOC_SHOW_STATS", "CKALLOC_SHOWSTAT"), 2);
         assert!(edit_distance("CKALLOC_THP", "CKALLOC_FETCH_TRIES") > 2);
+    }
+
+    #[test]
+    fn a_name_set_twice_is_judged_by_its_first_entry_alone() {
+        let mut table = settings();
+        let decay = table
+            .iter_mut()
+            .find(|s| s.name == "CKALLOC_RETAIN_DECAY_MS")
+            .unwrap();
+        // As `getenv` reads an environment of `abc`, then `5`.
+        decay.source = Source::Unparsed;
+        let vars = [
+            ("CKALLOC_RETAIN_DECAY_MS", "abc"),
+            ("CKALLOC_RETAIN_DECAY_MS", "5"),
+            ("CKALOC_THP", "1"),
+            ("CKALOC_THP", "1"),
+        ]
+        .map(|(n, v)| (OsString::from(n), OsString::from(v)));
+        let lines = warnings_in(vars, &table);
+        let mine: Vec<&String> = lines
+            .iter()
+            .filter(|l| l.contains("CKALLOC_RETAIN_DECAY_MS") || l.contains("CKALOC_THP"))
+            .collect();
+        assert_eq!(mine.len(), 3, "{lines:#?}");
+        assert!(mine[0].starts_with("CKALLOC_RETAIN_DECAY_MS=\"abc\": "));
+        assert!(mine[0].contains("does not parse"));
+        assert_eq!(
+            mine[1],
+            "CKALLOC_RETAIN_DECAY_MS=\"5\" is not read: CKALLOC_RETAIN_DECAY_MS is set more than \
+             once in the environment, and only its first value is read"
+        );
+        assert!(mine[2].contains("did you mean CKALLOC_THP?"));
     }
 
     #[test]

@@ -1,4 +1,4 @@
-//! `ckalloc run -- CMD ARGS...`: run a program with the preload library
+//! `ckalloc run [--] CMD ARGS...`: run a program with the preload library
 //! (`libckalloc_preload.so`) first in `LD_PRELOAD`. The program replaces
 //! this process (`execve`, found as `execvp` finds it: [`exec`]), so its
 //! exit status and any signal that ends it are the status of `ckalloc run`
@@ -9,12 +9,15 @@
 //! library will not take (and what it uses instead) or whose name nothing
 //! reads, and one when the library cannot reach the program: a statically
 //! linked one (no `PT_INTERP`), a set-user-ID or set-group-ID one, or one
-//! with file capabilities (`PATH` and `#!` interpreters followed). These
+//! with file capabilities (`PATH` and `#!` interpreters followed; a file it
+//! may execute but not read judged by its mode bits: [`program`]). These
 //! are warnings: the program runs all the same.
 
 mod elf;
 mod exec;
+mod mount;
 mod program;
+mod secure;
 
 use crate::error::{err, CliError};
 use std::ffi::{OsStr, OsString};
@@ -24,11 +27,18 @@ use std::process::ExitCode;
 /// The library's file name.
 pub const LIBRARY: &str = "libckalloc_preload.so";
 
+/// `run`'s arguments: its options, then the program and the program's
+/// arguments. The first argument that is not an option of `run` (or the
+/// first after `--`) is the program, and every argument after it is the
+/// program's, options and `--` included; an unknown option before the
+/// program is a usage error (with a tip to put it after `--`), never taken
+/// for the program.
 #[derive(clap::Args, Debug)]
 #[command(trailing_var_arg = true)]
 pub struct RunArgs {
-    /// The program and its arguments (after `--`).
-    #[arg(required = true, allow_hyphen_values = true, value_name = "CMD")]
+    /// The program and its arguments (every argument after the program is its own; write `--`
+    /// before a program whose name starts with `-`).
+    #[arg(required = true, value_name = "CMD")]
     pub command: Vec<OsString>,
 }
 
@@ -92,28 +102,6 @@ fn find_library() -> Result<PathBuf, CliError> {
 /// told from other shared libraries.
 const LIBRARY_SYMBOL: &[u8] = b"ckalloc_stats_json";
 
-/// Whether the file is on a file system mounted `noexec` (`statvfs(3)`'s
-/// `ST_NOEXEC`), where `ld.so` fails to map a library's code.
-fn on_noexec_mount(file: &std::fs::File) -> bool {
-    use std::os::fd::AsRawFd;
-    // SAFETY: `statvfs` is plain data; zeroed is a valid value.
-    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
-    // SAFETY: a descriptor this function's caller holds open, and a
-    // pointer to a `statvfs` that lives for the call.
-    let r = unsafe { libc::fstatvfs(file.as_raw_fd(), &mut st) };
-    r == 0 && st.f_flag & libc::ST_NOEXEC != 0
-}
-
-/// `ET_DYN` (`elf.h`): a shared object.
-const ET_DYN: u16 = 3;
-
-/// `e_machine` of this build's target (`elf.h`: `EM_X86_64`, `EM_AARCH64`).
-const ELF_MACHINE: u16 = if cfg!(target_arch = "aarch64") {
-    183
-} else {
-    62
-};
-
 /// `p` made absolute (a child that changes directory keeps it), once it is
 /// known to be a shared library of this build's machine (an ELF file of
 /// type `ET_DYN`, not an executable, whose class, byte order and
@@ -131,41 +119,24 @@ fn checked(p: &Path) -> Result<PathBuf, String> {
     if !meta.is_file() {
         return Err("not a regular file (a FIFO, socket or device), not the library".into());
     }
-    let mut header = [0u8; 20];
-    let mut file = std::fs::File::open(&abs).map_err(|e| format!("cannot be read: {e}"))?;
-    if on_noexec_mount(&file) {
+    let file = std::fs::File::open(&abs).map_err(|e| format!("cannot be read: {e}"))?;
+    // `ld.so` fails to map a library's code there.
+    if mount::noexec(&abs) {
         return Err(
             "on a file system mounted noexec, where ld.so cannot map it; copy it to \
                     another file system"
                 .into(),
         );
     }
-    let read = std::io::Read::read_exact(&mut file, &mut header).is_ok();
-    if !read || !header.starts_with(b"\x7fELF") {
-        return Err("not a shared library (no ELF header)".into());
-    }
-    // `elf.h`: the class, byte order, type and machine of this build.
-    let ours = [
-        if cfg!(target_pointer_width = "64") {
-            2
-        } else {
-            1
-        },
-        if cfg!(target_endian = "little") { 1 } else { 2 },
-    ];
-    let field = |at: usize| {
-        let b = [header[at], header[at + 1]];
-        if ours[1] == 1 {
-            u16::from_le_bytes(b)
-        } else {
-            u16::from_be_bytes(b)
-        }
+    let not_ours = "an ELF file not built for this machine, or damaged";
+    let header = match elf::Header::read(&file) {
+        Ok(h) if h.of_this_machine() => h,
+        Ok(_) | Err(elf::HeaderError::Damaged) => return Err(not_ours.into()),
+        Err(elf::HeaderError::NotElf) => return Err("not a shared library (no ELF header)".into()),
+        Err(elf::HeaderError::Read(e)) => return Err(format!("cannot be read: {e}")),
     };
-    if header[4..6] != ours || field(18) != ELF_MACHINE {
-        return Err("an ELF file not built for this machine, or damaged".into());
-    }
     let facts = elf::dynamic_facts(&abs, LIBRARY_SYMBOL);
-    if field(16) != ET_DYN || facts.as_ref().is_none_or(|f| f.pie) {
+    if header.file_type != elf::ET_DYN || facts.as_ref().is_none_or(|f| f.pie) {
         return Err(
             "an ELF file that is not a shared library (an executable, an object file, \
                     or a dynamic section that does not read)"
@@ -354,6 +325,40 @@ mod tests {
         std::os::unix::fs::symlink(&real, &link).unwrap();
         let link = link.to_string_lossy().into_owned();
         assert_eq!(found(&link), [link]);
+    }
+
+    #[test]
+    fn the_library_check_reads_the_elf_header_as_elf_rs_does() {
+        let libc_so = Path::new("/lib/x86_64-linux-gnu/libc.so.6");
+        let dir = tempfile::tempdir().unwrap();
+        if !libc_so.exists() || mount::noexec(dir.path()) {
+            eprintln!(
+                "skipped: no {} or a noexec temporary directory",
+                libc_so.display()
+            );
+            return;
+        }
+        let bytes = std::fs::read(libc_so).unwrap();
+        let says = |name: &str, content: &[u8]| {
+            let p = dir.path().join(name);
+            std::fs::write(&p, content).unwrap();
+            checked(&p).unwrap_err()
+        };
+        assert!(says("empty", b"").contains("no ELF header"));
+        assert!(says("text", b"not a library\n").contains("no ELF header"));
+        // A header cut short is damaged, not a library whose dynamic
+        // section does not read.
+        assert!(says("cut", &bytes[..40]).contains("or damaged"));
+        let mut arm = bytes.clone();
+        arm[18..20].copy_from_slice(&40u16.to_le_bytes());
+        assert!(says("arm", &arm).contains("not built for this machine"));
+        let mut big = bytes.clone();
+        big[5] = 2;
+        assert!(says("big", &big).contains("not built for this machine"));
+        let mut object = bytes.clone();
+        object[16..18].copy_from_slice(&1u16.to_le_bytes());
+        assert!(says("object", &object).contains("not a shared library"));
+        assert!(says("libc", &bytes).contains("it defines no symbol ckalloc_stats_json"));
     }
 
     #[test]

@@ -1,12 +1,135 @@
 //! Reading the parts of an ELF file that decide what `ld.so` and the
-//! kernel do with it (`elf.h`, `elf(5)`): the program headers
-//! (`PT_INTERP`, `PT_DYNAMIC`, `PT_LOAD`), the dynamic section's flags and
-//! its symbol table. Every read is bounded (a program header table of 64
-//! KiB, as Linux; a dynamic section or table of 16 MiB), so a hostile file
-//! costs little and never panics.
+//! kernel do with it (`elf.h`, `elf(5)`): the ELF header (class, byte
+//! order, type, machine), the program headers (`PT_INTERP`, `PT_DYNAMIC`,
+//! `PT_LOAD`), the dynamic section's flags and its symbol table. Every
+//! read is bounded (a program header table of 64 KiB, as Linux; a dynamic
+//! section or table of 16 MiB), so a hostile file costs little and never
+//! panics.
 
+use std::fs::File;
 use std::os::unix::ffi::OsStringExt;
+use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
+
+/// The first bytes of every ELF file (`ELFMAG`).
+pub const MAGIC: &[u8; 4] = b"\x7fELF";
+
+/// `ET_DYN` (`elf.h`): a shared object (a library, a position-independent
+/// executable, `ld.so` itself).
+pub const ET_DYN: u16 = 3;
+
+/// `e_machine` of this build's target (`elf.h`: `EM_X86_64`, `EM_AARCH64`).
+const THIS_MACHINE: u16 = if cfg!(target_arch = "aarch64") {
+    183
+} else {
+    62
+};
+
+/// The fields of an ELF header (`Elf32_Ehdr`, `Elf64_Ehdr`) that the
+/// checks of `ckalloc run` read.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Header {
+    /// `ELFCLASS64` (else `ELFCLASS32`).
+    pub class64: bool,
+    /// `ELFDATA2LSB` (else `ELFDATA2MSB`).
+    pub little: bool,
+    /// `e_type`: [`ET_DYN`], `ET_EXEC`, `ET_REL`, ...
+    pub file_type: u16,
+    /// `e_machine`.
+    pub machine: u16,
+    /// `e_phoff`.
+    phoff: u64,
+    /// `e_phentsize`.
+    phentsize: usize,
+    /// `e_phnum`.
+    phnum: usize,
+}
+
+/// Why a file's head is not an ELF header ([`Header::parse`],
+/// [`Header::read`]).
+#[derive(Debug)]
+pub enum HeaderError {
+    /// The file does not start with [`MAGIC`] (it is shorter, or another
+    /// format).
+    NotElf,
+    /// [`MAGIC`], then a class or byte order `elf.h` does not define, or a
+    /// header cut short.
+    Damaged,
+    /// The file could not be read.
+    Read(std::io::Error),
+}
+
+/// The most bytes of an ELF header (`Elf64_Ehdr`).
+const HEADER: usize = 64;
+
+impl Header {
+    /// The ELF header at the start of `bytes`.
+    ///
+    /// # Errors
+    /// [`HeaderError::NotElf`] without the magic; [`HeaderError::Damaged`]
+    /// for an unknown class or byte order, or when `bytes` end before the
+    /// header's last field read.
+    pub fn parse(bytes: &[u8]) -> Result<Header, HeaderError> {
+        if !bytes.starts_with(MAGIC) {
+            return Err(HeaderError::NotElf);
+        }
+        let class64 = match bytes.get(4) {
+            Some(1) => false,
+            Some(2) => true,
+            _ => return Err(HeaderError::Damaged),
+        };
+        let little = match bytes.get(5) {
+            Some(1) => true,
+            Some(2) => false,
+            _ => return Err(HeaderError::Damaged),
+        };
+        let int = |at, len| read_int(bytes, at, len, little);
+        let fields = || {
+            let (phoff, phentsize, phnum) = if class64 {
+                (int(32, 8)?, int(54, 2)?, int(56, 2)?)
+            } else {
+                (int(28, 4)?, int(42, 2)?, int(44, 2)?)
+            };
+            Some(Header {
+                class64,
+                little,
+                file_type: u16::try_from(int(16, 2)?).ok()?,
+                machine: u16::try_from(int(18, 2)?).ok()?,
+                phoff,
+                phentsize: usize::try_from(phentsize).ok()?,
+                phnum: usize::try_from(phnum).ok()?,
+            })
+        };
+        fields().ok_or(HeaderError::Damaged)
+    }
+
+    /// The ELF header of the open `file` (read at offset 0, whatever the
+    /// file's position).
+    ///
+    /// # Errors
+    /// As [`Header::parse`], and [`HeaderError::Read`] when the read fails.
+    pub fn read(file: &File) -> Result<Header, HeaderError> {
+        let mut head = [0u8; HEADER];
+        let mut len = 0;
+        while len < HEADER {
+            match file.read_at(&mut head[len..], len as u64) {
+                Ok(0) => break,
+                Ok(n) => len += n,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(HeaderError::Read(e)),
+            }
+        }
+        Header::parse(&head[..len])
+    }
+
+    /// Whether the file is built for this build's target: its class, byte
+    /// order and `e_machine`.
+    pub fn of_this_machine(&self) -> bool {
+        self.class64 == cfg!(target_pointer_width = "64")
+            && self.little == cfg!(target_endian = "little")
+            && self.machine == THIS_MACHINE
+    }
+}
 
 /// Whether the ELF file at `path` has a `PT_INTERP` program header; `None`
 /// when its headers cannot be read. Reads the ELF header and the program
@@ -25,16 +148,16 @@ pub fn has_interp(path: &Path) -> Option<bool> {
 /// the tables cannot be read. The symbol table is read up to the string
 /// table, where linkers place it (`.dynsym` before `.dynstr`).
 pub fn dynamic_facts(path: &Path, symbol: &[u8]) -> Option<DynamicFacts> {
-    use std::os::unix::fs::FileExt;
     let elf = ProgramHeaders::read(path)?;
     let (offset, size) = elf.offset_and_size(elf.find(PT_DYNAMIC)?)?;
-    let word = if elf.class64 { 8 } else { 4 };
+    let (class64, little) = (elf.header.class64, elf.header.little);
+    let word = if class64 { 8 } else { 4 };
     let mut table = vec![0u8; size.min(MAX_DYNAMIC)];
     elf.file.read_exact_at(&mut table, offset).ok()?;
     let (mut flags_1, mut strtab, mut strsz, mut symtab) = (0, None, None, None);
     for e in table.chunks_exact(2 * word) {
-        let tag = read_int(e, 0, word, elf.little)?;
-        let value = read_int(e, word, word, elf.little)?;
+        let tag = read_int(e, 0, word, little)?;
+        let value = read_int(e, word, word, little)?;
         match tag {
             DT_NULL => break,
             DT_FLAGS_1 => flags_1 = value,
@@ -58,10 +181,10 @@ pub fn dynamic_facts(path: &Path, symbol: &[u8]) -> Option<DynamicFacts> {
     // `Elf64_Sym`: st_name (4), st_info, st_other, st_shndx (2), ...;
     // `Elf32_Sym`: st_name (4), st_value, st_size, st_info, st_other,
     // st_shndx (2).
-    let (entry, shndx_at) = if elf.class64 { (24, 6) } else { (16, 14) };
+    let (entry, shndx_at) = if class64 { (24, 6) } else { (16, 14) };
     let defines = symbols.chunks_exact(entry).any(|sym| {
-        let defined = read_int(sym, shndx_at, 2, elf.little).is_some_and(|s| s != SHN_UNDEF);
-        let name = read_int(sym, 0, 4, elf.little)
+        let defined = read_int(sym, shndx_at, 2, little).is_some_and(|s| s != SHN_UNDEF);
+        let name = read_int(sym, 0, 4, little)
             .and_then(|at| strings.get(usize::try_from(at).ok()?..))
             .and_then(|rest| rest.split(|&b| b == 0).next());
         defined && name == Some(symbol)
@@ -83,7 +206,6 @@ pub struct DynamicFacts {
 /// The dynamic loader an ELF program names (`PT_INTERP`), `None` when it
 /// names none or its headers cannot be read.
 pub fn loader_of(path: &Path) -> Option<PathBuf> {
-    use std::os::unix::fs::FileExt;
     let elf = ProgramHeaders::read(path)?;
     let (offset, size) = elf.offset_and_size(elf.find(PT_INTERP)?)?;
     let mut name = vec![0u8; size.min(PATH_MAX)];
@@ -101,65 +223,64 @@ const MAX_DYNAMIC: usize = 16 << 20;
 
 /// An ELF file's program header table, read whole.
 struct ProgramHeaders {
-    file: std::fs::File,
+    file: File,
+    header: Header,
     table: Vec<u8>,
-    entry: usize,
-    class64: bool,
-    little: bool,
 }
 
 impl ProgramHeaders {
-    /// `None` when the ELF header or the table cannot be read, or the
-    /// table is over 64 KiB.
+    /// `None` when the ELF header or the table cannot be read, an entry is
+    /// shorter than `p_type`'s 4 bytes, or the table is over 64 KiB.
     fn read(path: &Path) -> Option<ProgramHeaders> {
-        use std::os::unix::fs::FileExt;
-        let file = std::fs::File::open(path).ok()?;
-        let mut header = [0u8; 64];
-        let n = file.read_at(&mut header, 0).ok()?;
-        let (phoff, entry, count, little) = program_headers_at(&header[..n])?;
-        let len = entry.checked_mul(count)?;
+        let file = File::open(path).ok()?;
+        let header = Header::read(&file).ok()?;
+        if header.phentsize < 4 {
+            return None;
+        }
+        let len = header.phentsize.checked_mul(header.phnum)?;
         // Linux refuses a program header table over 64 KiB (`load_elf_phdrs`),
         // and the read stays that small.
         if len > MAX_PROGRAM_HEADERS {
             return None;
         }
         let mut table = vec![0u8; len];
-        file.read_exact_at(&mut table, u64::try_from(phoff).ok()?)
-            .ok()?;
+        file.read_exact_at(&mut table, header.phoff).ok()?;
         Some(ProgramHeaders {
             file,
+            header,
             table,
-            entry,
-            class64: header[4] == 2,
-            little,
         })
+    }
+
+    /// The entries of the table, `e_phentsize` bytes each.
+    fn entries(&self) -> std::slice::ChunksExact<'_, u8> {
+        self.table.chunks_exact(self.header.phentsize)
     }
 
     /// `p_type` of every header.
     fn types(&self) -> Vec<u32> {
-        self.table
-            .chunks_exact(self.entry)
-            .filter_map(|h| read_int(h, 0, 4, self.little).map(|t| t as u32))
+        self.entries()
+            .filter_map(|h| read_int(h, 0, 4, self.header.little).map(|t| t as u32))
             .collect()
     }
 
     /// The first header of type `p_type`.
     fn find(&self, p_type: u32) -> Option<&[u8]> {
-        self.table
-            .chunks_exact(self.entry)
-            .find(|h| read_int(h, 0, 4, self.little) == Some(u64::from(p_type)))
+        self.entries()
+            .find(|h| read_int(h, 0, 4, self.header.little) == Some(u64::from(p_type)))
     }
 
     /// The file offset of virtual address `vaddr`, through the `PT_LOAD`
     /// header whose file bytes hold it.
     fn file_offset(&self, vaddr: u64) -> Option<u64> {
-        self.table.chunks_exact(self.entry).find_map(|h| {
-            if read_int(h, 0, 4, self.little)? != u64::from(PT_LOAD) {
+        let (class64, little) = (self.header.class64, self.header.little);
+        self.entries().find_map(|h| {
+            if read_int(h, 0, 4, little)? != u64::from(PT_LOAD) {
                 return None;
             }
-            let at = if self.class64 { 16 } else { 8 };
-            let width = if self.class64 { 8 } else { 4 };
-            let start = read_int(h, at, width, self.little)?;
+            let at = if class64 { 16 } else { 8 };
+            let width = if class64 { 8 } else { 4 };
+            let start = read_int(h, at, width, little)?;
             let (offset, size) = self.offset_and_size(h)?;
             let within = vaddr.checked_sub(start)?;
             (within < size as u64).then(|| offset.checked_add(within))?
@@ -168,16 +289,11 @@ impl ProgramHeaders {
 
     /// `p_offset` and `p_filesz` of a header.
     fn offset_and_size(&self, h: &[u8]) -> Option<(u64, usize)> {
-        let (offset, size) = if self.class64 {
-            (
-                read_int(h, 8, 8, self.little)?,
-                read_int(h, 32, 8, self.little)?,
-            )
+        let little = self.header.little;
+        let (offset, size) = if self.header.class64 {
+            (read_int(h, 8, 8, little)?, read_int(h, 32, 8, little)?)
         } else {
-            (
-                read_int(h, 4, 4, self.little)?,
-                read_int(h, 16, 4, self.little)?,
-            )
+            (read_int(h, 4, 4, little)?, read_int(h, 16, 4, little)?)
         };
         Some((offset, usize::try_from(size).ok()?))
     }
@@ -212,46 +328,70 @@ fn read_int(bytes: &[u8], at: usize, len: usize, little: bool) -> Option<u64> {
     Some(v)
 }
 
-/// Where an ELF image's program headers are, from its ELF header: (offset,
-/// entry size, count, little-endian); `None` when the header is cut or
-/// malformed (an entry shorter than `p_type`'s 4 bytes included).
-fn program_headers_at(elf: &[u8]) -> Option<(usize, usize, usize, bool)> {
-    let class64 = match elf.get(4)? {
-        1 => false,
-        2 => true,
-        _ => return None,
-    };
-    let little = match elf.get(5)? {
-        1 => true,
-        2 => false,
-        _ => return None,
-    };
-    let int = |at, len| read_int(elf, at, len, little);
-    let (phoff, phentsize, phnum) = if class64 {
-        (int(32, 8)?, int(54, 2)?, int(56, 2)?)
-    } else {
-        (int(28, 4)?, int(42, 2)?, int(44, 2)?)
-    };
-    let phentsize = usize::try_from(phentsize).ok().filter(|&n| n >= 4)?;
-    Some((
-        usize::try_from(phoff).ok()?,
-        phentsize,
-        usize::try_from(phnum).ok()?,
-        little,
-    ))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
+    fn the_header_names_class_byte_order_type_and_machine() {
+        let parse = |b: &[u8]| Header::parse(b);
+        assert!(matches!(parse(b""), Err(HeaderError::NotElf)));
+        assert!(matches!(parse(b"\x7fEL"), Err(HeaderError::NotElf)));
+        assert!(matches!(parse(b"MZ\x90\0"), Err(HeaderError::NotElf)));
+        assert!(matches!(parse(b"\x7fELF"), Err(HeaderError::Damaged)));
+        assert!(matches!(
+            parse(b"\x7fELF\x03\x01"),
+            Err(HeaderError::Damaged)
+        ));
+        assert!(matches!(
+            parse(b"\x7fELF\x02\x00"),
+            Err(HeaderError::Damaged)
+        ));
+        let sh = std::fs::canonicalize("/bin/sh").unwrap();
+        let file = File::open(&sh).unwrap();
+        let ours = Header::read(&file).unwrap();
+        assert!(ours.of_this_machine(), "{ours:?}");
+        let bytes = std::fs::read(&sh).unwrap();
+        assert_eq!(parse(&bytes[..64]).unwrap(), ours);
+        // Cut before e_phnum (a 64-bit header's last field read).
+        assert!(matches!(parse(&bytes[..57]), Err(HeaderError::Damaged)));
+        // Another machine (EM_ARM, 40), the other byte order, the other
+        // class.
+        let mut other = bytes[..64].to_vec();
+        other[18..20].copy_from_slice(&40u16.to_le_bytes());
+        assert_eq!(parse(&other).unwrap().machine, 40);
+        assert!(!parse(&other).unwrap().of_this_machine());
+        let mut other = bytes[..64].to_vec();
+        other[5] = 2;
+        assert!(!parse(&other).unwrap().little);
+        assert!(!parse(&other).unwrap().of_this_machine());
+        let mut other = bytes[..64].to_vec();
+        other[4] = 1;
+        assert!(!parse(&other).unwrap().of_this_machine());
+        // An object file (`ET_REL`) has no program headers: its header
+        // reads, its table does not.
+        let mut object = bytes[..64].to_vec();
+        object[16..18].copy_from_slice(&1u16.to_le_bytes());
+        object[54..58].fill(0);
+        assert_eq!(parse(&object).unwrap().file_type, 1);
+        let dir = tempfile::tempdir().unwrap();
+        let o = dir.path().join("o");
+        std::fs::write(&o, &object).unwrap();
+        assert_eq!(has_interp(&o), None);
+        let libc_so = Path::new("/lib/x86_64-linux-gnu/libc.so.6");
+        if libc_so.exists() {
+            let h = Header::read(&File::open(libc_so).unwrap()).unwrap();
+            assert_eq!(h.file_type, ET_DYN);
+        }
+    }
+
+    #[test]
     fn a_cut_elf_header_is_not_read_as_static() {
-        assert_eq!(program_headers_at(b"\x7fELF\x02\x01"), None);
+        assert!(Header::parse(b"\x7fELF\x02\x01").is_err());
         let sh = std::fs::canonicalize("/bin/sh").unwrap();
         assert_eq!(has_interp(&sh), Some(true));
         let bytes = std::fs::read(&sh).unwrap();
-        assert_eq!(program_headers_at(&bytes[..40]), None);
+        assert!(Header::parse(&bytes[..40]).is_err());
         let dir = tempfile::tempdir().unwrap();
         let cut = dir.path().join("cut");
         std::fs::write(&cut, &bytes[..100]).unwrap();

@@ -22,7 +22,8 @@ use std::io::Read;
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
-use super::elf::loader_of;
+use super::elf::{loader_of, MAGIC};
+use crate::access::permitted;
 
 /// The shell `execvp` runs a file of commands with (`_PATH_BSHELL`).
 const SHELL: &CStr = c"/bin/sh";
@@ -128,7 +129,7 @@ fn search(program: &OsStr, args: &[CString], envp: &[CString]) -> NotRun {
 /// shell). `None` for a file of commands.
 fn not_for_the_shell(path: &Path) -> Option<NotRun> {
     let head = head_of(path);
-    let why = if head.starts_with(b"\x7fELF") {
+    let why = if head.starts_with(MAGIC) {
         "exec format error (an ELF file this kernel cannot run: built for another machine, or \
          damaged)"
             .to_owned()
@@ -219,7 +220,7 @@ fn explain(errno: i32, path: &Path) -> NotRun {
     let theirs = match errno {
         // A file this process may not execute is refused for itself.
         libc::ENOENT | libc::ENOTDIR | libc::ELOOP | libc::EACCES
-            if meta.as_ref().is_ok_and(|m| m.is_file()) && executable(path) =>
+            if meta.as_ref().is_ok_and(|m| m.is_file()) && permitted(path, libc::X_OK) =>
         {
             needs(path, 0)
         }
@@ -266,7 +267,7 @@ fn explain(errno: i32, path: &Path) -> NotRun {
 /// `None` when neither is the cause or the file cannot be read.
 fn needs(path: &Path, depth: usize) -> Option<(u8, String)> {
     let head = head_of(path);
-    if head.starts_with(b"\x7fELF") {
+    if head.starts_with(MAGIC) {
         return loader_problem(path);
     }
     let line = head.strip_prefix(b"#!")?;
@@ -283,7 +284,9 @@ fn needs(path: &Path, depth: usize) -> Option<(u8, String)> {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => (127, "does not exist".to_owned()),
         Err(e) => (126, format!("cannot be reached: {e}")),
         Ok(m) if m.is_dir() => (126, "is a directory".to_owned()),
-        Ok(m) if !m.is_file() || !executable(p) => (126, "is not an executable file".to_owned()),
+        Ok(m) if !m.is_file() || !permitted(p, libc::X_OK) => {
+            (126, "is not an executable file".to_owned())
+        }
         Ok(_) if depth + 1 >= MAX_INTERPRETERS && head_of(p).starts_with(b"#!") => (
             126,
             format!("is a script too, and #! chains deeper than {MAX_INTERPRETERS} do not run"),
@@ -310,21 +313,12 @@ fn loader_problem(path: &Path) -> Option<(u8, String)> {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => (127, "does not exist".to_owned()),
         Err(e) => (126, format!("cannot be reached: {e}")),
         Ok(m) if m.is_dir() => (126, "is a directory".to_owned()),
-        Ok(m) if !m.is_file() || !executable(&loader) => {
+        Ok(m) if !m.is_file() || !permitted(&loader, libc::X_OK) => {
             (126, "is not an executable file".to_owned())
         }
         Ok(_) => return None,
     };
     Some((code, format!("{shown_loader} (PT_INTERP) {what}")))
-}
-
-/// Whether this process may execute the file at `p` (`access(X_OK)`).
-pub(super) fn executable(p: &Path) -> bool {
-    let Ok(c) = CString::new(p.as_os_str().as_bytes()) else {
-        return false;
-    };
-    // SAFETY: a NUL-terminated path.
-    unsafe { libc::access(c.as_ptr(), libc::X_OK) == 0 }
 }
 
 /// The interpreter path of a `#!` line (after the `#!`): its first word,

@@ -1,23 +1,24 @@
 //! Whether the dynamic loader will preload a library into a program:
 //! `ld.so` reads `LD_PRELOAD` only for a dynamically linked ELF executable
 //! (one with a `PT_INTERP` program header, the path of `ld.so` itself), and
-//! in secure-execution mode (`AT_SECURE`: a set-user-ID file owned by
-//! another user, a set-group-ID file of another group, file capabilities
-//! that a user other than root gains; `ld.so(8)`, `getauxval(3)`) it
-//! ignores entries holding a slash unless they sit in the standard
-//! directories and are set-user-ID themselves. A
-//! script runs its `#!` interpreter, which is the program that matters
-//! (`env NAME` looked up in `PATH` as `env` does).
+//! in secure-execution mode (a set-user-ID or set-group-ID file of another
+//! user or group, file capabilities: [`secure`](super::secure)) it ignores
+//! entries holding a slash unless they sit in the standard directories and
+//! are set-user-ID themselves. A script runs its `#!` interpreter, which
+//! is the program that matters (`env NAME` looked up in `PATH` as `env`
+//! does). A file this process may execute but not read (mode 4711 or 0711)
+//! is judged by its stat data alone.
 
 use std::ffi::OsStr;
-use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
-use super::elf::{dynamic_facts, has_interp};
-use super::exec::{executable, head_of, interpreter_of, places, MAX_INTERPRETERS};
+use super::elf::{dynamic_facts, has_interp, Header, ET_DYN};
+use super::exec::{head_of, interpreter_of, places, MAX_INTERPRETERS};
+use super::secure::secure_execution;
+use crate::access::permitted;
 
 /// Why the library will not reach a program: one warning line's text, or
-/// `None` when nothing stops it (or the program cannot be read, which
+/// `None` when nothing stops it (or the program cannot be run, which
 /// `exec` reports itself).
 pub fn why_not_preloaded(program: &OsStr) -> Option<String> {
     let mut path = resolve(program)?;
@@ -25,47 +26,43 @@ pub fn why_not_preloaded(program: &OsStr) -> Option<String> {
         // Only a regular file this process may execute is opened: opening
         // a FIFO would wait for a writer, reading some files in /sys
         // blocks, and `exec` refuses both anyway.
-        if !std::fs::metadata(&path).ok()?.is_file() || !executable(&path) {
+        let meta = std::fs::metadata(&path).ok()?;
+        if !meta.is_file() || !permitted(&path, libc::X_OK) {
             return None;
+        }
+        let shown = path.display().to_string().escape_debug().to_string();
+        let secure = |why| {
+            format!(
+                "{shown} {why}: ld.so runs it in secure-execution mode and ignores a preload \
+                 path with a slash, so ckalloc does not apply"
+            )
+        };
+        // The kernel runs a file it cannot read for this process: whether
+        // it is a script or a static program cannot be told, but its
+        // set-ID bits can (an unreadable script would fail in its
+        // interpreter anyway).
+        if !permitted(&path, libc::R_OK) {
+            return secure_execution(&path, &meta).map(secure);
         }
         let head = head_of(&path);
         if let Some(line) = head.strip_prefix(b"#!") {
             path = interpreter(line)?;
             continue;
         }
-        if !head.starts_with(b"\x7fELF") {
+        let Ok(header) = Header::parse(&head) else {
             return None;
-        }
-        let shown = path.display().to_string().escape_debug().to_string();
+        };
         // A shared object run as a program (`ld.so` itself, run with the
         // program as its argument) has no PT_INTERP and loads preloads.
         let shared_object =
-            head.get(16..18) == Some(&[3, 0]) && dynamic_facts(&path, b"").is_some_and(|f| !f.pie);
+            header.file_type == ET_DYN && dynamic_facts(&path, b"").is_some_and(|f| !f.pie);
         if !has_interp(&path)? && !shared_object {
             return Some(format!(
                 "{shown} is statically linked (no PT_INTERP): the dynamic loader never runs, \
                  so LD_PRELOAD and ckalloc do not apply to it"
             ));
         }
-        let meta = std::fs::metadata(&path).ok()?;
-        // SAFETY: getuid and getgid cannot fail.
-        let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
-        let setuid = meta.mode() & libc::S_ISUID != 0 && meta.uid() != uid;
-        let setgid = meta.mode() & libc::S_ISGID != 0 && meta.gid() != gid;
-        if setuid || setgid {
-            return Some(format!(
-                "{shown} is set-user-ID or set-group-ID to another user or group: ld.so runs \
-                 it in secure-execution mode and ignores a preload path with a slash, so \
-                 ckalloc does not apply"
-            ));
-        }
-        if uid != 0 && has_capabilities(&path) {
-            return Some(format!(
-                "{shown} has file capabilities: ld.so runs it in secure-execution mode and \
-                 ignores a preload path with a slash, so ckalloc does not apply"
-            ));
-        }
-        return None;
+        return secure_execution(&path, &meta).map(secure);
     }
     None
 }
@@ -80,7 +77,7 @@ fn resolve(program: &OsStr) -> Option<PathBuf> {
     }
     places
         .into_iter()
-        .find(|c| std::fs::metadata(c).is_ok_and(|m| m.is_file()) && executable(c))
+        .find(|c| std::fs::metadata(c).is_ok_and(|m| m.is_file()) && permitted(c, libc::X_OK))
 }
 
 /// The program a `#!` line runs: its first word as Linux reads it
@@ -104,25 +101,6 @@ fn interpreter(line: &[u8]) -> Option<PathBuf> {
         .skip(1)
         .find(|w| !w.starts_with('-') && !w.contains('='))?;
     resolve(OsStr::new(name))
-}
-
-/// Whether the file carries `security.capability` (file capabilities).
-fn has_capabilities(path: &Path) -> bool {
-    use std::os::unix::ffi::OsStrExt;
-    let Ok(c) = std::ffi::CString::new(path.as_os_str().as_bytes()) else {
-        return false;
-    };
-    // SAFETY: NUL-terminated strings; a null buffer of size 0 asks only for
-    // the value's size.
-    let n = unsafe {
-        libc::getxattr(
-            c.as_ptr(),
-            c"security.capability".as_ptr(),
-            std::ptr::null_mut(),
-            0,
-        )
-    };
-    n > 0
 }
 
 #[cfg(test)]
