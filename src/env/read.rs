@@ -105,7 +105,7 @@ impl Choice {
 /// is an error saying which. Never allocates.
 pub(super) fn parse_millis(v: &[u8]) -> Result<u64, MillisError> {
     let v = v.trim_ascii();
-    units::decimal(v).ok_or(match v {
+    units::decimal(v).ok_or_else(|| match v {
         [] => MillisError::Empty,
         [b'+' | b'-', ..] => MillisError::Sign,
         [first, ..] if !first.is_ascii_digit() => MillisError::NoDigits,

@@ -149,8 +149,16 @@ fn stats_file_problem(value: &OsStr) -> Result<(), String> {
                 Some(d) if !d.as_os_str().is_empty() => d,
                 _ => Path::new("."),
             };
-            if !dir.is_dir() {
-                return Err(format!("{} is not a directory", dir.display()));
+            match std::fs::metadata(dir) {
+                Ok(m) if m.is_dir() => {}
+                Ok(_) => return Err(format!("{} is not a directory", dir.display())),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                    return Err(format!(
+                        "its directory {} does not exist (the library creates no directory)",
+                        dir.display()
+                    ));
+                }
+                Err(e) => return Err(format!("its directory {}: {e}", dir.display())),
             }
             if !permitted(dir, libc::W_OK | libc::X_OK) {
                 return Err(format!("{} is not writable", dir.display()));
@@ -234,7 +242,11 @@ mod tests {
         assert_eq!(problem(&format!("{d}/ck.%p.txt")), Ok(()));
         assert!(problem(&format!("{d}/missing/ck.txt"))
             .unwrap_err()
-            .contains("not a directory"));
+            .contains("does not exist"));
+        std::fs::write(dir.path().join("file"), b"").unwrap();
+        assert!(problem(&format!("{d}/file/ck.txt"))
+            .unwrap_err()
+            .contains("file is not a directory"));
         assert!(problem(d).unwrap_err().contains("is a directory"));
         assert_eq!(
             problem("/dev/stderr"),

@@ -121,7 +121,7 @@ fn checked(p: &Path) -> Result<PathBuf, String> {
     }
     let file = std::fs::File::open(&abs).map_err(|e| format!("cannot be read: {e}"))?;
     // `ld.so` fails to map a library's code there.
-    if mount::noexec(&abs) {
+    if mount::noexec(&file) {
         return Err(
             "on a file system mounted noexec, where ld.so cannot map it; copy it to \
                     another file system"
@@ -331,7 +331,7 @@ mod tests {
     fn the_library_check_reads_the_elf_header_as_elf_rs_does() {
         let libc_so = Path::new("/lib/x86_64-linux-gnu/libc.so.6");
         let dir = tempfile::tempdir().unwrap();
-        if !libc_so.exists() || mount::noexec(dir.path()) {
+        if !libc_so.exists() || mount::noexec(&std::fs::File::open(dir.path()).unwrap()) {
             eprintln!(
                 "skipped: no {} or a noexec temporary directory",
                 libc_so.display()
