@@ -20,6 +20,7 @@ mod program;
 mod secure;
 
 use crate::error::{err, CliError};
+use crate::format::shown;
 use std::ffi::{OsStr, OsString};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -71,24 +72,23 @@ fn candidates(exe: Option<&Path>) -> Vec<PathBuf> {
 /// an older build than the executable) is named on stderr.
 fn find_library() -> Result<PathBuf, CliError> {
     if let Some(p) = ckalloc::env::preload_lib() {
-        return checked(&p)
-            .map_err(|why| err(format!("CKALLOC_PRELOAD_LIB={}: {why}", p.display())));
+        return checked(&p).map_err(|why| err(format!("CKALLOC_PRELOAD_LIB={}: {why}", shown(&p))));
     }
     let exe = std::env::current_exe().ok();
     let looked = candidates(exe.as_deref());
     if let Some(at) = looked.iter().position(|p| p.is_file()) {
         let p = &looked[at];
-        let lib = checked(p).map_err(|why| err(format!("{}: {why}", p.display())))?;
+        let lib = checked(p).map_err(|why| err(format!("{}: {why}", shown(p))))?;
         if at + SOURCE_TREE_CANDIDATES >= looked.len() {
             crate::errln!(
                 "ckalloc run: preloading {} from the source tree ckalloc was built from; put \
                  {LIBRARY} next to the ckalloc executable or set CKALLOC_PRELOAD_LIB to choose",
-                lib.display()
+                shown(&lib)
             );
         }
         return Ok(lib);
     }
-    let list: Vec<String> = looked.iter().map(|p| p.display().to_string()).collect();
+    let list: Vec<String> = looked.iter().map(|p| shown(p)).collect();
     Err(err(format!(
         "{LIBRARY} not found (looked in {}); build it with `cargo build --release -p \
          ckalloc-preload` in ckalloc's source tree and put target/release/{LIBRARY} next to \
@@ -135,15 +135,26 @@ fn checked(p: &Path) -> Result<PathBuf, String> {
         Err(elf::HeaderError::NotElf) => return Err("not a shared library (no ELF header)".into()),
         Err(elf::HeaderError::Read(e)) => return Err(format!("cannot be read: {e}")),
     };
-    let facts = elf::dynamic_facts(&abs, LIBRARY_SYMBOL);
-    if header.file_type != elf::ET_DYN || facts.as_ref().is_none_or(|f| f.pie) {
+    let not_library = "an ELF file that is not a shared library (an executable or an object file)";
+    if header.file_type != elf::ET_DYN {
+        return Err(not_library.into());
+    }
+    // ld.so maps every loadable segment from the file: one that ends past
+    // the file's end faults (SIGBUS) in the program, not in this check.
+    if elf::loads_fit(&file) != Some(true) {
         return Err(
-            "an ELF file that is not a shared library (an executable, an object file, \
-                    or a dynamic section that does not read)"
+            "a damaged shared library: its program headers do not read, or a loadable \
+             segment ends past the end of the file (cut short)"
                 .into(),
         );
     }
-    if !facts.is_some_and(|f| f.defines_symbol) {
+    let Some(facts) = elf::dynamic_facts(&abs, LIBRARY_SYMBOL) else {
+        return Err("a damaged shared library: its dynamic section does not read".into());
+    };
+    if facts.pie {
+        return Err(not_library.into());
+    }
+    if !facts.defines_symbol {
         return Err(format!(
             "a shared library, but not {LIBRARY} (it defines no symbol {})",
             String::from_utf8_lossy(LIBRARY_SYMBOL)
@@ -155,7 +166,7 @@ fn checked(p: &Path) -> Result<PathBuf, String> {
             "its path {} holds a space or a colon, where ld.so splits LD_PRELOAD, or a $, \
              which ld.so expands ($ORIGIN, $LIB, $PLATFORM); copy it to a path without one and \
              set CKALLOC_PRELOAD_LIB to that path",
-            abs.display().to_string().escape_debug()
+            shown(&abs)
         ));
     }
     Ok(abs)
@@ -247,7 +258,7 @@ pub fn run(a: RunArgs) -> ExitCode {
             return err(format!(
                 "LD_PRELOAD already holds an allocator ({other}) other than {}; two allocators \
                  in one process corrupt each other's blocks: unset it, or preload only one",
-                lib.display()
+                shown(&lib)
             ))
             .report(false);
         }
@@ -358,6 +369,14 @@ mod tests {
         let mut object = bytes.clone();
         object[16..18].copy_from_slice(&1u16.to_le_bytes());
         assert!(says("object", &object).contains("not a shared library"));
+        // Cut inside its loadable segments: ld.so would fault mapping it.
+        let cut = &bytes[..bytes.len() / 2];
+        assert!(
+            says("short", cut).contains("cut short"),
+            "{}",
+            says("short", cut)
+        );
+        assert!(says("short2", &bytes[..5000]).contains("damaged shared library"));
         assert!(says("libc", &bytes).contains("it defines no symbol ckalloc_stats_json"));
     }
 

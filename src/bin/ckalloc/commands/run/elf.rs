@@ -195,6 +195,26 @@ pub fn dynamic_facts(path: &Path, symbol: &[u8]) -> Option<DynamicFacts> {
     })
 }
 
+/// Whether every loadable segment (`PT_LOAD`) of the ELF `file` lies in
+/// the file (`p_offset + p_filesz` at most its length), as `ld.so` maps
+/// them: a file cut short faults (`SIGBUS`) where a segment's pages pass
+/// its end. `None` when the headers cannot be read.
+pub fn loads_fit(file: &File) -> Option<bool> {
+    let elf = ProgramHeaders::of(file.try_clone().ok()?)?;
+    let len = file.metadata().ok()?.len();
+    let little = elf.header.little;
+    let mut fit = true;
+    for h in elf.entries() {
+        if read_int(h, 0, 4, little)? == u64::from(PT_LOAD) {
+            let (offset, size) = elf.offset_and_size(h)?;
+            fit &= offset
+                .checked_add(size as u64)
+                .is_some_and(|end| end <= len);
+        }
+    }
+    Some(fit)
+}
+
 /// [`dynamic_facts`]' answer.
 pub struct DynamicFacts {
     /// A position-independent executable, not a library.
@@ -232,7 +252,11 @@ impl ProgramHeaders {
     /// `None` when the ELF header or the table cannot be read, an entry is
     /// shorter than `p_type`'s 4 bytes, or the table is over 64 KiB.
     fn read(path: &Path) -> Option<ProgramHeaders> {
-        let file = File::open(path).ok()?;
+        ProgramHeaders::of(File::open(path).ok()?)
+    }
+
+    /// The table of the open `file`, as [`read`](Self::read).
+    fn of(file: File) -> Option<ProgramHeaders> {
         let header = Header::read(&file).ok()?;
         if header.phentsize < 4 {
             return None;
