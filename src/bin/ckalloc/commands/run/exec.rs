@@ -350,13 +350,14 @@ pub(super) fn head_of(path: &Path) -> Vec<u8> {
     head[..n].to_vec()
 }
 
-/// `s` for a message: escaped, and quoted when empty.
+/// `s` for a message: control characters escaped
+/// ([`ckalloc::Escaped`], as every path of a message), and quoted when
+/// empty.
 fn shown(s: &OsStr) -> String {
-    let text = s.to_string_lossy();
-    if text.is_empty() {
+    if s.is_empty() {
         return "\"\"".into();
     }
-    text.escape_debug().to_string()
+    crate::format::shown(Path::new(s))
 }
 
 /// Each of `items` as a C string; `None` when one holds a NUL byte.

@@ -30,7 +30,7 @@ pub fn why_not_preloaded(program: &OsStr) -> Option<String> {
         if !meta.is_file() || !permitted(&path, libc::X_OK) {
             return None;
         }
-        let shown = path.display().to_string().escape_debug().to_string();
+        let shown = crate::format::shown(&path);
         let secure = |why| {
             format!(
                 "{shown} {why}: ld.so runs it in secure-execution mode and ignores a preload \
