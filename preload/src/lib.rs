@@ -164,13 +164,16 @@ pub unsafe extern "C" fn ckalloc_stats_json(buf: *mut c_char, len: usize) -> usi
     api::write_stats_json(out)
 }
 
-/// Reads `CKALLOC_SHOW_STATS` and notes where the summary goes
+/// Sets glibc's mmap and trim thresholds for the requests it serves
+/// ([`api::configure_glibc_thresholds`]), reads `CKALLOC_SHOW_STATS` and
+/// notes where the summary goes
 /// (`CKALLOC_STATS_FILE`, or which file standard error is), when the
 /// library loads (a program may clear its environment, change directory or
 /// reuse file descriptor 2 before it exits), and asks for the engine's background
 /// thread, which the first huge-path call after this starts (unless
 /// `CKALLOC_BACKGROUND_THREAD` is off).
 extern "C" fn at_load() {
+    api::configure_glibc_thresholds();
     ckalloc::huge::enable_background_thread();
     api::remember_output();
 }

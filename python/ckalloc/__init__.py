@@ -88,7 +88,8 @@ def is_active():
 def stats():
     """This process's statistics from the preload library as a dict: the
     preload counters (``stats()["preload"]``: huge blocks served, bytes
-    requested, threshold, retention cap), the blocks and bytes of each tier
+    requested, threshold, retention cap, what glibc's mmap and trim thresholds
+    were set to), the blocks and bytes of each tier
     (``"tiers"``: ``hugetlb``, ``thp``, ``normal``), live, retained, purged and
     collapsed bytes, the background thread's state, the THP settings and every
     ``CKALLOC_*`` setting with where it came from. Sizes are bytes, times

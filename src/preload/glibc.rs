@@ -240,3 +240,73 @@ unsafe impl GlobalAlloc for GlibcMalloc {
         p
     }
 }
+
+/// glibc's largest `M_MMAP_THRESHOLD` on 64-bit targets
+/// (`DEFAULT_MMAP_THRESHOLD_MAX` in `malloc/malloc.c`: 32 MiB); `mallopt`
+/// refuses a larger one.
+pub const MMAP_THRESHOLD_MAX: usize = 32 << 20;
+
+/// glibc's default `M_MMAP_THRESHOLD` (`DEFAULT_MMAP_THRESHOLD_MIN`,
+/// 128 KiB), where its dynamic threshold starts.
+pub const MMAP_THRESHOLD_DEFAULT: usize = 128 << 10;
+
+/// How many times the mmap threshold [`set_thresholds`] makes the trim
+/// threshold.
+pub const TRIM_PER_MMAP_THRESHOLD: usize = 8;
+
+/// The `mallopt` settings that decide where glibc's requests between
+/// 128 KiB and the preload threshold come from (`mallopt(3)`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Thresholds {
+    /// `M_MMAP_THRESHOLD`, in bytes: requests of at least this many bytes
+    /// get a mapping of their own, unmapped at `free`.
+    pub mmap: usize,
+    /// `M_TRIM_THRESHOLD`, in bytes: the free memory at the top of an
+    /// arena's heap that `free` leaves in place.
+    pub trim: usize,
+}
+
+impl Thresholds {
+    /// The thresholds for a preload threshold of `preload` bytes: glibc
+    /// maps none of the requests the preload library leaves to it (the mmap
+    /// threshold is `preload`, kept within glibc's 128 KiB to 32 MiB), and
+    /// keeps [`TRIM_PER_MMAP_THRESHOLD`] times that free at the top of a heap
+    /// (16 MiB at the default 2 MiB).
+    pub fn for_preload_threshold(preload: usize) -> Thresholds {
+        let mmap = preload.clamp(MMAP_THRESHOLD_DEFAULT, MMAP_THRESHOLD_MAX);
+        Thresholds {
+            mmap,
+            trim: mmap * TRIM_PER_MMAP_THRESHOLD,
+        }
+    }
+}
+
+/// Whether the environment configures glibc's mmap or trim threshold
+/// itself: `glibc.malloc.mmap_threshold` or `glibc.malloc.trim_threshold`
+/// in `GLIBC_TUNABLES`, or `MALLOC_MMAP_THRESHOLD_` or
+/// `MALLOC_TRIM_THRESHOLD_` set (`mallopt(3)`, "ENVIRONMENT"). Never
+/// allocates.
+pub fn thresholds_from_environment() -> bool {
+    use crate::sys::getenv;
+    let tunables = getenv(c"GLIBC_TUNABLES").unwrap_or_default();
+    let named = |name: &[u8]| tunables.windows(name.len()).any(|w| w == name);
+    named(b"glibc.malloc.mmap_threshold")
+        || named(b"glibc.malloc.trim_threshold")
+        || getenv(c"MALLOC_MMAP_THRESHOLD_").is_some()
+        || getenv(c"MALLOC_TRIM_THRESHOLD_").is_some()
+}
+
+/// Set glibc's mmap and trim thresholds (`mallopt(M_MMAP_THRESHOLD)`,
+/// `mallopt(M_TRIM_THRESHOLD)`), which also ends glibc's dynamic mmap
+/// threshold. Returns whether glibc took both (`mallopt` returns 1).
+pub fn set_thresholds(t: Thresholds) -> bool {
+    let (Ok(mmap), Ok(trim)) = (c_int::try_from(t.mmap), c_int::try_from(t.trim)) else {
+        return false;
+    };
+    // SAFETY: `mallopt` takes any parameter and value; glibc's own, as this
+    // library exports no `mallopt`.
+    unsafe {
+        libc::mallopt(libc::M_MMAP_THRESHOLD, mmap) == 1
+            && libc::mallopt(libc::M_TRIM_THRESHOLD, trim) == 1
+    }
+}

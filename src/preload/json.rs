@@ -4,7 +4,10 @@
 //! [`huge_stats`]. Written into the caller's buffer without allocating.
 //!
 //! Keys, each a number unless said: `preload` (`blocks`, `bytes`,
-//! `threshold`, `retain_cap`, `glibc_fallbacks`), `tiers` (`hugetlb`,
+//! `threshold`, `retain_cap`, `glibc_fallbacks`, `glibc_thresholds` (a
+//! string: `set`, `environment`, `refused`, `untouched`; see
+//! [`GlibcThresholds`]), `glibc_mmap_threshold` and `glibc_trim_threshold`
+//! (`null` unless set)), `tiers` (`hugetlb`,
 //! `thp`, `normal`, each `{blocks, bytes}`), `hugetlb_fallbacks`,
 //! `hugetlb_skipped`, `thp_fallbacks`, `syscalls` (`mmap`, `munmap`,
 //! `mremap`, `madvise`, `mprotect`, `munlock`), `spans`, `span_bytes`,
@@ -27,7 +30,7 @@
 //! `default`, `environment`, `unparsed`). Sizes are in bytes, times in
 //! nanoseconds; the fields mean what [`HugeStats`]'s do.
 
-use super::stats;
+use super::{stats, GlibcThresholds};
 use crate::env::Source;
 use crate::huge::{huge_stats, HugeStats};
 use std::fmt::Write;
@@ -72,9 +75,19 @@ fn write_object(w: &mut Counting<'_>, h: &HugeStats) -> std::fmt::Result {
     write!(
         w,
         "{{\"preload\":{{\"blocks\":{},\"bytes\":{},\"threshold\":{},\"retain_cap\":{},\
-         \"glibc_fallbacks\":{}}},\"tiers\":{{",
-        p.blocks, p.bytes, p.threshold, p.retain_cap, p.glibc_fallbacks
+         \"glibc_fallbacks\":{},\"glibc_thresholds\":\"{}\",\"glibc_mmap_threshold\":",
+        p.blocks,
+        p.bytes,
+        p.threshold,
+        p.retain_cap,
+        p.glibc_fallbacks,
+        p.glibc_thresholds.name()
     )?;
+    match p.glibc_thresholds {
+        GlibcThresholds::Set(t) => write!(w, "{},\"glibc_trim_threshold\":{}", t.mmap, t.trim)?,
+        _ => w.write_str("null,\"glibc_trim_threshold\":null")?,
+    }
+    w.write_str("},\"tiers\":{")?;
     for (i, (name, t)) in [("hugetlb", h.hugetlb), ("thp", h.thp), ("normal", h.normal)]
         .into_iter()
         .enumerate()

@@ -41,6 +41,22 @@
 //! | `reallocarray` | the overflow check here, then `realloc` (`__libc_reallocarray` is `GLIBC_PRIVATE`) |
 //! | `malloc_usable_size`, `malloc_trim` | glibc's exported functions, found once with `dlsym` on `libc.so.6` and cached (not `RTLD_NEXT`, where another preloaded allocator would answer; `dlsym` may call `malloc` or `calloc`, which never need it, so the lookup cannot recurse) |
 //!
+//! glibc serves them from its heaps: when the library loads it sets
+//! glibc's `M_MMAP_THRESHOLD` to the threshold (kept within glibc's range,
+//! 128 KiB to 32 MiB) and `M_TRIM_THRESHOLD` to eight times that (16 MiB
+//! at the default), with `mallopt(3)`
+//! ([`configure_glibc_thresholds`]). Under glibc's defaults every request
+//! from 128 KiB up gets a mapping of its own until glibc's dynamic
+//! threshold has grown past it, and a `free` gives it back, so each
+//! request of a model server faults its mid-sized tensors in again. What
+//! glibc keeps is bounded by the trim threshold at the top of each arena's
+//! heap (`malloc_trim` gives it back). An environment that sets either
+//! threshold itself (`glibc.malloc.mmap_threshold` or
+//! `glibc.malloc.trim_threshold` in `GLIBC_TUNABLES`,
+//! `MALLOC_MMAP_THRESHOLD_`, `MALLOC_TRIM_THRESHOLD_`) keeps glibc as it
+//! says; the summary's `glibc:` line and [`PreloadStats::glibc_thresholds`]
+//! say which happened.
+//!
 //! # Semantics (glibc 2.36, `malloc(3)`, `posix_memalign(3)`, `malloc_usable_size(3)`)
 //!
 //! - `malloc(0)` returns a unique pointer (glibc's); `free(NULL)` does
@@ -202,7 +218,8 @@
 //! dying of `SIGPIPE` when stderr is a closed pipe: huge blocks served and bytes
 //! requested at allocation (growth by `realloc` is not in these bytes: it
 //! shows in the resize counts), the threshold and the retention cap in
-//! use (the rule above while `CKALLOC_RETAIN_BYTES` is unset), then
+//! use (the rule above while `CKALLOC_RETAIN_BYTES` is unset), a `glibc:`
+//! line with glibc's thresholds ([`GlibcThresholds`]), then
 //! [`huge_stats`](crate::huge_stats)
 //! (blocks and bytes per tier, live, retained and span bytes, retention,
 //! resizes and purges, the engine's system calls by kind, first touch,
@@ -291,7 +308,7 @@ pub use glibc::GlibcMalloc;
 pub use json::write_stats_json;
 pub use report::{print_at_exit, remember_output, write_summary};
 
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicU64, AtomicU8, Ordering::Relaxed};
 
 /// The alignment of every huge-page block the C API hands out (2 MiB, the
 /// block registry's granule): a pointer that is not a multiple of it is
@@ -349,6 +366,105 @@ pub fn settled_threshold() -> Option<usize> {
     crate::sys::environment_ready().then_some(t)
 }
 
+/// What the preload library did with glibc's mmap and trim thresholds
+/// when it loaded ([`configure_glibc_thresholds`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum GlibcThresholds {
+    /// Not configured: the preload library's constructor has not run in
+    /// this process (`libckalloc_preload.so` is not loaded), or ran before
+    /// the environment was set up.
+    #[default]
+    Untouched,
+    /// Set to these ([`glibc::Thresholds::for_preload_threshold`]).
+    Set(glibc::Thresholds),
+    /// Left as the environment configures them
+    /// ([`glibc::thresholds_from_environment`]).
+    Environment,
+    /// `mallopt` refused them: glibc keeps its defaults.
+    Refused,
+}
+
+impl GlibcThresholds {
+    /// The word the JSON statistics use: `untouched`, `set`, `environment`
+    /// or `refused`.
+    pub fn name(self) -> &'static str {
+        match self {
+            GlibcThresholds::Untouched => "untouched",
+            GlibcThresholds::Set(_) => "set",
+            GlibcThresholds::Environment => "environment",
+            GlibcThresholds::Refused => "refused",
+        }
+    }
+}
+
+/// The summary's words: `mmap threshold 2.00 MiB, trim threshold 16.00 MiB
+/// (set at load)` when set.
+impl std::fmt::Display for GlibcThresholds {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            GlibcThresholds::Set(t) => write!(
+                f,
+                "mmap threshold {}, trim threshold {} (set at load)",
+                crate::units::ExactBytes(t.mmap as u64),
+                crate::units::ExactBytes(t.trim as u64)
+            ),
+            GlibcThresholds::Environment => f.write_str(
+                "thresholds as the environment sets them (GLIBC_TUNABLES or MALLOC_*_THRESHOLD_)",
+            ),
+            GlibcThresholds::Refused => {
+                f.write_str("thresholds glibc's defaults (mallopt refused the library's)")
+            }
+            GlibcThresholds::Untouched => f.write_str("thresholds glibc's defaults (not set)"),
+        }
+    }
+}
+
+const THRESHOLDS_UNTOUCHED: u8 = 0;
+const THRESHOLDS_SET: u8 = 1;
+const THRESHOLDS_ENVIRONMENT: u8 = 2;
+const THRESHOLDS_REFUSED: u8 = 3;
+
+static GLIBC_THRESHOLDS: AtomicU8 = AtomicU8::new(THRESHOLDS_UNTOUCHED);
+
+/// Configure glibc for the requests the preload library leaves to it,
+/// those below the threshold: unless the environment configures glibc's
+/// thresholds itself, set its `M_MMAP_THRESHOLD` to the preload threshold
+/// and its `M_TRIM_THRESHOLD` to eight times that
+/// ([`glibc::Thresholds::for_preload_threshold`]; glibc's own range, as its
+/// dynamic threshold reaches 32 MiB and twice that). Without it glibc maps
+/// each request from 128 KiB up afresh until its dynamic threshold has
+/// grown past it, gives the memory back at `free` and faults it in again
+/// at the next request: on the preload client's serving trace (PyTorch,
+/// all-MiniLM-L6-v2) the requests' page faults fell 38-52% with these
+/// (`benches/README.md`, "glibc's thresholds"). Called once, by the
+/// preload library's constructor; never allocates.
+pub fn configure_glibc_thresholds() {
+    let Some(threshold) = settled_threshold() else {
+        return;
+    };
+    let state = if glibc::thresholds_from_environment() {
+        THRESHOLDS_ENVIRONMENT
+    } else if glibc::set_thresholds(glibc::Thresholds::for_preload_threshold(threshold)) {
+        THRESHOLDS_SET
+    } else {
+        THRESHOLDS_REFUSED
+    };
+    GLIBC_THRESHOLDS.store(state, Relaxed);
+}
+
+/// What [`configure_glibc_thresholds`] did in this process.
+pub fn glibc_thresholds() -> GlibcThresholds {
+    match GLIBC_THRESHOLDS.load(Relaxed) {
+        THRESHOLDS_SET => GlibcThresholds::Set(glibc::Thresholds::for_preload_threshold(
+            crate::env::preload_threshold(),
+        )),
+        THRESHOLDS_ENVIRONMENT => GlibcThresholds::Environment,
+        THRESHOLDS_REFUSED => GlibcThresholds::Refused,
+        _ => GlibcThresholds::Untouched,
+    }
+}
+
 /// The preload path's own counters (the engine's are in
 /// [`huge_stats`](crate::huge_stats)).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -368,6 +484,9 @@ pub struct PreloadStats {
     /// huge bytes and at least that variable's default, so it grows with
     /// the program ([`env::retain_bytes`](crate::env::retain_bytes)).
     pub retain_cap: usize,
+    /// What the library did with glibc's mmap and trim thresholds when it
+    /// loaded ([`configure_glibc_thresholds`]).
+    pub glibc_thresholds: GlibcThresholds,
 }
 
 /// Read the preload counters. Never allocates; thread-safe (relaxed
@@ -379,5 +498,6 @@ pub fn stats() -> PreloadStats {
         glibc_fallbacks: COUNTERS.glibc_fallbacks.load(Relaxed),
         threshold: crate::env::preload_threshold(),
         retain_cap: api::retain_cap(),
+        glibc_thresholds: glibc_thresholds(),
     }
 }

@@ -41,7 +41,7 @@ pub fn write_summary(fd: i32) -> std::io::Result<usize> {
         text,
         "preload: {} huge block{} served ({} requested), threshold {}, \
          retention cap {}{}, {} served by glibc because the engine had no \
-         memory\n{}\n",
+         memory\nglibc: {}\n{}\n",
         p.blocks,
         crate::units::plural(p.blocks),
         crate::human_bytes(p.bytes),
@@ -53,6 +53,7 @@ pub fn write_summary(fd: i32) -> std::io::Result<usize> {
             " (twice the live peak, at least the default)"
         },
         p.glibc_fallbacks,
+        p.glibc_thresholds,
         huge_stats()
     );
     let len = w.len;

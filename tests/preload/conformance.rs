@@ -1,6 +1,6 @@
 //! The C conformance suite and the exit summary.
 
-use super::{assert_success, compile, run};
+use super::{assert_success, compile, number, run, run_c};
 use std::process::Command;
 
 fn conformance(threshold: Option<&str>, expect_threshold: u64) {
@@ -307,4 +307,96 @@ fn the_copy_of_stderr_fits_under_a_low_descriptor_limit() {
     assert_success(&out, "preload_exit under ulimit -n 200");
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("preload: 1 huge block served"), "{err}");
+}
+
+#[test]
+fn glibc_takes_the_requests_below_the_threshold_from_its_heap_unless_the_environment_says_otherwise(
+) {
+    let run_it = |preload: bool, env: &[(&str, &str)]| {
+        let out = run_c(
+            "preload_glibc_thresholds.c",
+            &[],
+            preload,
+            &[
+                "GLIBC_TUNABLES",
+                "MALLOC_MMAP_THRESHOLD_",
+                "MALLOC_TRIM_THRESHOLD_",
+            ],
+            env,
+        );
+        let json = out
+            .lines()
+            .find_map(|l| l.strip_prefix("json "))
+            .map(str::to_owned);
+        (
+            number::<u64>(&out, "mapped "),
+            number::<u64>(&out, "heap_after_free "),
+            json.unwrap_or_else(|| panic!("no json line in {out}")),
+        )
+    };
+    // glibc's defaults map a 1 MiB request and trim the freed top.
+    let (mapped, heap, json) = run_it(false, &[]);
+    assert_eq!(mapped, 1, "glibc alone");
+    assert!(heap < 8 << 20, "glibc alone keeps {heap} B");
+    assert_eq!(json, "none");
+    // The library's thresholds: from the heap, and the heap keeps 8 MiB.
+    let (mapped, heap, json) = run_it(true, &[]);
+    assert_eq!(mapped, 0, "preloaded");
+    assert!(heap >= 8 << 20, "preloaded keeps {heap} B");
+    assert_eq!(
+        json,
+        "\"glibc_thresholds\":\"set\",\"glibc_mmap_threshold\":2097152,\
+         \"glibc_trim_threshold\":16777216"
+    );
+    // A threshold the environment sets is glibc's to keep.
+    for env in [
+        ("GLIBC_TUNABLES", "glibc.malloc.mmap_threshold=131072"),
+        ("MALLOC_MMAP_THRESHOLD_", "131072"),
+    ] {
+        let (mapped, _, json) = run_it(true, &[env]);
+        assert_eq!(mapped, 1, "preloaded with {env:?}");
+        assert_eq!(
+            json,
+            "\"glibc_thresholds\":\"environment\",\"glibc_mmap_threshold\":null,\
+             \"glibc_trim_threshold\":null"
+        );
+    }
+    let (_, heap, _) = run_it(true, &[("MALLOC_TRIM_THRESHOLD_", "131072")]);
+    assert!(
+        heap < 8 << 20,
+        "preloaded, trim from the environment: {heap} B"
+    );
+}
+
+#[test]
+fn the_summary_says_what_glibc_was_set_to() {
+    let prog = compile("preload_exit.c", "cc", &["-std=c11", "-pthread"]);
+    let summary = |env: &[(&str, &str)]| {
+        let mut cmd = Command::new(&prog);
+        // `all`: at a 1 GiB threshold the program serves no huge block.
+        cmd.env("CKALLOC_SHOW_STATS", "all")
+            .env_remove("GLIBC_TUNABLES")
+            .env_remove("MALLOC_MMAP_THRESHOLD_")
+            .env_remove("MALLOC_TRIM_THRESHOLD_")
+            .envs(env.iter().copied());
+        let out = run(cmd, true);
+        assert_success(&out, "preload_exit");
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    // glibc's range bounds the mmap threshold: 128 KiB to 32 MiB.
+    let set =
+        |mmap, trim| format!("glibc: mmap threshold {mmap}, trim threshold {trim} (set at load)\n");
+    for (env, says) in [
+        (None, set("2.00 MiB", "16.00 MiB")),
+        (Some(("CKALLOC_PRELOAD_THRESHOLD", "4M")), set("4.00 MiB", "32.00 MiB")),
+        (Some(("CKALLOC_PRELOAD_THRESHOLD", "4K")), set("128.00 KiB", "1.00 MiB")),
+        (Some(("CKALLOC_PRELOAD_THRESHOLD", "1G")), set("32.00 MiB", "256.00 MiB")),
+        (
+            Some(("GLIBC_TUNABLES", "glibc.malloc.trim_threshold=0")),
+            "glibc: thresholds as the environment sets them (GLIBC_TUNABLES or MALLOC_*_THRESHOLD_)\n".into(),
+        ),
+    ] {
+        let err = summary(env.as_slice());
+        assert!(err.contains(&says), "{env:?}: {err}");
+    }
 }
