@@ -66,6 +66,7 @@ fn a_later_preload_does_not_answer_for_glibc() {
         .expect("run cc");
     assert!(st.success());
     let prog = compile("preload_conformance.c", "cc", &["-std=c11", "-pthread"]);
+    let _pool = super::hugetlb_pool();
     let out = Command::new(&prog)
         .arg((2u64 << 20).to_string())
         .env(

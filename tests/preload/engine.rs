@@ -15,6 +15,13 @@ use std::ffi::c_void;
 #[path = "../common/mod.rs"]
 mod common;
 
+/// `common::run_child` while no other program of this binary uses the
+/// hugetlb pool ([`super::hugetlb_pool`]): the children take hugetlb blocks.
+fn run_child(name: &str, env: &[(&str, &str)]) {
+    let _pool = super::hugetlb_pool();
+    common::run_child(name, env);
+}
+
 const MIB: usize = 1 << 20;
 
 /// The engine's system calls that map or unmap.
@@ -112,7 +119,7 @@ fn holds_pattern(p: *mut c_void, size: usize) -> bool {
 
 #[test]
 fn the_c_api_retains_up_to_twice_the_live_peak() {
-    common::run_child("engine::child_live_peak", &[]);
+    run_child("engine::child_live_peak", &[]);
 }
 
 #[test]
@@ -172,7 +179,7 @@ fn child_live_peak() {
 
 #[test]
 fn a_set_retain_bytes_is_the_exact_cap_of_the_c_api() {
-    common::run_child(
+    run_child(
         "engine::child_exact_cap",
         &[("CKALLOC_RETAIN_BYTES", "64MiB")],
     );
@@ -203,7 +210,7 @@ fn child_exact_cap() {
 #[test]
 fn a_full_cache_purges_the_block_freed_longest_ago() {
     // THP blocks: hugetlb units are not purged but given back whole.
-    common::run_child(
+    run_child(
         "engine::child_purge_oldest",
         &[("CKALLOC_RETAIN_BYTES", "64MiB"), ("CKALLOC_HUGETLB", "0")],
     );
@@ -250,7 +257,7 @@ fn child_purge_oldest() {
 #[test]
 fn a_miss_extends_the_longest_retained_run() {
     // THP blocks: a hugetlb span holds one block's length (the last test).
-    common::run_child("engine::child_extend_on_miss", &[("CKALLOC_HUGETLB", "0")]);
+    run_child("engine::child_extend_on_miss", &[("CKALLOC_HUGETLB", "0")]);
 }
 
 #[test]
@@ -311,7 +318,7 @@ fn child_extend_on_miss() {
 
 #[test]
 fn a_steady_loop_makes_no_mapping_call() {
-    common::run_child("engine::child_steady", &[]);
+    run_child("engine::child_steady", &[]);
 }
 
 #[test]
@@ -354,7 +361,7 @@ fn child_steady() {
 
 #[test]
 fn a_block_the_program_split_moves_piece_by_piece() {
-    common::run_child("engine::child_split_block", &[("CKALLOC_HUGETLB", "0")]);
+    run_child("engine::child_split_block", &[("CKALLOC_HUGETLB", "0")]);
 }
 
 #[test]
@@ -411,7 +418,7 @@ fn child_split_block() {
 
 #[test]
 fn a_block_with_a_sealed_page_grows_with_every_byte() {
-    common::run_child("engine::child_sealed_page", &[("CKALLOC_HUGETLB", "0")]);
+    run_child("engine::child_sealed_page", &[("CKALLOC_HUGETLB", "0")]);
 }
 
 #[test]
@@ -461,7 +468,7 @@ fn child_sealed_page() {
 
 #[test]
 fn a_block_whose_last_page_the_program_changed_grows_with_writable_added_bytes() {
-    common::run_child(
+    run_child(
         "engine::child_changed_last_page",
         &[("CKALLOC_HUGETLB", "0")],
     );
@@ -502,7 +509,7 @@ fn child_changed_last_page() {
 
 #[test]
 fn a_block_grown_again_and_again_stays_in_its_spans_vma() {
-    common::run_child("engine::child_grown_again", &[("CKALLOC_HUGETLB", "0")]);
+    run_child("engine::child_grown_again", &[("CKALLOC_HUGETLB", "0")]);
 }
 
 #[test]
@@ -541,7 +548,7 @@ fn a_hugetlb_block_grows_within_its_span_or_is_copied() {
     if common::skip_without_hugetlb("a_hugetlb_block_grows_within_its_span_or_is_copied", 80) {
         return;
     }
-    common::run_child("engine::child_hugetlb_grow", &[]);
+    run_child("engine::child_hugetlb_grow", &[]);
 }
 
 #[test]

@@ -52,6 +52,18 @@ pub fn scratch() -> &'static Path {
         .path()
 }
 
+/// Held while a program runs with the library preloaded ([`run`] takes it;
+/// so do the tests that start such a program another way), so no two run at
+/// once: the conformance suite forks while it holds hugetlb blocks, and a
+/// fork child that writes an inherited hugetlb page needs a free huge page
+/// for its copy, dying of `SIGBUS` when another program (the 1 GiB
+/// `std::vector`, say) has drained a reserved pool (docs/reliability.md,
+/// "Copy on write").
+pub fn hugetlb_pool() -> std::sync::MutexGuard<'static, ()> {
+    static POOL: Mutex<()> = Mutex::new(());
+    POOL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 /// Compile `tests/c/NAME` with `compiler` (`cc` or `c++`) into the scratch
 /// directory, once per process (tests running at once share it); returns
 /// the program.
@@ -108,9 +120,11 @@ pub fn number<T: std::str::FromStr>(out: &str, label: &str) -> T {
 /// its output. `LD_PRELOAD` from the outer environment is dropped.
 pub fn run(mut cmd: Command, preload: bool) -> Output {
     cmd.env_remove("LD_PRELOAD");
-    if preload {
-        cmd.env("LD_PRELOAD", library());
+    if !preload {
+        return cmd.output().expect("run program");
     }
+    cmd.env("LD_PRELOAD", library());
+    let _pool = hugetlb_pool();
     cmd.output().expect("run program")
 }
 
