@@ -3,7 +3,7 @@
 //! (`malloc/malloc.c`: `__libc_malloc`, `__libc_free`, `__libc_calloc`,
 //! `__libc_realloc`, `__libc_memalign`, `__libc_valloc`, `__libc_pvalloc`),
 //! and, for the functions glibc exports under their public name only
-//! (`malloc_usable_size`, `malloc_trim`), libc's own definition, found once
+//! (`malloc_usable_size`, `malloc_trim`, `mallopt`), libc's own definition, found once
 //! with `dlsym` on `libc.so.6` (already loaded: `RTLD_NOLOAD`) and cached.
 //! Not `RTLD_NEXT`: another allocator preloaded after this library would
 //! answer there, for pointers it never made.
@@ -250,63 +250,68 @@ pub const MMAP_THRESHOLD_MAX: usize = 32 << 20;
 /// 128 KiB), where its dynamic threshold starts.
 pub const MMAP_THRESHOLD_DEFAULT: usize = 128 << 10;
 
-/// How many times the mmap threshold [`set_thresholds`] makes the trim
-/// threshold.
-pub const TRIM_PER_MMAP_THRESHOLD: usize = 8;
-
 /// The `mallopt` settings that decide where glibc's requests between
 /// 128 KiB and the preload threshold come from (`mallopt(3)`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Thresholds {
-    /// `M_MMAP_THRESHOLD`, in bytes: requests of at least this many bytes
-    /// get a mapping of their own, unmapped at `free`.
+    /// `M_MMAP_THRESHOLD`, in bytes: a request whose chunk (the request
+    /// plus glibc's 8-byte header, rounded up to 16; for `memalign`, plus
+    /// the alignment) reaches this many bytes, and that no free chunk or
+    /// the heap's top serves, gets a mapping of its own, unmapped at `free`.
     pub mmap: usize,
-    /// `M_TRIM_THRESHOLD`, in bytes: the free memory at the top of an
-    /// arena's heap that `free` leaves in place.
+    /// `M_TRIM_THRESHOLD`, in bytes: the free memory at the top of each of
+    /// glibc's heaps (one per arena) that `free` leaves in place.
     pub trim: usize,
 }
 
 impl Thresholds {
-    /// The thresholds for a preload threshold of `preload` bytes: glibc
-    /// maps none of the requests the preload library leaves to it (the mmap
-    /// threshold is `preload`, kept within glibc's 128 KiB to 32 MiB), and
-    /// keeps [`TRIM_PER_MMAP_THRESHOLD`] times that free at the top of a heap
-    /// (16 MiB at the default 2 MiB).
+    /// The thresholds for a preload threshold of `preload` bytes: those
+    /// glibc's dynamic threshold (`malloc/malloc.c`) sets itself when the
+    /// program frees a mapped chunk of `preload` bytes. The mmap threshold
+    /// is `preload`, kept within glibc's 128 KiB to 32 MiB, and the trim
+    /// threshold twice that (4 MiB at the default 2 MiB).
     pub fn for_preload_threshold(preload: usize) -> Thresholds {
         let mmap = preload.clamp(MMAP_THRESHOLD_DEFAULT, MMAP_THRESHOLD_MAX);
         Thresholds {
             mmap,
-            trim: mmap * TRIM_PER_MMAP_THRESHOLD,
+            trim: 2 * mmap,
         }
     }
 }
 
 /// Whether the environment configures glibc's mmap or trim threshold
-/// itself: `glibc.malloc.mmap_threshold` or `glibc.malloc.trim_threshold`
-/// in `GLIBC_TUNABLES`, or `MALLOC_MMAP_THRESHOLD_` or
-/// `MALLOC_TRIM_THRESHOLD_` set (`mallopt(3)`, "ENVIRONMENT"). Never
-/// allocates.
+/// itself: a `glibc.malloc.mmap_threshold=` or
+/// `glibc.malloc.trim_threshold=` entry in `GLIBC_TUNABLES` (entries are
+/// separated by `:`, as glibc's `elf/dl-tunables.c` reads them), or
+/// `MALLOC_MMAP_THRESHOLD_` or `MALLOC_TRIM_THRESHOLD_` set, even empty
+/// (glibc then reads 0; `mallopt(3)`, "ENVIRONMENT"). Never allocates.
 pub fn thresholds_from_environment() -> bool {
     use crate::sys::getenv;
     let tunables = getenv(c"GLIBC_TUNABLES").unwrap_or_default();
-    let named = |name: &[u8]| tunables.windows(name.len()).any(|w| w == name);
-    named(b"glibc.malloc.mmap_threshold")
-        || named(b"glibc.malloc.trim_threshold")
-        || getenv(c"MALLOC_MMAP_THRESHOLD_").is_some()
+    tunables.split(|&b| b == b':').any(|entry| {
+        entry.starts_with(b"glibc.malloc.mmap_threshold=")
+            || entry.starts_with(b"glibc.malloc.trim_threshold=")
+    }) || getenv(c"MALLOC_MMAP_THRESHOLD_").is_some()
         || getenv(c"MALLOC_TRIM_THRESHOLD_").is_some()
 }
 
-/// Set glibc's mmap and trim thresholds (`mallopt(M_MMAP_THRESHOLD)`,
-/// `mallopt(M_TRIM_THRESHOLD)`), which also ends glibc's dynamic mmap
-/// threshold. Returns whether glibc took both (`mallopt` returns 1).
+static MALLOPT: Next = Next::new(c"mallopt");
+
+/// Set glibc's mmap and trim thresholds with glibc's own `mallopt`
+/// (`M_MMAP_THRESHOLD`, `M_TRIM_THRESHOLD`; found in `libc.so.6`, not the
+/// first `mallopt` of the process, which another preloaded allocator may
+/// define), which also ends glibc's dynamic threshold. Returns whether
+/// glibc took both (`mallopt` returns 1).
 pub fn set_thresholds(t: Thresholds) -> bool {
     let (Ok(mmap), Ok(trim)) = (c_int::try_from(t.mmap), c_int::try_from(t.trim)) else {
         return false;
     };
-    // SAFETY: `mallopt` takes any parameter and value; glibc's own, as this
-    // library exports no `mallopt`.
+    let Some(f) = MALLOPT.get() else {
+        return false;
+    };
+    // SAFETY: `mallopt`'s C signature; it takes any parameter and value.
     unsafe {
-        libc::mallopt(libc::M_MMAP_THRESHOLD, mmap) == 1
-            && libc::mallopt(libc::M_TRIM_THRESHOLD, trim) == 1
+        let f: unsafe extern "C" fn(c_int, c_int) -> c_int = std::mem::transmute(f);
+        f(libc::M_MMAP_THRESHOLD, mmap) == 1 && f(libc::M_TRIM_THRESHOLD, trim) == 1
     }
 }

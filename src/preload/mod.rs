@@ -41,21 +41,37 @@
 //! | `reallocarray` | the overflow check here, then `realloc` (`__libc_reallocarray` is `GLIBC_PRIVATE`) |
 //! | `malloc_usable_size`, `malloc_trim` | glibc's exported functions, found once with `dlsym` on `libc.so.6` and cached (not `RTLD_NEXT`, where another preloaded allocator would answer; `dlsym` may call `malloc` or `calloc`, which never need it, so the lookup cannot recurse) |
 //!
-//! glibc serves them from its heaps: when the library loads it sets
-//! glibc's `M_MMAP_THRESHOLD` to the threshold (kept within glibc's range,
-//! 128 KiB to 32 MiB) and `M_TRIM_THRESHOLD` to eight times that (16 MiB
-//! at the default), with `mallopt(3)`
-//! ([`configure_glibc_thresholds`]). Under glibc's defaults every request
-//! from 128 KiB up gets a mapping of its own until glibc's dynamic
-//! threshold has grown past it, and a `free` gives it back, so each
-//! request of a model server faults its mid-sized tensors in again. What
-//! glibc keeps is bounded by the trim threshold at the top of each arena's
-//! heap (`malloc_trim` gives it back). An environment that sets either
-//! threshold itself (`glibc.malloc.mmap_threshold` or
-//! `glibc.malloc.trim_threshold` in `GLIBC_TUNABLES`,
-//! `MALLOC_MMAP_THRESHOLD_`, `MALLOC_TRIM_THRESHOLD_`) keeps glibc as it
-//! says; the summary's `glibc:` line and [`PreloadStats::glibc_thresholds`]
-//! say which happened.
+//! When the library is loaded with `LD_PRELOAD` it sets glibc up for them
+//! with glibc's `mallopt(3)` ([`configure_glibc_thresholds`]):
+//! `M_MMAP_THRESHOLD` at the threshold (kept within glibc's range, 128 KiB
+//! to 32 MiB) and `M_TRIM_THRESHOLD` at twice that (4 MiB at the default),
+//! the values glibc's dynamic threshold (`malloc/malloc.c`) sets itself
+//! once the program frees a mapped chunk of the threshold's size. glibc's
+//! defaults (128 KiB and 128 KiB) map a request from 128 KiB up that its
+//! heap has no free chunk for until the dynamic threshold has grown past
+//! it, and `free` gives the mapping back, so each request of a model
+//! server faults its mid-sized tensors in again; with these, such requests
+//! come from glibc's heaps. What glibc then keeps is glibc's, as it is once
+//! its dynamic threshold has grown: up to the trim threshold free at the
+//! top of each arena's heap (one arena per thread that allocated
+//! concurrently, up to 8 per core; `malloc_trim` gives back the main
+//! arena's top only, and free chunks inside every heap), and freed memory
+//! that live blocks above it pin. glibc may still map a request just below
+//! the threshold (its chunk adds 8 to 23 bytes) and an aligned one whose
+//! size and alignment together reach it.
+//!
+//! The library leaves glibc as it is when the environment sets either
+//! threshold (a `glibc.malloc.mmap_threshold=` or
+//! `glibc.malloc.trim_threshold=` entry in `GLIBC_TUNABLES`,
+//! `MALLOC_MMAP_THRESHOLD_`, `MALLOC_TRIM_THRESHOLD_`), when it was opened
+//! with `dlopen` (it then comes after libc, and its `malloc` is not the
+//! process's), and when the environment is not set up yet. A library
+//! before it in `LD_PRELOAD` that wraps `malloc` (heaptrack,
+//! `libmemusage.so`) does not change this. It sets the thresholds once, in its
+//! constructor: a `mallopt` another library's constructor made before it
+//! is replaced, and one the program makes later stands (the statistics
+//! show what the library set at load, not later calls). The summary's
+//! `glibc:` line and [`PreloadStats::glibc_thresholds`] say which happened.
 //!
 //! # Semantics (glibc 2.36, `malloc(3)`, `posix_memalign(3)`, `malloc_usable_size(3)`)
 //!
@@ -371,9 +387,10 @@ pub fn settled_threshold() -> Option<usize> {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum GlibcThresholds {
-    /// Not configured: the preload library's constructor has not run in
-    /// this process (`libckalloc_preload.so` is not loaded), or ran before
-    /// the environment was set up.
+    /// Not set by the library: `libckalloc_preload.so` is not loaded, was
+    /// opened with `dlopen` (after libc), or loaded before the environment
+    /// was set up. glibc's thresholds are then what glibc and the program
+    /// made them.
     #[default]
     Untouched,
     /// Set to these ([`glibc::Thresholds::for_preload_threshold`]).
@@ -398,7 +415,7 @@ impl GlibcThresholds {
     }
 }
 
-/// The summary's words: `mmap threshold 2.00 MiB, trim threshold 16.00 MiB
+/// The summary's words: `mmap threshold 2.00 MiB, trim threshold 4.00 MiB
 /// (set at load)` when set.
 impl std::fmt::Display for GlibcThresholds {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -413,9 +430,9 @@ impl std::fmt::Display for GlibcThresholds {
                 "thresholds as the environment sets them (GLIBC_TUNABLES or MALLOC_*_THRESHOLD_)",
             ),
             GlibcThresholds::Refused => {
-                f.write_str("thresholds glibc's defaults (mallopt refused the library's)")
+                f.write_str("thresholds not set by ckalloc (mallopt refused them)")
             }
-            GlibcThresholds::Untouched => f.write_str("thresholds glibc's defaults (not set)"),
+            GlibcThresholds::Untouched => f.write_str("thresholds not set by ckalloc"),
         }
     }
 }
@@ -430,15 +447,11 @@ static GLIBC_THRESHOLDS: AtomicU8 = AtomicU8::new(THRESHOLDS_UNTOUCHED);
 /// Configure glibc for the requests the preload library leaves to it,
 /// those below the threshold: unless the environment configures glibc's
 /// thresholds itself, set its `M_MMAP_THRESHOLD` to the preload threshold
-/// and its `M_TRIM_THRESHOLD` to eight times that
-/// ([`glibc::Thresholds::for_preload_threshold`]; glibc's own range, as its
-/// dynamic threshold reaches 32 MiB and twice that). Without it glibc maps
-/// each request from 128 KiB up afresh until its dynamic threshold has
-/// grown past it, gives the memory back at `free` and faults it in again
-/// at the next request: on the preload client's serving trace (PyTorch,
-/// all-MiniLM-L6-v2) the requests' page faults fell 38-52% with these
-/// (`benches/README.md`, "glibc's thresholds"). Called once, by the
-/// preload library's constructor; never allocates.
+/// and its `M_TRIM_THRESHOLD` to twice that
+/// ([`glibc::Thresholds::for_preload_threshold`]; the module docs say why
+/// and what glibc keeps then). For the preload library's constructor, and
+/// only when the library's `malloc` is the process's (not after `dlopen`):
+/// it replaces a `mallopt` made before it. Never allocates.
 pub fn configure_glibc_thresholds() {
     let Some(threshold) = settled_threshold() else {
         return;

@@ -1,12 +1,17 @@
 /* Where glibc puts the requests the preload library leaves to it: prints
  * "mapped N", the mappings glibc's mallinfo2 counts (hblks) while one
  * 1 MiB block is live, then "heap_after_free N", the bytes of glibc's main
- * heap (arena) after eight 1 MiB blocks at its top were freed. glibc's
- * defaults map the first 1 MiB block (M_MMAP_THRESHOLD starts at 128 KiB);
- * the preload library's thresholds take it from the heap and leave the
- * freed 8 MiB in place (M_TRIM_THRESHOLD 16 MiB). Last, "json " and the
- * glibc keys of the library's ckalloc_stats_json ("json none" without the
- * library). */
+ * heap (arena) after three 1 MiB blocks at its top were freed. glibc's
+ * defaults map the first 1 MiB block (M_MMAP_THRESHOLD starts at 128 KiB)
+ * and, their dynamic threshold grown to that block, trim a free top over
+ * about 2 MiB; the preload library's thresholds take the block from the
+ * heap and leave the freed 3 MiB in place (M_TRIM_THRESHOLD 4 MiB). Last,
+ * "json " and the glibc keys of the library's ckalloc_stats_json ("json
+ * none" without the library). With "dlopen LIB" as arguments the program
+ * opens LIB with dlopen first (the library is then not the process's
+ * malloc). The program takes malloc's address, which built without PIE
+ * makes the program's own PLT entry malloc's address in the whole process
+ * (preload_glibc_thresholds_nopie.c). */
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <malloc.h>
@@ -16,22 +21,32 @@
 
 #define MIB ((size_t)1 << 20)
 
-int main(void) {
-    char *one = malloc(MIB);
+void *(*volatile malloc_address)(size_t) = malloc;
+
+int main(int argc, char **argv) {
+    void *lib = RTLD_DEFAULT;
+    if (argc == 3 && strcmp(argv[1], "dlopen") == 0) {
+        lib = dlopen(argv[2], RTLD_NOW | RTLD_LOCAL);
+        if (!lib) {
+            fprintf(stderr, "dlopen: %s\n", dlerror());
+            return 2;
+        }
+    }
+    char *one = malloc_address(MIB);
     if (!one) return 2;
     memset(one, 1, MIB);
     printf("mapped %zu\n", mallinfo2().hblks);
     free(one);
-    char *blocks[8];
-    for (int i = 0; i < 8; i++) {
+    char *blocks[3];
+    for (int i = 0; i < 3; i++) {
         blocks[i] = malloc(MIB);
         if (!blocks[i]) return 2;
         memset(blocks[i], 1, MIB);
     }
-    for (int i = 7; i >= 0; i--) free(blocks[i]);
+    for (int i = 2; i >= 0; i--) free(blocks[i]);
     printf("heap_after_free %zu\n", mallinfo2().arena);
     size_t (*stats_json)(char *, size_t) =
-        (size_t (*)(char *, size_t))dlsym(RTLD_DEFAULT, "ckalloc_stats_json");
+        (size_t (*)(char *, size_t))dlsym(lib, "ckalloc_stats_json");
     if (!stats_json) {
         printf("json none\n");
         return 0;

@@ -6,7 +6,11 @@ use std::process::Command;
 fn conformance(threshold: Option<&str>, expect_threshold: u64) {
     let prog = compile("preload_conformance.c", "cc", &["-std=c11", "-pthread"]);
     let mut cmd = Command::new(&prog);
-    cmd.arg(expect_threshold.to_string());
+    // The suite restores the mmap threshold the library sets.
+    cmd.arg(expect_threshold.to_string())
+        .env_remove("GLIBC_TUNABLES")
+        .env_remove("MALLOC_MMAP_THRESHOLD_")
+        .env_remove("MALLOC_TRIM_THRESHOLD_");
     if let Some(t) = threshold {
         cmd.env("CKALLOC_PRELOAD_THRESHOLD", t);
     }
@@ -313,15 +317,18 @@ fn the_copy_of_stderr_fits_under_a_low_descriptor_limit() {
 #[test]
 fn glibc_takes_the_requests_below_the_threshold_from_its_heap_unless_the_environment_says_otherwise(
 ) {
-    let run_it = |preload: bool, env: &[(&str, &str)]| {
+    let run_in = |program: &str, args: &[&str], preload: bool, env: &[(&str, &str)]| {
         let out = run_c(
-            "preload_glibc_thresholds.c",
-            &[],
+            program,
+            args,
             preload,
             &[
                 "GLIBC_TUNABLES",
                 "MALLOC_MMAP_THRESHOLD_",
                 "MALLOC_TRIM_THRESHOLD_",
+                "MALLOC_TOP_PAD_",
+                "MALLOC_MMAP_MAX_",
+                "CKALLOC_PRELOAD_THRESHOLD",
             ],
             env,
         );
@@ -335,38 +342,78 @@ fn glibc_takes_the_requests_below_the_threshold_from_its_heap_unless_the_environ
             json.unwrap_or_else(|| panic!("no json line in {out}")),
         )
     };
+    let run_it = |args: &[&str], preload: bool, env: &[(&str, &str)]| {
+        run_in("preload_glibc_thresholds.c", args, preload, env)
+    };
+    let untouched = "\"glibc_thresholds\":\"untouched\",\"glibc_mmap_threshold\":null,\
+                     \"glibc_trim_threshold\":null";
     // glibc's defaults map a 1 MiB request and trim the freed top.
-    let (mapped, heap, json) = run_it(false, &[]);
+    let (mapped, heap, json) = run_it(&[], false, &[]);
     assert_eq!(mapped, 1, "glibc alone");
-    assert!(heap < 8 << 20, "glibc alone keeps {heap} B");
+    assert!(heap < 3 << 20, "glibc alone keeps {heap} B");
     assert_eq!(json, "none");
-    // The library's thresholds: from the heap, and the heap keeps 8 MiB.
-    let (mapped, heap, json) = run_it(true, &[]);
+    // The library's thresholds: from the heap, and the heap keeps 3 MiB.
+    let (mapped, heap, json) = run_it(&[], true, &[]);
     assert_eq!(mapped, 0, "preloaded");
-    assert!(heap >= 8 << 20, "preloaded keeps {heap} B");
+    assert!(heap >= 3 << 20, "preloaded keeps {heap} B");
     assert_eq!(
         json,
         "\"glibc_thresholds\":\"set\",\"glibc_mmap_threshold\":2097152,\
-         \"glibc_trim_threshold\":16777216"
+         \"glibc_trim_threshold\":4194304"
     );
-    // A threshold the environment sets is glibc's to keep.
-    for env in [
-        ("GLIBC_TUNABLES", "glibc.malloc.mmap_threshold=131072"),
-        ("MALLOC_MMAP_THRESHOLD_", "131072"),
+    // A threshold the environment sets is glibc's to keep; a tunable glibc
+    // does not read (another name that contains it) is not.
+    for (env, state, mapped_then) in [
+        (
+            ("GLIBC_TUNABLES", "glibc.malloc.mmap_threshold=131072"),
+            "environment",
+            1,
+        ),
+        (
+            (
+                "GLIBC_TUNABLES",
+                "glibc.malloc.arena_max=2:glibc.malloc.mmap_threshold=131072",
+            ),
+            "environment",
+            1,
+        ),
+        (("MALLOC_MMAP_THRESHOLD_", "131072"), "environment", 1),
+        (
+            ("GLIBC_TUNABLES", "xglibc.malloc.mmap_threshold=131072"),
+            "set",
+            0,
+        ),
     ] {
-        let (mapped, _, json) = run_it(true, &[env]);
-        assert_eq!(mapped, 1, "preloaded with {env:?}");
-        assert_eq!(
-            json,
-            "\"glibc_thresholds\":\"environment\",\"glibc_mmap_threshold\":null,\
-             \"glibc_trim_threshold\":null"
-        );
+        let (mapped, _, json) = run_it(&[], true, &[env]);
+        assert_eq!(mapped, mapped_then, "preloaded with {env:?}");
+        let says = format!("\"glibc_thresholds\":\"{state}\"");
+        assert!(json.starts_with(&says), "{env:?}: {json}");
     }
-    let (_, heap, _) = run_it(true, &[("MALLOC_TRIM_THRESHOLD_", "131072")]);
+    let (_, heap, _) = run_it(&[], true, &[("MALLOC_TRIM_THRESHOLD_", "131072")]);
     assert!(
-        heap < 8 << 20,
+        heap < 3 << 20,
         "preloaded, trim from the environment: {heap} B"
     );
+    // Built without PIE, a program that takes malloc's address has the
+    // process's malloc at its own PLT entry; the library still sets glibc up.
+    super::compile(
+        "preload_glibc_thresholds_nopie.c",
+        "cc",
+        &["-no-pie", "-fno-pic"],
+    );
+    let (mapped, _, json) = run_in("preload_glibc_thresholds_nopie.c", &[], true, &[]);
+    assert_eq!(mapped, 0, "without PIE");
+    assert!(
+        json.starts_with("\"glibc_thresholds\":\"set\""),
+        "without PIE: {json}"
+    );
+    // Opened with dlopen, the library is not the process's malloc and
+    // leaves glibc's defaults.
+    let lib = super::library().to_str().expect("UTF-8 path");
+    let (mapped, heap, json) = run_it(&["dlopen", lib], false, &[]);
+    assert_eq!(mapped, 1, "opened with dlopen");
+    assert!(heap < 3 << 20, "opened with dlopen: {heap} B");
+    assert_eq!(json, untouched);
 }
 
 #[test]
@@ -376,6 +423,7 @@ fn the_summary_says_what_glibc_was_set_to() {
         let mut cmd = Command::new(&prog);
         // `all`: at a 1 GiB threshold the program serves no huge block.
         cmd.env("CKALLOC_SHOW_STATS", "all")
+            .env_remove("CKALLOC_PRELOAD_THRESHOLD")
             .env_remove("GLIBC_TUNABLES")
             .env_remove("MALLOC_MMAP_THRESHOLD_")
             .env_remove("MALLOC_TRIM_THRESHOLD_")
@@ -388,10 +436,10 @@ fn the_summary_says_what_glibc_was_set_to() {
     let set =
         |mmap, trim| format!("glibc: mmap threshold {mmap}, trim threshold {trim} (set at load)\n");
     for (env, says) in [
-        (None, set("2.00 MiB", "16.00 MiB")),
-        (Some(("CKALLOC_PRELOAD_THRESHOLD", "4M")), set("4.00 MiB", "32.00 MiB")),
-        (Some(("CKALLOC_PRELOAD_THRESHOLD", "4K")), set("128.00 KiB", "1.00 MiB")),
-        (Some(("CKALLOC_PRELOAD_THRESHOLD", "1G")), set("32.00 MiB", "256.00 MiB")),
+        (None, set("2.00 MiB", "4.00 MiB")),
+        (Some(("CKALLOC_PRELOAD_THRESHOLD", "4M")), set("4.00 MiB", "8.00 MiB")),
+        (Some(("CKALLOC_PRELOAD_THRESHOLD", "4K")), set("128.00 KiB", "256.00 KiB")),
+        (Some(("CKALLOC_PRELOAD_THRESHOLD", "1G")), set("32.00 MiB", "64.00 MiB")),
         (
             Some(("GLIBC_TUNABLES", "glibc.malloc.trim_threshold=0")),
             "glibc: thresholds as the environment sets them (GLIBC_TUNABLES or MALLOC_*_THRESHOLD_)\n".into(),
