@@ -166,9 +166,8 @@ pub unsafe extern "C" fn ckalloc_stats_json(buf: *mut c_char, len: usize) -> usi
 
 /// Sets glibc's mmap and trim thresholds for the requests it serves
 /// ([`api::configure_glibc_thresholds`]) when this library's `malloc` is
-/// the process's (loaded before libc: with `LD_PRELOAD`, not `dlopen`), reads
-/// `CKALLOC_SHOW_STATS` and
-/// notes where the summary goes
+/// the process's (loaded before libc: with `LD_PRELOAD`, not `dlopen`),
+/// reads `CKALLOC_SHOW_STATS` and notes where the summary goes
 /// (`CKALLOC_STATS_FILE`, or which file standard error is), when the
 /// library loads (a program may clear its environment, change directory or
 /// reuse file descriptor 2 before it exits), and asks for the engine's background

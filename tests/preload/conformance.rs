@@ -3,14 +3,22 @@
 use super::{assert_success, compile, number, run, run_c};
 use std::process::Command;
 
+/// The environment variables that set glibc's mmap or trim threshold, which
+/// the library then leaves alone: removed where a test needs its own.
+const GLIBC_THRESHOLD_VARIABLES: [&str; 3] = [
+    "GLIBC_TUNABLES",
+    "MALLOC_MMAP_THRESHOLD_",
+    "MALLOC_TRIM_THRESHOLD_",
+];
+
 fn conformance(threshold: Option<&str>, expect_threshold: u64) {
     let prog = compile("preload_conformance.c", "cc", &["-std=c11", "-pthread"]);
     let mut cmd = Command::new(&prog);
     // The suite restores the mmap threshold the library sets.
-    cmd.arg(expect_threshold.to_string())
-        .env_remove("GLIBC_TUNABLES")
-        .env_remove("MALLOC_MMAP_THRESHOLD_")
-        .env_remove("MALLOC_TRIM_THRESHOLD_");
+    cmd.arg(expect_threshold.to_string());
+    for var in GLIBC_THRESHOLD_VARIABLES {
+        cmd.env_remove(var);
+    }
     if let Some(t) = threshold {
         cmd.env("CKALLOC_PRELOAD_THRESHOLD", t);
     }
@@ -323,13 +331,14 @@ fn glibc_takes_the_requests_below_the_threshold_from_its_heap_unless_the_environ
             args,
             preload,
             &[
-                "GLIBC_TUNABLES",
-                "MALLOC_MMAP_THRESHOLD_",
-                "MALLOC_TRIM_THRESHOLD_",
-                "MALLOC_TOP_PAD_",
-                "MALLOC_MMAP_MAX_",
-                "CKALLOC_PRELOAD_THRESHOLD",
-            ],
+                &GLIBC_THRESHOLD_VARIABLES[..],
+                &[
+                    "MALLOC_TOP_PAD_",
+                    "MALLOC_MMAP_MAX_",
+                    "CKALLOC_PRELOAD_THRESHOLD",
+                ],
+            ]
+            .concat(),
             env,
         );
         let json = out
@@ -423,11 +432,11 @@ fn the_summary_says_what_glibc_was_set_to() {
         let mut cmd = Command::new(&prog);
         // `all`: at a 1 GiB threshold the program serves no huge block.
         cmd.env("CKALLOC_SHOW_STATS", "all")
-            .env_remove("CKALLOC_PRELOAD_THRESHOLD")
-            .env_remove("GLIBC_TUNABLES")
-            .env_remove("MALLOC_MMAP_THRESHOLD_")
-            .env_remove("MALLOC_TRIM_THRESHOLD_")
-            .envs(env.iter().copied());
+            .env_remove("CKALLOC_PRELOAD_THRESHOLD");
+        for var in GLIBC_THRESHOLD_VARIABLES {
+            cmd.env_remove(var);
+        }
+        cmd.envs(env.iter().copied());
         let out = run(cmd, true);
         assert_success(&out, "preload_exit");
         String::from_utf8_lossy(&out.stderr).into_owned()
