@@ -281,18 +281,21 @@ impl Thresholds {
 
 /// Whether the environment configures glibc's mmap or trim threshold
 /// itself: a `glibc.malloc.mmap_threshold=` or
-/// `glibc.malloc.trim_threshold=` entry in `GLIBC_TUNABLES` (entries are
-/// separated by `:`, as glibc's `elf/dl-tunables.c` reads them), or
+/// `glibc.malloc.trim_threshold=` entry in any `GLIBC_TUNABLES` variable
+/// (entries are separated by `:`, and glibc reads every `GLIBC_TUNABLES`
+/// of the environment, as its `elf/dl-tunables.c` does; `getenv` would
+/// find only the first of a name a raw `execve` passed twice), or
 /// `MALLOC_MMAP_THRESHOLD_` or `MALLOC_TRIM_THRESHOLD_` set, even empty
 /// (glibc then reads 0; `mallopt(3)`, "ENVIRONMENT"). Never allocates.
 pub fn thresholds_from_environment() -> bool {
-    use crate::sys::getenv;
-    let tunables = getenv(c"GLIBC_TUNABLES").unwrap_or_default();
-    tunables.split(|&b| b == b':').any(|entry| {
-        entry.starts_with(b"glibc.malloc.mmap_threshold=")
-            || entry.starts_with(b"glibc.malloc.trim_threshold=")
-    }) || getenv(c"MALLOC_MMAP_THRESHOLD_").is_some()
-        || getenv(c"MALLOC_TRIM_THRESHOLD_").is_some()
+    use crate::sys::env_values;
+    env_values(b"GLIBC_TUNABLES").any(|tunables| {
+        tunables.split(|&b| b == b':').any(|entry| {
+            entry.starts_with(b"glibc.malloc.mmap_threshold=")
+                || entry.starts_with(b"glibc.malloc.trim_threshold=")
+        })
+    }) || env_values(b"MALLOC_MMAP_THRESHOLD_").next().is_some()
+        || env_values(b"MALLOC_TRIM_THRESHOLD_").next().is_some()
 }
 
 static MALLOPT: Next = Next::new(c"mallopt");

@@ -62,7 +62,8 @@
 //!
 //! The library leaves glibc as it is when the environment sets either
 //! threshold (a `glibc.malloc.mmap_threshold=` or
-//! `glibc.malloc.trim_threshold=` entry in `GLIBC_TUNABLES`,
+//! `glibc.malloc.trim_threshold=` entry in any `GLIBC_TUNABLES` of the
+//! environment, as glibc reads every one a raw `execve` passed,
 //! `MALLOC_MMAP_THRESHOLD_`, `MALLOC_TRIM_THRESHOLD_`), when it was opened
 //! with `dlopen` (it then comes after libc, and its `malloc` is not the
 //! process's), and when the environment is not set up yet. A library

@@ -33,8 +33,8 @@ pub(crate) use mappings::{
 #[cfg(feature = "weights")]
 pub(crate) use process::block_termination_signals;
 pub(crate) use process::{
-    address_space_limited, environment_ready, getenv, leading_u64, linux_at_least, memlock_limit,
-    monotonic_ns, read_small_file, register_atfork, thread_cpu_ns, SchedStat,
+    address_space_limited, env_values, environment_ready, getenv, leading_u64, linux_at_least,
+    memlock_limit, monotonic_ns, read_small_file, register_atfork, thread_cpu_ns, SchedStat,
 };
 pub(crate) use thread::{name_this_thread, sleep_ns, spawn_detached};
 

@@ -23,17 +23,53 @@ pub(crate) fn getenv(name: &std::ffi::CStr) -> Option<&'static [u8]> {
     Some(unsafe { std::ffi::CStr::from_ptr(p) }.to_bytes())
 }
 
+extern "C" {
+    /// The C library's environment: a null-terminated array of pointers to
+    /// `NAME=value` strings, null until the C library has set it up.
+    static environ: *const *const libc::c_char;
+}
+
+/// The C library's `environ` pointer, read once.
+fn environ_now() -> *const *const libc::c_char {
+    // SAFETY: a plain read of the C library's `environ` pointer (written
+    // once at start-up, and by `setenv`/`putenv`, which the callers'
+    // `getenv` races with anyway).
+    unsafe { std::ptr::addr_of!(environ).read_volatile() }
+}
+
 /// Whether the C library has set up the environment (`environ` is not
 /// null). A preloaded allocator is called by the dynamic loader before
 /// that, when `getenv` finds nothing whatever the environment holds.
 pub(crate) fn environment_ready() -> bool {
-    extern "C" {
-        static environ: *const *const libc::c_char;
-    }
-    // SAFETY: a plain read of the C library's `environ` pointer (written
-    // once at start-up, and by `setenv`/`putenv`, which the callers'
-    // `getenv` races with anyway).
-    !unsafe { std::ptr::addr_of!(environ).read_volatile() }.is_null()
+    !environ_now().is_null()
+}
+
+/// The value of every `name=` entry of the environment, in order, without
+/// allocating. `getenv` returns the first only; a program started with a
+/// raw `execve` may carry a name twice, and glibc's tunables read every
+/// `GLIBC_TUNABLES` entry (`elf/dl-tunables.c`, each later entry setting
+/// over an earlier one). The slices stay valid while nobody calls `setenv`.
+pub(crate) fn env_values(name: &[u8]) -> impl Iterator<Item = &'static [u8]> + '_ {
+    let mut at = environ_now();
+    std::iter::from_fn(move || loop {
+        if at.is_null() {
+            return None;
+        }
+        // SAFETY: `at` points into `environ`'s array, whose last element is
+        // null; the walk stops there.
+        let entry = unsafe { at.read() };
+        if entry.is_null() {
+            return None;
+        }
+        // SAFETY: not past the null element just read.
+        at = unsafe { at.add(1) };
+        // SAFETY: every element before the null one is a NUL-terminated
+        // string of the environment block.
+        let bytes = unsafe { std::ffi::CStr::from_ptr(entry) }.to_bytes();
+        if let Some(value) = bytes.strip_prefix(name).and_then(|r| r.strip_prefix(b"=")) {
+            return Some(value);
+        }
+    })
 }
 
 /// Read a small file (a sysfs or procfs knob) into `buf` without allocating;
@@ -370,6 +406,17 @@ impl Drop for TerminationSignalsBlocked {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    #[cfg_attr(miri, ignore = "the C library's environ")]
+    fn env_values_finds_whole_names_as_getenv_does() {
+        // The test harness runs with PATH set (cargo sets it for every test).
+        let path = getenv(c"PATH").expect("PATH is set");
+        assert_eq!(env_values(b"PATH").next(), Some(path));
+        // A name that is the start of another's finds nothing of it.
+        assert!(env_values(b"PAT").all(|v| Some(v) != Some(path)));
+        assert_eq!(env_values(b"CKALLOC_NO_SUCH_VARIABLE").next(), None);
+    }
 
     #[test]
     #[cfg(target_os = "linux")]

@@ -9,7 +9,11 @@
  * "json " and the glibc keys of the library's ckalloc_stats_json ("json
  * none" without the library). With "dlopen LIB" as arguments the program
  * opens LIB with dlopen first (the library is then not the process's
- * malloc). The program takes malloc's address, which built without PIE
+ * malloc). With "twice" as the argument it runs itself again with two
+ * GLIBC_TUNABLES entries in its environment, as a raw execve can pass
+ * them: the first names no threshold, the second sets glibc's mmap
+ * threshold to 128 KiB (glibc reads every entry; getenv finds the first).
+ * The program takes malloc's address, which built without PIE
  * makes the program's own PLT entry malloc's address in the whole process
  * (preload_glibc_thresholds_nopie.c). */
 #define _GNU_SOURCE
@@ -18,13 +22,32 @@
 #include <stdio.h>
 #include <string.h>
 #include <stdlib.h>
+#include <unistd.h>
 
 #define MIB ((size_t)1 << 20)
 
 void *(*volatile malloc_address)(size_t) = malloc;
 
+extern char **environ;
+
+/* Run this program again with GLIBC_TUNABLES given twice. */
+static int run_with_tunables_twice(void) {
+    static char *envp[4096];
+    size_t n = 0;
+    envp[n++] = "GLIBC_TUNABLES=glibc.malloc.arena_max=4";
+    envp[n++] = "GLIBC_TUNABLES=glibc.malloc.mmap_threshold=131072";
+    for (char **e = environ; *e && n + 1 < sizeof envp / sizeof *envp; e++)
+        if (strncmp(*e, "GLIBC_TUNABLES=", 15) != 0) envp[n++] = *e;
+    envp[n] = NULL;
+    char *args[] = {"preload_glibc_thresholds", NULL};
+    execve("/proc/self/exe", args, envp);
+    perror("execve");
+    return 2;
+}
+
 int main(int argc, char **argv) {
     void *lib = RTLD_DEFAULT;
+    if (argc == 2 && strcmp(argv[1], "twice") == 0) return run_with_tunables_twice();
     if (argc == 3 && strcmp(argv[1], "dlopen") == 0) {
         lib = dlopen(argv[2], RTLD_NOW | RTLD_LOCAL);
         if (!lib) {

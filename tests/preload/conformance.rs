@@ -398,6 +398,13 @@ fn glibc_takes_the_requests_below_the_threshold_from_its_heap_unless_the_environ
         let says = format!("\"glibc_thresholds\":\"{state}\"");
         assert!(json.starts_with(&says), "{env:?}: {json}");
     }
+    // GLIBC_TUNABLES twice (a raw execve): glibc reads the second too.
+    let (mapped, _, json) = run_it(&["twice"], true, &[]);
+    assert_eq!(mapped, 1, "preloaded, GLIBC_TUNABLES twice");
+    assert!(
+        json.starts_with("\"glibc_thresholds\":\"environment\""),
+        "{json}"
+    );
     let (_, heap, _) = run_it(&[], true, &[("MALLOC_TRIM_THRESHOLD_", "131072")]);
     assert!(
         heap < 3 << 20,
