@@ -286,16 +286,24 @@ impl Thresholds {
 /// of the environment, as its `elf/dl-tunables.c` does; `getenv` would
 /// find only the first of a name a raw `execve` passed twice), or
 /// `MALLOC_MMAP_THRESHOLD_` or `MALLOC_TRIM_THRESHOLD_` set, even empty
-/// (glibc then reads 0; `mallopt(3)`, "ENVIRONMENT"). Never allocates.
+/// (glibc then reads 0; `mallopt(3)`, "ENVIRONMENT"). Never in a
+/// set-user-ID or set-group-ID program (`AT_SECURE`), whose environment
+/// glibc does not take either threshold from (both tunables are
+/// `SXID_IGNORE` in its `dl-tunables.list`). One walk of the environment,
+/// which nobody changes meanwhile (see [`crate::sys::env_entries`]); never
+/// allocates.
 pub fn thresholds_from_environment() -> bool {
-    use crate::sys::env_values;
-    env_values(b"GLIBC_TUNABLES").any(|tunables| {
-        tunables.split(|&b| b == b':').any(|entry| {
+    if crate::sys::secure_execution() {
+        return false;
+    }
+    crate::sys::env_entries().any(|(name, value)| match name {
+        b"GLIBC_TUNABLES" => value.split(|&b| b == b':').any(|entry| {
             entry.starts_with(b"glibc.malloc.mmap_threshold=")
                 || entry.starts_with(b"glibc.malloc.trim_threshold=")
-        })
-    }) || env_values(b"MALLOC_MMAP_THRESHOLD_").next().is_some()
-        || env_values(b"MALLOC_TRIM_THRESHOLD_").next().is_some()
+        }),
+        b"MALLOC_MMAP_THRESHOLD_" | b"MALLOC_TRIM_THRESHOLD_" => true,
+        _ => false,
+    })
 }
 
 static MALLOPT: Next = Next::new(c"mallopt");

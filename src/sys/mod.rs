@@ -33,9 +33,11 @@ pub(crate) use mappings::{
 #[cfg(feature = "weights")]
 pub(crate) use process::block_termination_signals;
 pub(crate) use process::{
-    address_space_limited, env_values, environment_ready, getenv, leading_u64, linux_at_least,
-    memlock_limit, monotonic_ns, read_small_file, register_atfork, thread_cpu_ns, SchedStat,
+    address_space_limited, environment_ready, getenv, leading_u64, linux_at_least, memlock_limit,
+    monotonic_ns, read_small_file, register_atfork, thread_cpu_ns, SchedStat,
 };
+#[cfg(all(feature = "preload", target_os = "linux", target_env = "gnu"))]
+pub(crate) use process::{env_entries, secure_execution};
 pub(crate) use thread::{name_this_thread, sleep_ns, spawn_detached};
 
 #[cfg(target_os = "linux")]

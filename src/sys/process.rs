@@ -26,14 +26,19 @@ pub(crate) fn getenv(name: &std::ffi::CStr) -> Option<&'static [u8]> {
 extern "C" {
     /// The C library's environment: a null-terminated array of pointers to
     /// `NAME=value` strings, null until the C library has set it up.
-    static environ: *const *const libc::c_char;
+    /// Mutable: the C library sets it after this library may already run
+    /// (a preloaded allocator is called by the dynamic loader), and
+    /// `setenv`, `putenv` and `clearenv` replace it.
+    static mut environ: *const *const libc::c_char;
 }
 
 /// The C library's `environ` pointer, read once.
 fn environ_now() -> *const *const libc::c_char {
-    // SAFETY: a plain read of the C library's `environ` pointer (written
-    // once at start-up, and by `setenv`/`putenv`, which the callers'
-    // `getenv` races with anyway).
+    // SAFETY: a read through a raw pointer (no reference to the mutable
+    // static) of a pointer-sized word the C library writes at start-up and
+    // in `setenv`/`putenv`/`clearenv`; this crate never changes the
+    // environment, and a program that does so on another thread races with
+    // every `getenv` as well.
     unsafe { std::ptr::addr_of!(environ).read_volatile() }
 }
 
@@ -44,30 +49,51 @@ pub(crate) fn environment_ready() -> bool {
     !environ_now().is_null()
 }
 
-/// The value of every `name=` entry of the environment, in order, without
-/// allocating. `getenv` returns the first only; a program started with a
-/// raw `execve` may carry a name twice, and glibc's tunables read every
-/// `GLIBC_TUNABLES` entry (`elf/dl-tunables.c`, each later entry setting
-/// over an earlier one). The slices stay valid while nobody calls `setenv`.
-pub(crate) fn env_values(name: &[u8]) -> impl Iterator<Item = &'static [u8]> + '_ {
+/// Whether the program runs in secure-execution mode (`AT_SECURE`:
+/// set-user-ID, set-group-ID or with capabilities; `getauxval(3)`,
+/// `ld.so(8)`), in which glibc ignores the environment's tunables marked
+/// `SXID_IGNORE`. Never allocates.
+#[cfg(all(feature = "preload", target_os = "linux", target_env = "gnu"))]
+pub(crate) fn secure_execution() -> bool {
+    // SAFETY: reads the auxiliary vector the kernel passed at `execve`; no
+    // side effect.
+    unsafe { libc::getauxval(libc::AT_SECURE) != 0 }
+}
+
+/// Every entry of the environment as (name, value), in order, without
+/// allocating; an entry without `=` is skipped, as glibc skips it. Unlike
+/// `getenv`, which returns the first entry of a name, it shows every one: a
+/// program started with a raw `execve` may carry a name twice, and glibc's
+/// tunables read every `GLIBC_TUNABLES` entry (`elf/dl-tunables.c`, a later
+/// entry setting over an earlier one).
+///
+/// The caller does not change the environment while it walks it, and
+/// neither does another thread (the contract of `getenv` too): `setenv`
+/// and `clearenv` may free the array, and `putenv` strings belong to the
+/// program. Called from the preload library's constructor.
+#[cfg(all(feature = "preload", target_os = "linux", target_env = "gnu"))]
+pub(crate) fn env_entries() -> impl Iterator<Item = (&'static [u8], &'static [u8])> {
     let mut at = environ_now();
     std::iter::from_fn(move || loop {
         if at.is_null() {
             return None;
         }
-        // SAFETY: `at` points into `environ`'s array, whose last element is
-        // null; the walk stops there.
+        // SAFETY: `at` points at an element of `environ`'s array: its
+        // first, or one after an element that was not its terminating null
+        // (the array is not changed meanwhile, as the caller ensures).
         let entry = unsafe { at.read() };
         if entry.is_null() {
             return None;
         }
-        // SAFETY: not past the null element just read.
+        // SAFETY: `entry` is not the terminating null, so the element after
+        // it is still inside the array (at most that null).
         at = unsafe { at.add(1) };
-        // SAFETY: every element before the null one is a NUL-terminated
-        // string of the environment block.
+        // SAFETY: every element before the terminating null points at a
+        // NUL-terminated `NAME=value` string that stays while the
+        // environment is not changed (the caller's contract).
         let bytes = unsafe { std::ffi::CStr::from_ptr(entry) }.to_bytes();
-        if let Some(value) = bytes.strip_prefix(name).and_then(|r| r.strip_prefix(b"=")) {
-            return Some(value);
+        if let Some(eq) = bytes.iter().position(|&b| b == b'=') {
+            return Some((&bytes[..eq], &bytes[eq + 1..]));
         }
     })
 }
@@ -408,14 +434,23 @@ mod tests {
     use super::*;
 
     #[test]
+    #[cfg(all(feature = "preload", target_os = "linux", target_env = "gnu"))]
     #[cfg_attr(miri, ignore = "the C library's environ")]
-    fn env_values_finds_whole_names_as_getenv_does() {
-        // The test harness runs with PATH set (cargo sets it for every test).
-        let path = getenv(c"PATH").expect("PATH is set");
-        assert_eq!(env_values(b"PATH").next(), Some(path));
-        // A name that is the start of another's finds nothing of it.
-        assert!(env_values(b"PAT").all(|v| Some(v) != Some(path)));
-        assert_eq!(env_values(b"CKALLOC_NO_SUCH_VARIABLE").next(), None);
+    fn env_entries_name_every_variable_as_getenv_reads_it() {
+        let vars: Vec<_> = std::env::vars_os().collect();
+        assert!(!vars.is_empty(), "the test runs with an environment");
+        let entries: Vec<_> = env_entries().collect();
+        for (name, value) in &vars {
+            let (name, value) = (name.as_encoded_bytes(), value.as_encoded_bytes());
+            let first = entries.iter().find(|(n, _)| *n == name).map(|&(_, v)| v);
+            assert_eq!(first, Some(value), "{name:?}");
+            // A name cut short is not the variable (no entry's name is
+            // matched by its start).
+            let short = &name[..name.len() - 1];
+            let c = std::ffi::CString::new(short).unwrap();
+            let found = entries.iter().find(|(n, _)| *n == short).map(|&(_, v)| v);
+            assert_eq!(found, getenv(&c), "{short:?}");
+        }
     }
 
     #[test]

@@ -12,7 +12,7 @@
  * malloc). With "twice" as the argument it runs itself again with two
  * GLIBC_TUNABLES entries in its environment, as a raw execve can pass
  * them: the first names no threshold, the second sets glibc's mmap
- * threshold to 128 KiB (glibc reads every entry; getenv finds the first).
+ * threshold to 4 MiB (glibc reads every entry; getenv finds the first).
  * The program takes malloc's address, which built without PIE
  * makes the program's own PLT entry malloc's address in the whole process
  * (preload_glibc_thresholds_nopie.c). */
@@ -35,7 +35,7 @@ static int run_with_tunables_twice(void) {
     static char *envp[4096];
     size_t n = 0;
     envp[n++] = "GLIBC_TUNABLES=glibc.malloc.arena_max=4";
-    envp[n++] = "GLIBC_TUNABLES=glibc.malloc.mmap_threshold=131072";
+    envp[n++] = "GLIBC_TUNABLES=glibc.malloc.mmap_threshold=4194304";
     for (char **e = environ; *e && n + 1 < sizeof envp / sizeof *envp; e++)
         if (strncmp(*e, "GLIBC_TUNABLES=", 15) != 0) envp[n++] = *e;
     envp[n] = NULL;

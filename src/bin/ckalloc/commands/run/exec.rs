@@ -372,14 +372,16 @@ fn c_strings(items: &[OsString]) -> Option<Vec<CString>> {
 /// `=`, which `env` passes on too), but `LD_PRELOAD` set to `preload`.
 fn environment(preload: &OsStr) -> Option<Vec<CString>> {
     extern "C" {
-        static environ: *const *const libc::c_char;
+        /// Mutable: `setenv`, `putenv` and `clearenv` replace it.
+        static mut environ: *const *const libc::c_char;
     }
     let mut out = Vec::new();
-    // SAFETY: `environ` is the C library's null-terminated array of
+    // SAFETY: `environ` (read through a raw pointer, no reference to the
+    // mutable static) is the C library's null-terminated array of
     // NUL-terminated strings; nothing in this single-threaded program
     // changes the environment while it is read.
     unsafe {
-        let mut at = environ;
+        let mut at = std::ptr::addr_of!(environ).read();
         while !at.is_null() && !(*at).is_null() {
             let entry = CStr::from_ptr(*at);
             if !entry.to_bytes().starts_with(b"LD_PRELOAD=") {
