@@ -290,7 +290,7 @@ impl Thresholds {
 /// set-user-ID or set-group-ID program (`AT_SECURE`), whose environment
 /// glibc does not take either threshold from (both tunables are
 /// `SXID_IGNORE` in its `dl-tunables.list`). One walk of the environment,
-/// which nobody changes meanwhile (see [`crate::sys::env_entries`]); never
+/// which nobody may change meanwhile (the contract of `getenv` too); never
 /// allocates.
 pub fn thresholds_from_environment() -> bool {
     if crate::sys::secure_execution() {
