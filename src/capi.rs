@@ -104,7 +104,7 @@ pub unsafe extern "C" fn ck_huge_free(ptr: *mut c_void, bytes: usize) {
             return;
         }
         // SAFETY: a block the engine holds at `ptr` is the caller's.
-        if !unsafe { ENGINE.free(ptr.cast(), &Policy::CK_HUGE) } {
+        if unsafe { ENGINE.free(ptr.cast(), &Policy::CK_HUGE) }.is_none() {
             set_last_error(format!(
                 "ck_huge_free: {ptr:p} ({bytes} bytes) was not returned by ck_huge_alloc or is already freed"
             ));

@@ -139,6 +139,12 @@ pub unsafe extern "C" fn malloc_usable_size(p: *mut c_void) -> usize {
     unsafe { api::malloc_usable_size(p) }
 }
 
+/// `mallopt(3)`.
+#[no_mangle]
+pub extern "C" fn mallopt(param: c_int, value: c_int) -> c_int {
+    api::mallopt(param, value)
+}
+
 /// `malloc_trim(3)`.
 #[no_mangle]
 pub extern "C" fn malloc_trim(pad: usize) -> c_int {

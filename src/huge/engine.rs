@@ -424,14 +424,15 @@ impl Engine {
         retain::give(&self.stats, &self.spans, u, kept, restore);
     }
 
-    /// Free the block at `p`; `false` when no block of the engine starts
-    /// there (nothing happens then). Units that are purged are read-write
-    /// again and keep the program's advice ([`Restore::Access`]); retained
-    /// units keep what the program did to them.
+    /// Free the block at `p` and return its length in bytes; `None` when
+    /// no block of the engine starts there (nothing happens then). Units
+    /// that are purged are read-write again and keep the program's advice
+    /// ([`Restore::Access`]); retained units keep what the program did to
+    /// them.
     ///
     /// # Safety
     /// A block at `p` is not used afterwards.
-    pub(crate) unsafe fn free(&self, p: *mut u8, policy: &Policy) -> bool {
+    pub(crate) unsafe fn free(&self, p: *mut u8, policy: &Policy) -> Option<usize> {
         // SAFETY: the caller's contract.
         unsafe { self.free_as(p, policy, Restore::Access) }
     }
@@ -443,24 +444,21 @@ impl Engine {
     ///
     /// # Safety
     /// As [`free`](Self::free).
-    pub(crate) unsafe fn free_moved(&self, p: *mut u8, policy: &Policy) -> bool {
+    pub(crate) unsafe fn free_moved(&self, p: *mut u8, policy: &Policy) -> Option<usize> {
         // SAFETY: the caller's contract.
         unsafe { self.free_as(p, policy, Restore::Everything) }
     }
 
     /// # Safety
     /// As [`free`](Self::free).
-    unsafe fn free_as(&self, p: *mut u8, policy: &Policy, restore: Restore) -> bool {
-        let Some(d) = self.extents.remove(p) else {
-            return false;
-        };
+    unsafe fn free_as(&self, p: *mut u8, policy: &Policy, restore: Restore) -> Option<usize> {
+        let d = self.extents.remove(p)?;
         self.tick();
-        let Some(u) = self.units_of(p, d) else {
-            return true;
-        };
-        self.stats.sub(Count::Live, u.len() as u64);
-        self.give_back(&u, policy, restore);
-        true
+        if let Some(u) = self.units_of(p, d) {
+            self.stats.sub(Count::Live, u.len() as u64);
+            self.give_back(&u, policy, restore);
+        }
+        Some(d.len())
     }
 
     /// The length of the block at `p`, `None` when no block of the engine

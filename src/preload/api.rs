@@ -105,16 +105,21 @@ pub fn malloc(size: usize) -> *mut c_void {
 }
 
 /// `free(3)`: null does nothing; a ckalloc block goes back to the engine
-/// (retained or unmapped), any other pointer to glibc.
+/// (retained or unmapped) and raises glibc's trim threshold as glibc's
+/// dynamic threshold would ([`glibc::follow_freed_block`]), any other
+/// pointer goes to glibc.
 ///
 /// # Safety
 /// `p` is null or a live block of this API or of glibc's allocator.
 #[inline]
 pub unsafe fn free(p: *mut c_void) {
-    // SAFETY: a block the engine holds at `p` is the caller's, not used
-    // afterwards.
-    if (p as usize).is_multiple_of(HUGE_PAGE_2M) && unsafe { ENGINE.free(p.cast(), &POLICY) } {
-        return;
+    if (p as usize).is_multiple_of(HUGE_PAGE_2M) {
+        // SAFETY: a block the engine holds at `p` is the caller's, not
+        // used afterwards.
+        if let Some(len) = unsafe { ENGINE.free(p.cast(), &POLICY) } {
+            glibc::follow_freed_block(len);
+            return;
+        }
     }
     // SAFETY: not a ckalloc block, so glibc's (the caller's contract).
     unsafe { glibc::free(p) }
@@ -333,6 +338,13 @@ pub unsafe fn malloc_usable_size(p: *mut c_void) -> usize {
     }
     // SAFETY: a glibc block (the caller's contract).
     unsafe { glibc::usable_size(p) }
+}
+
+/// `mallopt(3)`: glibc's, which the requests below the threshold go to
+/// ([`glibc::program_mallopt`]: a setting of glibc's thresholds ends the
+/// library's raising of the trim threshold).
+pub fn mallopt(param: c_int, value: c_int) -> c_int {
+    glibc::program_mallopt(param, value)
 }
 
 /// `malloc_trim(3)`: gives every retained huge-page block back to the

@@ -13,9 +13,10 @@
 //! whose Rust code must not reach `System` (`System` calls the exported
 //! `malloc`, the library itself).
 
+use crate::lock::PoolLock;
 use std::alloc::{GlobalAlloc, Layout};
 use std::ffi::{c_int, c_void, CStr};
-use std::sync::atomic::{AtomicPtr, Ordering};
+use std::sync::atomic::{AtomicPtr, AtomicUsize, Ordering};
 
 /// glibc's alignment of `malloc` blocks (`MALLOC_ALIGNMENT` on x86_64 and
 /// aarch64: 16 bytes).
@@ -250,6 +251,11 @@ pub const MMAP_THRESHOLD_MAX: usize = 32 << 20;
 /// 128 KiB), where its dynamic threshold starts.
 pub const MMAP_THRESHOLD_DEFAULT: usize = 128 << 10;
 
+/// The largest `M_TRIM_THRESHOLD` glibc's dynamic threshold sets
+/// (`malloc/malloc.c`: twice the mmap threshold, which it raises up to
+/// [`MMAP_THRESHOLD_MAX`]): 64 MiB.
+pub const TRIM_THRESHOLD_DYNAMIC_MAX: usize = 2 * MMAP_THRESHOLD_MAX;
+
 /// The `mallopt` settings that decide where glibc's requests between
 /// 128 KiB and the preload threshold come from (`mallopt(3)`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -308,21 +314,106 @@ pub fn thresholds_from_environment() -> bool {
 
 static MALLOPT: Next = Next::new(c"mallopt");
 
-/// Set glibc's mmap and trim thresholds with glibc's own `mallopt`
-/// (`M_MMAP_THRESHOLD`, `M_TRIM_THRESHOLD`; found in `libc.so.6`, not the
+/// glibc's own `mallopt(param, value)` (found in `libc.so.6`, not the
 /// first `mallopt` of the process, which another preloaded allocator may
-/// define), which also ends glibc's dynamic threshold. Returns whether
-/// glibc took both (`mallopt` returns 1).
-pub fn set_thresholds(t: Thresholds) -> bool {
-    let (Ok(mmap), Ok(trim)) = (c_int::try_from(t.mmap), c_int::try_from(t.trim)) else {
-        return false;
-    };
+/// define): 1 when glibc took the value, 0 when it refused it or when
+/// `libc.so.6` has no `mallopt`.
+fn mallopt(param: c_int, value: c_int) -> c_int {
     let Some(f) = MALLOPT.get() else {
-        return false;
+        return 0;
     };
     // SAFETY: `mallopt`'s C signature; it takes any parameter and value.
     unsafe {
         let f: unsafe extern "C" fn(c_int, c_int) -> c_int = std::mem::transmute(f);
-        f(libc::M_MMAP_THRESHOLD, mmap) == 1 && f(libc::M_TRIM_THRESHOLD, trim) == 1
+        f(param, value)
     }
+}
+
+/// `mallopt` of a byte count; false when it does not fit a C `int`.
+fn mallopt_bytes(param: c_int, bytes: usize) -> bool {
+    c_int::try_from(bytes).is_ok_and(|v| mallopt(param, v) == 1)
+}
+
+/// The trim threshold the library set and glibc has, in bytes; 0 while
+/// the library does not raise it ([`follow_freed_block`]). Changed only
+/// under [`TRIM_LOCK`].
+static TRIM_SET: AtomicUsize = AtomicUsize::new(0);
+
+/// Orders the library's `mallopt(M_TRIM_THRESHOLD)` calls against each
+/// other and against the program's `mallopt` ([`program_mallopt`]).
+static TRIM_LOCK: PoolLock<()> = PoolLock::new(());
+
+/// Set glibc's mmap and trim thresholds with glibc's own `mallopt`
+/// (`M_MMAP_THRESHOLD`, `M_TRIM_THRESHOLD`), which also ends glibc's
+/// dynamic threshold. Returns whether glibc took both; from then on
+/// [`follow_freed_block`] raises the trim threshold.
+pub fn set_thresholds(t: Thresholds) -> bool {
+    let _held = TRIM_LOCK.lock();
+    let set = mallopt_bytes(libc::M_MMAP_THRESHOLD, t.mmap)
+        && mallopt_bytes(libc::M_TRIM_THRESHOLD, t.trim);
+    TRIM_SET.store(if set { t.trim } else { 0 }, Ordering::Relaxed);
+    set
+}
+
+/// The trim threshold the library set and raised since, in bytes; 0 when
+/// it set none ([`set_thresholds`] was not called or failed) or the
+/// program set glibc's thresholds itself since ([`program_mallopt`]).
+pub fn trim_threshold() -> usize {
+    TRIM_SET.load(Ordering::Relaxed)
+}
+
+/// Raise glibc's trim threshold for a freed huge block of `len` bytes, as
+/// glibc's dynamic threshold does (`malloc/malloc.c`, `__libc_free`) when
+/// the program frees a mapped chunk larger than its mmap threshold, up to
+/// [`MMAP_THRESHOLD_MAX`]: to twice `len` (at most twice that maximum,
+/// [`TRIM_THRESHOLD_DYNAMIC_MAX`]), here rounded down to a power of two,
+/// so that the threshold rises at most 8 times in a process (it doubles
+/// from at least 256 KiB up to 64 MiB) and stays at or under the one
+/// glibc's dynamic threshold would set in the same program under glibc
+/// alone (which maps such a block and raises the threshold when it is
+/// freed). Does nothing while the library does not set the thresholds
+/// ([`trim_threshold`] is 0). Never allocates; thread-safe. A raise calls
+/// `mallopt`, which takes glibc's main arena lock and consolidates its
+/// fast bins.
+pub fn follow_freed_block(len: usize) {
+    let cur = TRIM_SET.load(Ordering::Relaxed);
+    if cur == 0 || len.min(MMAP_THRESHOLD_MAX) * 2 <= cur {
+        return;
+    }
+    // `len` is over `cur / 2 > 0` here.
+    let want = (2usize << len.min(MMAP_THRESHOLD_MAX).ilog2()).min(TRIM_THRESHOLD_DYNAMIC_MAX);
+    let _held = TRIM_LOCK.lock();
+    let cur = TRIM_SET.load(Ordering::Relaxed);
+    if cur != 0 && want > cur && mallopt_bytes(libc::M_TRIM_THRESHOLD, want) {
+        TRIM_SET.store(want, Ordering::Relaxed);
+    }
+}
+
+/// The program's `mallopt(param, value)`, passed to glibc's. Setting
+/// `M_TRIM_THRESHOLD`, `M_TOP_PAD`, `M_MMAP_THRESHOLD` or `M_MMAP_MAX`
+/// ends glibc's dynamic threshold (`malloc/malloc.c`), and so ends the
+/// library's raising of the trim threshold ([`follow_freed_block`]): the
+/// program's setting stands.
+pub fn program_mallopt(param: c_int, value: c_int) -> c_int {
+    if ![
+        libc::M_TRIM_THRESHOLD,
+        libc::M_TOP_PAD,
+        libc::M_MMAP_THRESHOLD,
+        libc::M_MMAP_MAX,
+    ]
+    .contains(&param)
+    {
+        return mallopt(param, value);
+    }
+    let _held = TRIM_LOCK.lock();
+    TRIM_SET.store(0, Ordering::Relaxed);
+    mallopt(param, value)
+}
+
+/// For the `fork()` child: the lock that orders the `mallopt` calls of
+/// [`follow_freed_block`] and [`program_mallopt`] is free again (a thread
+/// of the parent that held it does not exist in the child).
+pub fn after_fork_child() {
+    // SAFETY: the child has one thread, which holds no guard of the lock.
+    unsafe { TRIM_LOCK.force_unlock() };
 }

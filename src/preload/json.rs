@@ -5,9 +5,10 @@
 //!
 //! Keys, each a number unless said: `preload` (`blocks`, `bytes`,
 //! `threshold`, `retain_cap`, `glibc_fallbacks`, `glibc_thresholds` (a
-//! string: `set`, `environment`, `refused`, `untouched`; see
+//! string: `set`, `environment`, `program`, `refused`, `untouched`; see
 //! [`GlibcThresholds`]), `glibc_mmap_threshold` and `glibc_trim_threshold`
-//! (`null` unless set)), `tiers` (`hugetlb`,
+//! (`null` unless set; the trim threshold now, raised by freed huge
+//! blocks)), `tiers` (`hugetlb`,
 //! `thp`, `normal`, each `{blocks, bytes}`), `hugetlb_fallbacks`,
 //! `hugetlb_skipped`, `thp_fallbacks`, `syscalls` (`mmap`, `munmap`,
 //! `mremap`, `madvise`, `mprotect`, `munlock`), `spans`, `span_bytes`,

@@ -39,7 +39,7 @@
 //! | `memalign`, `aligned_alloc`, `posix_memalign` | `__libc_memalign` (glibc exports no `__libc_posix_memalign` or `__libc_aligned_alloc`; the checks of each are done here) |
 //! | `valloc`, `pvalloc` | `__libc_valloc`, `__libc_pvalloc` |
 //! | `reallocarray` | the overflow check here, then `realloc` (`__libc_reallocarray` is `GLIBC_PRIVATE`) |
-//! | `malloc_usable_size`, `malloc_trim` | glibc's exported functions, found once with `dlsym` on `libc.so.6` and cached (not `RTLD_NEXT`, where another preloaded allocator would answer; `dlsym` may call `malloc` or `calloc`, which never need it, so the lookup cannot recurse) |
+//! | `malloc_usable_size`, `malloc_trim`, `mallopt` | glibc's exported functions, found once with `dlsym` on `libc.so.6` and cached (not `RTLD_NEXT`, where another preloaded allocator would answer; `dlsym` may call `malloc` or `calloc`, which never need it, so the lookup cannot recurse) |
 //!
 //! When the library is loaded with `LD_PRELOAD` it sets glibc up for them
 //! with glibc's `mallopt(3)` ([`configure_glibc_thresholds`]):
@@ -51,12 +51,24 @@
 //! heap has no free chunk for until the dynamic threshold has grown past
 //! it, and `free` gives the mapping back, so each request of a model
 //! server faults its mid-sized tensors in again; with these, such requests
-//! come from glibc's heaps. What glibc then keeps is glibc's, as it is once
-//! its dynamic threshold has grown: up to the trim threshold free at the
-//! top of each arena's heap (one arena per thread that allocated
-//! concurrently, up to 8 per core; `malloc_trim` gives back the main
-//! arena's top only, and free chunks inside every heap), and freed memory
-//! that live blocks above it pin. glibc may still map a request just below
+//! come from glibc's heaps.
+//!
+//! The trim threshold then follows the huge blocks the program frees, as
+//! glibc's dynamic threshold follows the mapped chunks it frees: a freed
+//! block of `len` bytes raises it to twice `len` rounded down to a power of
+//! two, at most 64 MiB ([`glibc::follow_freed_block`]). Under glibc alone
+//! the same program would map that block and, at its `free`, raise the
+//! trim threshold to twice its size; so glibc keeps at most what it would
+//! keep in the same program on its own, and a model server's requests,
+//! which free their tensors at the top of glibc's heap and ask for them
+//! again in the next request, do not give that top back and fault it in
+//! again at every request (`benches/README.md` has the serving trace's
+//! page faults with and without it). What glibc keeps is glibc's, as it is once its
+//! dynamic threshold has grown: up to the trim threshold free at the top
+//! of each arena's heap (one arena per thread that allocated concurrently,
+//! up to 8 per core; `malloc_trim` gives back the main arena's top only,
+//! and free chunks inside every heap), and freed memory that live blocks
+//! above it pin. glibc may still map a request just below
 //! the threshold (its chunk adds 8 to 23 bytes) and an aligned one whose
 //! size and alignment together reach it.
 //!
@@ -68,11 +80,13 @@
 //! with `dlopen` (it then comes after libc, and its `malloc` is not the
 //! process's), and when the environment is not set up yet. A library
 //! before it in `LD_PRELOAD` that wraps `malloc` (heaptrack,
-//! `libmemusage.so`) does not change this. It sets the thresholds once, in its
+//! `libmemusage.so`) does not change this. It sets the thresholds in its
 //! constructor: a `mallopt` another library's constructor made before it
-//! is replaced, and one the program makes later stands (the statistics
-//! show what the library set at load, not later calls). The summary's
-//! `glibc:` line and [`PreloadStats::glibc_thresholds`] say which happened.
+//! is replaced. A `mallopt` of the program's that sets `M_TRIM_THRESHOLD`,
+//! `M_TOP_PAD`, `M_MMAP_THRESHOLD` or `M_MMAP_MAX` later (the library's
+//! `mallopt` passes it to glibc's) stands: it ends the raising of the trim
+//! threshold, as it ends glibc's dynamic threshold. The summary's `glibc:`
+//! line and [`PreloadStats::glibc_thresholds`] say which happened.
 //!
 //! # Semantics (glibc 2.36, `malloc(3)`, `posix_memalign(3)`, `malloc_usable_size(3)`)
 //!
@@ -318,8 +332,8 @@ mod json;
 mod report;
 
 pub use api::{
-    aligned_alloc, calloc, free, malloc, malloc_trim, malloc_usable_size, memalign, posix_memalign,
-    pvalloc, realloc, reallocarray, valloc,
+    aligned_alloc, calloc, free, malloc, malloc_trim, malloc_usable_size, mallopt, memalign,
+    posix_memalign, pvalloc, realloc, reallocarray, valloc,
 };
 pub use glibc::GlibcMalloc;
 pub use json::write_stats_json;
@@ -357,16 +371,18 @@ pub(crate) fn served_huge_blocks() -> bool {
 
 fn no_fork_work() {}
 
-fn note_inherited_blocks() {
+fn after_fork_child() {
     INHERITED_BLOCKS.store(COUNTERS.blocks.load(Relaxed), Relaxed);
+    glibc::after_fork_child();
 }
 
 /// The fork hooks of stage `PreloadCounters` (`crate::fork`): the child
-/// notes the huge blocks it inherited.
+/// notes the huge blocks it inherited and frees the lock of glibc's trim
+/// threshold.
 static FORK_HOOKS: crate::fork::Hooks = crate::fork::Hooks {
     prepare: no_fork_work,
     parent: no_fork_work,
-    child: note_inherited_blocks,
+    child: after_fork_child,
 };
 
 crate::fork::at_load!(ADD_PRELOAD_FORK_HOOKS, {
@@ -394,8 +410,13 @@ pub enum GlibcThresholds {
     /// made them.
     #[default]
     Untouched,
-    /// Set to these ([`glibc::Thresholds::for_preload_threshold`]).
+    /// Set at load ([`glibc::Thresholds::for_preload_threshold`]); `trim`
+    /// is the trim threshold now, raised since by the huge blocks the
+    /// program freed ([`glibc::follow_freed_block`]).
     Set(glibc::Thresholds),
+    /// Set at load, then set by the program with `mallopt`
+    /// ([`glibc::program_mallopt`]): glibc's thresholds are the program's.
+    Program,
     /// Left as the environment configures them
     /// ([`glibc::thresholds_from_environment`]).
     Environment,
@@ -404,32 +425,36 @@ pub enum GlibcThresholds {
 }
 
 impl GlibcThresholds {
-    /// The word the JSON statistics use: `untouched`, `set`, `environment`
-    /// or `refused`.
+    /// The word the JSON statistics use: `untouched`, `set`, `environment`,
+    /// `program` or `refused`.
     pub fn name(self) -> &'static str {
         match self {
             GlibcThresholds::Untouched => "untouched",
             GlibcThresholds::Set(_) => "set",
             GlibcThresholds::Environment => "environment",
+            GlibcThresholds::Program => "program",
             GlibcThresholds::Refused => "refused",
         }
     }
 }
 
-/// The summary's words: `mmap threshold 2.00 MiB, trim threshold 4.00 MiB
-/// (set at load)` when set.
+/// The summary's words: `mmap threshold 2.00 MiB, trim threshold 16.00
+/// MiB (set at load, trim raised by freed huge blocks)` when set.
 impl std::fmt::Display for GlibcThresholds {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             GlibcThresholds::Set(t) => write!(
                 f,
-                "mmap threshold {}, trim threshold {} (set at load)",
+                "mmap threshold {}, trim threshold {} (set at load, trim raised by freed huge blocks)",
                 crate::units::ExactBytes(t.mmap as u64),
                 crate::units::ExactBytes(t.trim as u64)
             ),
             GlibcThresholds::Environment => f.write_str(
                 "thresholds as the environment sets them (GLIBC_TUNABLES or MALLOC_*_THRESHOLD_)",
             ),
+            GlibcThresholds::Program => {
+                f.write_str("thresholds as the program set them with mallopt after load")
+            }
             GlibcThresholds::Refused => {
                 f.write_str("thresholds not set by ckalloc (mallopt refused them)")
             }
@@ -470,9 +495,13 @@ pub fn configure_glibc_thresholds() {
 /// What [`configure_glibc_thresholds`] did in this process.
 pub fn glibc_thresholds() -> GlibcThresholds {
     match GLIBC_THRESHOLDS.load(Relaxed) {
-        THRESHOLDS_SET => GlibcThresholds::Set(glibc::Thresholds::for_preload_threshold(
-            crate::env::preload_threshold(),
-        )),
+        THRESHOLDS_SET => match glibc::trim_threshold() {
+            0 => GlibcThresholds::Program,
+            trim => GlibcThresholds::Set(glibc::Thresholds {
+                trim,
+                ..glibc::Thresholds::for_preload_threshold(crate::env::preload_threshold())
+            }),
+        },
         THRESHOLDS_ENVIRONMENT => GlibcThresholds::Environment,
         THRESHOLDS_REFUSED => GlibcThresholds::Refused,
         _ => GlibcThresholds::Untouched,

@@ -5,7 +5,11 @@
  * defaults map the first 1 MiB block (M_MMAP_THRESHOLD starts at 128 KiB)
  * and, their dynamic threshold grown to that block, trim a free top over
  * about 2 MiB; the preload library's thresholds take the block from the
- * heap and leave the freed 3 MiB in place (M_TRIM_THRESHOLD 4 MiB). Last,
+ * heap and leave the freed 3 MiB in place (M_TRIM_THRESHOLD 4 MiB). Then
+ * "heap_after_big_free N", the same after a 12 MiB block was written and
+ * freed and eight 1 MiB blocks at the heap's top were freed: glibc alone
+ * maps the 12 MiB block and raises its trim threshold to 24 MiB at its
+ * free, the library raises it to 16 MiB, and either keeps the 8 MiB. Last,
  * "json " and the glibc keys of the library's ckalloc_stats_json ("json
  * none" without the library). With "dlopen LIB" as arguments the program
  * opens LIB with dlopen first (the library is then not the process's
@@ -13,6 +17,8 @@
  * GLIBC_TUNABLES entries in its environment, as a raw execve can pass
  * them: the first names no threshold, the second sets glibc's mmap
  * threshold to 4 MiB (glibc reads every entry; getenv finds the first).
+ * With "mallopt" as the argument it sets M_TRIM_THRESHOLD to 128 KiB
+ * first, as a program may after the library loaded.
  * The program takes malloc's address, which built without PIE
  * makes the program's own PLT entry malloc's address in the whole process
  * (preload_glibc_thresholds_nopie.c). */
@@ -45,9 +51,25 @@ static int run_with_tunables_twice(void) {
     return 2;
 }
 
+/* Write n 1 MiB blocks, free them from the last (the heap's top) down,
+ * and print the bytes of glibc's main heap after "label". */
+static int print_heap_after_free(const char *label, int n) {
+    char *blocks[8];
+    for (int i = 0; i < n; i++) {
+        blocks[i] = malloc(MIB);
+        if (!blocks[i]) return 0;
+        memset(blocks[i], 1, MIB);
+    }
+    for (int i = n - 1; i >= 0; i--) free(blocks[i]);
+    printf("%s %zu\n", label, mallinfo2().arena);
+    return 1;
+}
+
 int main(int argc, char **argv) {
     void *lib = RTLD_DEFAULT;
     if (argc == 2 && strcmp(argv[1], "twice") == 0) return run_with_tunables_twice();
+    if (argc == 2 && strcmp(argv[1], "mallopt") == 0 && mallopt(M_TRIM_THRESHOLD, 128 << 10) != 1)
+        return 2;
     if (argc == 3 && strcmp(argv[1], "dlopen") == 0) {
         lib = dlopen(argv[2], RTLD_NOW | RTLD_LOCAL);
         if (!lib) {
@@ -60,14 +82,12 @@ int main(int argc, char **argv) {
     memset(one, 1, MIB);
     printf("mapped %zu\n", mallinfo2().hblks);
     free(one);
-    char *blocks[3];
-    for (int i = 0; i < 3; i++) {
-        blocks[i] = malloc(MIB);
-        if (!blocks[i]) return 2;
-        memset(blocks[i], 1, MIB);
-    }
-    for (int i = 2; i >= 0; i--) free(blocks[i]);
-    printf("heap_after_free %zu\n", mallinfo2().arena);
+    if (!print_heap_after_free("heap_after_free", 3)) return 2;
+    char *big = malloc(12 * MIB);
+    if (!big) return 2;
+    memset(big, 1, 12 * MIB);
+    free(big);
+    if (!print_heap_after_free("heap_after_big_free", 8)) return 2;
     size_t (*stats_json)(char *, size_t) =
         (size_t (*)(char *, size_t))dlsym(lib, "ckalloc_stats_json");
     if (!stats_json) {

@@ -325,6 +325,14 @@ fn the_copy_of_stderr_fits_under_a_low_descriptor_limit() {
 #[test]
 fn glibc_takes_the_requests_below_the_threshold_from_its_heap_unless_the_environment_says_otherwise(
 ) {
+    /// What `preload_glibc_thresholds.c` printed.
+    #[derive(Debug)]
+    struct Heap {
+        mapped: u64,
+        after_free: u64,
+        after_big_free: u64,
+        json: String,
+    }
     let run_in = |program: &str, args: &[&str], preload: bool, env: &[(&str, &str)]| {
         let out = run_c(
             program,
@@ -345,30 +353,52 @@ fn glibc_takes_the_requests_below_the_threshold_from_its_heap_unless_the_environ
             .lines()
             .find_map(|l| l.strip_prefix("json "))
             .map(str::to_owned);
-        (
-            number::<u64>(&out, "mapped "),
-            number::<u64>(&out, "heap_after_free "),
-            json.unwrap_or_else(|| panic!("no json line in {out}")),
-        )
+        Heap {
+            mapped: number::<u64>(&out, "mapped "),
+            after_free: number::<u64>(&out, "heap_after_free "),
+            after_big_free: number::<u64>(&out, "heap_after_big_free "),
+            json: json.unwrap_or_else(|| panic!("no json line in {out}")),
+        }
     };
     let run_it = |args: &[&str], preload: bool, env: &[(&str, &str)]| {
         run_in("preload_glibc_thresholds.c", args, preload, env)
     };
     let untouched = "\"glibc_thresholds\":\"untouched\",\"glibc_mmap_threshold\":null,\
                      \"glibc_trim_threshold\":null";
-    // glibc's defaults map a 1 MiB request and trim the freed top.
-    let (mapped, heap, json) = run_it(&[], false, &[]);
-    assert_eq!(mapped, 1, "glibc alone");
-    assert!(heap < 3 << 20, "glibc alone keeps {heap} B");
-    assert_eq!(json, "none");
-    // The library's thresholds: from the heap, and the heap keeps 3 MiB.
-    let (mapped, heap, json) = run_it(&[], true, &[]);
-    assert_eq!(mapped, 0, "preloaded");
-    assert!(heap >= 3 << 20, "preloaded keeps {heap} B");
+    // glibc's defaults map a 1 MiB request and trim the freed top; after
+    // a freed 12 MiB mapping their trim threshold is 24 MiB.
+    let h = run_it(&[], false, &[]);
+    assert_eq!(h.mapped, 1, "glibc alone");
+    assert!(h.after_free < 3 << 20, "glibc alone keeps {h:?}");
+    assert!(h.after_big_free >= 8 << 20, "glibc alone keeps {h:?}");
+    assert_eq!(h.json, "none");
+    // The library's thresholds: from the heap, and the heap keeps 3 MiB;
+    // the freed 12 MiB block raises the trim threshold to 16 MiB, so the
+    // heap keeps the freed 8 MiB.
+    let h = run_it(&[], true, &[]);
+    assert_eq!(h.mapped, 0, "preloaded");
+    assert!(h.after_free >= 3 << 20, "preloaded keeps {h:?}");
+    assert!(h.after_big_free >= 8 << 20, "preloaded keeps {h:?}");
     assert_eq!(
-        json,
+        h.json,
         "\"glibc_thresholds\":\"set\",\"glibc_mmap_threshold\":2097152,\
-         \"glibc_trim_threshold\":4194304"
+         \"glibc_trim_threshold\":16777216"
+    );
+    // The program's own `mallopt` after load stands: no raise, the freed
+    // top goes back, and the statistics say so.
+    for preload in [false, true] {
+        let h = run_it(&["mallopt"], preload, &[]);
+        assert!(
+            h.after_big_free < 3 << 20,
+            "mallopt, preloaded {preload}: {h:?}"
+        );
+    }
+    let h = run_it(&["mallopt"], true, &[]);
+    assert_eq!(h.mapped, 0, "mallopt, preloaded");
+    assert_eq!(
+        h.json,
+        "\"glibc_thresholds\":\"program\",\"glibc_mmap_threshold\":null,\
+         \"glibc_trim_threshold\":null"
     );
     // A threshold the environment sets is glibc's to keep; a tunable glibc
     // does not read (another name that contains it) is not.
@@ -393,28 +423,35 @@ fn glibc_takes_the_requests_below_the_threshold_from_its_heap_unless_the_environ
             0,
         ),
     ] {
-        let (mapped, _, json) = run_it(&[], true, &[env]);
-        assert_eq!(mapped, mapped_then, "preloaded with {env:?}");
+        let h = run_it(&[], true, &[env]);
+        assert_eq!(h.mapped, mapped_then, "preloaded with {env:?}");
         let says = format!("\"glibc_thresholds\":\"{state}\"");
-        assert!(json.starts_with(&says), "{env:?}: {json}");
+        assert!(h.json.starts_with(&says), "{env:?}: {h:?}");
     }
     // GLIBC_TUNABLES twice (a raw execve), the second with a 4 MiB mmap
     // threshold: glibc alone reads it (the 1 MiB block is not mapped), and
     // the library leaves glibc as it is (its trim threshold stays glibc's
-    // default, so the freed top goes back).
-    let (mapped, _, _) = run_it(&["twice"], false, &[]);
-    assert_eq!(mapped, 0, "glibc alone, GLIBC_TUNABLES twice");
-    let (mapped, heap, json) = run_it(&["twice"], true, &[]);
-    assert_eq!(mapped, 0, "preloaded, GLIBC_TUNABLES twice");
-    assert!(heap < 3 << 20, "preloaded, GLIBC_TUNABLES twice: {heap} B");
+    // default, so the freed top goes back, also after a freed huge block).
+    let h = run_it(&["twice"], false, &[]);
+    assert_eq!(h.mapped, 0, "glibc alone, GLIBC_TUNABLES twice");
+    let h = run_it(&["twice"], true, &[]);
+    assert_eq!(h.mapped, 0, "preloaded, GLIBC_TUNABLES twice");
     assert!(
-        json.starts_with("\"glibc_thresholds\":\"environment\""),
-        "{json}"
+        h.after_free < 3 << 20,
+        "preloaded, GLIBC_TUNABLES twice: {h:?}"
     );
-    let (_, heap, _) = run_it(&[], true, &[("MALLOC_TRIM_THRESHOLD_", "131072")]);
     assert!(
-        heap < 3 << 20,
-        "preloaded, trim from the environment: {heap} B"
+        h.after_big_free < 3 << 20,
+        "preloaded, GLIBC_TUNABLES twice: {h:?}"
+    );
+    assert!(
+        h.json.starts_with("\"glibc_thresholds\":\"environment\""),
+        "{h:?}"
+    );
+    let h = run_it(&[], true, &[("MALLOC_TRIM_THRESHOLD_", "131072")]);
+    assert!(
+        h.after_big_free < 3 << 20,
+        "preloaded, trim from the environment: {h:?}"
     );
     // Built without PIE, a program that takes malloc's address has the
     // process's malloc at its own PLT entry; the library still sets glibc up.
@@ -423,19 +460,19 @@ fn glibc_takes_the_requests_below_the_threshold_from_its_heap_unless_the_environ
         "cc",
         &["-no-pie", "-fno-pic"],
     );
-    let (mapped, _, json) = run_in("preload_glibc_thresholds_nopie.c", &[], true, &[]);
-    assert_eq!(mapped, 0, "without PIE");
+    let h = run_in("preload_glibc_thresholds_nopie.c", &[], true, &[]);
+    assert_eq!(h.mapped, 0, "without PIE");
     assert!(
-        json.starts_with("\"glibc_thresholds\":\"set\""),
-        "without PIE: {json}"
+        h.json.starts_with("\"glibc_thresholds\":\"set\""),
+        "without PIE: {h:?}"
     );
     // Opened with dlopen, the library is not the process's malloc and
     // leaves glibc's defaults.
     let lib = super::library().to_str().expect("UTF-8 path");
-    let (mapped, heap, json) = run_it(&["dlopen", lib], false, &[]);
-    assert_eq!(mapped, 1, "opened with dlopen");
-    assert!(heap < 3 << 20, "opened with dlopen: {heap} B");
-    assert_eq!(json, untouched);
+    let h = run_it(&["dlopen", lib], false, &[]);
+    assert_eq!(h.mapped, 1, "opened with dlopen");
+    assert!(h.after_free < 3 << 20, "opened with dlopen: {h:?}");
+    assert_eq!(h.json, untouched);
 }
 
 #[test]
@@ -455,12 +492,18 @@ fn the_summary_says_what_glibc_was_set_to() {
         String::from_utf8_lossy(&out.stderr).into_owned()
     };
     // glibc's range bounds the mmap threshold: 128 KiB to 32 MiB.
-    let set =
-        |mmap, trim| format!("glibc: mmap threshold {mmap}, trim threshold {trim} (set at load)\n");
+    let set = |mmap, trim| {
+        format!(
+            "glibc: mmap threshold {mmap}, trim threshold {trim} \
+             (set at load, trim raised by freed huge blocks)\n"
+        )
+    };
     for (env, says) in [
-        (None, set("2.00 MiB", "4.00 MiB")),
+        // The program frees a 5 MiB huge block: a trim threshold under
+        // 8 MiB rises to 8 MiB.
+        (None, set("2.00 MiB", "8.00 MiB")),
         (Some(("CKALLOC_PRELOAD_THRESHOLD", "4M")), set("4.00 MiB", "8.00 MiB")),
-        (Some(("CKALLOC_PRELOAD_THRESHOLD", "4K")), set("128.00 KiB", "256.00 KiB")),
+        (Some(("CKALLOC_PRELOAD_THRESHOLD", "4K")), set("128.00 KiB", "8.00 MiB")),
         (Some(("CKALLOC_PRELOAD_THRESHOLD", "1G")), set("32.00 MiB", "64.00 MiB")),
         (
             Some(("GLIBC_TUNABLES", "glibc.malloc.trim_threshold=0")),
