@@ -424,8 +424,9 @@ impl Engine {
         retain::give(&self.stats, &self.spans, u, kept, restore);
     }
 
-    /// Free the block at `p` and return its length in bytes; `None` when
-    /// no block of the engine starts there (nothing happens then). Units
+    /// Free the block at `p` and return the size it was requested with, in
+    /// bytes; `None` when no block of the engine starts there (nothing
+    /// happens then). Units
     /// that are purged are read-write again and keep the program's advice
     /// ([`Restore::Access`]); retained units keep what the program did to
     /// them.
@@ -458,7 +459,7 @@ impl Engine {
             self.stats.sub(Count::Live, u.len() as u64);
             self.give_back(&u, policy, restore);
         }
-        Some(d.len())
+        Some(d.size())
     }
 
     /// The length of the block at `p`, `None` when no block of the engine

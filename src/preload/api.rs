@@ -116,8 +116,8 @@ pub unsafe fn free(p: *mut c_void) {
     if (p as usize).is_multiple_of(HUGE_PAGE_2M) {
         // SAFETY: a block the engine holds at `p` is the caller's, not
         // used afterwards.
-        if let Some(len) = unsafe { ENGINE.free(p.cast(), &POLICY) } {
-            glibc::follow_freed_block(len);
+        if let Some(size) = unsafe { ENGINE.free(p.cast(), &POLICY) } {
+            glibc::follow_freed_block(size);
             return;
         }
     }

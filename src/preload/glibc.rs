@@ -362,26 +362,26 @@ pub fn trim_threshold() -> usize {
     TRIM_SET.load(Ordering::Relaxed)
 }
 
-/// Raise glibc's trim threshold for a freed huge block of `len` bytes, as
-/// glibc's dynamic threshold does (`malloc/malloc.c`, `__libc_free`) when
-/// the program frees a mapped chunk larger than its mmap threshold, up to
-/// [`MMAP_THRESHOLD_MAX`]: to twice `len` (at most twice that maximum,
-/// [`TRIM_THRESHOLD_DYNAMIC_MAX`]), here rounded down to a power of two,
-/// so that the threshold rises at most 8 times in a process (it doubles
-/// from at least 256 KiB up to 64 MiB) and stays at or under the one
-/// glibc's dynamic threshold would set in the same program under glibc
-/// alone (which maps such a block and raises the threshold when it is
-/// freed). Does nothing while the library does not set the thresholds
-/// ([`trim_threshold`] is 0). Never allocates; thread-safe. A raise calls
-/// `mallopt`, which takes glibc's main arena lock and consolidates its
-/// fast bins.
-pub fn follow_freed_block(len: usize) {
+/// Raise glibc's trim threshold for a freed huge block requested with
+/// `size` bytes, as glibc's dynamic threshold does (`malloc/malloc.c`,
+/// `__libc_free`) when the program frees a mapped chunk larger than its
+/// mmap threshold, up to [`MMAP_THRESHOLD_MAX`]: to twice `size`, at most
+/// [`TRIM_THRESHOLD_DYNAMIC_MAX`] (64 MiB). Here `size` is rounded down to
+/// a whole MiB first, so that the threshold rises at most 32 times in a
+/// process and stays at or under the one glibc's dynamic threshold would
+/// set in the same program under glibc alone (which maps such a block, in
+/// a chunk of at least `size` bytes, and raises the threshold to twice the
+/// chunk when it is freed). Does nothing while the library does not set
+/// the thresholds ([`trim_threshold`] is 0). Never allocates;
+/// thread-safe. A raise calls `mallopt`, which takes glibc's main arena
+/// lock and consolidates its fast bins.
+pub fn follow_freed_block(size: usize) {
+    const STEP: usize = 1 << 20;
+    let want = size.min(MMAP_THRESHOLD_MAX) / STEP * STEP * 2;
     let cur = TRIM_SET.load(Ordering::Relaxed);
-    if cur == 0 || len.min(MMAP_THRESHOLD_MAX) * 2 <= cur {
+    if cur == 0 || want <= cur {
         return;
     }
-    // `len` is over `cur / 2 > 0` here.
-    let want = (2usize << len.min(MMAP_THRESHOLD_MAX).ilog2()).min(TRIM_THRESHOLD_DYNAMIC_MAX);
     let _held = TRIM_LOCK.lock();
     let cur = TRIM_SET.load(Ordering::Relaxed);
     if cur != 0 && want > cur && mallopt_bytes(libc::M_TRIM_THRESHOLD, want) {
@@ -389,11 +389,12 @@ pub fn follow_freed_block(len: usize) {
     }
 }
 
-/// The program's `mallopt(param, value)`, passed to glibc's. Setting
+/// The program's `mallopt(param, value)`, passed to glibc's. A setting of
 /// `M_TRIM_THRESHOLD`, `M_TOP_PAD`, `M_MMAP_THRESHOLD` or `M_MMAP_MAX`
-/// ends glibc's dynamic threshold (`malloc/malloc.c`), and so ends the
-/// library's raising of the trim threshold ([`follow_freed_block`]): the
-/// program's setting stands.
+/// that glibc takes ends glibc's dynamic threshold (`malloc/malloc.c`),
+/// and so ends the library's raising of the trim threshold
+/// ([`follow_freed_block`]): the program's setting stands. One glibc
+/// refuses (an mmap threshold over 32 MiB) changes nothing.
 pub fn program_mallopt(param: c_int, value: c_int) -> c_int {
     if ![
         libc::M_TRIM_THRESHOLD,
@@ -406,8 +407,11 @@ pub fn program_mallopt(param: c_int, value: c_int) -> c_int {
         return mallopt(param, value);
     }
     let _held = TRIM_LOCK.lock();
-    TRIM_SET.store(0, Ordering::Relaxed);
-    mallopt(param, value)
+    let took = mallopt(param, value);
+    if took == 1 {
+        TRIM_SET.store(0, Ordering::Relaxed);
+    }
+    took
 }
 
 /// For the `fork()` child: the lock that orders the `mallopt` calls of

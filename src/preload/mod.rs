@@ -55,8 +55,9 @@
 //!
 //! The trim threshold then follows the huge blocks the program frees, as
 //! glibc's dynamic threshold follows the mapped chunks it frees: a freed
-//! block of `len` bytes raises it to twice `len` rounded down to a power of
-//! two, at most 64 MiB ([`glibc::follow_freed_block`]). Under glibc alone
+//! block requested with `size` bytes raises it to twice `size` (rounded
+//! down to a whole MiB), at most 64 MiB ([`glibc::follow_freed_block`]).
+//! Under glibc alone
 //! the same program would map that block and, at its `free`, raise the
 //! trim threshold to twice its size; so glibc keeps at most what it would
 //! keep in the same program on its own, and a model server's requests,
@@ -438,7 +439,7 @@ impl GlibcThresholds {
     }
 }
 
-/// The summary's words: `mmap threshold 2.00 MiB, trim threshold 16.00
+/// The summary's words: `mmap threshold 2.00 MiB, trim threshold 24.00
 /// MiB (set at load, trim raised by freed huge blocks)` when set.
 impl std::fmt::Display for GlibcThresholds {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {

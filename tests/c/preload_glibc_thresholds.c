@@ -9,7 +9,7 @@
  * "heap_after_big_free N", the same after a 12 MiB block was written and
  * freed and eight 1 MiB blocks at the heap's top were freed: glibc alone
  * maps the 12 MiB block and raises its trim threshold to 24 MiB at its
- * free, the library raises it to 16 MiB, and either keeps the 8 MiB. Last,
+ * free, and so does the library, and either keeps the 8 MiB. Last,
  * "json " and the glibc keys of the library's ckalloc_stats_json ("json
  * none" without the library). With "dlopen LIB" as arguments the program
  * opens LIB with dlopen first (the library is then not the process's

@@ -373,7 +373,7 @@ fn glibc_takes_the_requests_below_the_threshold_from_its_heap_unless_the_environ
     assert!(h.after_big_free >= 8 << 20, "glibc alone keeps {h:?}");
     assert_eq!(h.json, "none");
     // The library's thresholds: from the heap, and the heap keeps 3 MiB;
-    // the freed 12 MiB block raises the trim threshold to 16 MiB, so the
+    // the freed 12 MiB block raises the trim threshold to 24 MiB, so the
     // heap keeps the freed 8 MiB.
     let h = run_it(&[], true, &[]);
     assert_eq!(h.mapped, 0, "preloaded");
@@ -382,7 +382,7 @@ fn glibc_takes_the_requests_below_the_threshold_from_its_heap_unless_the_environ
     assert_eq!(
         h.json,
         "\"glibc_thresholds\":\"set\",\"glibc_mmap_threshold\":2097152,\
-         \"glibc_trim_threshold\":16777216"
+         \"glibc_trim_threshold\":25165824"
     );
     // The program's own `mallopt` after load stands: no raise, the freed
     // top goes back, and the statistics say so.
@@ -500,10 +500,10 @@ fn the_summary_says_what_glibc_was_set_to() {
     };
     for (env, says) in [
         // The program frees a 5 MiB huge block: a trim threshold under
-        // 8 MiB rises to 8 MiB.
-        (None, set("2.00 MiB", "8.00 MiB")),
-        (Some(("CKALLOC_PRELOAD_THRESHOLD", "4M")), set("4.00 MiB", "8.00 MiB")),
-        (Some(("CKALLOC_PRELOAD_THRESHOLD", "4K")), set("128.00 KiB", "8.00 MiB")),
+        // 10 MiB rises to 10 MiB.
+        (None, set("2.00 MiB", "10.00 MiB")),
+        (Some(("CKALLOC_PRELOAD_THRESHOLD", "4M")), set("4.00 MiB", "10.00 MiB")),
+        (Some(("CKALLOC_PRELOAD_THRESHOLD", "4K")), set("128.00 KiB", "10.00 MiB")),
         (Some(("CKALLOC_PRELOAD_THRESHOLD", "1G")), set("32.00 MiB", "64.00 MiB")),
         (
             Some(("GLIBC_TUNABLES", "glibc.malloc.trim_threshold=0")),
