@@ -1,9 +1,9 @@
 //! glibc's own allocator, reached past the preload library's exported
 //! `malloc`: the `__libc_*` entry points glibc 2.36 exports
 //! (`malloc/malloc.c`: `__libc_malloc`, `__libc_free`, `__libc_calloc`,
-//! `__libc_realloc`, `__libc_memalign`, `__libc_valloc`, `__libc_pvalloc`),
-//! and, for the functions glibc exports under their public name only
-//! (`malloc_usable_size`, `malloc_trim`, `mallopt`), libc's own definition, found once
+//! `__libc_realloc`, `__libc_memalign`, `__libc_valloc`, `__libc_pvalloc`,
+//! `__libc_mallopt`), and, for the functions glibc exports under their
+//! public name only (`malloc_usable_size`, `malloc_trim`), libc's own definition, found once
 //! with `dlsym` on `libc.so.6` (already loaded: `RTLD_NOLOAD`) and cached.
 //! Not `RTLD_NEXT`: another allocator preloaded after this library would
 //! answer there, for pointers it never made.
@@ -16,7 +16,7 @@
 use crate::lock::PoolLock;
 use std::alloc::{GlobalAlloc, Layout};
 use std::ffi::{c_int, c_void, CStr};
-use std::sync::atomic::{AtomicPtr, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicUsize, Ordering};
 
 /// glibc's alignment of `malloc` blocks (`MALLOC_ALIGNMENT` on x86_64 and
 /// aarch64: 16 bytes).
@@ -30,6 +30,7 @@ extern "C" {
     fn __libc_memalign(align: usize, size: usize) -> *mut c_void;
     fn __libc_valloc(size: usize) -> *mut c_void;
     fn __libc_pvalloc(size: usize) -> *mut c_void;
+    fn __libc_mallopt(param: c_int, value: c_int) -> c_int;
 }
 
 /// glibc's `malloc(size)`.
@@ -242,9 +243,10 @@ unsafe impl GlobalAlloc for GlibcMalloc {
     }
 }
 
-/// glibc's largest `M_MMAP_THRESHOLD` on 64-bit targets
-/// (`DEFAULT_MMAP_THRESHOLD_MAX` in `malloc/malloc.c`: 32 MiB); `mallopt`
-/// refuses a larger one.
+/// The largest `M_MMAP_THRESHOLD` glibc's dynamic threshold sets on
+/// 64-bit targets (`DEFAULT_MMAP_THRESHOLD_MAX` in `malloc/malloc.c`:
+/// 32 MiB); a freed mapping larger than this leaves the dynamic threshold
+/// as it is.
 pub const MMAP_THRESHOLD_MAX: usize = 32 << 20;
 
 /// glibc's default `M_MMAP_THRESHOLD` (`DEFAULT_MMAP_THRESHOLD_MIN`,
@@ -285,6 +287,33 @@ impl Thresholds {
     }
 }
 
+/// Whether an environment variable glibc reads at start-up sets one of
+/// the `names` (tunables of `glibc.malloc.`, as `mmap_threshold`) or one
+/// of their `aliases` (`MALLOC_*_` variables), as
+/// [`thresholds_from_environment`] says for the two thresholds (every
+/// `GLIBC_TUNABLES`, none in a secure-execution program). Never
+/// allocates.
+fn environment_sets(names: &[&[u8]], aliases: &[&[u8]]) -> bool {
+    if crate::sys::secure_execution() {
+        return false;
+    }
+    crate::sys::env_entries().any(|(name, value)| {
+        if name == b"GLIBC_TUNABLES" {
+            value.split(|&b| b == b':').any(|entry| {
+                entry
+                    .strip_prefix(b"glibc.malloc.".as_slice())
+                    .is_some_and(|t| {
+                        names
+                            .iter()
+                            .any(|n| t.strip_prefix(*n).is_some_and(|r| r.first() == Some(&b'=')))
+                    })
+            })
+        } else {
+            aliases.contains(&name)
+        }
+    })
+}
+
 /// Whether the environment configures glibc's mmap or trim threshold
 /// itself: a `glibc.malloc.mmap_threshold=` or
 /// `glibc.malloc.trim_threshold=` entry in any `GLIBC_TUNABLES` variable
@@ -299,34 +328,32 @@ impl Thresholds {
 /// which nobody may change meanwhile (the contract of `getenv` too); never
 /// allocates.
 pub fn thresholds_from_environment() -> bool {
-    if crate::sys::secure_execution() {
-        return false;
-    }
-    crate::sys::env_entries().any(|(name, value)| match name {
-        b"GLIBC_TUNABLES" => value.split(|&b| b == b':').any(|entry| {
-            entry.starts_with(b"glibc.malloc.mmap_threshold=")
-                || entry.starts_with(b"glibc.malloc.trim_threshold=")
-        }),
-        b"MALLOC_MMAP_THRESHOLD_" | b"MALLOC_TRIM_THRESHOLD_" => true,
-        _ => false,
-    })
+    environment_sets(
+        &[b"mmap_threshold", b"trim_threshold"],
+        &[b"MALLOC_MMAP_THRESHOLD_", b"MALLOC_TRIM_THRESHOLD_"],
+    )
 }
 
-static MALLOPT: Next = Next::new(c"mallopt");
+/// Whether the environment turns glibc's dynamic threshold off with a
+/// setting other than the two thresholds: `glibc.malloc.top_pad` or
+/// `glibc.malloc.mmap_max` in a `GLIBC_TUNABLES`, or `MALLOC_TOP_PAD_` or
+/// `MALLOC_MMAP_MAX_` (glibc's `ptmalloc_init` sets them as `mallopt`
+/// would, which ends the dynamic threshold). The library then sets the
+/// thresholds but does not raise the trim threshold. Never allocates.
+fn dynamic_threshold_off_by_environment() -> bool {
+    environment_sets(
+        &[b"top_pad", b"mmap_max"],
+        &[b"MALLOC_TOP_PAD_", b"MALLOC_MMAP_MAX_"],
+    )
+}
 
-/// glibc's own `mallopt(param, value)` (found in `libc.so.6`, not the
-/// first `mallopt` of the process, which another preloaded allocator may
-/// define): 1 when glibc took the value, 0 when it refused it or when
-/// `libc.so.6` has no `mallopt`.
+/// glibc's own `mallopt(param, value)` (`__libc_mallopt`, not the first
+/// `mallopt` of the process, which another preloaded allocator may
+/// define, and reachable before the C library is initialized, from a
+/// program's `.preinit_array`): 1 when glibc took the value, else 0.
 fn mallopt(param: c_int, value: c_int) -> c_int {
-    let Some(f) = MALLOPT.get() else {
-        return 0;
-    };
-    // SAFETY: `mallopt`'s C signature; it takes any parameter and value.
-    unsafe {
-        let f: unsafe extern "C" fn(c_int, c_int) -> c_int = std::mem::transmute(f);
-        f(param, value)
-    }
+    // SAFETY: glibc's `mallopt` takes any parameter and value.
+    unsafe { __libc_mallopt(param, value) }
 }
 
 /// `mallopt` of a byte count; false when it does not fit a C `int`.
@@ -343,21 +370,37 @@ static TRIM_SET: AtomicUsize = AtomicUsize::new(0);
 /// other and against the program's `mallopt` ([`program_mallopt`]).
 static TRIM_LOCK: PoolLock<()> = PoolLock::new(());
 
+/// Whether the program set one of glibc's thresholds with `mallopt`
+/// ([`program_mallopt`]) and glibc took it, at any time (also before the
+/// library's constructor ran, from another library's constructor).
+static PROGRAM_SET: AtomicBool = AtomicBool::new(false);
+
+/// Whether the program set one of glibc's thresholds with `mallopt`
+/// ([`program_mallopt`]), before or after [`set_thresholds`].
+pub fn program_set_thresholds() -> bool {
+    PROGRAM_SET.load(Ordering::Relaxed)
+}
+
 /// Set glibc's mmap and trim thresholds with glibc's own `mallopt`
 /// (`M_MMAP_THRESHOLD`, `M_TRIM_THRESHOLD`), which also ends glibc's
 /// dynamic threshold. Returns whether glibc took both; from then on
-/// [`follow_freed_block`] raises the trim threshold.
+/// [`follow_freed_block`] raises the trim threshold, unless the
+/// environment turned glibc's dynamic threshold off
+/// (`MALLOC_TOP_PAD_`, `MALLOC_MMAP_MAX_` or their tunables).
 pub fn set_thresholds(t: Thresholds) -> bool {
     let _held = TRIM_LOCK.lock();
     let set = mallopt_bytes(libc::M_MMAP_THRESHOLD, t.mmap)
         && mallopt_bytes(libc::M_TRIM_THRESHOLD, t.trim);
-    TRIM_SET.store(if set { t.trim } else { 0 }, Ordering::Relaxed);
+    let follow = set && !dynamic_threshold_off_by_environment();
+    TRIM_SET.store(if follow { t.trim } else { 0 }, Ordering::Relaxed);
     set
 }
 
-/// The trim threshold the library set and raised since, in bytes; 0 when
-/// it set none ([`set_thresholds`] was not called or failed) or the
-/// program set glibc's thresholds itself since ([`program_mallopt`]).
+/// The trim threshold the library set and raised since, in bytes, while
+/// it raises it ([`follow_freed_block`]); 0 when it set none
+/// ([`set_thresholds`] was not called or failed), when the environment
+/// turned glibc's dynamic threshold off, or when the program set glibc's
+/// thresholds itself since ([`program_mallopt`]).
 pub fn trim_threshold() -> usize {
     TRIM_SET.load(Ordering::Relaxed)
 }
@@ -365,19 +408,27 @@ pub fn trim_threshold() -> usize {
 /// Raise glibc's trim threshold for a freed huge block requested with
 /// `size` bytes, as glibc's dynamic threshold does (`malloc/malloc.c`,
 /// `__libc_free`) when the program frees a mapped chunk larger than its
-/// mmap threshold, up to [`MMAP_THRESHOLD_MAX`]: to twice `size`, at most
-/// [`TRIM_THRESHOLD_DYNAMIC_MAX`] (64 MiB). Here `size` is rounded down to
-/// a whole MiB first, so that the threshold rises at most 32 times in a
-/// process and stays at or under the one glibc's dynamic threshold would
-/// set in the same program under glibc alone (which maps such a block, in
-/// a chunk of at least `size` bytes, and raises the threshold to twice the
-/// chunk when it is freed). Does nothing while the library does not set
-/// the thresholds ([`trim_threshold`] is 0). Never allocates;
-/// thread-safe. A raise calls `mallopt`, which takes glibc's main arena
-/// lock and consolidates its fast bins.
+/// mmap threshold and at most [`MMAP_THRESHOLD_MAX`] (32 MiB): to twice
+/// `size`, so under [`TRIM_THRESHOLD_DYNAMIC_MAX`] (64 MiB). A block of
+/// more than 32 MiB less 64 KiB raises nothing, as a mapping over 32 MiB
+/// (glibc's chunk adds a header and rounds up to a page) leaves glibc's
+/// dynamic threshold as it is. `size` is rounded down to a whole MiB first, so
+/// the threshold rises at most 32 times in a process. Under glibc alone
+/// the same request gets a mapping whose chunk holds at least `size`
+/// bytes (plus the alignment's padding for an aligned request), so the
+/// library's threshold stays at or under glibc's own for the same
+/// `malloc` calls. Does nothing while the library does not raise the
+/// threshold ([`trim_threshold`] is 0). Never allocates; thread-safe. A
+/// raise calls `mallopt`, which takes glibc's main arena lock and
+/// consolidates its fast bins.
 pub fn follow_freed_block(size: usize) {
     const STEP: usize = 1 << 20;
-    let want = size.min(MMAP_THRESHOLD_MAX) / STEP * STEP * 2;
+    // glibc's chunk for `size` adds its header and rounds up to a page
+    // (64 KiB at most): one over the maximum raises nothing there.
+    if size > MMAP_THRESHOLD_MAX - (64 << 10) {
+        return;
+    }
+    let want = size / STEP * STEP * 2;
     let cur = TRIM_SET.load(Ordering::Relaxed);
     if cur == 0 || want <= cur {
         return;
@@ -393,8 +444,10 @@ pub fn follow_freed_block(size: usize) {
 /// `M_TRIM_THRESHOLD`, `M_TOP_PAD`, `M_MMAP_THRESHOLD` or `M_MMAP_MAX`
 /// that glibc takes ends glibc's dynamic threshold (`malloc/malloc.c`),
 /// and so ends the library's raising of the trim threshold
-/// ([`follow_freed_block`]): the program's setting stands. One glibc
-/// refuses (an mmap threshold over 32 MiB) changes nothing.
+/// ([`follow_freed_block`]); made before the library's constructor ran
+/// (from another library's constructor), it keeps the library from
+/// setting the thresholds ([`program_set_thresholds`]). Either way the
+/// program's setting stands. One glibc refuses changes nothing.
 pub fn program_mallopt(param: c_int, value: c_int) -> c_int {
     if ![
         libc::M_TRIM_THRESHOLD,
@@ -409,15 +462,26 @@ pub fn program_mallopt(param: c_int, value: c_int) -> c_int {
     let _held = TRIM_LOCK.lock();
     let took = mallopt(param, value);
     if took == 1 {
+        PROGRAM_SET.store(true, Ordering::Relaxed);
         TRIM_SET.store(0, Ordering::Relaxed);
     }
     took
 }
 
-/// For the `fork()` child: the lock that orders the `mallopt` calls of
-/// [`follow_freed_block`] and [`program_mallopt`] is free again (a thread
-/// of the parent that held it does not exist in the child).
-pub fn after_fork_child() {
-    // SAFETY: the child has one thread, which holds no guard of the lock.
+/// For the `fork()` prepare handler: takes the lock that orders the
+/// `mallopt` calls of [`follow_freed_block`] and [`program_mallopt`], so
+/// that no fork falls between a `mallopt` and the record of it; the
+/// parent and the child give it back ([`after_fork`]). It runs before
+/// glibc's `fork` takes the arenas' locks, so a holder waiting in
+/// `mallopt` finishes first.
+pub fn before_fork() {
+    TRIM_LOCK.raw_lock();
+}
+
+/// For the `fork()` parent and child handlers: gives back the lock
+/// [`before_fork`] took.
+pub fn after_fork() {
+    // SAFETY: `before_fork` took the lock on this thread (the child's one
+    // thread is the one that forked) without a guard.
     unsafe { TRIM_LOCK.force_unlock() };
 }

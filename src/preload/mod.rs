@@ -12,7 +12,7 @@
 //!
 //! The library exports `malloc`, `free`, `calloc`, `realloc`,
 //! `reallocarray`, `posix_memalign`, `aligned_alloc`, `memalign`, `valloc`,
-//! `pvalloc`, `malloc_usable_size` and `malloc_trim`, each a thin wrapper
+//! `pvalloc`, `malloc_usable_size`, `malloc_trim` and `mallopt`, each a thin wrapper
 //! of the function of the same name here. `libckalloc.so` (the C ABI of
 //! `ckernel_alloc.h`, feature `capi`) exports none of them: linking it
 //! never replaces a program's `malloc`.
@@ -39,7 +39,8 @@
 //! | `memalign`, `aligned_alloc`, `posix_memalign` | `__libc_memalign` (glibc exports no `__libc_posix_memalign` or `__libc_aligned_alloc`; the checks of each are done here) |
 //! | `valloc`, `pvalloc` | `__libc_valloc`, `__libc_pvalloc` |
 //! | `reallocarray` | the overflow check here, then `realloc` (`__libc_reallocarray` is `GLIBC_PRIVATE`) |
-//! | `malloc_usable_size`, `malloc_trim`, `mallopt` | glibc's exported functions, found once with `dlsym` on `libc.so.6` and cached (not `RTLD_NEXT`, where another preloaded allocator would answer; `dlsym` may call `malloc` or `calloc`, which never need it, so the lookup cannot recurse) |
+//! | `mallopt` | `__libc_mallopt` |
+//! | `malloc_usable_size`, `malloc_trim` | glibc's exported functions, found once with `dlsym` on `libc.so.6` and cached (not `RTLD_NEXT`, where another preloaded allocator would answer; `dlsym` may call `malloc` or `calloc`, which never need it, so the lookup cannot recurse) |
 //!
 //! When the library is loaded with `LD_PRELOAD` it sets glibc up for them
 //! with glibc's `mallopt(3)` ([`configure_glibc_thresholds`]):
@@ -55,20 +56,21 @@
 //!
 //! The trim threshold then follows the huge blocks the program frees, as
 //! glibc's dynamic threshold follows the mapped chunks it frees: a freed
-//! block requested with `size` bytes raises it to twice `size` (rounded
-//! down to a whole MiB), at most 64 MiB ([`glibc::follow_freed_block`]).
-//! Under glibc alone
-//! the same program would map that block and, at its `free`, raise the
-//! trim threshold to twice its size; so glibc keeps at most what it would
-//! keep in the same program on its own, and a model server's requests,
-//! which free their tensors at the top of glibc's heap and ask for them
-//! again in the next request, do not give that top back and fault it in
-//! again at every request (`benches/README.md` has the serving trace's
-//! page faults with and without it). What glibc keeps is glibc's, as it is once its
-//! dynamic threshold has grown: up to the trim threshold free at the top
-//! of each arena's heap (one arena per thread that allocated concurrently,
-//! up to 8 per core; `malloc_trim` gives back the main arena's top only,
-//! and free chunks inside every heap), and freed memory that live blocks
+//! block requested with less than 32 MiB raises it to twice its size
+//! (rounded down to a whole MiB), so to under 64 MiB, and a larger one
+//! raises nothing ([`glibc::follow_freed_block`]). Under glibc alone the same
+//! `malloc` would get a mapping of at least that size and, at its `free`,
+//! raise the trim threshold to twice the mapping's size; so glibc keeps at
+//! most what it would keep for the same `malloc` calls on its own, and a
+//! model server's requests, which free their tensors at the top of glibc's
+//! heap and ask for them again in the next request, do not give that top
+//! back and fault it in again at every request (`benches/README.md` has
+//! the serving trace's page faults with and without it). What glibc keeps
+//! is glibc's, as it is once its dynamic threshold has grown: up to the
+//! trim threshold free at the top of each arena's heap (one arena per
+//! thread that allocated concurrently, up to 8 per core; `malloc_trim`
+//! gives back the main arena's top only, and free chunks inside every
+//! heap), and freed memory that live blocks
 //! above it pin. glibc may still map a request just below
 //! the threshold (its chunk adds 8 to 23 bytes) and an aligned one whose
 //! size and alignment together reach it.
@@ -82,12 +84,16 @@
 //! process's), and when the environment is not set up yet. A library
 //! before it in `LD_PRELOAD` that wraps `malloc` (heaptrack,
 //! `libmemusage.so`) does not change this. It sets the thresholds in its
-//! constructor: a `mallopt` another library's constructor made before it
-//! is replaced. A `mallopt` of the program's that sets `M_TRIM_THRESHOLD`,
-//! `M_TOP_PAD`, `M_MMAP_THRESHOLD` or `M_MMAP_MAX` later (the library's
-//! `mallopt` passes it to glibc's) stands: it ends the raising of the trim
-//! threshold, as it ends glibc's dynamic threshold. The summary's `glibc:`
-//! line and [`PreloadStats::glibc_thresholds`] say which happened.
+//! constructor. A `mallopt` of the program's that sets `M_TRIM_THRESHOLD`,
+//! `M_TOP_PAD`, `M_MMAP_THRESHOLD` or `M_MMAP_MAX` (the library's `mallopt`
+//! passes it to glibc's) stands: made earlier (in the constructor of a
+//! library the program links, which runs before a preloaded library's),
+//! the library sets no threshold; made later, it ends the raising of the
+//! trim threshold, as it ends glibc's dynamic threshold. `MALLOC_TOP_PAD_`
+//! and `MALLOC_MMAP_MAX_` (or their `GLIBC_TUNABLES` entries) end glibc's
+//! dynamic threshold too: the library then sets the thresholds and does not
+//! raise the trim threshold. The summary's `glibc:` line and
+//! [`PreloadStats::glibc_thresholds`] say which happened.
 //!
 //! # Semantics (glibc 2.36, `malloc(3)`, `posix_memalign(3)`, `malloc_usable_size(3)`)
 //!
@@ -370,19 +376,18 @@ pub(crate) fn served_huge_blocks() -> bool {
     COUNTERS.blocks.load(Relaxed) > INHERITED_BLOCKS.load(Relaxed)
 }
 
-fn no_fork_work() {}
-
 fn after_fork_child() {
     INHERITED_BLOCKS.store(COUNTERS.blocks.load(Relaxed), Relaxed);
-    glibc::after_fork_child();
+    glibc::after_fork();
 }
 
-/// The fork hooks of stage `PreloadCounters` (`crate::fork`): the child
-/// notes the huge blocks it inherited and frees the lock of glibc's trim
-/// threshold.
+/// The fork hooks of stage `PreloadCounters` (`crate::fork`): the lock of
+/// glibc's trim threshold is held across the fork
+/// ([`glibc::before_fork`]), and the child notes the huge blocks it
+/// inherited.
 static FORK_HOOKS: crate::fork::Hooks = crate::fork::Hooks {
-    prepare: no_fork_work,
-    parent: no_fork_work,
+    prepare: glibc::before_fork,
+    parent: glibc::after_fork,
     child: after_fork_child,
 };
 
@@ -415,8 +420,10 @@ pub enum GlibcThresholds {
     /// is the trim threshold now, raised since by the huge blocks the
     /// program freed ([`glibc::follow_freed_block`]).
     Set(glibc::Thresholds),
-    /// Set at load, then set by the program with `mallopt`
-    /// ([`glibc::program_mallopt`]): glibc's thresholds are the program's.
+    /// Set by the program with `mallopt` ([`glibc::program_mallopt`]),
+    /// before the library loaded (from another library's constructor; the
+    /// library then set none) or after: glibc's thresholds are the
+    /// program's.
     Program,
     /// Left as the environment configures them
     /// ([`glibc::thresholds_from_environment`]).
@@ -439,23 +446,30 @@ impl GlibcThresholds {
     }
 }
 
-/// The summary's words: `mmap threshold 2.00 MiB, trim threshold 24.00
-/// MiB (set at load, trim raised by freed huge blocks)` when set.
+/// The summary's words when set: `mmap threshold 2.00 MiB, trim
+/// threshold 4.00 MiB (set at load)`, or `… trim threshold 24.00 MiB (set
+/// at load, the trim threshold raised by freed huge blocks)`.
 impl std::fmt::Display for GlibcThresholds {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            GlibcThresholds::Set(t) => write!(
-                f,
-                "mmap threshold {}, trim threshold {} (set at load, trim raised by freed huge blocks)",
-                crate::units::ExactBytes(t.mmap as u64),
-                crate::units::ExactBytes(t.trim as u64)
-            ),
+            GlibcThresholds::Set(t) => {
+                write!(
+                    f,
+                    "mmap threshold {}, trim threshold {} (set at load",
+                    crate::units::ExactBytes(t.mmap as u64),
+                    crate::units::ExactBytes(t.trim as u64)
+                )?;
+                let at_load = glibc::Thresholds::for_preload_threshold(t.mmap).trim;
+                f.write_str(if t.trim > at_load {
+                    ", the trim threshold raised by freed huge blocks)"
+                } else {
+                    ")"
+                })
+            }
             GlibcThresholds::Environment => f.write_str(
                 "thresholds as the environment sets them (GLIBC_TUNABLES or MALLOC_*_THRESHOLD_)",
             ),
-            GlibcThresholds::Program => {
-                f.write_str("thresholds as the program set them with mallopt after load")
-            }
+            GlibcThresholds::Program => f.write_str("thresholds as the program set them (mallopt)"),
             GlibcThresholds::Refused => {
                 f.write_str("thresholds not set by ckalloc (mallopt refused them)")
             }
@@ -468,6 +482,7 @@ const THRESHOLDS_UNTOUCHED: u8 = 0;
 const THRESHOLDS_SET: u8 = 1;
 const THRESHOLDS_ENVIRONMENT: u8 = 2;
 const THRESHOLDS_REFUSED: u8 = 3;
+const THRESHOLDS_PROGRAM: u8 = 4;
 
 static GLIBC_THRESHOLDS: AtomicU8 = AtomicU8::new(THRESHOLDS_UNTOUCHED);
 
@@ -485,6 +500,8 @@ pub fn configure_glibc_thresholds() {
     };
     let state = if glibc::thresholds_from_environment() {
         THRESHOLDS_ENVIRONMENT
+    } else if glibc::program_set_thresholds() {
+        THRESHOLDS_PROGRAM
     } else if glibc::set_thresholds(glibc::Thresholds::for_preload_threshold(threshold)) {
         THRESHOLDS_SET
     } else {
@@ -496,8 +513,13 @@ pub fn configure_glibc_thresholds() {
 /// What [`configure_glibc_thresholds`] did in this process.
 pub fn glibc_thresholds() -> GlibcThresholds {
     match GLIBC_THRESHOLDS.load(Relaxed) {
+        THRESHOLDS_PROGRAM => GlibcThresholds::Program,
+        THRESHOLDS_SET if glibc::program_set_thresholds() => GlibcThresholds::Program,
         THRESHOLDS_SET => match glibc::trim_threshold() {
-            0 => GlibcThresholds::Program,
+            // The environment turned glibc's dynamic threshold off.
+            0 => GlibcThresholds::Set(glibc::Thresholds::for_preload_threshold(
+                crate::env::preload_threshold(),
+            )),
             trim => GlibcThresholds::Set(glibc::Thresholds {
                 trim,
                 ..glibc::Thresholds::for_preload_threshold(crate::env::preload_threshold())

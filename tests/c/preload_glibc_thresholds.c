@@ -9,7 +9,10 @@
  * "heap_after_big_free N", the same after a 12 MiB block was written and
  * freed and eight 1 MiB blocks at the heap's top were freed: glibc alone
  * maps the 12 MiB block and raises its trim threshold to 24 MiB at its
- * free, and so does the library, and either keeps the 8 MiB. Last,
+ * free, and so does the library, and either keeps the 8 MiB. Then
+ * "heap_after_huge_free N", the same after a 40 MiB block and thirty 1 MiB
+ * blocks: a mapping over 32 MiB raises nothing, so the 24 MiB threshold
+ * gives the 30 MiB back. Last,
  * "json " and the glibc keys of the library's ckalloc_stats_json ("json
  * none" without the library). With "dlopen LIB" as arguments the program
  * opens LIB with dlopen first (the library is then not the process's
@@ -18,7 +21,9 @@
  * them: the first names no threshold, the second sets glibc's mmap
  * threshold to 4 MiB (glibc reads every entry; getenv finds the first).
  * With "mallopt" as the argument it sets M_TRIM_THRESHOLD to 128 KiB
- * first, as a program may after the library loaded.
+ * first, as a program may after the library loaded; with
+ * PRELOAD_TEST_MALLOPT_EARLY set it does so from its .preinit_array, before
+ * any library's constructor (the preload library's too) runs.
  * The program takes malloc's address, which built without PIE
  * makes the program's own PLT entry malloc's address in the whole process
  * (preload_glibc_thresholds_nopie.c). */
@@ -51,10 +56,31 @@ static int run_with_tunables_twice(void) {
     return 2;
 }
 
+/* Runs before environ is set up: reads the environment it is given. */
+static void set_trim_early(int argc, char **argv, char **envp) {
+    (void)argc;
+    (void)argv;
+    for (char **e = envp; *e; e++)
+        if (strcmp(*e, "PRELOAD_TEST_MALLOPT_EARLY=1") == 0 && mallopt(M_TRIM_THRESHOLD, 128 << 10) != 1)
+            _exit(2);
+}
+
+__attribute__((section(".preinit_array"), used)) static void (*preinit)(int, char **, char **) =
+    set_trim_early;
+
+/* Write a block of n MiB and free it. */
+static int write_and_free(size_t n) {
+    char *p = malloc(n * MIB);
+    if (!p) return 0;
+    memset(p, 1, n * MIB);
+    free(p);
+    return 1;
+}
+
 /* Write n 1 MiB blocks, free them from the last (the heap's top) down,
  * and print the bytes of glibc's main heap after "label". */
 static int print_heap_after_free(const char *label, int n) {
-    char *blocks[8];
+    char *blocks[32];
     for (int i = 0; i < n; i++) {
         blocks[i] = malloc(MIB);
         if (!blocks[i]) return 0;
@@ -83,11 +109,8 @@ int main(int argc, char **argv) {
     printf("mapped %zu\n", mallinfo2().hblks);
     free(one);
     if (!print_heap_after_free("heap_after_free", 3)) return 2;
-    char *big = malloc(12 * MIB);
-    if (!big) return 2;
-    memset(big, 1, 12 * MIB);
-    free(big);
-    if (!print_heap_after_free("heap_after_big_free", 8)) return 2;
+    if (!write_and_free(12) || !print_heap_after_free("heap_after_big_free", 8)) return 2;
+    if (!write_and_free(40) || !print_heap_after_free("heap_after_huge_free", 30)) return 2;
     size_t (*stats_json)(char *, size_t) =
         (size_t (*)(char *, size_t))dlsym(lib, "ckalloc_stats_json");
     if (!stats_json) {

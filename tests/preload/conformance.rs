@@ -331,6 +331,7 @@ fn glibc_takes_the_requests_below_the_threshold_from_its_heap_unless_the_environ
         mapped: u64,
         after_free: u64,
         after_big_free: u64,
+        after_huge_free: u64,
         json: String,
     }
     let run_in = |program: &str, args: &[&str], preload: bool, env: &[(&str, &str)]| {
@@ -357,6 +358,7 @@ fn glibc_takes_the_requests_below_the_threshold_from_its_heap_unless_the_environ
             mapped: number::<u64>(&out, "mapped "),
             after_free: number::<u64>(&out, "heap_after_free "),
             after_big_free: number::<u64>(&out, "heap_after_big_free "),
+            after_huge_free: number::<u64>(&out, "heap_after_huge_free "),
             json: json.unwrap_or_else(|| panic!("no json line in {out}")),
         }
     };
@@ -371,6 +373,9 @@ fn glibc_takes_the_requests_below_the_threshold_from_its_heap_unless_the_environ
     assert_eq!(h.mapped, 1, "glibc alone");
     assert!(h.after_free < 3 << 20, "glibc alone keeps {h:?}");
     assert!(h.after_big_free >= 8 << 20, "glibc alone keeps {h:?}");
+    // A freed 40 MiB mapping raises nothing: the 24 MiB threshold gives
+    // the freed 30 MiB back.
+    assert!(h.after_huge_free < 24 << 20, "glibc alone keeps {h:?}");
     assert_eq!(h.json, "none");
     // The library's thresholds: from the heap, and the heap keeps 3 MiB;
     // the freed 12 MiB block raises the trim threshold to 24 MiB, so the
@@ -379,6 +384,7 @@ fn glibc_takes_the_requests_below_the_threshold_from_its_heap_unless_the_environ
     assert_eq!(h.mapped, 0, "preloaded");
     assert!(h.after_free >= 3 << 20, "preloaded keeps {h:?}");
     assert!(h.after_big_free >= 8 << 20, "preloaded keeps {h:?}");
+    assert!(h.after_huge_free < 24 << 20, "preloaded keeps {h:?}");
     assert_eq!(
         h.json,
         "\"glibc_thresholds\":\"set\",\"glibc_mmap_threshold\":2097152,\
@@ -395,11 +401,34 @@ fn glibc_takes_the_requests_below_the_threshold_from_its_heap_unless_the_environ
     }
     let h = run_it(&["mallopt"], true, &[]);
     assert_eq!(h.mapped, 0, "mallopt, preloaded");
-    assert_eq!(
-        h.json,
-        "\"glibc_thresholds\":\"program\",\"glibc_mmap_threshold\":null,\
-         \"glibc_trim_threshold\":null"
+    let program = "\"glibc_thresholds\":\"program\",\"glibc_mmap_threshold\":null,\
+                   \"glibc_trim_threshold\":null";
+    assert_eq!(h.json, program);
+    // Made before any constructor ran (the program's `.preinit_array`),
+    // it keeps the library from setting glibc's thresholds at all.
+    let h = run_it(&[], true, &[("PRELOAD_TEST_MALLOPT_EARLY", "1")]);
+    assert_eq!(h.mapped, 1, "early mallopt, preloaded: {h:?}");
+    assert!(
+        h.after_big_free < 3 << 20,
+        "early mallopt, preloaded: {h:?}"
     );
+    assert_eq!(h.json, program);
+    // A top pad or a mapping count from the environment ends glibc's
+    // dynamic threshold: the library sets the thresholds, raises nothing.
+    for env in [
+        ("MALLOC_TOP_PAD_", "131072"),
+        ("GLIBC_TUNABLES", "glibc.malloc.mmap_max=100"),
+    ] {
+        let h = run_it(&[], true, &[env]);
+        assert_eq!(h.mapped, 0, "{env:?}: {h:?}");
+        assert!(h.after_big_free < 3 << 20, "{env:?}: {h:?}");
+        assert_eq!(
+            h.json,
+            "\"glibc_thresholds\":\"set\",\"glibc_mmap_threshold\":2097152,\
+             \"glibc_trim_threshold\":4194304",
+            "{env:?}"
+        );
+    }
     // A threshold the environment sets is glibc's to keep; a tunable glibc
     // does not read (another name that contains it) is not.
     for (env, state, mapped_then) in [
@@ -495,7 +524,7 @@ fn the_summary_says_what_glibc_was_set_to() {
     let set = |mmap, trim| {
         format!(
             "glibc: mmap threshold {mmap}, trim threshold {trim} \
-             (set at load, trim raised by freed huge blocks)\n"
+             (set at load, the trim threshold raised by freed huge blocks)\n"
         )
     };
     for (env, says) in [
@@ -504,7 +533,10 @@ fn the_summary_says_what_glibc_was_set_to() {
         (None, set("2.00 MiB", "10.00 MiB")),
         (Some(("CKALLOC_PRELOAD_THRESHOLD", "4M")), set("4.00 MiB", "10.00 MiB")),
         (Some(("CKALLOC_PRELOAD_THRESHOLD", "4K")), set("128.00 KiB", "10.00 MiB")),
-        (Some(("CKALLOC_PRELOAD_THRESHOLD", "1G")), set("32.00 MiB", "64.00 MiB")),
+        (
+            Some(("CKALLOC_PRELOAD_THRESHOLD", "1G")),
+            "glibc: mmap threshold 32.00 MiB, trim threshold 64.00 MiB (set at load)\n".into(),
+        ),
         (
             Some(("GLIBC_TUNABLES", "glibc.malloc.trim_threshold=0")),
             "glibc: thresholds as the environment sets them (GLIBC_TUNABLES or MALLOC_*_THRESHOLD_)\n".into(),
