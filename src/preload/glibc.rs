@@ -4,9 +4,10 @@
 //! `__libc_realloc`, `__libc_memalign`, `__libc_valloc`, `__libc_pvalloc`,
 //! `__libc_mallopt`), and, for the functions glibc exports under their
 //! public name only (`malloc_usable_size`, `malloc_trim`), libc's own definition, found once
-//! with `dlsym` on `libc.so.6` (already loaded: `RTLD_NOLOAD`) and cached.
-//! Not `RTLD_NEXT`: another allocator preloaded after this library would
-//! answer there, for pointers it never made.
+//! with `dlsym` and cached: `RTLD_NEXT` when its answer lies in glibc's
+//! own object (another allocator preloaded after this library would answer
+//! there, for pointers it never made), else the handle of `libc.so.6`
+//! (already loaded: `RTLD_NOLOAD`).
 //!
 //! [`GlibcMalloc`] is a [`GlobalAlloc`] over them: the small allocator of
 //! the preload path, and the `#[global_allocator]` of the preload library,
@@ -107,20 +108,36 @@ impl Next {
     }
 
     /// The address in `libc.so.6`, `None` when it cannot be found there.
-    /// `dlopen` and `dlsym` may call `malloc` or `calloc` the first time;
-    /// those never come back here, so the lookup cannot recurse.
+    /// First `dlsym(RTLD_NEXT)`, kept when the answer lies in the object
+    /// that holds `__libc_malloc`: it runs no constructor, where `dlopen`
+    /// runs the ones not run yet (this library's among them, before the
+    /// environment is set up, when a program calls from its
+    /// `.preinit_array`). Else (another allocator preloaded after this
+    /// library answered) `dlopen` of `libc.so.6`. `dlopen`, `dlsym` and
+    /// `dladdr` may call `malloc` or `calloc` the first time; those never
+    /// come back here, so the lookup cannot recurse.
     fn get(&self) -> Option<*mut c_void> {
         let mut a = self.addr.load(Ordering::Acquire);
         if a.is_null() {
-            // SAFETY: NUL-terminated names; RTLD_NOLOAD only finds the
-            // libc this process already has (the handle is never closed).
+            // SAFETY: NUL-terminated names; `dladdr` writes only `info`;
+            // RTLD_NOLOAD only finds the libc this process already has
+            // (the handle is never closed).
             let found = unsafe {
-                let libc_so =
-                    libc::dlopen(c"libc.so.6".as_ptr(), libc::RTLD_LAZY | libc::RTLD_NOLOAD);
-                if libc_so.is_null() {
-                    std::ptr::null_mut()
+                let next = libc::dlsym(libc::RTLD_NEXT, self.name.as_ptr());
+                let object = |p: *const c_void| {
+                    let mut info: libc::Dl_info = std::mem::zeroed();
+                    (libc::dladdr(p, &mut info) != 0).then_some(info.dli_fbase)
+                };
+                if !next.is_null() && object(next) == object(__libc_malloc as *const c_void) {
+                    next
                 } else {
-                    libc::dlsym(libc_so, self.name.as_ptr())
+                    let libc_so =
+                        libc::dlopen(c"libc.so.6".as_ptr(), libc::RTLD_LAZY | libc::RTLD_NOLOAD);
+                    if libc_so.is_null() {
+                        std::ptr::null_mut()
+                    } else {
+                        libc::dlsym(libc_so, self.name.as_ptr())
+                    }
                 }
             };
             a = if found.is_null() { NOT_FOUND } else { found };

@@ -22,8 +22,10 @@
  * threshold to 4 MiB (glibc reads every entry; getenv finds the first).
  * With "mallopt" as the argument it sets M_TRIM_THRESHOLD to 128 KiB
  * first, as a program may after the library loaded; with
- * PRELOAD_TEST_MALLOPT_EARLY set it does so from its .preinit_array, before
- * any library's constructor (the preload library's too) runs.
+ * PRELOAD_TEST_MALLOPT_EARLY=1 it does so from its .preinit_array, before
+ * any library's constructor (the preload library's too) runs; with
+ * PRELOAD_TEST_CALLS_EARLY=1 it calls malloc_usable_size and malloc_trim
+ * there.
  * The program takes malloc's address, which built without PIE
  * makes the program's own PLT entry malloc's address in the whole process
  * (preload_glibc_thresholds_nopie.c). */
@@ -56,17 +58,24 @@ static int run_with_tunables_twice(void) {
     return 2;
 }
 
-/* Runs before environ is set up: reads the environment it is given. */
-static void set_trim_early(int argc, char **argv, char **envp) {
+/* Runs before any library's constructor and before environ is set up:
+ * reads the environment it is given. */
+static void early(int argc, char **argv, char **envp) {
     (void)argc;
     (void)argv;
-    for (char **e = envp; *e; e++)
+    for (char **e = envp; *e; e++) {
         if (strcmp(*e, "PRELOAD_TEST_MALLOPT_EARLY=1") == 0 && mallopt(M_TRIM_THRESHOLD, 128 << 10) != 1)
             _exit(2);
+        if (strcmp(*e, "PRELOAD_TEST_CALLS_EARLY=1") == 0) {
+            char *p = malloc(100);
+            if (!p || malloc_usable_size(p) < 100) _exit(2);
+            free(p);
+            malloc_trim(0);
+        }
+    }
 }
 
-__attribute__((section(".preinit_array"), used)) static void (*preinit)(int, char **, char **) =
-    set_trim_early;
+__attribute__((section(".preinit_array"), used)) static void (*preinit)(int, char **, char **) = early;
 
 /* Write a block of n MiB and free it. */
 static int write_and_free(size_t n) {

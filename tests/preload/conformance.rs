@@ -413,6 +413,14 @@ fn glibc_takes_the_requests_below_the_threshold_from_its_heap_unless_the_environ
         "early mallopt, preloaded: {h:?}"
     );
     assert_eq!(h.json, program);
+    // `malloc_usable_size` and `malloc_trim` from there find glibc's
+    // without running the library's constructor before its time.
+    let h = run_it(&[], true, &[("PRELOAD_TEST_CALLS_EARLY", "1")]);
+    assert_eq!(h.mapped, 0, "early calls, preloaded: {h:?}");
+    assert!(
+        h.json.starts_with("\"glibc_thresholds\":\"set\""),
+        "early calls, preloaded: {h:?}"
+    );
     // A top pad or a mapping count from the environment ends glibc's
     // dynamic threshold: the library sets the thresholds, raises nothing.
     for env in [
