@@ -60,9 +60,11 @@
 //! (rounded down to a whole MiB), so to under 64 MiB, and a larger one
 //! raises nothing ([`glibc::follow_freed_block`]). Under glibc alone the same
 //! `malloc` would get a mapping of at least that size and, at its `free`,
-//! raise the trim threshold to twice the mapping's size; so glibc keeps at
-//! most what it would keep for the same `malloc` calls on its own, and a
-//! model server's requests, which free their tensors at the top of glibc's
+//! raise the trim threshold to twice the mapping's size; so a raise never
+//! takes the threshold past the one glibc's dynamic threshold would reach
+//! for the same `malloc` calls on its own (the 4 MiB set at load may be
+//! more than glibc's own in a program that frees no mapping), and a model
+//! server's requests, which free their tensors at the top of glibc's
 //! heap and ask for them again in the next request, do not give that top
 //! back and fault it in again at every request (`benches/README.md` has
 //! the serving trace's page faults with and without it). What glibc keeps
