@@ -270,11 +270,6 @@ pub const MMAP_THRESHOLD_MAX: usize = 32 << 20;
 /// 128 KiB), where its dynamic threshold starts.
 pub const MMAP_THRESHOLD_DEFAULT: usize = 128 << 10;
 
-/// The largest `M_TRIM_THRESHOLD` glibc's dynamic threshold sets
-/// (`malloc/malloc.c`: twice the mmap threshold, which it raises up to
-/// [`MMAP_THRESHOLD_MAX`]): 64 MiB.
-pub const TRIM_THRESHOLD_DYNAMIC_MAX: usize = 2 * MMAP_THRESHOLD_MAX;
-
 /// The `mallopt` settings that decide where glibc's requests between
 /// 128 KiB and the preload threshold come from (`mallopt(3)`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -426,7 +421,7 @@ pub fn trim_threshold() -> usize {
 /// `size` bytes, as glibc's dynamic threshold does (`malloc/malloc.c`,
 /// `__libc_free`) when the program frees a mapped chunk larger than its
 /// mmap threshold and at most [`MMAP_THRESHOLD_MAX`] (32 MiB): to twice
-/// `size`, so under [`TRIM_THRESHOLD_DYNAMIC_MAX`] (64 MiB). A block of
+/// `size`, so under 64 MiB. A block of
 /// more than 32 MiB less 64 KiB raises nothing, as a mapping over 32 MiB
 /// (glibc's chunk adds a header and rounds up to a page) leaves glibc's
 /// dynamic threshold as it is. `size` is rounded down to a whole MiB first, so
