@@ -56,9 +56,10 @@
 //!
 //! The trim threshold then follows the huge blocks the program frees, as
 //! glibc's dynamic threshold follows the mapped chunks it frees: a freed
-//! block requested with less than 32 MiB raises it to twice its size
-//! (rounded down to a whole MiB), so to under 64 MiB, and a larger one
-//! raises nothing ([`glibc::follow_freed_block`]). Under glibc alone the same
+//! block requested with at most 32 MiB less 64 KiB raises it to twice the
+//! requested size rounded down to a whole MiB (a 3.5 MiB request: 6 MiB),
+//! so to under 64 MiB, and a larger one raises nothing
+//! ([`glibc::follow_freed_block`]). Under glibc alone the same
 //! `malloc` would get a mapping of at least that size and, at its `free`,
 //! raise the trim threshold to twice the mapping's size; so a raise never
 //! takes the threshold past the one glibc's dynamic threshold would reach
@@ -494,8 +495,9 @@ static GLIBC_THRESHOLDS: AtomicU8 = AtomicU8::new(THRESHOLDS_UNTOUCHED);
 /// and its `M_TRIM_THRESHOLD` to twice that
 /// ([`glibc::Thresholds::for_preload_threshold`]; the module docs say why
 /// and what glibc keeps then). For the preload library's constructor, and
-/// only when the library's `malloc` is the process's (not after `dlopen`):
-/// it replaces a `mallopt` made before it. Never allocates.
+/// only when the library's `malloc` is the process's (not after `dlopen`).
+/// A `mallopt` of glibc's thresholds made before it stands: it then sets
+/// none ([`GlibcThresholds::Program`]). Never allocates.
 pub fn configure_glibc_thresholds() {
     let Some(threshold) = settled_threshold() else {
         return;
