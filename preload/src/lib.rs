@@ -49,7 +49,7 @@ static GLIBC: api::GlibcMalloc = api::GlibcMalloc;
 #[no_mangle]
 pub extern "C" fn malloc(size: usize) -> *mut c_void {
     if size < THRESHOLD.load(Relaxed) {
-        return api::glibc::malloc(size);
+        return api::small_malloc(size);
     }
     malloc_slow(size)
 }

@@ -3,6 +3,7 @@
 //! from Rust (the `preload_ops` fuzz target drives them).
 
 use super::glibc::{self, MALLOC_ALIGNMENT};
+use super::heap_regrowth;
 use super::COUNTERS;
 use crate::env;
 use crate::huge::{Fill, Policy, ResizeError, ENGINE};
@@ -99,9 +100,21 @@ fn huge_alloc(size: usize, align: usize, zeroed: bool) -> *mut c_void {
 #[inline]
 pub fn malloc(size: usize) -> *mut c_void {
     if !is_huge(size) {
-        return glibc::malloc(size);
+        return small_malloc(size);
     }
     huge_alloc(size, MALLOC_ALIGNMENT, false)
+}
+
+/// `malloc` of a request below the threshold: glibc's, with the program
+/// break watched around a request of 64 KiB or more, so that glibc's main
+/// heap growing again into a top it trimmed raises glibc's trim threshold
+/// ([`glibc::follow_heap_regrowth`]); one comparison more than glibc's
+/// `malloc` below 64 KiB. The preload library's `malloc` calls it for
+/// requests below the threshold without the threshold check of
+/// [`malloc`].
+#[inline]
+pub fn small_malloc(size: usize) -> *mut c_void {
+    heap_regrowth::watch(size, || glibc::malloc(size))
 }
 
 /// `free(3)`: null does nothing; a ckalloc block goes back to the engine
@@ -133,7 +146,7 @@ pub fn calloc(n: usize, size: usize) -> *mut c_void {
         return ptr::null_mut();
     };
     if !is_huge(total) {
-        return glibc::calloc(n, size);
+        return heap_regrowth::watch(total, || glibc::calloc(n, size));
     }
     huge_alloc(total, MALLOC_ALIGNMENT, true)
 }
@@ -270,7 +283,7 @@ pub fn memalign(align: usize, size: usize) -> *mut c_void {
         return ptr::null_mut();
     };
     if !is_huge(size) {
-        return glibc::memalign(align, size);
+        return heap_regrowth::watch(size, || glibc::memalign(align, size));
     }
     huge_alloc(size, align, false)
 }
@@ -353,5 +366,6 @@ pub fn mallopt(param: c_int, value: c_int) -> c_int {
 pub fn malloc_trim(pad: usize) -> c_int {
     let released = crate::release_retained();
     let trimmed = glibc::trim(pad);
+    heap_regrowth::forget_trims();
     c_int::from(released > 0 || trimmed != 0)
 }

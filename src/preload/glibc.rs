@@ -17,7 +17,7 @@
 use crate::lock::PoolLock;
 use std::alloc::{GlobalAlloc, Layout};
 use std::ffi::{c_int, c_void, CStr};
-use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU8, AtomicUsize, Ordering};
 
 /// glibc's alignment of `malloc` blocks (`MALLOC_ALIGNMENT` on x86_64 and
 /// aarch64: 16 bytes).
@@ -374,8 +374,8 @@ fn mallopt_bytes(param: c_int, bytes: usize) -> bool {
 }
 
 /// The trim threshold the library set and glibc has, in bytes; 0 while
-/// the library does not raise it ([`follow_freed_block`]). Changed only
-/// under [`TRIM_LOCK`].
+/// the library does not raise it ([`follow_freed_block`],
+/// [`follow_heap_regrowth`]). Changed only under [`TRIM_LOCK`].
 static TRIM_SET: AtomicUsize = AtomicUsize::new(0);
 
 /// Orders the library's `mallopt(M_TRIM_THRESHOLD)` calls against each
@@ -396,8 +396,8 @@ pub fn program_set_thresholds() -> bool {
 /// Set glibc's mmap and trim thresholds with glibc's own `mallopt`
 /// (`M_MMAP_THRESHOLD`, `M_TRIM_THRESHOLD`), which also ends glibc's
 /// dynamic threshold. Returns whether glibc took both; from then on
-/// [`follow_freed_block`] raises the trim threshold, unless the
-/// environment turned glibc's dynamic threshold off
+/// [`follow_freed_block`] and [`follow_heap_regrowth`] raise the trim
+/// threshold, unless the environment turned glibc's dynamic threshold off
 /// (`MALLOC_TOP_PAD_`, `MALLOC_MMAP_MAX_` or their tunables).
 pub fn set_thresholds(t: Thresholds) -> bool {
     let _held = TRIM_LOCK.lock();
@@ -409,7 +409,8 @@ pub fn set_thresholds(t: Thresholds) -> bool {
 }
 
 /// The trim threshold the library set and raised since, in bytes, while
-/// it raises it ([`follow_freed_block`]); 0 when it set none
+/// it raises it ([`follow_freed_block`], [`follow_heap_regrowth`]); 0 when
+/// it set none
 /// ([`set_thresholds`] was not called or failed), when the environment
 /// turned glibc's dynamic threshold off, or when the program set glibc's
 /// thresholds itself since ([`program_mallopt`]).
@@ -427,20 +428,79 @@ pub fn trim_threshold() -> usize {
 /// dynamic threshold as it is. `size` is rounded down to a whole MiB first, so
 /// the threshold rises at most 32 times in a process. Under glibc alone
 /// the same request gets a mapping whose chunk holds at least `size`
-/// bytes (plus the alignment's padding for an aligned request), so the
-/// library's threshold stays at or under glibc's own for the same
-/// `malloc` calls. Does nothing while the library does not raise the
+/// bytes (plus the alignment's padding for an aligned request), so these
+/// raises keep the library's threshold at or under glibc's own for the
+/// same `malloc` calls ([`follow_heap_regrowth`] may raise it further).
+/// Does nothing while the library does not raise the
 /// threshold ([`trim_threshold`] is 0). Never allocates; thread-safe. A
 /// raise calls `mallopt`, which takes glibc's main arena lock and
 /// consolidates its fast bins.
 pub fn follow_freed_block(size: usize) {
-    const STEP: usize = 1 << 20;
     // glibc's chunk for `size` adds its header and rounds up to a page
     // (64 KiB at most): one over the maximum raises nothing there.
     if size > MMAP_THRESHOLD_MAX - (64 << 10) {
         return;
     }
-    let want = size / STEP * STEP * 2;
+    raise_trim_threshold(size / MIB * MIB * 2, Raise::FreedBlock);
+}
+
+/// One MiB, the step of the trim threshold's raises.
+const MIB: usize = 1 << 20;
+
+/// The highest trim threshold the library raises to: glibc's own dynamic
+/// threshold stops at twice [`MMAP_THRESHOLD_MAX`] (64 MiB).
+pub const TRIM_THRESHOLD_RAISE_MAX: usize = 2 * MMAP_THRESHOLD_MAX;
+
+/// Raise glibc's trim threshold for glibc's main heap, which gave
+/// `trimmed` bytes of its top back to the kernel at a `free` and then grew
+/// into them again within the decay window (`CKALLOC_RETAIN_DECAY_MS`; the
+/// preload library watches the program break around requests of 64 KiB
+/// and more below its threshold, as [`crate::preload`] says): to twice
+/// `trimmed`, rounded up to a whole MiB and at most
+/// [`TRIM_THRESHOLD_RAISE_MAX`] (64 MiB). glibc trims only a top of at
+/// least the trim threshold, so `trimmed` is that threshold less glibc's
+/// top pad at least, and each raise about doubles the threshold: a few
+/// raises in a process. Does nothing while the library does not raise the
+/// threshold ([`trim_threshold`] is 0). Never allocates; thread-safe.
+pub fn follow_heap_regrowth(trimmed: usize) {
+    let want = trimmed
+        .checked_mul(2)
+        .and_then(|b| b.checked_next_multiple_of(MIB))
+        .map_or(TRIM_THRESHOLD_RAISE_MAX, |b| {
+            b.min(TRIM_THRESHOLD_RAISE_MAX)
+        });
+    raise_trim_threshold(want, Raise::HeapRegrowth);
+}
+
+/// What raised the trim threshold the library set at load.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Raise {
+    /// A freed huge block ([`follow_freed_block`]).
+    FreedBlock = 1,
+    /// glibc's main heap growing again into the top it trimmed
+    /// ([`follow_heap_regrowth`]).
+    HeapRegrowth = 2,
+}
+
+/// The [`Raise`] kinds that raised the trim threshold, as bits.
+static RAISED_BY: AtomicU8 = AtomicU8::new(0);
+
+/// Whether freed huge blocks ([`follow_freed_block`]) and glibc's heap
+/// growing again after a trim ([`follow_heap_regrowth`]) raised the trim
+/// threshold, in that order.
+pub fn trim_threshold_raised_by() -> (bool, bool) {
+    let bits = RAISED_BY.load(Ordering::Relaxed);
+    (
+        bits & Raise::FreedBlock as u8 != 0,
+        bits & Raise::HeapRegrowth as u8 != 0,
+    )
+}
+
+/// Set glibc's trim threshold to `want` bytes if that is more than the
+/// library's threshold now, while the library raises it. A raise calls
+/// `mallopt` under [`TRIM_LOCK`], which takes glibc's main arena lock and
+/// consolidates its fast bins.
+fn raise_trim_threshold(want: usize, why: Raise) {
     let cur = TRIM_SET.load(Ordering::Relaxed);
     if cur == 0 || want <= cur {
         return;
@@ -449,6 +509,7 @@ pub fn follow_freed_block(size: usize) {
     let cur = TRIM_SET.load(Ordering::Relaxed);
     if cur != 0 && want > cur && mallopt_bytes(libc::M_TRIM_THRESHOLD, want) {
         TRIM_SET.store(want, Ordering::Relaxed);
+        RAISED_BY.fetch_or(why as u8, Ordering::Relaxed);
     }
 }
 
@@ -456,7 +517,8 @@ pub fn follow_freed_block(size: usize) {
 /// `M_TRIM_THRESHOLD`, `M_TOP_PAD`, `M_MMAP_THRESHOLD` or `M_MMAP_MAX`
 /// that glibc takes ends glibc's dynamic threshold (`malloc/malloc.c`),
 /// and so ends the library's raising of the trim threshold
-/// ([`follow_freed_block`]); made before the library's constructor ran
+/// ([`follow_freed_block`], [`follow_heap_regrowth`]); made before the
+/// library's constructor ran
 /// (from another library's constructor), it keeps the library from
 /// setting the thresholds ([`program_set_thresholds`]). Either way the
 /// program's setting stands. One glibc refuses changes nothing.
@@ -481,7 +543,8 @@ pub fn program_mallopt(param: c_int, value: c_int) -> c_int {
 }
 
 /// For the `fork()` prepare handler: takes the lock that orders the
-/// `mallopt` calls of [`follow_freed_block`] and [`program_mallopt`], so
+/// `mallopt` calls of [`follow_freed_block`], [`follow_heap_regrowth`] and
+/// [`program_mallopt`], so
 /// that no fork falls between a `mallopt` and the record of it; the
 /// parent and the child give it back ([`after_fork`]). It runs before
 /// glibc's `fork` takes the arenas' locks, so a holder waiting in

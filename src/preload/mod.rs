@@ -61,8 +61,8 @@
 //! so to under 64 MiB, and a larger one raises nothing
 //! ([`glibc::follow_freed_block`]). Under glibc alone the same
 //! `malloc` would get a mapping of at least that size and, at its `free`,
-//! raise the trim threshold to twice the mapping's size; so a raise never
-//! takes the threshold past the one glibc's dynamic threshold would reach
+//! raise the trim threshold to twice the mapping's size; so such a raise
+//! never takes the threshold past the one glibc's dynamic threshold would reach
 //! for the same `malloc` calls on its own (the 4 MiB set at load may be
 //! more than glibc's own in a program that frees no mapping), and a model
 //! server's requests, which free their tensors at the top of glibc's
@@ -77,6 +77,29 @@
 //! above it pin. glibc may still map a request just below
 //! the threshold (its chunk adds 8 to 23 bytes) and an aligned one whose
 //! size and alignment together reach it.
+//!
+//! glibc's main heap can still give back and fault in again what a
+//! request's blocks below the threshold free at its end: at batch 16 by 16
+//! tokens, PyTorch's activations (up to 1.5 MiB each) free more than 4 MiB
+//! at the top of the heap, and glibc gave it back at every request (1,000
+//! to 2,000 page faults each) while no freed huge block raised the
+//! threshold. So the trim threshold also follows that heap: the library
+//! watches the program break around `malloc`, `calloc` and the aligned
+//! requests of 64 KiB and more below the threshold, and when the heap
+//! grows again into a top its `free` trimmed, within the decay window
+//! (`CKALLOC_RETAIN_DECAY_MS`, 2 s) of the call before that trim, it
+//! raises the trim threshold to twice the trimmed bytes, rounded up to a
+//! whole MiB and at most 64 MiB ([`glibc::follow_heap_regrowth`]). glibc
+//! trims only a top of at least the trim threshold, so each raise about
+//! doubles it. This raise goes past glibc's own dynamic threshold, which
+//! leaves such a program giving the top back at every request. Only the
+//! main heap is watched (the other arenas' heaps are
+//! mappings that leave the break alone): a program whose many threads
+//! churn their own arenas while the main heap does not keeps the 4 MiB
+//! bound per arena; once raised, the threshold is every arena's, as
+//! glibc's own dynamic threshold is. The program's `malloc_trim` raises
+//! nothing; the program's `mallopt` ends this raising as it ends the
+//! other.
 //!
 //! The library leaves glibc as it is when the environment sets either
 //! threshold (a `glibc.malloc.mmap_threshold=` or
@@ -338,12 +361,13 @@
 
 mod api;
 pub mod glibc;
+mod heap_regrowth;
 mod json;
 mod report;
 
 pub use api::{
     aligned_alloc, calloc, free, malloc, malloc_trim, malloc_usable_size, mallopt, memalign,
-    posix_memalign, pvalloc, realloc, reallocarray, valloc,
+    posix_memalign, pvalloc, realloc, reallocarray, small_malloc, valloc,
 };
 pub use glibc::GlibcMalloc;
 pub use json::write_stats_json;
@@ -421,7 +445,9 @@ pub enum GlibcThresholds {
     Untouched,
     /// Set at load ([`glibc::Thresholds::for_preload_threshold`]); `trim`
     /// is the trim threshold now, raised since by the huge blocks the
-    /// program freed ([`glibc::follow_freed_block`]).
+    /// program freed ([`glibc::follow_freed_block`]) and by glibc's main
+    /// heap growing again into a top it trimmed
+    /// ([`glibc::follow_heap_regrowth`]).
     Set(glibc::Thresholds),
     /// Set by the program with `mallopt` ([`glibc::program_mallopt`]),
     /// before the library loaded (from another library's constructor; the
@@ -451,7 +477,10 @@ impl GlibcThresholds {
 
 /// The summary's words when set: `mmap threshold 2.00 MiB, trim
 /// threshold 4.00 MiB (set at load)`, or `… trim threshold 24.00 MiB (set
-/// at load, the trim threshold raised by freed huge blocks)`.
+/// at load, the trim threshold raised by freed huge blocks)`, naming what
+/// raised it ([`glibc::trim_threshold_raised_by`], read when formatted):
+/// freed huge blocks ([`glibc::follow_freed_block`]), glibc's heap growing
+/// into a trimmed top ([`glibc::follow_heap_regrowth`]), or both.
 impl std::fmt::Display for GlibcThresholds {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
@@ -463,10 +492,17 @@ impl std::fmt::Display for GlibcThresholds {
                     crate::units::ExactBytes(t.trim as u64)
                 )?;
                 let at_load = glibc::Thresholds::for_preload_threshold(t.mmap).trim;
-                f.write_str(if t.trim > at_load {
-                    ", the trim threshold raised by freed huge blocks)"
-                } else {
-                    ")"
+                if t.trim <= at_load {
+                    return f.write_str(")");
+                }
+                f.write_str(match glibc::trim_threshold_raised_by() {
+                    (true, true) => {
+                        ", the trim threshold raised by freed huge blocks and by glibc's heap growing into a trimmed top)"
+                    }
+                    (false, true) => {
+                        ", the trim threshold raised by glibc's heap growing into a trimmed top)"
+                    }
+                    _ => ", the trim threshold raised by freed huge blocks)",
                 })
             }
             GlibcThresholds::Environment => f.write_str(

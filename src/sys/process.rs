@@ -49,6 +49,17 @@ pub(crate) fn environment_ready() -> bool {
     !environ_now().is_null()
 }
 
+/// The program break (`sbrk(0)`, `brk(2)`): the end of glibc's main
+/// heap while it grows with `brk`, so a fall shows that glibc trimmed the
+/// heap's top and a rise that it grew again. glibc answers from its cached
+/// break (a system call only on the first use). Never allocates.
+#[cfg(all(feature = "preload", target_os = "linux", target_env = "gnu"))]
+pub(crate) fn program_break() -> usize {
+    // SAFETY: `sbrk(0)` changes nothing; it returns the break or
+    // `(void *)-1`, both only compared as numbers.
+    unsafe { libc::sbrk(0) as usize }
+}
+
 /// Whether the program runs in secure-execution mode (`AT_SECURE`:
 /// set-user-ID, set-group-ID or with capabilities; `getauxval(3)`,
 /// `ld.so(8)`), in which glibc ignores the environment's tunables marked

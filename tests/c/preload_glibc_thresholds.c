@@ -26,6 +26,19 @@
  * any library's constructor (the preload library's too) runs; with
  * PRELOAD_TEST_CALLS_EARLY=1 it calls malloc_usable_size and malloc_trim
  * there.
+ * With "cycle" as the argument it runs ten rounds of requests instead:
+ * each writes six 1 MiB blocks and frees them from the heap's top down, and
+ * it prints "cycle_faults N", the minor page faults of the last four
+ * rounds (the first rounds of aligned requests grow the heap past the
+ * fragments glibc's memalign leaves before its top is freed whole).
+ * The freed 6 MiB top is over the trim threshold: glibc alone (trim
+ * threshold 2 MiB once a 1 MiB mapping was freed) gives it back at every
+ * round and faults it in again at the next; the library sees the heap
+ * grow into the top it trimmed and raises the trim threshold above it.
+ * "cycle_trim" writes three blocks a round and calls malloc_trim(0) after
+ * freeing them: the program's own trim raises nothing. "cycle_aligned"
+ * is "cycle" with posix_memalign(64), as PyTorch's CPU allocator asks;
+ * "cycle_idle" is "cycle" with 300 ms of sleep between rounds.
  * The program takes malloc's address, which built without PIE
  * makes the program's own PLT entry malloc's address in the whole process
  * (preload_glibc_thresholds_nopie.c). */
@@ -34,6 +47,7 @@
 #include <malloc.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <stdlib.h>
 #include <unistd.h>
 
@@ -100,8 +114,56 @@ static int print_heap_after_free(const char *label, int n) {
     return 1;
 }
 
+/* Print "json " and the glibc keys of ckalloc_stats_json, or "json none"
+ * without the library. */
+static int print_json(void *lib) {
+    size_t (*stats_json)(char *, size_t) =
+        (size_t (*)(char *, size_t))dlsym(lib, "ckalloc_stats_json");
+    if (!stats_json) {
+        printf("json none\n");
+        return 0;
+    }
+    static char json[65536];
+    stats_json(json, sizeof json);
+    char *keys = strstr(json, "\"glibc_thresholds\"");
+    char *end = keys ? strchr(keys, '}') : NULL;
+    if (!end) return 3;
+    printf("json %.*s\n", (int)(end - keys), keys);
+    return 0;
+}
+
+/* Ten rounds of n 1 MiB blocks (64-byte aligned with posix_memalign when
+ * aligned is set) written and freed from the top down (then
+ * malloc_trim(0) when trim is set); prints the minor faults of the last
+ * four. */
+static int cycle(int n, int trim, int aligned, int idle_ms) {
+    long faults = 0;
+    for (int round = 0; round < 10; round++) {
+        if (round > 0 && idle_ms > 0) usleep(idle_ms * 1000);
+        struct rusage r0, r1;
+        getrusage(RUSAGE_SELF, &r0);
+        char *blocks[8];
+        for (int i = 0; i < n; i++) {
+            if (aligned ? posix_memalign((void **)&blocks[i], 64, MIB) != 0
+                        : !(blocks[i] = malloc(MIB)))
+                return 2;
+            memset(blocks[i], 1, MIB);
+        }
+        for (int i = n - 1; i >= 0; i--) free(blocks[i]);
+        if (trim) malloc_trim(0);
+        getrusage(RUSAGE_SELF, &r1);
+        if (round >= 6) faults += r1.ru_minflt - r0.ru_minflt;
+    }
+    printf("cycle_faults %ld\n", faults);
+    return print_json(RTLD_DEFAULT);
+}
+
 int main(int argc, char **argv) {
     void *lib = RTLD_DEFAULT;
+    if (argc == 2 && strcmp(argv[1], "cycle") == 0) return cycle(6, 0, 0, 0);
+    if (argc == 2 && strcmp(argv[1], "cycle_aligned") == 0) return cycle(6, 0, 1, 0);
+    if (argc == 2 && strcmp(argv[1], "cycle_idle") == 0) return cycle(6, 0, 0, 300);
+    if (argc == 2 && strcmp(argv[1], "cycle_trim") == 0) return cycle(3, 1, 0, 0);
     if (argc == 2 && strcmp(argv[1], "twice") == 0) return run_with_tunables_twice();
     if (argc == 2 && strcmp(argv[1], "mallopt") == 0 && mallopt(M_TRIM_THRESHOLD, 128 << 10) != 1)
         return 2;
@@ -120,17 +182,5 @@ int main(int argc, char **argv) {
     if (!print_heap_after_free("heap_after_free", 3)) return 2;
     if (!write_and_free(12) || !print_heap_after_free("heap_after_big_free", 8)) return 2;
     if (!write_and_free(40) || !print_heap_after_free("heap_after_huge_free", 30)) return 2;
-    size_t (*stats_json)(char *, size_t) =
-        (size_t (*)(char *, size_t))dlsym(lib, "ckalloc_stats_json");
-    if (!stats_json) {
-        printf("json none\n");
-        return 0;
-    }
-    static char json[65536];
-    stats_json(json, sizeof json);
-    char *keys = strstr(json, "\"glibc_thresholds\"");
-    char *end = keys ? strchr(keys, '}') : NULL;
-    if (!end) return 3;
-    printf("json %.*s\n", (int)(end - keys), keys);
-    return 0;
+    return print_json(lib);
 }
