@@ -44,8 +44,10 @@ unsafe extern "C" fn free_aligned(p: *mut c_void) {
 #[global_allocator]
 static GLIBC: api::GlibcMalloc = api::GlibcMalloc;
 
-/// `malloc(3)`. The fast path (below the threshold) is one load, one
-/// compare and a jump to glibc.
+/// `malloc(3)`. The fast path (below the threshold and 64 KiB) is one
+/// load, two compares and a jump to glibc; requests from 64 KiB up to the
+/// threshold go to glibc with the program break watched
+/// ([`ckalloc::preload::small_malloc`]).
 #[no_mangle]
 pub extern "C" fn malloc(size: usize) -> *mut c_void {
     if size < THRESHOLD.load(Relaxed) {

@@ -108,13 +108,23 @@ pub fn malloc(size: usize) -> *mut c_void {
 /// `malloc` of a request below the threshold: glibc's, with the program
 /// break watched around a request of 64 KiB or more, so that glibc's main
 /// heap growing again into a top it trimmed raises glibc's trim threshold
-/// ([`glibc::follow_heap_regrowth`]); one comparison more than glibc's
-/// `malloc` below 64 KiB. The preload library's `malloc` calls it for
+/// ([`glibc::follow_heap_regrowth`]); below 64 KiB, one comparison and
+/// glibc's `malloc`. The preload library's `malloc` calls it for
 /// requests below the threshold without the threshold check of
 /// [`malloc`].
 #[inline]
 pub fn small_malloc(size: usize) -> *mut c_void {
-    heap_regrowth::watch(size, || glibc::malloc(size))
+    if heap_regrowth::watches(size) {
+        return watched_malloc(size);
+    }
+    glibc::malloc(size)
+}
+
+/// glibc's `malloc(size)` with the program break watched; out of line, so
+/// that [`small_malloc`]'s other path stays a jump to glibc.
+#[inline(never)]
+fn watched_malloc(size: usize) -> *mut c_void {
+    heap_regrowth::watch(|| glibc::malloc(size))
 }
 
 /// `free(3)`: null does nothing; a ckalloc block goes back to the engine
@@ -146,7 +156,10 @@ pub fn calloc(n: usize, size: usize) -> *mut c_void {
         return ptr::null_mut();
     };
     if !is_huge(total) {
-        return heap_regrowth::watch(total, || glibc::calloc(n, size));
+        if heap_regrowth::watches(total) {
+            return heap_regrowth::watch(|| glibc::calloc(n, size));
+        }
+        return glibc::calloc(n, size);
     }
     huge_alloc(total, MALLOC_ALIGNMENT, true)
 }
@@ -283,7 +296,10 @@ pub fn memalign(align: usize, size: usize) -> *mut c_void {
         return ptr::null_mut();
     };
     if !is_huge(size) {
-        return heap_regrowth::watch(size, || glibc::memalign(align, size));
+        if heap_regrowth::watches(size) {
+            return heap_regrowth::watch(|| glibc::memalign(align, size));
+        }
+        return glibc::memalign(align, size);
     }
     huge_alloc(size, align, false)
 }
@@ -365,7 +381,8 @@ pub fn mallopt(param: c_int, value: c_int) -> c_int {
 /// glibc's `malloc_trim(pad)`; 1 when either released memory, else 0.
 pub fn malloc_trim(pad: usize) -> c_int {
     let released = crate::release_retained();
+    heap_regrowth::program_trim_starts();
     let trimmed = glibc::trim(pad);
-    heap_regrowth::forget_trims();
+    heap_regrowth::program_trim_ends();
     c_int::from(released > 0 || trimmed != 0)
 }

@@ -404,6 +404,7 @@ pub fn set_thresholds(t: Thresholds) -> bool {
     let set = mallopt_bytes(libc::M_MMAP_THRESHOLD, t.mmap)
         && mallopt_bytes(libc::M_TRIM_THRESHOLD, t.trim);
     let follow = set && !dynamic_threshold_off_by_environment();
+    TRIM_AT_LOAD.store(t.trim, Ordering::Relaxed);
     TRIM_SET.store(if follow { t.trim } else { 0 }, Ordering::Relaxed);
     set
 }
@@ -447,29 +448,48 @@ pub fn follow_freed_block(size: usize) {
 /// One MiB, the step of the trim threshold's raises.
 const MIB: usize = 1 << 20;
 
-/// The highest trim threshold the library raises to: glibc's own dynamic
-/// threshold stops at twice [`MMAP_THRESHOLD_MAX`] (64 MiB).
-pub const TRIM_THRESHOLD_RAISE_MAX: usize = 2 * MMAP_THRESHOLD_MAX;
+/// How far glibc's main heap growing again raises the trim threshold: to
+/// at most this many times the threshold set at load (16 MiB at the
+/// default 4 MiB). The threshold is every arena's, so this bounds what
+/// each arena's heap may keep free at its top after such a raise; freed
+/// huge blocks ([`follow_freed_block`]) raise it further, as glibc's own
+/// dynamic threshold does, to under 64 MiB.
+pub const HEAP_REGROWTH_RAISE_FACTOR: usize = 4;
 
-/// Raise glibc's trim threshold for glibc's main heap, which gave
-/// `trimmed` bytes of its top back to the kernel at a `free` and then grew
-/// into them again within the decay window (`CKALLOC_RETAIN_DECAY_MS`; the
-/// preload library watches the program break around requests of 64 KiB
-/// and more below its threshold, as [`crate::preload`] says): to twice
-/// `trimmed`, rounded up to a whole MiB and at most
-/// [`TRIM_THRESHOLD_RAISE_MAX`] (64 MiB). glibc trims only a top of at
-/// least the trim threshold, so `trimmed` is that threshold less glibc's
-/// top pad at least, and each raise about doubles the threshold: a few
-/// raises in a process. Does nothing while the library does not raise the
-/// threshold ([`trim_threshold`] is 0). Never allocates; thread-safe.
-pub fn follow_heap_regrowth(trimmed: usize) {
-    let want = trimmed
+/// The trim threshold set at load, in bytes (0 until set).
+static TRIM_AT_LOAD: AtomicUsize = AtomicUsize::new(0);
+
+/// The highest trim threshold [`follow_heap_regrowth`] raises to.
+fn heap_regrowth_cap() -> usize {
+    TRIM_AT_LOAD
+        .load(Ordering::Relaxed)
+        .saturating_mul(HEAP_REGROWTH_RAISE_FACTOR)
+}
+
+/// Raise glibc's trim threshold for glibc's main heap, which gave bytes of
+/// its top back to the kernel at a `free` and then grew `regrown` of them
+/// again within the decay window (`CKALLOC_RETAIN_DECAY_MS`; the preload
+/// library watches the program break around requests of 64 KiB and more
+/// below its threshold, as [`crate::preload`] says): to twice `regrown`,
+/// rounded up to a whole MiB and at most [`HEAP_REGROWTH_RAISE_FACTOR`]
+/// times the threshold set at load (16 MiB at the default). The raised
+/// threshold stays: glibc's own dynamic threshold never comes down either.
+/// Does nothing while the library does not raise the threshold
+/// ([`trim_threshold`] is 0). Never allocates; thread-safe.
+pub fn follow_heap_regrowth(regrown: usize) {
+    let cap = heap_regrowth_cap();
+    let want = regrown
         .checked_mul(2)
         .and_then(|b| b.checked_next_multiple_of(MIB))
-        .map_or(TRIM_THRESHOLD_RAISE_MAX, |b| {
-            b.min(TRIM_THRESHOLD_RAISE_MAX)
-        });
+        .map_or(cap, |b| b.min(cap));
     raise_trim_threshold(want, Raise::HeapRegrowth);
+}
+
+/// Whether [`follow_heap_regrowth`] may still raise the trim threshold:
+/// the library raises it, and it is under that function's cap.
+pub fn trim_threshold_may_rise() -> bool {
+    let cur = TRIM_SET.load(Ordering::Relaxed);
+    cur != 0 && cur < heap_regrowth_cap()
 }
 
 /// What raised the trim threshold the library set at load.

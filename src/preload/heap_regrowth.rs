@@ -4,100 +4,152 @@
 //! program whose requests free more than that at their end and ask for it
 //! again at the next pays the page faults of that memory at every request.
 //! This module watches the program break around glibc's `malloc`,
-//! `calloc` and `memalign` calls of at least [`WATCH_MIN`] bytes: a fall
-//! since the last watched call is a trim, and a rise within the decay
-//! window (`CKALLOC_RETAIN_DECAY_MS`, 2 s by default) of that call is the
-//! same memory faulted in again, which raises the trim threshold above the
-//! trimmed top ([`glibc::follow_heap_regrowth`]). A rise after a longer
-//! idle spell raises nothing: that memory goes back as the engine's own
-//! retained blocks do after the window.
+//! `calloc` and `memalign` calls (and so `posix_memalign` and
+//! `aligned_alloc`) of at least [`WATCH_MIN`] bytes: a fall since the last
+//! watched call is a trim, and what the break rises by afterwards, within
+//! the decay window (`CKALLOC_RETAIN_DECAY_MS`, 2 s by default) of the
+//! watched call before that trim, is the same memory faulted in again. The
+//! trim threshold is raised to twice the smaller of the two
+//! ([`glibc::follow_heap_regrowth`]), so a one-off large free followed by
+//! a little growth raises little or nothing.
 //!
-//! Only the main heap is watched (glibc grows the heaps of its other
-//! arenas with `mmap`, which leaves the break alone), so a program whose
-//! threads churn other arenas raises nothing here. The reads race with
-//! other threads' calls: a trim or a regrowth may go unseen, never one
-//! invented (the break falls only when glibc, or the program's own `brk`,
-//! gives memory back). The program's `malloc_trim` is not a trim here
-//! ([`forget_trims`]). Atomics only; never allocates.
+//! What it does not see: growth by `realloc`, `valloc` and `pvalloc`, and
+//! by requests under [`WATCH_MIN`] (glibc also trims when such blocks
+//! coalesce into a top of 64 KiB or more); a trim and its regrowth farther
+//! apart than the window, such as a request that computes for longer than
+//! the window without a watched call between its last request before the
+//! trim and the next after it; and the heaps of glibc's other arenas
+//! (mappings that leave the break alone), so a program whose threads churn
+//! their own arenas raises nothing here. A program that moves the break
+//! itself (`brk`, `sbrk`) can make its own fall read as a trim. The
+//! program's `malloc_trim` is no trim here ([`program_trim_starts`],
+//! [`program_trim_ends`]), also when it runs on another thread during a
+//! watched call. Racing watched calls may miss a trim or a regrowth. Once
+//! the trim threshold has reached its cap, nothing is watched. Atomics
+//! only; never allocates.
 
 use super::glibc;
 use crate::sys;
 use std::ffi::c_void;
 use std::sync::atomic::{
     AtomicU64, AtomicUsize,
-    Ordering::{Acquire, Relaxed, Release},
+    Ordering::{AcqRel, Acquire, Relaxed, Release},
 };
 
-/// The smallest request watched, in bytes: glibc's `free` trims the heap
-/// only at a chunk of at least 64 KiB (`FASTBIN_CONSOLIDATION_THRESHOLD`,
-/// `malloc/malloc.c`), so a program whose requests trim the heap makes
-/// such requests; smaller ones go to glibc with one comparison more.
+/// The smallest request watched, in bytes. Watching costs two reads of
+/// the break and one of the coarse clock; below 64 KiB (glibc's
+/// `FASTBIN_CONSOLIDATION_THRESHOLD`, the least a freed chunk must
+/// coalesce to for `free` to trim) requests go to glibc with one
+/// comparison more.
 pub const WATCH_MIN: usize = 64 << 10;
 
 /// The program break after the last watched call (0 before the first).
 static LAST_BREAK: AtomicUsize = AtomicUsize::new(0);
-/// Bytes the break fell by before a watched call, until a rise or the
-/// next fall replaces them; 0 when none is pending.
+/// Bytes the break fell by before a watched call, until that much has
+/// grown back, the window has passed or the next fall replaces them; 0
+/// when no fall is pending.
 static TRIMMED: AtomicUsize = AtomicUsize::new(0);
-/// Monotonic time of the watched call before that fall, in nanoseconds:
-/// the trim came after it.
+/// Bytes the break rose by since that fall.
+static REGROWN: AtomicUsize = AtomicUsize::new(0);
+/// Coarse monotonic time of the watched call before that fall, in
+/// nanoseconds: the trim came after it.
 static TRIMMED_AFTER: AtomicU64 = AtomicU64::new(0);
-/// Monotonic time of the last watched call, in nanoseconds.
+/// Coarse monotonic time of the last watched call, in nanoseconds.
 static LAST_AT: AtomicU64 = AtomicU64::new(0);
+/// The program's `malloc_trim` calls, counted at their start and at their
+/// end: odd while one runs. A watched call during one records nothing.
+static PROGRAM_TRIMS: AtomicUsize = AtomicUsize::new(0);
 
-/// glibc's `alloc()` for a request of `size` bytes, the program break
-/// watched around it when `size` is at least [`WATCH_MIN`] and the library
-/// raises the trim threshold ([`glibc::trim_threshold`] is not 0).
+/// Whether a request of `size` bytes below the threshold is watched
+/// ([`watch`]).
 #[inline]
-pub(super) fn watch(size: usize, alloc: impl FnOnce() -> *mut c_void) -> *mut c_void {
-    if size < WATCH_MIN || glibc::trim_threshold() == 0 {
-        return alloc();
-    }
-    watched(alloc)
+pub(super) fn watches(size: usize) -> bool {
+    size >= WATCH_MIN
 }
 
-#[inline(never)]
-fn watched(alloc: impl FnOnce() -> *mut c_void) -> *mut c_void {
-    let now = sys::monotonic_ns();
-    // The last break first: a rise another thread makes after this load
-    // cannot read as a fall.
+/// glibc's `alloc()`, the program break watched around it while the
+/// library may still raise the trim threshold
+/// ([`glibc::trim_threshold_may_rise`]).
+#[inline]
+pub(super) fn watch(alloc: impl FnOnce() -> *mut c_void) -> *mut c_void {
+    if !glibc::trim_threshold_may_rise() {
+        return alloc();
+    }
+    let trims = PROGRAM_TRIMS.load(Acquire);
+    if trims % 2 == 1 {
+        return alloc();
+    }
+    let now = sys::coarse_monotonic_ns();
+    // The last break before the break itself: a rise another thread makes
+    // after this load cannot read as a fall.
     let last = LAST_BREAK.load(Acquire);
     let before = sys::program_break();
     if before == usize::MAX {
         // `sbrk` failed: no break to watch.
         return alloc();
     }
-    if before < last {
-        TRIMMED.store(last - before, Relaxed);
-        TRIMMED_AFTER.store(LAST_AT.load(Relaxed), Relaxed);
-    }
     let p = alloc();
     let after = sys::program_break();
-    if after > before && after != usize::MAX {
-        let trimmed = TRIMMED.swap(0, Relaxed);
-        // The trim came after the watched call before it, so at most
-        // `now - TRIMMED_AFTER` before this rise.
-        let window = crate::env::retain_decay_ms().saturating_mul(1_000_000);
-        if trimmed != 0 && now.saturating_sub(TRIMMED_AFTER.load(Relaxed)) <= window {
-            glibc::follow_heap_regrowth(trimmed);
-        }
+    if after == usize::MAX || PROGRAM_TRIMS.load(Acquire) != trims {
+        // The program's `malloc_trim` ran meanwhile: its fall is its own.
+        return p;
     }
-    if after != usize::MAX {
-        if after != last {
-            LAST_BREAK.store(after, Release);
-        }
+    if before < last {
+        TRIMMED.store(last - before, Relaxed);
+        REGROWN.store(0, Relaxed);
+        TRIMMED_AFTER.store(LAST_AT.load(Relaxed), Relaxed);
+    }
+    if after > before {
+        regrew(after - before, now);
+    }
+    if after != last {
+        // Not over a newer break another thread or `program_trim_ends`
+        // stored since the load above.
+        let _ = LAST_BREAK.compare_exchange(last, after, AcqRel, Relaxed);
+    }
+    if LAST_AT.load(Relaxed) != now {
         LAST_AT.store(now, Relaxed);
     }
     p
 }
 
+/// The break rose by `grown` bytes at coarse time `now`: if a fall is
+/// pending and the window since the call before it has not passed, raise
+/// the trim threshold for what has grown back of it.
+fn regrew(grown: usize, now: u64) {
+    let trimmed = TRIMMED.load(Relaxed);
+    if trimmed == 0 {
+        return;
+    }
+    let window = crate::env::retain_decay_ms().saturating_mul(1_000_000);
+    if now.saturating_sub(TRIMMED_AFTER.load(Relaxed)) > window {
+        TRIMMED.store(0, Relaxed);
+        return;
+    }
+    let regrown = REGROWN
+        .fetch_add(grown, Relaxed)
+        .saturating_add(grown)
+        .min(trimmed);
+    glibc::follow_heap_regrowth(regrown);
+    if regrown == trimmed {
+        TRIMMED.store(0, Relaxed);
+    }
+}
+
+/// Before the program's `malloc_trim`: watched calls from now until
+/// [`program_trim_ends`] record no fall.
+pub(super) fn program_trim_starts() {
+    PROGRAM_TRIMS.fetch_add(1, AcqRel);
+}
+
 /// After the program's `malloc_trim`: the break it lowered is the
 /// program's request, not a trim of glibc's `free`, so the next rise
 /// raises nothing.
-pub(super) fn forget_trims() {
+pub(super) fn program_trim_ends() {
     let now = sys::program_break();
     if now != usize::MAX {
         LAST_BREAK.store(now, Release);
     }
     TRIMMED.store(0, Relaxed);
+    PROGRAM_TRIMS.fetch_add(1, AcqRel);
 }

@@ -37,7 +37,7 @@ pub(crate) use process::{
     monotonic_ns, read_small_file, register_atfork, thread_cpu_ns, SchedStat,
 };
 #[cfg(all(feature = "preload", target_os = "linux", target_env = "gnu"))]
-pub(crate) use process::{env_entries, program_break, secure_execution};
+pub(crate) use process::{coarse_monotonic_ns, env_entries, program_break, secure_execution};
 pub(crate) use thread::{name_this_thread, sleep_ns, spawn_detached};
 
 #[cfg(target_os = "linux")]

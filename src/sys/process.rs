@@ -274,6 +274,14 @@ pub(crate) fn monotonic_ns() -> u64 {
     clock_ns(libc::CLOCK_MONOTONIC)
 }
 
+/// The coarse monotonic clock in nanoseconds (`CLOCK_MONOTONIC_COARSE`:
+/// read without a system call or a TSC read, at the kernel tick's
+/// resolution, 1-10 ms), without allocating; 0 where it cannot be read.
+#[cfg(all(feature = "preload", target_os = "linux", target_env = "gnu"))]
+pub(crate) fn coarse_monotonic_ns() -> u64 {
+    clock_ns(libc::CLOCK_MONOTONIC_COARSE)
+}
+
 /// CPU time of the calling thread in nanoseconds
 /// (`CLOCK_THREAD_CPUTIME_ID`): time it ran, in user space or in the
 /// kernel, not time it waited for a CPU or blocked. 0 where the clock

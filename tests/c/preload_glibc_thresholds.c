@@ -38,12 +38,21 @@
  * "cycle_trim" writes three blocks a round and calls malloc_trim(0) after
  * freeing them: the program's own trim raises nothing. "cycle_aligned"
  * is "cycle" with posix_memalign(64), as PyTorch's CPU allocator asks;
- * "cycle_idle" is "cycle" with 300 ms of sleep between rounds.
+ * "cycle_idle" is "cycle" with 300 ms of sleep between rounds. "oneoff"
+ * writes and frees twenty 1 MiB blocks once (glibc trims them), then
+ * keeps 64 KiB blocks until the heap grows once: a little growth after a
+ * one-off free raises the threshold by no more than it grew. "trim_thread"
+ * runs rounds of three 1 MiB blocks (a top under the trim threshold, which
+ * glibc's free never trims) for a second while another thread calls
+ * malloc_trim(0) every 200 microseconds: the program's trims raise
+ * nothing.
  * The program takes malloc's address, which built without PIE
  * makes the program's own PLT entry malloc's address in the whole process
  * (preload_glibc_thresholds_nopie.c). */
 #define _GNU_SOURCE
 #include <dlfcn.h>
+#include <pthread.h>
+#include <time.h>
 #include <malloc.h>
 #include <stdio.h>
 #include <string.h>
@@ -158,12 +167,67 @@ static int cycle(int n, int trim, int aligned, int idle_ms) {
     return print_json(RTLD_DEFAULT);
 }
 
+/* "oneoff": see the top of this file. */
+static int oneoff(void) {
+    char *blocks[20];
+    for (int i = 0; i < 20; i++) {
+        if (!(blocks[i] = malloc(MIB))) return 2;
+        memset(blocks[i], 1, MIB);
+    }
+    for (int i = 19; i >= 0; i--) free(blocks[i]);
+    void *trimmed = sbrk(0);
+    static char *keep[4096];
+    int k = 0;
+    while (sbrk(0) == trimmed && k < 4096) {
+        if (!(keep[k] = malloc(64 << 10))) return 2;
+        memset(keep[k++], 1, 64 << 10);
+    }
+    printf("cycle_faults 0\n");
+    int rc = print_json(RTLD_DEFAULT);
+    while (k > 0) free(keep[--k]);
+    return rc;
+}
+
+static volatile int trimmer_stop;
+
+static void *trimmer(void *arg) {
+    (void)arg;
+    while (!trimmer_stop) {
+        malloc_trim(0);
+        usleep(200);
+    }
+    return NULL;
+}
+
+/* "trim_thread": see the top of this file. */
+static int trim_thread(void) {
+    pthread_t t;
+    if (pthread_create(&t, NULL, trimmer, NULL) != 0) return 2;
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    do {
+        char *blocks[3];
+        for (int i = 0; i < 3; i++) {
+            if (!(blocks[i] = malloc(MIB))) return 2;
+            memset(blocks[i], 1, 4096);
+        }
+        for (int i = 2; i >= 0; i--) free(blocks[i]);
+        clock_gettime(CLOCK_MONOTONIC, &t1);
+    } while (t1.tv_sec - t0.tv_sec < 1);
+    trimmer_stop = 1;
+    pthread_join(t, NULL);
+    printf("cycle_faults 0\n");
+    return print_json(RTLD_DEFAULT);
+}
+
 int main(int argc, char **argv) {
     void *lib = RTLD_DEFAULT;
     if (argc == 2 && strcmp(argv[1], "cycle") == 0) return cycle(6, 0, 0, 0);
     if (argc == 2 && strcmp(argv[1], "cycle_aligned") == 0) return cycle(6, 0, 1, 0);
     if (argc == 2 && strcmp(argv[1], "cycle_idle") == 0) return cycle(6, 0, 0, 300);
     if (argc == 2 && strcmp(argv[1], "cycle_trim") == 0) return cycle(3, 1, 0, 0);
+    if (argc == 2 && strcmp(argv[1], "oneoff") == 0) return oneoff();
+    if (argc == 2 && strcmp(argv[1], "trim_thread") == 0) return trim_thread();
     if (argc == 2 && strcmp(argv[1], "twice") == 0) return run_with_tunables_twice();
     if (argc == 2 && strcmp(argv[1], "mallopt") == 0 && mallopt(M_TRIM_THRESHOLD, 128 << 10) != 1)
         return 2;

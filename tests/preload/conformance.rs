@@ -572,6 +572,13 @@ fn glibcs_heap_growing_again_into_a_trimmed_top_raises_the_trim_threshold() {
     let (faults, json) = cycle("cycle_trim", true, &[]);
     assert!(faults >= 4 * 512, "malloc_trim: {faults} faults");
     assert_eq!(json, trim(4 << 20), "malloc_trim");
+    // A one-off free of 20 MiB and 64 KiB of growth after it raise
+    // nothing (twice 64 KiB is under 4 MiB); the program's `malloc_trim`
+    // on another thread, during the watched calls, raises nothing either.
+    for mode in ["oneoff", "trim_thread"] {
+        let (_, json) = cycle(mode, true, &[]);
+        assert_eq!(json, trim(4 << 20), "{mode}");
+    }
     // A top pad from the environment ends glibc's dynamic threshold, and
     // the library's raising with it.
     let (_, json) = cycle("cycle", true, &[("MALLOC_TOP_PAD_", "131072")]);
