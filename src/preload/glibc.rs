@@ -451,9 +451,10 @@ const MIB: usize = 1 << 20;
 /// How far glibc's main heap growing again raises the trim threshold: to
 /// at most this many times the threshold set at load (16 MiB at the
 /// default 4 MiB). The threshold is every arena's, so this bounds what
-/// each arena's heap may keep free at its top after such a raise; freed
-/// huge blocks ([`follow_freed_block`]) raise it further, as glibc's own
-/// dynamic threshold does, to under 64 MiB.
+/// each arena's heap may keep free at its top after such a raise. Freed
+/// huge blocks ([`follow_freed_block`]) raise the threshold as glibc's own
+/// dynamic threshold does, to under 64 MiB, which at the default is past
+/// this cap.
 pub const HEAP_REGROWTH_RAISE_FACTOR: usize = 4;
 
 /// The trim threshold set at load, in bytes (0 until set).

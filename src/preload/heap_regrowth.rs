@@ -8,14 +8,17 @@
 //! `aligned_alloc`) of at least [`WATCH_MIN`] bytes: a fall since the last
 //! watched call is a trim, and what the break rises by afterwards, within
 //! the decay window (`CKALLOC_RETAIN_DECAY_MS`, 2 s by default) of the
-//! watched call before that trim, is the same memory faulted in again. The
-//! trim threshold is raised to twice the smaller of the two
-//! ([`glibc::follow_heap_regrowth`]), so a one-off large free followed by
-//! a little growth raises little or nothing.
+//! watched call before that trim (read on the coarse clock, to the kernel
+//! tick: 1-10 ms; `0` turns the raise off), is the same memory faulted in
+//! again. Any growth of the break within the window counts, whatever the
+//! program asks it for. The trim threshold is raised to twice the smaller
+//! of the two ([`glibc::follow_heap_regrowth`]), so a one-off large free
+//! followed by a little growth raises little or nothing.
 //!
 //! What it does not see: growth by `realloc`, `valloc` and `pvalloc`, and
-//! by requests under [`WATCH_MIN`] (glibc also trims when such blocks
-//! coalesce into a top of 64 KiB or more); a trim and its regrowth farther
+//! by requests under [`WATCH_MIN`] (glibc's `free` also trims when such
+//! a block coalesces into a free chunk of 64 KiB or more at a top of at
+//! least the trim threshold); a trim and its regrowth farther
 //! apart than the window, such as a request that computes for longer than
 //! the window without a watched call between its last request before the
 //! trim and the next after it; and the heaps of glibc's other arenas
@@ -24,7 +27,9 @@
 //! itself (`brk`, `sbrk`) can make its own fall read as a trim. The
 //! program's `malloc_trim` is no trim here ([`program_trim_starts`],
 //! [`program_trim_ends`]), also when it runs on another thread during a
-//! watched call. Racing watched calls may miss a trim or a regrowth. Once
+//! watched call; in a `fork()` child, a `malloc_trim` the parent's other
+//! thread was running counts as ended. Racing watched calls may miss a trim
+//! or a regrowth. Once
 //! the trim threshold has reached its cap, nothing is watched. Atomics
 //! only; never allocates.
 
@@ -121,8 +126,10 @@ fn regrew(grown: usize, now: u64) {
     if trimmed == 0 {
         return;
     }
+    // A window of 0 turns the raise off (on the coarse clock a trim and
+    // its regrowth in one tick would read as 0 ns apart).
     let window = crate::env::retain_decay_ms().saturating_mul(1_000_000);
-    if now.saturating_sub(TRIMMED_AFTER.load(Relaxed)) > window {
+    if window == 0 || now.saturating_sub(TRIMMED_AFTER.load(Relaxed)) > window {
         TRIMMED.store(0, Relaxed);
         return;
     }
@@ -140,6 +147,14 @@ fn regrew(grown: usize, now: u64) {
 /// [`program_trim_ends`] record no fall.
 pub(super) fn program_trim_starts() {
     PROGRAM_TRIMS.fetch_add(1, AcqRel);
+}
+
+/// In the child of `fork()`: a `malloc_trim` another thread of the parent
+/// was running never ends here, so the count goes back to even (and the
+/// pending fall, if any, is dropped).
+pub(super) fn after_fork_in_child() {
+    PROGRAM_TRIMS.store(0, Relaxed);
+    TRIMMED.store(0, Relaxed);
 }
 
 /// After the program's `malloc_trim`: the break it lowered is the

@@ -414,6 +414,7 @@ pub(crate) fn served_huge_blocks() -> bool {
 
 fn after_fork_child() {
     INHERITED_BLOCKS.store(COUNTERS.blocks.load(Relaxed), Relaxed);
+    heap_regrowth::after_fork_in_child();
     glibc::after_fork();
 }
 

@@ -45,7 +45,9 @@
  * runs rounds of three 1 MiB blocks (a top under the trim threshold, which
  * glibc's free never trims) for a second while another thread calls
  * malloc_trim(0) every 200 microseconds: the program's trims raise
- * nothing.
+ * nothing. "fork_cycle" forks while another thread calls malloc_trim(0)
+ * in a loop, and runs "cycle" in the child: a trim the fork cut short
+ * does not keep the child from raising.
  * The program takes malloc's address, which built without PIE
  * makes the program's own PLT entry malloc's address in the whole process
  * (preload_glibc_thresholds_nopie.c). */
@@ -57,6 +59,7 @@
 #include <stdio.h>
 #include <string.h>
 #include <sys/resource.h>
+#include <sys/wait.h>
 #include <stdlib.h>
 #include <unistd.h>
 
@@ -220,6 +223,31 @@ static int trim_thread(void) {
     return print_json(RTLD_DEFAULT);
 }
 
+static void *trim_loop(void *arg) {
+    (void)arg;
+    while (!trimmer_stop) malloc_trim(0);
+    return NULL;
+}
+
+/* "fork_cycle": see the top of this file. */
+static int fork_cycle(void) {
+    pthread_t t;
+    if (pthread_create(&t, NULL, trim_loop, NULL) != 0) return 2;
+    usleep(20000);
+    fflush(stdout);
+    pid_t child = fork();
+    if (child == 0) {
+        int rc = cycle(6, 0, 0, 0);
+        fflush(stdout);
+        _exit(rc);
+    }
+    trimmer_stop = 1;
+    pthread_join(t, NULL);
+    int status;
+    if (child < 0 || waitpid(child, &status, 0) != child || !WIFEXITED(status)) return 2;
+    return WEXITSTATUS(status);
+}
+
 int main(int argc, char **argv) {
     void *lib = RTLD_DEFAULT;
     if (argc == 2 && strcmp(argv[1], "cycle") == 0) return cycle(6, 0, 0, 0);
@@ -228,6 +256,7 @@ int main(int argc, char **argv) {
     if (argc == 2 && strcmp(argv[1], "cycle_trim") == 0) return cycle(3, 1, 0, 0);
     if (argc == 2 && strcmp(argv[1], "oneoff") == 0) return oneoff();
     if (argc == 2 && strcmp(argv[1], "trim_thread") == 0) return trim_thread();
+    if (argc == 2 && strcmp(argv[1], "fork_cycle") == 0) return fork_cycle();
     if (argc == 2 && strcmp(argv[1], "twice") == 0) return run_with_tunables_twice();
     if (argc == 2 && strcmp(argv[1], "mallopt") == 0 && mallopt(M_TRIM_THRESHOLD, 128 << 10) != 1)
         return 2;

@@ -579,6 +579,14 @@ fn glibcs_heap_growing_again_into_a_trimmed_top_raises_the_trim_threshold() {
         let (_, json) = cycle(mode, true, &[]);
         assert_eq!(json, trim(4 << 20), "{mode}");
     }
+    // A window of 0 turns the raise off.
+    let (_, json) = cycle("cycle", true, &[("CKALLOC_RETAIN_DECAY_MS", "0")]);
+    assert_eq!(json, trim(4 << 20), "a 0 ms window");
+    // A fork during another thread's `malloc_trim` leaves the child
+    // raising.
+    let (faults, json) = cycle("fork_cycle", true, &[]);
+    assert!(faults < 256, "fork_cycle: {faults} faults");
+    assert_ne!(json, trim(4 << 20), "fork_cycle");
     // A top pad from the environment ends glibc's dynamic threshold, and
     // the library's raising with it.
     let (_, json) = cycle("cycle", true, &[("MALLOC_TOP_PAD_", "131072")]);
