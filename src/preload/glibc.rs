@@ -404,7 +404,6 @@ pub fn set_thresholds(t: Thresholds) -> bool {
     let set = mallopt_bytes(libc::M_MMAP_THRESHOLD, t.mmap)
         && mallopt_bytes(libc::M_TRIM_THRESHOLD, t.trim);
     let follow = set && !dynamic_threshold_off_by_environment();
-    TRIM_AT_LOAD.store(t.trim, Ordering::Relaxed);
     TRIM_SET.store(if follow { t.trim } else { 0 }, Ordering::Relaxed);
     set
 }
@@ -448,22 +447,15 @@ pub fn follow_freed_block(size: usize) {
 /// One MiB, the step of the trim threshold's raises.
 const MIB: usize = 1 << 20;
 
-/// How far glibc's main heap growing again raises the trim threshold: to
-/// at most this many times the threshold set at load (16 MiB at the
-/// default 4 MiB). The threshold is every arena's, so this bounds what
-/// each arena's heap may keep free at its top after such a raise. Freed
-/// huge blocks ([`follow_freed_block`]) raise the threshold as glibc's own
-/// dynamic threshold does, to under 64 MiB, which at the default is past
-/// this cap.
+/// [`follow_heap_regrowth`] raises the trim threshold to at most this many
+/// times the one set at load (16 MiB at the default), a bound on each
+/// arena's free top; freed huge blocks may raise it past that.
 pub const HEAP_REGROWTH_RAISE_FACTOR: usize = 4;
-
-/// The trim threshold set at load, in bytes (0 until set).
-static TRIM_AT_LOAD: AtomicUsize = AtomicUsize::new(0);
 
 /// The highest trim threshold [`follow_heap_regrowth`] raises to.
 fn heap_regrowth_cap() -> usize {
-    TRIM_AT_LOAD
-        .load(Ordering::Relaxed)
+    Thresholds::for_preload_threshold(crate::env::preload_threshold())
+        .trim
         .saturating_mul(HEAP_REGROWTH_RAISE_FACTOR)
 }
 
@@ -477,6 +469,31 @@ fn heap_regrowth_cap() -> usize {
 /// threshold stays: glibc's own dynamic threshold never comes down either.
 /// Does nothing while the library does not raise the threshold
 /// ([`trim_threshold`] is 0). Never allocates; thread-safe.
+///
+/// At batch 16 by 16 tokens PyTorch's activations free more than 4 MiB at
+/// the top of glibc's main heap at the end of every request, which glibc
+/// gave back and faulted in again at the next. The preload
+/// library watches the program break around `malloc`, `calloc`,
+/// `memalign`, `posix_memalign` and `aligned_alloc` requests of 64 KiB and
+/// more below its threshold: a fall is a trim, and a rise within the
+/// decay window (`CKALLOC_RETAIN_DECAY_MS`, 2 s, read on the coarse clock;
+/// `0` turns this off) of the watched call before that trim is regrowth,
+/// whatever the program grows the heap for; so a one-off large free
+/// followed by a little growth raises little. This raise goes past glibc's
+/// own dynamic threshold, which leaves such a program giving the top back
+/// at every request. Once raised, the threshold is every arena's, so each
+/// arena may keep up to the cap free at its top (`benches/README.md` has
+/// a 16-thread program's cost). Only the main heap is watched (the other
+/// arenas' heaps are mappings that leave the break alone): threads that
+/// churn their own arenas while the main heap does not raise nothing. Not
+/// watched: growth by `realloc`, `valloc` and `pvalloc` and by requests
+/// under 64 KiB, and a trim and regrowth farther apart than the window (a
+/// request that computes for longer than the window between its last
+/// watched request before the trim and the next after it). The program's
+/// `malloc_trim` raises nothing, also on another thread or across a
+/// `fork()` (a program that moves the break itself with `brk` or `sbrk`
+/// may); the program's `mallopt` ends this raising
+/// ([`program_mallopt`]).
 pub fn follow_heap_regrowth(regrown: usize) {
     let cap = heap_regrowth_cap();
     let want = regrown

@@ -83,32 +83,12 @@
 //! tokens, PyTorch's activations (up to 1.5 MiB each) free more than 4 MiB
 //! at the top of the heap, and glibc gave it back at every request (1,000
 //! to 2,000 page faults each) while no freed huge block raised the
-//! threshold. So the trim threshold also follows that heap: the library
-//! watches the program break around `malloc`, `calloc`, `memalign`,
-//! `posix_memalign` and `aligned_alloc` requests of 64 KiB and more below
-//! the threshold, and when the heap grows again into a top its `free`
-//! trimmed, within the decay window (`CKALLOC_RETAIN_DECAY_MS`, 2 s; `0`
-//! turns this off) of the watched call before that trim, it raises the
-//! trim threshold to twice what grew back of the trimmed top, rounded up
-//! to a whole MiB and at most four times the threshold set at load (16 MiB
-//! at the default; [`glibc::follow_heap_regrowth`]), so a one-off large
-//! free followed by a little growth raises little. This raise goes past
-//! glibc's own dynamic threshold, which leaves such a program giving the
-//! top back at every request, and like glibc's it never comes down: once
-//! raised, the threshold is every arena's, so each arena may keep up to
-//! 16 MiB free at its top (16 threads that each wrote and freed 60 MiB of
-//! 1 MiB blocks once, some of them in the main arena, kept 196 MiB
-//! resident where glibc alone kept 18 MiB and the library without this
-//! raise 4 MiB). Only the main heap is watched
-//! (the other arenas' heaps are mappings that leave the break alone): a
-//! program whose many threads churn their own arenas while the main heap
-//! does not keeps the 4 MiB bound per arena. Not watched: growth by
-//! `realloc`, `valloc` and `pvalloc` and by requests under 64 KiB, and a
-//! trim and regrowth farther apart than the window (a request that computes
-//! for longer than the window between its last watched request before the
-//! trim and the next after it). The program's `malloc_trim` raises nothing
-//! (a program that moves the break itself with `brk` or `sbrk` may); the
-//! program's `mallopt` ends this raising as it ends the other.
+//! threshold. So the trim threshold also follows that heap: when it grows
+//! again, within the decay window, into a top its `free` trimmed, the
+//! library raises the trim threshold to twice what grew back, up to four
+//! times the threshold set at load (16 MiB), and never lowers it
+//! ([`glibc::follow_heap_regrowth`] says what is watched, what is not, and
+//! what the raise may keep in every arena).
 //!
 //! The library leaves glibc as it is when the environment sets either
 //! threshold (a `glibc.malloc.mmap_threshold=` or
