@@ -172,17 +172,21 @@ pub unsafe extern "C" fn ckalloc_stats_json(buf: *mut c_char, len: usize) -> usi
     api::write_stats_json(out)
 }
 
-/// Sets glibc's mmap and trim thresholds for the requests it serves
-/// ([`api::configure_glibc_thresholds`]) when this library's `malloc` is
-/// the process's (loaded before libc: with `LD_PRELOAD`, not `dlopen`),
-/// reads `CKALLOC_SHOW_STATS` and notes where the summary goes
+/// Notes where the process's allocator calls go first
+/// ([`api::note_binding`]), sets glibc's mmap and trim thresholds for the
+/// requests it serves ([`api::configure_glibc_thresholds`]) when this
+/// library is loaded before libc (with `LD_PRELOAD`, not `dlopen`; also
+/// behind another allocator, which may pass calls on to it), reads
+/// `CKALLOC_SHOW_STATS` and notes where the summary goes
 /// (`CKALLOC_STATS_FILE`, or which file standard error is), when the
 /// library loads (a program may clear its environment, change directory or
 /// reuse file descriptor 2 before it exits), and asks for the engine's background
 /// thread, which the first huge-path call after this starts (unless
 /// `CKALLOC_BACKGROUND_THREAD` is off).
 extern "C" fn at_load() {
-    if loaded_before_libc() {
+    let first = loaded_before_libc();
+    api::note_binding(first);
+    if first {
         api::configure_glibc_thresholds();
     }
     ckalloc::huge::enable_background_thread();

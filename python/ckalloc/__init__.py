@@ -27,7 +27,8 @@ _STATS_SYMBOL = "ckalloc_stats_json"
 
 
 class NotActiveError(RuntimeError):
-    """The preload library is not loaded into this process."""
+    """The preload library does not serve this process (``stats()``'s message
+    says why)."""
 
 
 def library_path():
@@ -40,49 +41,55 @@ def library_path():
     return path
 
 
-class _DlInfo(ctypes.Structure):
-    """glibc's ``Dl_info`` (``dladdr(3)``)."""
-    _fields_ = [("dli_fname", ctypes.c_char_p), ("dli_fbase", ctypes.c_void_p),
-                ("dli_sname", ctypes.c_char_p), ("dli_saddr", ctypes.c_void_p)]
-
-
-def _address(f):
-    return ctypes.cast(f, ctypes.c_void_p).value
-
-
 def _stats_function():
-    """The exported ``ckalloc_stats_json`` of the preload library that serves
-    this process's ``malloc``, or ``None``: the dynamic loader's global scope
-    must answer both ``ckalloc_stats_json`` and ``malloc`` from the same
-    library (``dladdr(3)`` names the file, opened again with
-    ``RTLD_NOLOAD``), so a copy loaded with ``ctypes``, or one preloaded after
-    another allocator, does not count."""
-    process = ctypes.CDLL(None)
+    """The ``ckalloc_stats_json`` the dynamic loader's global scope answers
+    with (the preload library's, or a copy opened with ``RTLD_GLOBAL``), or
+    ``None``."""
     try:
-        f = getattr(process, _STATS_SYMBOL)
-        dladdr = process.dladdr
+        f = getattr(ctypes.CDLL(None), _STATS_SYMBOL)
     except AttributeError:
-        return None
-    info = _DlInfo()
-    dladdr.argtypes = [ctypes.c_void_p, ctypes.POINTER(_DlInfo)]
-    if not dladdr(_address(f), ctypes.byref(info)) or not info.dli_fname:
-        return None
-    try:
-        lib = ctypes.CDLL(os.fsdecode(info.dli_fname), mode=os.RTLD_NOLOAD)
-        if _address(lib.malloc) != _address(process.malloc):
-            return None
-    except (OSError, AttributeError):
         return None
     f.restype = ctypes.c_size_t
     f.argtypes = [ctypes.c_char_p, ctypes.c_size_t]
     return f
 
 
+def _read(f):
+    size = 16384
+    while True:
+        buf = ctypes.create_string_buffer(size)
+        n = f(buf, size)
+        if n < size:
+            return json.loads(buf.raw[:n].decode("utf-8"))
+        size = n + 1
+
+
+def _serving_stats():
+    """(the statistics, ``None``) when the library serves this process, else
+    (``None``, why not)."""
+    f = _stats_function()
+    if f is None:
+        return None, ("the ckalloc preload library is not loaded in this process: start it with "
+                      "`ckalloc run -- python ...` (or LD_PRELOAD=" + _LIBRARY + ")")
+    s = _read(f)
+    if s["preload"]["serves"]:
+        return s, None
+    ahead = s["preload"]["ahead"]
+    if ahead is None:
+        return None, ("the ckalloc preload library was opened after libc (ctypes, dlopen) and "
+                      "serves nothing: start the program with `ckalloc run -- python ...`")
+    return None, (f"the ckalloc preload library is loaded but serves nothing: this process's "
+                  f"`{ahead['function']}` goes first to {ahead['object']}, loaded ahead of it "
+                  f"(put the library first in LD_PRELOAD)")
+
+
 def is_active():
-    """Whether this process runs under the preload library: it was preloaded,
-    so its ``malloc`` serves the process (a copy only loaded with ``ctypes``,
-    or one preloaded after another allocator, does not)."""
-    return _stats_function() is not None
+    """Whether the preload library serves this process's allocator calls: it
+    was preloaded, ahead of libc and of any other allocator, as the library
+    itself found when it loaded (``stats()["preload"]["serves"]``). A copy
+    only loaded with ``ctypes``, or one preloaded behind another allocator,
+    does not."""
+    return _serving_stats()[0] is not None
 
 
 def stats():
@@ -94,17 +101,10 @@ def stats():
     collapsed bytes, the background thread's state, the THP settings and every
     ``CKALLOC_*`` setting with where it came from. Sizes are bytes, times
     nanoseconds. Each number is read at the call (no snapshot of one moment).
-    Raises ``NotActiveError`` when the library is not loaded."""
-    f = _stats_function()
-    if f is None:
-        raise NotActiveError(
-            "the ckalloc preload library is not loaded in this process: start it with "
-            "`ckalloc run -- python ...` (or LD_PRELOAD=" + _LIBRARY + ")"
-        )
-    size = 16384
-    while True:
-        buf = ctypes.create_string_buffer(size)
-        n = f(buf, size)
-        if n < size:
-            return json.loads(buf.raw[:n].decode("utf-8"))
-        size = n + 1
+    Raises ``NotActiveError``, saying why, when the library does not serve
+    this process (not loaded, opened after libc, or behind another
+    allocator)."""
+    s, why = _serving_stats()
+    if s is None:
+        raise NotActiveError(why)
+    return s

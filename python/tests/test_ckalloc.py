@@ -53,9 +53,31 @@ class WithoutTheLibrary(unittest.TestCase):
         if not os.path.exists(jemalloc):
             self.skipTest(f"no {jemalloc} (Debian's libjemalloc2)")
         env = dict(os.environ, LD_PRELOAD=f"{jemalloc} {ckalloc.library_path()}")
-        p = subprocess.run([sys.executable, "-c", "import ckalloc; print(ckalloc.is_active())"],
+        code = "import ckalloc\nprint(ckalloc.is_active())\ntry: ckalloc.stats()\n" \
+               "except ckalloc.NotActiveError as e: print(e)"
+        p = subprocess.run([sys.executable, "-c", code],
                            env=env, capture_output=True, text=True, timeout=60)
-        self.assertEqual((p.returncode, p.stdout), (0, "False\n"), p.stderr)
+        self.assertEqual(p.returncode, 0, p.stderr)
+        self.assertTrue(p.stdout.startswith("False\n"), p.stdout)
+        self.assertIn(f"goes first to {jemalloc}, loaded ahead of it", p.stdout)
+
+    def test_a_python_built_without_pie_is_active_under_the_library(self):
+        # Debian's python3 is built without PIE and takes malloc's and
+        # free's addresses: the process's `malloc` is its own PLT entry.
+        python = "/usr/bin/python3"
+        if not os.path.exists(python):
+            self.skipTest(f"no {python}")
+        with open(os.path.realpath(python), "rb") as f:
+            if f.read(18)[16] != 2:  # e_type ET_EXEC: built without PIE
+                self.skipTest(f"{python} is built with PIE")
+        package = os.path.dirname(os.path.dirname(os.path.abspath(ckalloc.__file__)))
+        env = {k: v for k, v in os.environ.items() if not k.startswith("CKALLOC_")}
+        env.update(LD_PRELOAD=ckalloc.library_path(), PYTHONPATH=package, PYTHONNOUSERSITE="1")
+        code = ALLOCATE + "; import ckalloc; print(ckalloc.is_active(), " \
+            "ckalloc.stats()['preload']['blocks'] >= 1)"
+        p = subprocess.run([python, "-c", code], env=env,
+                           capture_output=True, text=True, timeout=60)
+        self.assertEqual((p.returncode, p.stdout), (0, "True True\n"), p.stderr)
 
 
 class UnderCkallocRun(unittest.TestCase):

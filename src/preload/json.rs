@@ -8,7 +8,11 @@
 //! string: `set`, `environment`, `program`, `refused`, `untouched`; see
 //! [`GlibcThresholds`]), `glibc_mmap_threshold` and `glibc_trim_threshold`
 //! (`null` unless set; the trim threshold now, raised by freed huge
-//! blocks)), `tiers` (`hugetlb`,
+//! blocks), `serves` (`true` when the process's allocator calls go to this
+//! library first, [`Binding::serves`]), `ahead` (`null`, or, when they go
+//! first to another object loaded ahead of it, `{object, function}`: its
+//! path and the function found there, strings; [`Binding::Ahead`])),
+//! `tiers` (`hugetlb`,
 //! `thp`, `normal`, each `{blocks, bytes}`), `hugetlb_fallbacks`,
 //! `hugetlb_skipped`, `thp_fallbacks`, `syscalls` (`mmap`, `munmap`,
 //! `mremap`, `madvise`, `mprotect`, `munlock`), `spans`, `span_bytes`,
@@ -31,7 +35,7 @@
 //! `default`, `environment`, `unparsed`). Sizes are in bytes, times in
 //! nanoseconds; the fields mean what [`HugeStats`]'s do.
 
-use super::{stats, GlibcThresholds};
+use super::{binding, stats, Binding, GlibcThresholds};
 use crate::env::Source;
 use crate::huge::{huge_stats, HugeStats};
 use std::fmt::Write;
@@ -87,6 +91,18 @@ fn write_object(w: &mut Counting<'_>, h: &HugeStats) -> std::fmt::Result {
     match p.glibc_thresholds {
         GlibcThresholds::Set(t) => write!(w, "{},\"glibc_trim_threshold\":{}", t.mmap, t.trim)?,
         _ => w.write_str("null,\"glibc_trim_threshold\":null")?,
+    }
+    let b = binding();
+    write!(w, ",\"serves\":{},\"ahead\":", b.serves())?;
+    match b {
+        Binding::Ahead { object, function } => {
+            w.write_str("{\"object\":")?;
+            write_string(w, object.to_bytes())?;
+            w.write_str(",\"function\":")?;
+            write_string(w, function.to_bytes())?;
+            w.write_str("}")?;
+        }
+        _ => w.write_str("null")?,
     }
     w.write_str("},\"tiers\":{")?;
     for (i, (name, t)) in [("hugetlb", h.hugetlb), ("thp", h.thp), ("normal", h.normal)]

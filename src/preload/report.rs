@@ -4,16 +4,71 @@
 //! allocation, as the allocator's own paths require).
 
 use super::glibc::flush_stdio_if_unlocked;
-use super::stats;
+use super::{binding, stats, Binding};
 use crate::env::{stats_file_template, ShowStats, PATH_MAX};
 use crate::huge::huge_stats;
 use crate::units::{ExactBytes, SliceWriter};
 use std::cell::UnsafeCell;
 use std::fmt::Write as _;
 use std::sync::atomic::{
-    AtomicI32, AtomicU64, AtomicU8, AtomicUsize,
+    AtomicBool, AtomicI32, AtomicU64, AtomicU8, AtomicUsize,
     Ordering::{Acquire, Relaxed, Release},
 };
+
+/// The summary's line for a process whose allocator calls go first to
+/// another object ([`Binding`]); nothing while this library serves them or
+/// it is not known.
+struct NotServing(Binding);
+
+impl NotServing {
+    fn is_empty(&self) -> bool {
+        !matches!(self.0, Binding::Glibc | Binding::Ahead { .. })
+    }
+}
+
+impl std::fmt::Display for NotServing {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.0 {
+            Binding::Glibc => f.write_str(
+                "preload: this library serves nothing: it was opened after libc \
+                 (dlopen), so the program's allocator calls go to glibc\n",
+            ),
+            Binding::Ahead { object, function } => writeln!(
+                f,
+                "preload: the program's `{}` goes first to {}, loaded ahead of this \
+                 library: that object serves it, and this library only what it passes on",
+                Lossy(function),
+                Lossy(object)
+            ),
+            _ => Ok(()),
+        }
+    }
+}
+
+/// A C string's bytes as text, each sequence that is not UTF-8 as U+FFFD
+/// (`to_string_lossy` without its allocation).
+struct Lossy<'a>(&'a std::ffi::CStr);
+
+impl std::fmt::Display for Lossy<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        for chunk in self.0.to_bytes().utf8_chunks() {
+            f.write_str(chunk.valid())?;
+            if !chunk.invalid().is_empty() {
+                f.write_char(char::REPLACEMENT_CHARACTER)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Set in a child of `fork`: the line above, inherited, is its parent's
+/// to print.
+static FORK_CHILD: AtomicBool = AtomicBool::new(false);
+
+/// Called in a child of `fork`.
+pub(super) fn after_fork_in_child() {
+    FORK_CHILD.store(true, Relaxed);
+}
 
 /// Bytes of the summary's buffer (the summary is about 1 KiB).
 const SUMMARY_MAX: usize = 4096;
@@ -41,7 +96,7 @@ pub fn write_summary(fd: i32) -> std::io::Result<usize> {
         text,
         "preload: {} huge block{} served ({} requested), threshold {}, \
          retention cap {}{}, {} served by glibc because the engine had no \
-         memory\nglibc: {}\n{}\n",
+         memory\n{}glibc: {}\n{}\n",
         p.blocks,
         crate::units::plural(p.blocks),
         crate::human_bytes(p.bytes),
@@ -53,6 +108,7 @@ pub fn write_summary(fd: i32) -> std::io::Result<usize> {
             " (twice the live peak, at least the default)"
         },
         p.glibc_fallbacks,
+        NotServing(binding()),
         p.glibc_thresholds,
         huge_stats()
     );
@@ -244,7 +300,9 @@ pub fn print_at_exit() {
     let wanted = if mode == ShowStats::All as u8 {
         true
     } else {
-        mode == ShowStats::Huge as u8 && super::served_huge_blocks()
+        mode == ShowStats::Huge as u8
+            && (super::served_huge_blocks()
+                || (!FORK_CHILD.load(Relaxed) && !NotServing(binding()).is_empty()))
     };
     if !wanted {
         return;

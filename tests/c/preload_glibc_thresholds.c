@@ -13,8 +13,8 @@
  * "heap_after_huge_free N", the same after a 40 MiB block and thirty 1 MiB
  * blocks: a mapping over 32 MiB raises nothing, so the 24 MiB threshold
  * gives the 30 MiB back. Last,
- * "json " and the glibc keys of the library's ckalloc_stats_json ("json
- * none" without the library). With "dlopen LIB" as arguments the program
+ * "json " and the keys of the library's ckalloc_stats_json from the glibc
+ * ones to the end of "preload" ("json none" without the library). With "dlopen LIB" as arguments the program
  * opens LIB with dlopen first (the library is then not the process's
  * malloc). With "twice" as the argument it runs itself again with two
  * GLIBC_TUNABLES entries in its environment, as a raw execve can pass
@@ -126,8 +126,9 @@ static int print_heap_after_free(const char *label, int n) {
     return 1;
 }
 
-/* Print "json " and the glibc keys of ckalloc_stats_json, or "json none"
- * without the library. */
+/* Print "json " and the keys of ckalloc_stats_json from "glibc_thresholds"
+ * to the end of "preload" (or of "ahead", when set), or "json none" without
+ * the library. */
 static int print_json(void *lib) {
     size_t (*stats_json)(char *, size_t) =
         (size_t (*)(char *, size_t))dlsym(lib, "ckalloc_stats_json");

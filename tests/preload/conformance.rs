@@ -196,6 +196,15 @@ fn show_stats_prints_one_summary_at_exit_labelled_with_the_pid() {
 /// `CKALLOC_SHOW_STATS`, `CKALLOC_STATS_FILE` unset unless given), its
 /// stderr into its stdout: (pid, the combined output).
 fn exit_run(args: &[&str], env: &[(&str, &str)]) -> (u32, String) {
+    exit_run_preloading(args, super::library().as_os_str(), env)
+}
+
+/// [`exit_run`] with `preload` as `LD_PRELOAD`.
+fn exit_run_preloading(
+    args: &[&str],
+    preload: &std::ffi::OsStr,
+    env: &[(&str, &str)],
+) -> (u32, String) {
     let prog = compile("preload_exit.c", "cc", &["-std=c11", "-pthread"]);
     let mut cmd = Command::new("sh");
     cmd.arg("-c")
@@ -203,7 +212,7 @@ fn exit_run(args: &[&str], env: &[(&str, &str)]) -> (u32, String) {
         .arg("sh")
         .arg(&prog)
         .args(args)
-        .env("LD_PRELOAD", super::library())
+        .env("LD_PRELOAD", preload)
         .env_remove("CKALLOC_SHOW_STATS")
         .env_remove("CKALLOC_STATS_FILE")
         .envs(env.iter().copied());
@@ -242,6 +251,42 @@ fn a_summary_comes_only_from_a_process_that_served_a_huge_block_unless_all_is_as
     // A value that is not a switch word is not taken: the default (off).
     let (_, out) = exit_run(&[], &[("CKALLOC_SHOW_STATS", "nope")]);
     assert_eq!(out, "");
+}
+
+#[test]
+fn a_summary_names_the_object_ahead_that_the_programs_malloc_goes_to() {
+    let ahead = compile("forwarding_malloc.c", "cc", &["-shared", "-fPIC"]);
+    let lib = super::library();
+    let both = |first: &std::path::Path, second: &std::path::Path| {
+        let mut s = first.as_os_str().to_owned();
+        s.push(" ");
+        s.push(second);
+        s
+    };
+    let on = [("CKALLOC_SHOW_STATS", "1")];
+    // Loaded ahead of the library, the object takes every call: the
+    // library serves nothing and says where the calls go, without `all`.
+    let (pid, out) = exit_run_preloading(&[], &both(&ahead, lib), &on);
+    assert!(
+        out.contains(&format!("ckalloc[{pid}]: preload: 0 huge blocks served")),
+        "{out}"
+    );
+    let says = format!(
+        "ckalloc[{pid}]: preload: the program's `malloc` goes first to {}, loaded ahead \
+         of this library",
+        ahead.display()
+    );
+    assert!(out.contains(&says), "{out}");
+    // A child of `fork` leaves the line to its parent.
+    let (_, out) = exit_run_preloading(&["fork-after"], &both(&ahead, lib), &on);
+    assert_eq!(out.matches("goes first to").count(), 1, "{out}");
+    // Behind the library, the object is not reached: the library serves.
+    let (pid, out) = exit_run_preloading(&[], &both(lib, &ahead), &on);
+    assert!(
+        out.contains(&format!("ckalloc[{pid}]: preload: 1 huge block served")),
+        "{out}"
+    );
+    assert!(!out.contains("goes first"), "{out}");
 }
 
 #[test]
@@ -364,8 +409,9 @@ fn glibc_takes_the_requests_below_the_threshold_from_its_heap_unless_the_environ
     let run_it = |args: &[&str], preload: bool, env: &[(&str, &str)]| {
         run_in("preload_glibc_thresholds.c", args, preload, env)
     };
+    // Opened with dlopen (after libc), the library serves nothing.
     let untouched = "\"glibc_thresholds\":\"untouched\",\"glibc_mmap_threshold\":null,\
-                     \"glibc_trim_threshold\":null";
+                     \"glibc_trim_threshold\":null,\"serves\":false,\"ahead\":null";
     // glibc's defaults map a 1 MiB request and trim the freed top; after
     // a freed 12 MiB mapping their trim threshold is 24 MiB.
     let h = run_it(&[], false, &[]);
@@ -387,7 +433,7 @@ fn glibc_takes_the_requests_below_the_threshold_from_its_heap_unless_the_environ
     assert_eq!(
         h.json,
         "\"glibc_thresholds\":\"set\",\"glibc_mmap_threshold\":2097152,\
-         \"glibc_trim_threshold\":25165824"
+         \"glibc_trim_threshold\":25165824,\"serves\":true,\"ahead\":null"
     );
     // The program's own `mallopt` after load stands: no raise, the freed
     // top goes back, and the statistics say so.
@@ -401,7 +447,7 @@ fn glibc_takes_the_requests_below_the_threshold_from_its_heap_unless_the_environ
     let h = run_it(&["mallopt"], true, &[]);
     assert_eq!(h.mapped, 0, "mallopt, preloaded");
     let program = "\"glibc_thresholds\":\"program\",\"glibc_mmap_threshold\":null,\
-                   \"glibc_trim_threshold\":null";
+                   \"glibc_trim_threshold\":null,\"serves\":true,\"ahead\":null";
     assert_eq!(h.json, program);
     // Made before any constructor ran (the program's `.preinit_array`),
     // it keeps the library from setting glibc's thresholds at all.
@@ -432,7 +478,7 @@ fn glibc_takes_the_requests_below_the_threshold_from_its_heap_unless_the_environ
         assert_eq!(
             h.json,
             "\"glibc_thresholds\":\"set\",\"glibc_mmap_threshold\":2097152,\
-             \"glibc_trim_threshold\":4194304",
+             \"glibc_trim_threshold\":4194304,\"serves\":true,\"ahead\":null",
             "{env:?}"
         );
     }
@@ -499,7 +545,8 @@ fn glibc_takes_the_requests_below_the_threshold_from_its_heap_unless_the_environ
     let h = run_in("preload_glibc_thresholds_nopie.c", &[], true, &[]);
     assert_eq!(h.mapped, 0, "without PIE");
     assert!(
-        h.json.starts_with("\"glibc_thresholds\":\"set\""),
+        h.json.starts_with("\"glibc_thresholds\":\"set\"")
+            && h.json.ends_with(",\"serves\":true,\"ahead\":null"),
         "without PIE: {h:?}"
     );
     // Opened with dlopen, the library is not the process's malloc and
@@ -534,7 +581,7 @@ fn glibcs_heap_growing_again_into_a_trimmed_top_raises_the_trim_threshold() {
     let trim = |bytes: u64| {
         format!(
             "\"glibc_thresholds\":\"set\",\"glibc_mmap_threshold\":2097152,\
-             \"glibc_trim_threshold\":{bytes}"
+             \"glibc_trim_threshold\":{bytes},\"serves\":true,\"ahead\":null"
         )
     };
     // glibc alone: about 1,500 faults a round in the last four of ten.
@@ -548,9 +595,8 @@ fn glibcs_heap_growing_again_into_a_trimmed_top_raises_the_trim_threshold() {
         let (faults, json) = cycle(mode, true, &[]);
         assert!(faults < 256, "{mode}, preloaded: {faults} faults");
         let raised: u64 = json
-            .rsplit(':')
-            .next()
-            .and_then(|v| v.parse().ok())
+            .split_once("\"glibc_trim_threshold\":")
+            .and_then(|(_, v)| v.split(',').next()?.parse().ok())
             .unwrap_or_else(|| panic!("{json}"));
         assert!(
             (8 << 20..=64 << 20).contains(&raised) && raised.is_multiple_of(1 << 20),
