@@ -184,64 +184,12 @@ pub unsafe extern "C" fn ckalloc_stats_json(buf: *mut c_char, len: usize) -> usi
 /// thread, which the first huge-path call after this starts (unless
 /// `CKALLOC_BACKGROUND_THREAD` is off).
 extern "C" fn at_load() {
-    let first = loaded_before_libc();
-    api::note_binding(first);
-    if first {
+    api::note_binding();
+    if api::binding().loaded_before_libc() {
         api::configure_glibc_thresholds();
     }
     ckalloc::huge::enable_background_thread();
     api::remember_output();
-}
-
-/// Whether this library comes before `libc.so.6` in the process's list of
-/// loaded objects (`dl_iterate_phdr`, which walks them in load order), so
-/// its `malloc` comes before glibc's in the global scope: it was loaded
-/// with `LD_PRELOAD` (or `ld.so --preload`, or linked ahead of libc), not
-/// opened later with `dlopen`, which puts it after libc. Load order, not a
-/// symbol lookup: in a program built without PIE that takes `malloc`'s
-/// address (Debian's `python3`, `node`), `dlsym` answers with the
-/// program's own PLT entry.
-fn loaded_before_libc() -> bool {
-    struct Walk {
-        ours: usize,
-        found: Option<bool>,
-    }
-    unsafe extern "C" fn visit(
-        info: *mut libc::dl_phdr_info,
-        _size: usize,
-        data: *mut c_void,
-    ) -> c_int {
-        // SAFETY: `dl_iterate_phdr` passes a valid `info` for the call, and
-        // `data` is the `Walk` below, borrowed for the whole walk.
-        let (info, walk) = unsafe { (&*info, &mut *data.cast::<Walk>()) };
-        // SAFETY: `dlpi_phdr` holds `dlpi_phnum` program headers.
-        let phdrs =
-            unsafe { std::slice::from_raw_parts(info.dlpi_phdr, usize::from(info.dlpi_phnum)) };
-        let holds_ours = phdrs.iter().any(|ph| {
-            let start = (info.dlpi_addr as usize).wrapping_add(ph.p_vaddr as usize);
-            ph.p_type == libc::PT_LOAD
-                && (start..start.wrapping_add(ph.p_memsz as usize)).contains(&walk.ours)
-        });
-        let is_libc = !info.dlpi_name.is_null()
-            // SAFETY: a non-null `dlpi_name` is a NUL-terminated path.
-            && unsafe { std::ffi::CStr::from_ptr(info.dlpi_name) }
-                .to_bytes()
-                .ends_with(b"/libc.so.6");
-        if holds_ours {
-            walk.found = Some(true);
-        } else if is_libc {
-            walk.found = Some(false);
-        }
-        c_int::from(walk.found.is_some())
-    }
-    let mut walk = Walk {
-        ours: loaded_before_libc as *const () as usize,
-        found: None,
-    };
-    // SAFETY: `visit` matches the callback type and reads `walk` only
-    // during the call.
-    unsafe { libc::dl_iterate_phdr(Some(visit), (&raw mut walk).cast()) };
-    walk.found == Some(true)
 }
 
 /// Prints the `CKALLOC_SHOW_STATS` summary when the process exits (run by

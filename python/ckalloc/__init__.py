@@ -72,15 +72,26 @@ def _serving_stats():
         return None, ("the ckalloc preload library is not loaded in this process: start it with "
                       "`ckalloc run -- python ...` (or LD_PRELOAD=" + _LIBRARY + ")")
     s = _read(f)
-    if s["preload"]["serves"]:
+    preload = s["preload"]
+    serves = preload.get("serves", "absent")
+    if serves is True:
         return s, None
-    ahead = s["preload"]["ahead"]
+    if serves == "absent":
+        return None, ("the preloaded ckalloc library is older than this package and does not say "
+                      "whether it serves this process: run the program with this package's "
+                      "`ckalloc run -- python ...`")
+    if serves is None:
+        return None, "the ckalloc preload library has not finished loading in this process"
+    ahead = preload.get("ahead")
     if ahead is None:
-        return None, ("the ckalloc preload library was opened after libc (ctypes, dlopen) and "
-                      "serves nothing: start the program with `ckalloc run -- python ...`")
+        return None, ("the ckalloc preload library was opened after libc (ctypes, dlopen) and is "
+                      "not this process's allocator: start the program with `ckalloc run -- "
+                      "python ...`")
+    where = ("the program itself" if ahead["program"] else
+             ("..." if ahead["cut"] else "") + ahead["object"] + ", loaded ahead of it")
     return None, (f"the ckalloc preload library is loaded but serves nothing: this process's "
-                  f"`{ahead['function']}` goes first to {ahead['object']}, loaded ahead of it "
-                  f"(put the library first in LD_PRELOAD)")
+                  f"`{ahead['function']}` goes first to {where} (put the library first in "
+                  f"LD_PRELOAD, or use `ckalloc run`)")
 
 
 def is_active():

@@ -1,29 +1,10 @@
-//! Which object the process's allocator calls reach first. The dynamic
-//! linker binds each call of `malloc`, `free`, ... to the first definition
-//! in its global scope, in load order: the program, the objects of
-//! `LD_PRELOAD`, then the libraries they need (`ld.so(8)`). This library
-//! serves the program only where it comes first: loaded before
-//! `libc.so.6` (not opened with `dlopen`), and no object loaded ahead of it
-//! defining an allocator function. An allocator preloaded first
-//! (`LD_PRELOAD="libtcmalloc_minimal.so.4 libckalloc_preload.so"`) serves
-//! every request then; a wrapper preloaded first (a tracer) decides what
-//! it passes on. Either way the library cannot tell what reaches it, so it
-//! says where calls go first, in the summary and the JSON statistics.
-//!
-//! Read once when the library loads ([`note_binding`]): `dlsym` with
-//! `RTLD_DEFAULT` for each of [`FUNCTIONS`], and `dladdr` of its answer.
-//! An answer inside the program itself is passed over: a program built
-//! without PIE that takes a function's address is answered with its own
-//! PLT entry (Debian's `python3` takes `malloc`'s and `free`'s, `node`
-//! also `calloc`'s and `realloc`'s), which says nothing of where its calls
-//! go. When every answer is the program's, the program defines the
-//! functions itself (an allocator linked in statically) and comes first.
+//! Where the process's allocator calls go first: [`Binding`].
 
-use std::ffi::{c_char, c_void, CStr};
-use std::sync::atomic::{AtomicPtr, AtomicU8, Ordering};
+use std::cell::UnsafeCell;
+use std::ffi::{c_char, c_int, c_void, CStr};
+use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
 
-/// The functions looked up, in this order: every allocator defines them,
-/// and a program without PIE rarely takes the address of the last two.
+/// The functions looked up, in this order.
 const FUNCTIONS: [&CStr; 6] = [
     c"malloc",
     c"free",
@@ -33,132 +14,427 @@ const FUNCTIONS: [&CStr; 6] = [
     c"malloc_usable_size",
 ];
 
-/// Where the process's allocator calls go first ([`binding`]).
+/// The most bytes of an object's path kept (its end, where the file name
+/// is).
+const PATH_KEPT: usize = 256;
+
+/// Which object the process's allocator calls reach first. The dynamic
+/// linker binds each call of `malloc`, `free`, ... to the first definition
+/// in its global scope, in load order: the program, the objects of
+/// `LD_PRELOAD`, then the libraries they need (`ld.so(8)`). This library
+/// serves the program only where it comes first: loaded before
+/// `libc.so.6` (not opened with `dlopen`), and no object loaded ahead of it
+/// defining an allocator function. An allocator preloaded first
+/// (`LD_PRELOAD="libtcmalloc_minimal.so.4 libckalloc_preload.so"`) serves
+/// every request then; a wrapper preloaded first (a tracer, glibc's
+/// `libc_malloc_debug.so`) decides what it passes on. Either way the
+/// library cannot tell what reaches it, so it says where calls go first,
+/// in the summary and the JSON statistics.
+///
+/// Read once when the library loads ([`note_binding`]): for each object
+/// ahead of this library in load order (`dl_iterate_phdr`), and for each of
+/// `malloc`, `free`, `calloc`, `realloc`, `posix_memalign` and
+/// `malloc_usable_size`, whether the object itself defines the function,
+/// looked up in its dynamic symbol table through its hash table as the
+/// dynamic linker does, any version, hidden or not (glibc's
+/// `libc_malloc_debug.so` defines only `malloc@GLIBC_2.2.5`, which a
+/// lookup by name alone skips). An undefined symbol is not a definition,
+/// even with an address: a program built without PIE that takes a
+/// function's address has it at its own PLT entry (Debian's `python3`
+/// takes `malloc`'s and `free`'s), which jumps to the definition that
+/// follows. No `dlsym`: it cannot search a preloaded object alone, and
+/// `dlopen` of one would run its constructor early.
+///
+/// C++'s `operator new` is not looked at: this library does not define it,
+/// so `new` reaches it through libstdc++'s call of `malloc`, unless an
+/// object defines `operator new` itself (jemalloc, tcmalloc and mimalloc
+/// do) and then serves `new` even when it is loaded behind this library.
+///
+/// [`binding`] gives it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum Binding {
-    /// Not read: no [`note_binding`] in this process (the crate used
-    /// without `libckalloc_preload.so`'s constructor).
+    /// Not read yet: a call before the library's constructor ran (from a
+    /// program's `.preinit_array` or another library's constructor), or
+    /// the crate used without `libckalloc_preload.so`'s constructor.
     Unknown,
     /// To this library: it serves the program.
     ThisLibrary,
-    /// To glibc: the library was loaded after `libc.so.6` (with `dlopen`,
-    /// as `ctypes.CDLL` does), so it serves nothing.
-    Glibc,
+    /// Not to this library: it was loaded after `libc.so.6` (with
+    /// `dlopen`, as `ctypes.CDLL` does), so whatever came first serves.
+    OpenedAfterLibc,
     /// To another object, loaded ahead of this library.
-    Ahead {
-        /// The object's path as the dynamic linker has it (`dli_fname`;
-        /// for the program itself, its `argv[0]`).
-        object: &'static CStr,
-        /// The first it was found to define of `malloc`, `free`, `calloc`,
-        /// `realloc`, `posix_memalign` and `malloc_usable_size`, looked up
-        /// in that order.
-        function: &'static CStr,
-    },
+    Ahead(Ahead),
+}
+
+/// The object ahead of this library that the process's allocator calls
+/// reach first ([`Binding::Ahead`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Ahead {
+    /// The object's path as read at load: its last 256 bytes. The
+    /// dynamic linker's name for it (`dlpi_name`), or for the program the
+    /// path it was executed by (`AT_EXECFN`).
+    pub object: &'static [u8],
+    /// Whether `object` is cut (the path was longer).
+    pub cut: bool,
+    /// Whether the object is the program itself, which defines the
+    /// function.
+    pub program: bool,
+    /// The first function the object was found to define, looked up in
+    /// the order given at [`Binding`].
+    pub function: &'static CStr,
 }
 
 impl Binding {
-    /// Whether this library serves the program's allocator calls.
-    pub fn serves(self) -> bool {
-        self == Binding::ThisLibrary
+    /// Whether this library serves the program's allocator calls (`None`:
+    /// not read yet).
+    pub fn serves(self) -> Option<bool> {
+        match self {
+            Binding::Unknown => None,
+            b => Some(b == Binding::ThisLibrary),
+        }
+    }
+
+    /// Whether the library was loaded before `libc.so.6` (with
+    /// `LD_PRELOAD`, `ld.so --preload`, or linked ahead of libc), so that
+    /// its functions come before glibc's, wherever the calls go first.
+    pub fn loaded_before_libc(self) -> bool {
+        matches!(self, Binding::ThisLibrary | Binding::Ahead(_))
     }
 }
 
 const UNKNOWN: u8 = 0;
 const THIS_LIBRARY: u8 = 1;
-const GLIBC: u8 = 2;
+const AFTER_LIBC: u8 = 2;
 const AHEAD: u8 = 3;
+const AHEAD_PROGRAM: u8 = 4;
 
-/// One of the states above; [`AHEAD`] is stored after `OBJECT` and
-/// `FUNCTION` (release), so a reader that sees it sees them.
-static STATE: AtomicU8 = AtomicU8::new(UNKNOWN);
-static OBJECT: AtomicPtr<c_char> = AtomicPtr::new(std::ptr::null_mut());
-static FUNCTION: AtomicU8 = AtomicU8::new(0);
+/// What [`note_binding`] found: the path of the object ahead and the
+/// function, written once before `state` is published.
+struct Found {
+    path: UnsafeCell<[u8; PATH_KEPT]>,
+    len: AtomicUsize,
+    cut: AtomicU8,
+    function: AtomicU8,
+    /// One of the states above; stored last (release), so a reader that
+    /// sees [`AHEAD`] sees the rest.
+    state: AtomicU8,
+}
+
+// SAFETY: `path` is written only by `note_binding`, which the library's
+// constructor calls once, before `state` is published (Release/Acquire);
+// it is only read after a reader saw `state` published.
+unsafe impl Sync for Found {}
+
+static FOUND: Found = Found {
+    path: UnsafeCell::new([0; PATH_KEPT]),
+    len: AtomicUsize::new(0),
+    cut: AtomicU8::new(0),
+    function: AtomicU8::new(0),
+    state: AtomicU8::new(UNKNOWN),
+};
 
 /// Where the process's allocator calls go first, as read at load.
 /// Thread-safe; never allocates.
 pub fn binding() -> Binding {
-    match STATE.load(Ordering::Acquire) {
+    let state = FOUND.state.load(Ordering::Acquire);
+    match state {
         THIS_LIBRARY => Binding::ThisLibrary,
-        GLIBC => Binding::Glibc,
-        AHEAD => {
-            let object = OBJECT.load(Ordering::Relaxed);
-            let function = FUNCTIONS
-                .get(usize::from(FUNCTION.load(Ordering::Relaxed)))
-                .copied();
-            match (object.is_null(), function) {
-                (false, Some(function)) => Binding::Ahead {
-                    // SAFETY: a path of the dynamic linker's list of loaded
-                    // objects (`dli_fname`), NUL-terminated; an object that
-                    // defines an allocator function the process calls is
-                    // never unloaded while the process runs.
-                    object: unsafe { CStr::from_ptr(object) },
-                    function,
-                },
-                _ => Binding::Unknown,
-            }
+        AFTER_LIBC => Binding::OpenedAfterLibc,
+        AHEAD | AHEAD_PROGRAM => {
+            let len = FOUND.len.load(Ordering::Relaxed).min(PATH_KEPT);
+            // SAFETY: written before `state` was published, never again.
+            let path = unsafe { &(&*FOUND.path.get())[..len] };
+            Binding::Ahead(Ahead {
+                object: path,
+                cut: FOUND.cut.load(Ordering::Relaxed) != 0,
+                program: state == AHEAD_PROGRAM,
+                function: FUNCTIONS
+                    .get(usize::from(FOUND.function.load(Ordering::Relaxed)))
+                    .copied()
+                    .unwrap_or(c"malloc"),
+            })
         }
         _ => Binding::Unknown,
     }
 }
 
-/// Read where the process's allocator calls go first (the module docs)
-/// and keep it for [`binding`]: `loaded_before_libc` says whether the
-/// library comes before `libc.so.6` in load order. Called once, from the
-/// library's constructor. `dlsym` and `dladdr` may call `malloc`, which
-/// never comes back here.
-pub fn note_binding(loaded_before_libc: bool) {
-    let state = if !loaded_before_libc {
-        GLIBC
-    } else if let Some((object, function)) = first_definition_ahead() {
-        OBJECT.store(object, Ordering::Relaxed);
-        FUNCTION.store(function, Ordering::Relaxed);
-        AHEAD
-    } else {
-        THIS_LIBRARY
-    };
-    STATE.store(state, Ordering::Release);
-}
-
-/// The object holding address `p` (its base, as `dli_fbase`) and its path
-/// (`dli_fname`); `None` for a null `p` or one in no loaded object.
-fn object_of(p: *const c_void) -> Option<(*mut c_void, *const c_char)> {
-    if p.is_null() {
-        return None;
-    }
-    // SAFETY: `Dl_info` is plain data (pointers), valid zeroed.
-    let mut info: libc::Dl_info = unsafe { std::mem::zeroed() };
-    // SAFETY: `dladdr` only writes `info`; any address may be asked about.
-    (unsafe { libc::dladdr(p, &mut info) } != 0 && !info.dli_fname.is_null())
-        .then_some((info.dli_fbase, info.dli_fname))
-}
-
-/// The first object other than this library whose definition of one of
-/// [`FUNCTIONS`] the global scope answers with, and that function's index
-/// in [`FUNCTIONS`]; `None` when this library answers for every function
-/// the program's own entries do not. The program is that object only when
-/// it answers for all of them.
-fn first_definition_ahead() -> Option<(*mut c_char, u8)> {
-    let own = object_of(note_binding as *const c_void)?.0;
-    // SAFETY: reads the auxiliary vector; 0 when AT_ENTRY is absent.
-    let entry = unsafe { libc::getauxval(libc::AT_ENTRY) } as *const c_void;
-    let program = object_of(entry);
-    let mut ours = false;
-    for (i, name) in FUNCTIONS.iter().enumerate() {
-        // SAFETY: a NUL-terminated name; RTLD_DEFAULT searches the global
-        // scope and returns null when nothing defines the name.
-        let found = unsafe { libc::dlsym(libc::RTLD_DEFAULT, name.as_ptr()) };
-        let Some((base, path)) = object_of(found) else {
-            continue;
-        };
-        if base == own {
-            ours = true;
-        } else if program.is_none_or(|(p, _)| p != base) {
-            return Some((path.cast_mut(), i as u8));
+/// Read where the process's allocator calls go first ([`Binding`]) and
+/// keep it for [`binding`]. Called once, from the library's constructor.
+/// Never allocates (`dl_iterate_phdr` may call `malloc` the first time,
+/// which never comes back here).
+pub fn note_binding() {
+    let state = match walk_ahead() {
+        Walk::AfterLibc => AFTER_LIBC,
+        Walk::NoOwn => UNKNOWN,
+        Walk::Clear => THIS_LIBRARY,
+        Walk::Hit(hit) => {
+            // SAFETY: `path` is NUL-terminated: a `dlpi_name` or the
+            // `AT_EXECFN` string, both kept for the process's life.
+            let bytes = unsafe { CStr::from_ptr(hit.path) }.to_bytes();
+            let kept = &bytes[bytes.len().saturating_sub(PATH_KEPT)..];
+            // SAFETY: the only writer, before `state` is published.
+            unsafe { (&mut *FOUND.path.get())[..kept.len()].copy_from_slice(kept) };
+            FOUND.len.store(kept.len(), Ordering::Relaxed);
+            FOUND
+                .cut
+                .store(u8::from(kept.len() < bytes.len()), Ordering::Relaxed);
+            FOUND.function.store(hit.function, Ordering::Relaxed);
+            if hit.program {
+                AHEAD_PROGRAM
+            } else {
+                AHEAD
+            }
         }
+    };
+    FOUND.state.store(state, Ordering::Release);
+}
+
+/// An object ahead of this library that defines one of [`FUNCTIONS`].
+struct Hit {
+    path: *const c_char,
+    function: u8,
+    program: bool,
+}
+
+/// `d_tag`s of `<elf.h>` read here.
+const DT_NULL: i64 = 0;
+const DT_HASH: i64 = 4;
+const DT_STRTAB: i64 = 5;
+const DT_SYMTAB: i64 = 6;
+const DT_GNU_HASH: i64 = 0x6fff_fef5;
+
+/// `Elf64_Dyn` of `<elf.h>`.
+#[repr(C)]
+struct Dyn {
+    d_tag: i64,
+    d_val: u64,
+}
+
+/// The tables of one loaded object's dynamic symbol table.
+struct Symbols {
+    symtab: *const libc::Elf64_Sym,
+    strtab: *const c_char,
+    gnu_hash: *const u32,
+    hash: *const u32,
+}
+
+impl Symbols {
+    /// The tables of the object `info` describes; `None` without a
+    /// dynamic section, a symbol table or a hash table.
+    ///
+    /// # Safety
+    /// `info` is an object `dl_iterate_phdr` passed, still loaded.
+    unsafe fn of(info: &libc::dl_phdr_info) -> Option<Symbols> {
+        let base = info.dlpi_addr as usize;
+        // SAFETY: `dlpi_phdr` holds `dlpi_phnum` program headers.
+        let phdrs =
+            unsafe { std::slice::from_raw_parts(info.dlpi_phdr, usize::from(info.dlpi_phnum)) };
+        let dynamic = phdrs.iter().find(|ph| ph.p_type == libc::PT_DYNAMIC)?;
+        let mut d = base.wrapping_add(dynamic.p_vaddr as usize) as *const Dyn;
+        // glibc adds the load address to these entries in place, except in
+        // a read-only dynamic section (the vDSO's).
+        let at = |v: u64| {
+            let v = v as usize;
+            (if v < base { v.wrapping_add(base) } else { v }) as *const u8
+        };
+        let mut t = Symbols {
+            symtab: std::ptr::null(),
+            strtab: std::ptr::null(),
+            gnu_hash: std::ptr::null(),
+            hash: std::ptr::null(),
+        };
+        loop {
+            // SAFETY: the loaded dynamic section, which ends with DT_NULL.
+            let e = unsafe { &*d };
+            match e.d_tag {
+                DT_NULL => break,
+                DT_HASH => t.hash = at(e.d_val).cast(),
+                DT_STRTAB => t.strtab = at(e.d_val).cast(),
+                DT_SYMTAB => t.symtab = at(e.d_val).cast(),
+                DT_GNU_HASH => t.gnu_hash = at(e.d_val).cast(),
+                _ => {}
+            }
+            // SAFETY: not past DT_NULL, which ends the section.
+            d = unsafe { d.add(1) };
+        }
+        let usable = !t.symtab.is_null()
+            && !t.strtab.is_null()
+            && (!t.gnu_hash.is_null() || !t.hash.is_null());
+        usable.then_some(t)
     }
-    match program {
-        Some((_, path)) if !ours => Some((path.cast_mut(), 0)),
-        _ => None,
+
+    /// Whether symbol `i` is named `name` and defined here: in a section
+    /// (not undefined, as a program's reference is even where its PLT
+    /// entry gives it an address), global or weak.
+    ///
+    /// # Safety
+    /// `i` indexes the symbol table (a hash table gave it).
+    unsafe fn defines_at(&self, i: usize, name: &CStr) -> bool {
+        // SAFETY: the caller's index; the name offset is within the
+        // string table, whose strings are NUL-terminated.
+        let (sym, n) = unsafe {
+            let sym = &*self.symtab.add(i);
+            (sym, CStr::from_ptr(self.strtab.add(sym.st_name as usize)))
+        };
+        let bind = sym.st_info >> 4;
+        sym.st_shndx != 0 && (bind == 1 || bind == 2) && n == name
     }
+
+    /// Whether the object defines `name` (any version, hidden or not),
+    /// looked up in its GNU hash table, else its ELF hash table (the
+    /// lookups of the System V ABI and of glibc's `dl-lookup.c`).
+    ///
+    /// # Safety
+    /// The tables are those of a loaded object ([`Symbols::of`]).
+    unsafe fn defines(&self, name: &CStr) -> bool {
+        let bytes = name.to_bytes();
+        if !self.gnu_hash.is_null() {
+            let h = bytes.iter().fold(5381u32, |h, &c| {
+                h.wrapping_mul(33).wrapping_add(u32::from(c))
+            });
+            // SAFETY: the GNU hash table's header, bloom filter (64-bit
+            // words), buckets and chain, as the linker wrote them.
+            unsafe {
+                let g = self.gnu_hash;
+                let (nbuckets, symoffset, bloom_size) = (*g, *g.add(1), *g.add(2));
+                if nbuckets == 0 {
+                    return false;
+                }
+                let buckets = g.add(4 + 2 * bloom_size as usize);
+                let chain = buckets.add(nbuckets as usize);
+                let mut i = *buckets.add((h % nbuckets) as usize);
+                if i < symoffset {
+                    return false;
+                }
+                loop {
+                    let c = *chain.add((i - symoffset) as usize);
+                    if c | 1 == h | 1 && self.defines_at(i as usize, name) {
+                        return true;
+                    }
+                    if c & 1 != 0 {
+                        return false;
+                    }
+                    i += 1;
+                }
+            }
+        }
+        let h = bytes.iter().fold(0u32, |h, &c| {
+            let h = (h << 4).wrapping_add(u32::from(c));
+            (h ^ ((h & 0xf000_0000) >> 24)) & 0x0fff_ffff
+        });
+        // SAFETY: the ELF hash table's header, buckets and chain.
+        unsafe {
+            let t = self.hash;
+            let (nbucket, nchain) = (*t, *t.add(1));
+            if nbucket == 0 {
+                return false;
+            }
+            let chain = t.add(2 + nbucket as usize);
+            let mut i = *t.add(2 + (h % nbucket) as usize);
+            let mut steps = 0;
+            while i != 0 && i < nchain && steps < nchain {
+                if self.defines_at(i as usize, name) {
+                    return true;
+                }
+                i = *chain.add(i as usize);
+                steps += 1;
+            }
+        }
+        false
+    }
+}
+
+/// What the walk of the loaded objects found before this library.
+enum Walk {
+    /// `libc.so.6` comes first: this library was opened with `dlopen`.
+    AfterLibc,
+    /// An object ahead of it defines an allocator function.
+    Hit(Hit),
+    /// None does.
+    Clear,
+    /// This library is not among the loaded objects.
+    NoOwn,
+}
+
+/// Walk the loaded objects in load order (`dl_iterate_phdr`: the program,
+/// then the objects of `LD_PRELOAD`, then the libraries they need, then
+/// those opened with `dlopen`) up to this library: `libc.so.6` before it
+/// means it was opened with `dlopen`; else the first object that defines one of
+/// [`FUNCTIONS`] itself ([`Binding`]), with the first such function (the
+/// program's path is the one it was executed by, `AT_EXECFN`).
+fn walk_ahead() -> Walk {
+    struct State {
+        own: usize,
+        first: bool,
+        hit: Option<Hit>,
+        found: Option<Walk>,
+    }
+    unsafe extern "C" fn visit(
+        info: *mut libc::dl_phdr_info,
+        _size: usize,
+        data: *mut c_void,
+    ) -> c_int {
+        // SAFETY: `dl_iterate_phdr` passes a valid `info` for the call, and
+        // `data` is the `State` below, borrowed for the whole walk.
+        let (info, st) = unsafe { (&*info, &mut *data.cast::<State>()) };
+        let program = std::mem::replace(&mut st.first, false);
+        // SAFETY: `dlpi_phdr` holds `dlpi_phnum` program headers.
+        let phdrs =
+            unsafe { std::slice::from_raw_parts(info.dlpi_phdr, usize::from(info.dlpi_phnum)) };
+        let holds_own = phdrs.iter().any(|ph| {
+            let start = (info.dlpi_addr as usize).wrapping_add(ph.p_vaddr as usize);
+            ph.p_type == libc::PT_LOAD
+                && (start..start.wrapping_add(ph.p_memsz as usize)).contains(&st.own)
+        });
+        let is_libc = !info.dlpi_name.is_null()
+            // SAFETY: a non-null `dlpi_name` is a NUL-terminated path.
+            && unsafe { CStr::from_ptr(info.dlpi_name) }
+                .to_bytes()
+                .ends_with(b"/libc.so.6");
+        if holds_own {
+            st.found = Some(st.hit.take().map_or(Walk::Clear, Walk::Hit));
+            return 1;
+        }
+        if is_libc {
+            st.found = Some(Walk::AfterLibc);
+            return 1;
+        }
+        if st.hit.is_some() {
+            return 0;
+        }
+        // SAFETY: an object `dl_iterate_phdr` passed, loaded for the call.
+        let Some(symbols) = (unsafe { Symbols::of(info) }) else {
+            return 0;
+        };
+        for (i, name) in FUNCTIONS.iter().enumerate() {
+            // SAFETY: the tables of that loaded object.
+            if unsafe { symbols.defines(name) } {
+                let path = if program {
+                    // SAFETY: reads the auxiliary vector; 0 when absent.
+                    unsafe { libc::getauxval(libc::AT_EXECFN) as *const c_char }
+                } else {
+                    info.dlpi_name
+                };
+                st.hit = Some(Hit {
+                    path: if path.is_null() { c"".as_ptr() } else { path },
+                    function: i as u8,
+                    program,
+                });
+                return 0;
+            }
+        }
+        0
+    }
+    let mut st = State {
+        own: note_binding as *const () as usize,
+        first: true,
+        hit: None,
+        found: None,
+    };
+    // SAFETY: `visit` matches the callback type and reads `st` only
+    // during the call.
+    unsafe { libc::dl_iterate_phdr(Some(visit), (&raw mut st).cast()) };
+    st.found.unwrap_or(Walk::NoOwn)
 }

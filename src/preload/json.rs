@@ -9,9 +9,12 @@
 //! [`GlibcThresholds`]), `glibc_mmap_threshold` and `glibc_trim_threshold`
 //! (`null` unless set; the trim threshold now, raised by freed huge
 //! blocks), `serves` (`true` when the process's allocator calls go to this
-//! library first, [`Binding::serves`]), `ahead` (`null`, or, when they go
-//! first to another object loaded ahead of it, `{object, function}`: its
-//! path and the function found there, strings; [`Binding::Ahead`])),
+//! library first, `false` when they do not, `null` before the library's
+//! constructor ran; [`Binding::serves`]), `ahead` (`null`, or, when they go
+//! first to another object loaded ahead of it, `{object, cut, program,
+//! function}`: the end of its path, whether the path was cut, whether the
+//! object is the program itself, and the function found there;
+//! [`Binding::Ahead`])),
 //! `tiers` (`hugetlb`,
 //! `thp`, `normal`, each `{blocks, bytes}`), `hugetlb_fallbacks`,
 //! `hugetlb_skipped`, `thp_fallbacks`, `syscalls` (`mmap`, `munmap`,
@@ -93,13 +96,20 @@ fn write_object(w: &mut Counting<'_>, h: &HugeStats) -> std::fmt::Result {
         _ => w.write_str("null,\"glibc_trim_threshold\":null")?,
     }
     let b = binding();
-    write!(w, ",\"serves\":{},\"ahead\":", b.serves())?;
+    match b.serves() {
+        Some(serves) => write!(w, ",\"serves\":{serves},\"ahead\":")?,
+        None => w.write_str(",\"serves\":null,\"ahead\":")?,
+    }
     match b {
-        Binding::Ahead { object, function } => {
+        Binding::Ahead(a) => {
             w.write_str("{\"object\":")?;
-            write_string(w, object.to_bytes())?;
-            w.write_str(",\"function\":")?;
-            write_string(w, function.to_bytes())?;
+            write_string(w, a.object)?;
+            write!(
+                w,
+                ",\"cut\":{},\"program\":{},\"function\":",
+                a.cut, a.program
+            )?;
+            write_string(w, a.function.to_bytes())?;
             w.write_str("}")?;
         }
         _ => w.write_str("null")?,

@@ -241,8 +241,8 @@
 //! `CKALLOC_SHOW_STATS=1` (read when the library loads) prints one summary when
 //! the process calls `exit` (or returns from `main`), for a process that served
 //! at least one huge block (`CKALLOC_SHOW_STATS=all`: every process, so a shell
-//! or a pyenv shim in front of the program stays quiet by default), and for a
-//! process whose allocator calls go first to another object, which it names
+//! or a pyenv shim in front of the program stays quiet by default); a process
+//! whose allocator calls go first elsewhere prints one line that says where
 //! ([`Binding`]: an allocator preloaded ahead of this library, or the library
 //! opened with `dlopen`). `CKALLOC_STATS_FILE=PATH` appends the summary to a
 //! file instead of stderr (and asks for summaries while `CKALLOC_SHOW_STATS` is
@@ -356,7 +356,7 @@ pub use api::{
     aligned_alloc, calloc, free, malloc, malloc_trim, malloc_usable_size, mallopt, memalign,
     posix_memalign, pvalloc, realloc, reallocarray, small_malloc, valloc,
 };
-pub use binding::{binding, note_binding, Binding};
+pub use binding::{binding, note_binding, Ahead, Binding};
 pub use glibc::GlibcMalloc;
 pub use json::write_stats_json;
 pub use report::{print_at_exit, remember_output, write_summary};

@@ -15,44 +15,65 @@ use std::sync::atomic::{
     Ordering::{Acquire, Relaxed, Release},
 };
 
-/// The summary's line for a process whose allocator calls go first to
-/// another object ([`Binding`]); nothing while this library serves them or
-/// it is not known.
+/// The summary's line for a process whose allocator calls do not go
+/// first to this library ([`Binding`]); nothing while they do or it is
+/// not known.
 struct NotServing(Binding);
 
 impl NotServing {
     fn is_empty(&self) -> bool {
-        !matches!(self.0, Binding::Glibc | Binding::Ahead { .. })
+        !matches!(self.0, Binding::OpenedAfterLibc | Binding::Ahead(_))
     }
 }
 
 impl std::fmt::Display for NotServing {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self.0 {
-            Binding::Glibc => f.write_str(
+            Binding::OpenedAfterLibc => f.write_str(
                 "preload: this library serves nothing: it was opened after libc \
-                 (dlopen), so the program's allocator calls go to glibc\n",
+                 (dlopen), so it is not the process's allocator\n",
             ),
-            Binding::Ahead { object, function } => writeln!(
-                f,
-                "preload: the program's `{}` goes first to {}, loaded ahead of this \
-                 library: that object serves it, and this library only what it passes on",
-                Lossy(function),
-                Lossy(object)
-            ),
+            Binding::Ahead(a) => {
+                write!(
+                    f,
+                    "preload: the program's `{}` goes first to ",
+                    Text(a.function.to_bytes())
+                )?;
+                if a.program {
+                    f.write_str("the program itself (")?;
+                }
+                if a.cut {
+                    f.write_char('\u{2026}')?;
+                }
+                write!(f, "{}", Text(a.object))?;
+                f.write_str(if a.program {
+                    "), which defines it"
+                } else {
+                    ", loaded ahead of this library"
+                })?;
+                f.write_str(": that object serves it, and this library only what it passes on\n")
+            }
             _ => Ok(()),
         }
     }
 }
 
-/// A C string's bytes as text, each sequence that is not UTF-8 as U+FFFD
-/// (`to_string_lossy` without its allocation).
-struct Lossy<'a>(&'a std::ffi::CStr);
+/// Bytes as one line of text: each sequence that is not UTF-8 as U+FFFD,
+/// each control character (and DEL) as `\xNN`, so a path cannot break the
+/// summary's lines or reach a terminal as a control sequence. Never
+/// allocates.
+struct Text<'a>(&'a [u8]);
 
-impl std::fmt::Display for Lossy<'_> {
+impl std::fmt::Display for Text<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        for chunk in self.0.to_bytes().utf8_chunks() {
-            f.write_str(chunk.valid())?;
+        for chunk in self.0.utf8_chunks() {
+            for c in chunk.valid().chars() {
+                if c.is_ascii_control() {
+                    write!(f, "\\x{:02x}", u32::from(c))?;
+                } else {
+                    f.write_char(c)?;
+                }
+            }
             if !chunk.invalid().is_empty() {
                 f.write_char(char::REPLACEMENT_CHARACTER)?;
             }
@@ -78,6 +99,12 @@ const SUMMARY_MAX: usize = 4096;
 /// longer than 4 KiB is cut. Never allocates; returns the bytes written
 /// or the `write(2)` error.
 pub fn write_summary(fd: i32) -> std::io::Result<usize> {
+    write_report(fd, false)
+}
+
+/// [`write_summary`], or (`binding_only`) only its line for a process
+/// whose allocator calls do not go first to this library.
+fn write_report(fd: i32, binding_only: bool) -> std::io::Result<usize> {
     let mut buf = [0u8; SUMMARY_MAX];
     let mut w = SliceWriter {
         buf: &mut buf,
@@ -92,26 +119,30 @@ pub fn write_summary(fd: i32) -> std::io::Result<usize> {
         line_start: true,
     };
     // A cut summary is still written: errors only mean the buffer is full.
-    let _ = write!(
-        text,
-        "preload: {} huge block{} served ({} requested), threshold {}, \
+    let _ = if binding_only {
+        write!(text, "{}", NotServing(binding()))
+    } else {
+        write!(
+            text,
+            "preload: {} huge block{} served ({} requested), threshold {}, \
          retention cap {}{}, {} served by glibc because the engine had no \
          memory\n{}glibc: {}\n{}\n",
-        p.blocks,
-        crate::units::plural(p.blocks),
-        crate::human_bytes(p.bytes),
-        ExactBytes(p.threshold as u64),
-        ExactBytes(p.retain_cap as u64),
-        if crate::env::retain_bytes_set() {
-            ""
-        } else {
-            " (twice the live peak, at least the default)"
-        },
-        p.glibc_fallbacks,
-        NotServing(binding()),
-        p.glibc_thresholds,
-        huge_stats()
-    );
+            p.blocks,
+            crate::units::plural(p.blocks),
+            crate::human_bytes(p.bytes),
+            ExactBytes(p.threshold as u64),
+            ExactBytes(p.retain_cap as u64),
+            if crate::env::retain_bytes_set() {
+                ""
+            } else {
+                " (twice the live peak, at least the default)"
+            },
+            p.glibc_fallbacks,
+            NotServing(binding()),
+            p.glibc_thresholds,
+            huge_stats()
+        )
+    };
     let len = w.len;
     let mut done = 0;
     while done < len {
@@ -281,7 +312,8 @@ fn absolute_template(template: &[u8], out: &mut [u8; PATH_MAX]) -> Option<usize>
 
 /// Write the summary at exit, if `CKALLOC_SHOW_STATS` (as read by
 /// [`remember_output`]) asks for this process ([`ShowStats`]: by default only one that served a huge-page
-/// block): appended to the `CKALLOC_STATS_FILE` file with one `write(2)`
+/// block, and, as one line, one whose allocator calls go first elsewhere,
+/// [`Binding`]): appended to the `CKALLOC_STATS_FILE` file with one `write(2)`
 /// (opened `O_APPEND`, created with mode 0644 less the umask; `O_NONBLOCK`,
 /// so a FIFO without a reader, or a full one, costs the summary, never a
 /// wait), else to the
@@ -297,16 +329,19 @@ fn absolute_template(template: &[u8], out: &mut [u8; PATH_MAX]) -> Option<usize>
 /// Never allocates; never blocks on a lock.
 pub fn print_at_exit() {
     let mode = MODE.load(Relaxed);
-    let wanted = if mode == ShowStats::All as u8 {
-        true
-    } else {
-        mode == ShowStats::Huge as u8
-            && (super::served_huge_blocks()
-                || (!FORK_CHILD.load(Relaxed) && !NotServing(binding()).is_empty()))
-    };
-    if !wanted {
+    if mode != ShowStats::All as u8 && mode != ShowStats::Huge as u8 {
         return;
     }
+    // Under `CKALLOC_SHOW_STATS=1` a process that served no huge block
+    // prints only the line saying its calls go first elsewhere, and a
+    // child of `fork` leaves that line to its parent.
+    let binding_only = if mode == ShowStats::All as u8 || super::served_huge_blocks() {
+        false
+    } else if !FORK_CHILD.load(Relaxed) && !NotServing(binding()).is_empty() {
+        true
+    } else {
+        return;
+    };
     match TEMPLATE.len.load(Acquire) {
         0 => {}
         REFUSED => return,
@@ -334,7 +369,7 @@ pub fn print_at_exit() {
             };
             if fd >= 0 {
                 without_sigpipe(|| {
-                    let _ = write_summary(fd);
+                    let _ = write_report(fd, binding_only);
                 });
                 // SAFETY: closes the descriptor opened above.
                 unsafe { libc::close(fd) };
@@ -356,7 +391,7 @@ pub fn print_at_exit() {
         return;
     };
     without_sigpipe(|| {
-        let _ = write_summary(fd);
+        let _ = write_report(fd, binding_only);
     });
 }
 

@@ -265,18 +265,49 @@ fn a_summary_names_the_object_ahead_that_the_programs_malloc_goes_to() {
     };
     let on = [("CKALLOC_SHOW_STATS", "1")];
     // Loaded ahead of the library, the object takes every call: the
-    // library serves nothing and says where the calls go, without `all`.
+    // library serves nothing and says where the calls go in one line,
+    // without `all`; under `all`, in the full summary.
     let (pid, out) = exit_run_preloading(&[], &both(&ahead, lib), &on);
+    let says = format!(
+        "ckalloc[{pid}]: preload: the program's `malloc` goes first to {}, loaded ahead \
+         of this library: that object serves it, and this library only what it passes on\n",
+        ahead.display()
+    );
+    assert_eq!(out, says);
+    let (pid, out) = exit_run_preloading(&[], &both(&ahead, lib), &[("CKALLOC_SHOW_STATS", "all")]);
     assert!(
         out.contains(&format!("ckalloc[{pid}]: preload: 0 huge blocks served")),
         "{out}"
     );
-    let says = format!(
-        "ckalloc[{pid}]: preload: the program's `malloc` goes first to {}, loaded ahead \
-         of this library",
-        ahead.display()
+    assert!(out.contains("goes first to"), "{out}");
+    // A path's control characters are escaped, so it stays one line; a
+    // path longer than 256 bytes is cut to its last 256, after an
+    // ellipsis.
+    let odd = super::scratch().join("odd\nname\u{1b}[31m.so");
+    let deep = super::scratch().join("l".repeat(200));
+    std::fs::create_dir_all(&deep).expect("mkdir");
+    let long = deep.join(format!("{}.so", "l".repeat(100)));
+    for link in [&odd, &long] {
+        let _ = std::fs::remove_file(link);
+        std::os::unix::fs::symlink(&ahead, link).expect("symlink");
+    }
+    let (_, out) = exit_run_preloading(&[], &both(&odd, lib), &on);
+    assert_eq!(out.lines().count(), 1, "{out}");
+    assert!(
+        out.contains("odd\\x0aname\\x1b[31m.so, loaded ahead"),
+        "{out}"
     );
-    assert!(out.contains(&says), "{out}");
+    let (_, out) = exit_run_preloading(&[], &both(&long, lib), &on);
+    let tail = format!(
+        "goes first to \u{2026}{}/{}.so, loaded ahead",
+        "l".repeat(152),
+        "l".repeat(100)
+    );
+    assert!(out.contains(&tail), "{out}");
+    assert!(
+        !out.contains(&format!("{}", super::scratch().display())),
+        "{out}"
+    );
     // A child of `fork` leaves the line to its parent.
     let (_, out) = exit_run_preloading(&["fork-after"], &both(&ahead, lib), &on);
     assert_eq!(out.matches("goes first to").count(), 1, "{out}");
@@ -287,6 +318,75 @@ fn a_summary_names_the_object_ahead_that_the_programs_malloc_goes_to() {
         "{out}"
     );
     assert!(!out.contains("goes first"), "{out}");
+}
+
+#[test]
+fn the_statistics_name_the_object_ahead_that_defines_an_allocator_function() {
+    // `preload_glibc_thresholds.c` prints the statistics' "preload" keys
+    // from the glibc ones on; run with `LD_PRELOAD=preload`.
+    let json_of = |prog: &std::path::Path, preload: &std::ffi::OsStr| {
+        let mut cmd = Command::new(prog);
+        for var in GLIBC_SETUP_VARIABLES {
+            cmd.env_remove(var);
+        }
+        let out = cmd
+            .env_remove("CKALLOC_SHOW_STATS")
+            .env("LD_PRELOAD", preload)
+            .output()
+            .expect("run");
+        assert_success(&out, &format!("{} under {preload:?}", prog.display()));
+        let out = String::from_utf8_lossy(&out.stdout).into_owned();
+        out.lines()
+            .find_map(|l| l.strip_prefix("json "))
+            .unwrap_or_else(|| panic!("no json line in {out}"))
+            .to_owned()
+    };
+    let ahead = |object: &str, program: bool, function: &str| {
+        format!(
+            "\"serves\":false,\"ahead\":{{\"object\":\"{object}\",\"cut\":false,\
+             \"program\":{program},\"function\":\"{function}\""
+        )
+    };
+    let lib = super::library();
+    let _lock = super::hugetlb_pool();
+    // A program built without PIE that takes `malloc`'s address has it at
+    // its own PLT entry: the lookup goes past it to an object ahead of the
+    // library that defines `malloc` alone.
+    let nopie = compile(
+        "preload_glibc_thresholds_nopie.c",
+        "cc",
+        &["-no-pie", "-fno-pic"],
+    );
+    let only_malloc = compile("forwarding_malloc_only.c", "cc", &["-shared", "-fPIC"]);
+    let mut preload = only_malloc.as_os_str().to_owned();
+    preload.push(" ");
+    preload.push(lib);
+    let json = json_of(&nopie, &preload);
+    let want = ahead(&only_malloc.display().to_string(), false, "malloc");
+    assert!(json.contains(&want), "{json}");
+    // A program that defines the functions itself comes first.
+    let own = compile("preload_own_malloc.c", "cc", &[]);
+    let json = json_of(&own, lib.as_os_str());
+    assert!(
+        json.contains(&ahead(&own.display().to_string(), true, "malloc")),
+        "{json}"
+    );
+    // glibc's malloc debugging library defines `malloc@GLIBC_2.2.5` as a
+    // hidden version, which only a lookup by version finds.
+    let debug = std::path::Path::new("/usr/lib/x86_64-linux-gnu/libc_malloc_debug.so.0");
+    if cfg!(target_arch = "x86_64") && debug.exists() {
+        let mut preload = debug.as_os_str().to_owned();
+        preload.push(" ");
+        preload.push(lib);
+        let prog = compile("preload_glibc_thresholds.c", "cc", &[]);
+        let json = json_of(&prog, &preload);
+        assert!(
+            json.contains(&ahead(&debug.display().to_string(), false, "malloc")),
+            "{json}"
+        );
+    } else {
+        eprintln!("skipped: no {} (glibc 2.34+ on x86_64)", debug.display());
+    }
 }
 
 #[test]
