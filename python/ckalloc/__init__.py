@@ -89,8 +89,8 @@ def _serving_stats():
                       "python ...`")
     where = ("the program itself" if ahead["program"] else
              ("..." if ahead["cut"] else "") + ahead["object"] + ", loaded ahead of it")
-    return None, (f"the ckalloc preload library is loaded but serves nothing: this process's "
-                  f"`{ahead['function']}` goes first to {where} (put the library first in "
+    return None, (f"the ckalloc preload library is loaded but not this process's allocator: "
+                  f"its `{ahead['function']}` goes first to {where} (put the library first in "
                   f"LD_PRELOAD, or use `ckalloc run`)")
 
 

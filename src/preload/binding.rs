@@ -204,6 +204,21 @@ const DT_HASH: i64 = 4;
 const DT_STRTAB: i64 = 5;
 const DT_SYMTAB: i64 = 6;
 const DT_GNU_HASH: i64 = 0x6fff_fef5;
+const DT_VERSYM: i64 = 0x6fff_fff0;
+const DT_VERDEF: i64 = 0x6fff_fffc;
+const DT_VERDEFNUM: i64 = 0x6fff_fffd;
+
+/// The symbol version glibc gives its allocator functions on this
+/// architecture, which a program's references name (`malloc@GLIBC_2.2.5`
+/// on x86_64).
+#[cfg(target_arch = "aarch64")]
+const GLIBC_VERSION: &[u8] = b"GLIBC_2.17";
+#[cfg(not(target_arch = "aarch64"))]
+const GLIBC_VERSION: &[u8] = b"GLIBC_2.2.5";
+
+/// The longest hash chain followed (a bound on a walk over a table that
+/// is not what it should be).
+const CHAIN_MAX: u32 = 1 << 20;
 
 /// `Elf64_Dyn` of `<elf.h>`.
 #[repr(C)]
@@ -218,6 +233,11 @@ struct Symbols {
     strtab: *const c_char,
     gnu_hash: *const u32,
     hash: *const u32,
+    /// `DT_VERSYM`: each symbol's version index; null without versions.
+    versym: *const u16,
+    /// `DT_VERDEF` and `DT_VERDEFNUM`: the versions the object defines.
+    verdef: *const u8,
+    verdefnum: usize,
 }
 
 impl Symbols {
@@ -234,16 +254,33 @@ impl Symbols {
         let dynamic = phdrs.iter().find(|ph| ph.p_type == libc::PT_DYNAMIC)?;
         let mut d = base.wrapping_add(dynamic.p_vaddr as usize) as *const Dyn;
         // glibc adds the load address to these entries in place, except in
-        // a read-only dynamic section (the vDSO's).
+        // a read-only dynamic section (the vDSO's). Whichever of the two an
+        // entry holds, it must lie in one of the object's loaded segments;
+        // an object whose entries fit neither is not read.
+        let loaded = |a: usize| {
+            phdrs.iter().any(|ph| {
+                let start = base.wrapping_add(ph.p_vaddr as usize);
+                ph.p_type == libc::PT_LOAD && a >= start && a - start < ph.p_memsz as usize
+            })
+        };
         let at = |v: u64| {
             let v = v as usize;
-            (if v < base { v.wrapping_add(base) } else { v }) as *const u8
+            if loaded(v) {
+                v as *const u8
+            } else if loaded(v.wrapping_add(base)) {
+                v.wrapping_add(base) as *const u8
+            } else {
+                std::ptr::null()
+            }
         };
         let mut t = Symbols {
             symtab: std::ptr::null(),
             strtab: std::ptr::null(),
             gnu_hash: std::ptr::null(),
             hash: std::ptr::null(),
+            versym: std::ptr::null(),
+            verdef: std::ptr::null(),
+            verdefnum: 0,
         };
         loop {
             // SAFETY: the loaded dynamic section, which ends with DT_NULL.
@@ -254,6 +291,9 @@ impl Symbols {
                 DT_STRTAB => t.strtab = at(e.d_val).cast(),
                 DT_SYMTAB => t.symtab = at(e.d_val).cast(),
                 DT_GNU_HASH => t.gnu_hash = at(e.d_val).cast(),
+                DT_VERSYM => t.versym = at(e.d_val).cast(),
+                DT_VERDEF => t.verdef = at(e.d_val),
+                DT_VERDEFNUM => t.verdefnum = e.d_val as usize,
                 _ => {}
             }
             // SAFETY: not past DT_NULL, which ends the section.
@@ -265,9 +305,12 @@ impl Symbols {
         usable.then_some(t)
     }
 
-    /// Whether symbol `i` is named `name` and defined here: in a section
-    /// (not undefined, as a program's reference is even where its PLT
-    /// entry gives it an address), global or weak.
+    /// Whether symbol `i` is named `name` and defined here in a way a
+    /// program's reference binds to: in a section (not undefined, as a
+    /// program's reference is even where its PLT entry gives it an
+    /// address), global or weak, and unversioned or of glibc's version
+    /// (glibc's `check_match`: a reference to `malloc@GLIBC_2.2.5` binds to
+    /// no other version, hidden or not).
     ///
     /// # Safety
     /// `i` indexes the symbol table (a hash table gave it).
@@ -279,10 +322,52 @@ impl Symbols {
             (sym, CStr::from_ptr(self.strtab.add(sym.st_name as usize)))
         };
         let bind = sym.st_info >> 4;
-        sym.st_shndx != 0 && (bind == 1 || bind == 2) && n == name
+        if sym.st_shndx == 0 || !(bind == 1 || bind == 2) || n != name {
+            return false;
+        }
+        if self.versym.is_null() {
+            return true;
+        }
+        // SAFETY: `DT_VERSYM` has an entry per symbol.
+        let ndx = unsafe { *self.versym.add(i) } & 0x7fff;
+        // SAFETY: the object's version definitions, if any.
+        ndx == 1 || unsafe { self.version_name(ndx) } == Some(GLIBC_VERSION)
     }
 
-    /// Whether the object defines `name` (any version, hidden or not),
+    /// The name of the version the object defines at index `ndx`
+    /// (`Elf64_Verdef` and its first `Elf64_Verdaux`).
+    ///
+    /// # Safety
+    /// `verdef` and `verdefnum` are the object's (or null and 0).
+    unsafe fn version_name(&self, ndx: u16) -> Option<&[u8]> {
+        let mut d = self.verdef;
+        for _ in 0..self.verdefnum {
+            if d.is_null() {
+                return None;
+            }
+            // SAFETY: an `Elf64_Verdef` (20 bytes: version, flags, index,
+            // count as u16; hash, aux and next offsets as u32), possibly
+            // unaligned; its aux entry's first word is the name's offset
+            // in the string table.
+            unsafe {
+                let half = |o: usize| d.add(o).cast::<u16>().read_unaligned();
+                let word = |o: usize| d.add(o).cast::<u32>().read_unaligned();
+                if half(4) == ndx {
+                    let aux = d.add(word(12) as usize);
+                    let name = aux.cast::<u32>().read_unaligned() as usize;
+                    return Some(CStr::from_ptr(self.strtab.add(name)).to_bytes());
+                }
+                let next = word(16) as usize;
+                if next == 0 {
+                    return None;
+                }
+                d = d.add(next);
+            }
+        }
+        None
+    }
+
+    /// Whether the object defines `name` as [`Symbols::defines_at`] says,
     /// looked up in its GNU hash table, else its ELF hash table (the
     /// lookups of the System V ABI and of glibc's `dl-lookup.c`).
     ///
@@ -304,20 +389,20 @@ impl Symbols {
                 }
                 let buckets = g.add(4 + 2 * bloom_size as usize);
                 let chain = buckets.add(nbuckets as usize);
-                let mut i = *buckets.add((h % nbuckets) as usize);
-                if i < symoffset {
+                let first = *buckets.add((h % nbuckets) as usize);
+                if first < symoffset {
                     return false;
                 }
-                loop {
-                    let c = *chain.add((i - symoffset) as usize);
-                    if c | 1 == h | 1 && self.defines_at(i as usize, name) {
+                for i in (first..first.saturating_add(CHAIN_MAX)).map(|i| i as usize) {
+                    let c = *chain.add(i - symoffset as usize);
+                    if c | 1 == h | 1 && self.defines_at(i, name) {
                         return true;
                     }
                     if c & 1 != 0 {
                         return false;
                     }
-                    i += 1;
                 }
+                return false;
             }
         }
         let h = bytes.iter().fold(0u32, |h, &c| {
@@ -334,7 +419,7 @@ impl Symbols {
             let chain = t.add(2 + nbucket as usize);
             let mut i = *t.add(2 + (h % nbucket) as usize);
             let mut steps = 0;
-            while i != 0 && i < nchain && steps < nchain {
+            while i != 0 && i < nchain && steps < nchain.min(CHAIN_MAX) {
                 if self.defines_at(i as usize, name) {
                     return true;
                 }
@@ -404,13 +489,23 @@ fn walk_ahead() -> Walk {
         if st.hit.is_some() {
             return 0;
         }
-        // SAFETY: an object `dl_iterate_phdr` passed, loaded for the call.
-        let Some(symbols) = (unsafe { Symbols::of(info) }) else {
-            return 0;
+        // Valgrind's tools that replace the allocator preload an object
+        // (`vgpreload_memcheck-amd64-linux.so`) whose functions it
+        // redirects every object's `malloc` to, this library's included;
+        // they are found by its name, not by symbol.
+        let file = if info.dlpi_name.is_null() {
+            &[][..]
+        } else {
+            // SAFETY: a non-null `dlpi_name` is a NUL-terminated path.
+            let path = unsafe { CStr::from_ptr(info.dlpi_name) }.to_bytes();
+            path.rsplit(|&b| b == b'/').next().unwrap_or(path)
         };
+        let valgrind = file.starts_with(b"vgpreload_") && !file.starts_with(b"vgpreload_core");
+        // SAFETY: an object `dl_iterate_phdr` passed, loaded for the call.
+        let symbols = unsafe { Symbols::of(info) };
         for (i, name) in FUNCTIONS.iter().enumerate() {
             // SAFETY: the tables of that loaded object.
-            if unsafe { symbols.defines(name) } {
+            if valgrind || symbols.as_ref().is_some_and(|t| unsafe { t.defines(name) }) {
                 let path = if program {
                     // SAFETY: reads the auxiliary vector; 0 when absent.
                     unsafe { libc::getauxval(libc::AT_EXECFN) as *const c_char }

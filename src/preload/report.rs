@@ -59,7 +59,7 @@ impl std::fmt::Display for NotServing {
 }
 
 /// Bytes as one line of text: each sequence that is not UTF-8 as U+FFFD,
-/// each control character (and DEL) as `\xNN`, so a path cannot break the
+/// each control character (C0, DEL and C1) as `\xNN`, so a path cannot break the
 /// summary's lines or reach a terminal as a control sequence. Never
 /// allocates.
 struct Text<'a>(&'a [u8]);
@@ -68,7 +68,7 @@ impl std::fmt::Display for Text<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         for chunk in self.0.utf8_chunks() {
             for c in chunk.valid().chars() {
-                if c.is_ascii_control() {
+                if c.is_control() {
                     write!(f, "\\x{:02x}", u32::from(c))?;
                 } else {
                     f.write_char(c)?;

@@ -253,16 +253,33 @@ fn a_summary_comes_only_from_a_process_that_served_a_huge_block_unless_all_is_as
     assert_eq!(out, "");
 }
 
+/// `LD_PRELOAD` with `first`, then `second`.
+fn preload_pair(first: &std::path::Path, second: &std::path::Path) -> std::ffi::OsString {
+    let mut s = first.as_os_str().to_owned();
+    s.push(" ");
+    s.push(second);
+    s
+}
+
+/// `tests/c/forwarding_malloc.c` built as the shared object `name` in the
+/// scratch directory, with the linker flag `flag`.
+fn forwarding_library(name: &str, flag: &str) -> std::path::PathBuf {
+    let out = super::scratch().join(name);
+    let st = Command::new("cc")
+        .args(["-shared", "-fPIC", "-O2", flag, "-o"])
+        .arg(&out)
+        .arg(super::root().join("tests/c/forwarding_malloc.c"))
+        .status()
+        .expect("run cc");
+    assert!(st.success(), "cc {flag} for {name}");
+    out
+}
+
 #[test]
 fn a_summary_names_the_object_ahead_that_the_programs_malloc_goes_to() {
     let ahead = compile("forwarding_malloc.c", "cc", &["-shared", "-fPIC"]);
     let lib = super::library();
-    let both = |first: &std::path::Path, second: &std::path::Path| {
-        let mut s = first.as_os_str().to_owned();
-        s.push(" ");
-        s.push(second);
-        s
-    };
+    let both = preload_pair;
     let on = [("CKALLOC_SHOW_STATS", "1")];
     // Loaded ahead of the library, the object takes every call: the
     // library serves nothing and says where the calls go in one line,
@@ -308,6 +325,31 @@ fn a_summary_names_the_object_ahead_that_the_programs_malloc_goes_to() {
         !out.contains(&format!("{}", super::scratch().display())),
         "{out}"
     );
+    // Under valgrind's memcheck, whose preloaded object takes every
+    // object's `malloc`, this library's too.
+    if Command::new("valgrind")
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success())
+    {
+        let prog = compile("preload_exit.c", "cc", &["-std=c11", "-pthread"]);
+        let out = Command::new("valgrind")
+            .args(["-q", "--leak-check=no"])
+            .arg(&prog)
+            .env("LD_PRELOAD", lib)
+            .env("CKALLOC_SHOW_STATS", "1")
+            .env_remove("CKALLOC_STATS_FILE")
+            .output()
+            .expect("run valgrind");
+        assert_success(&out, "preload_exit under valgrind");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            err.contains("goes first to ") && err.contains("/vgpreload_memcheck-"),
+            "{err}"
+        );
+    } else {
+        eprintln!("skipped: no valgrind");
+    }
     // A child of `fork` leaves the line to its parent.
     let (_, out) = exit_run_preloading(&["fork-after"], &both(&ahead, lib), &on);
     assert_eq!(out.matches("goes first to").count(), 1, "{out}");
@@ -358,11 +400,29 @@ fn the_statistics_name_the_object_ahead_that_defines_an_allocator_function() {
         &["-no-pie", "-fno-pic"],
     );
     let only_malloc = compile("forwarding_malloc_only.c", "cc", &["-shared", "-fPIC"]);
-    let mut preload = only_malloc.as_os_str().to_owned();
-    preload.push(" ");
-    preload.push(lib);
-    let json = json_of(&nopie, &preload);
+    let json = json_of(&nopie, &preload_pair(&only_malloc, lib));
     let want = ahead(&only_malloc.display().to_string(), false, "malloc");
+    assert!(json.contains(&want), "{json}");
+    // Defined under a version of its own, `malloc@@FOO`, an object's
+    // functions are not what a program's `malloc@GLIBC_2.2.5` binds to:
+    // the library still comes first.
+    let script = super::scratch().join("foo.map");
+    std::fs::write(&script, "FOO { global: *; };").expect("write");
+    let versioned = forwarding_library(
+        "libforwarding_foo.so",
+        &format!("-Wl,--version-script={}", script.display()),
+    );
+    let preload = preload_pair(&versioned, lib);
+    let json = json_of(&nopie, &preload);
+    assert!(json.ends_with("\"serves\":true,\"ahead\":null"), "{json}");
+    // An object linked at an address it cannot have (at the top of the
+    // address space) is loaded below it: its load bias wraps around, and
+    // its dynamic section's entries, which glibc made absolute, are still
+    // found.
+    let top = forwarding_library("libforwarding_top.so", "-Wl,-Ttext-segment=0x7ffffffff000");
+    let preload = preload_pair(&top, lib);
+    let json = json_of(&nopie, &preload);
+    let want = ahead(&top.display().to_string(), false, "malloc");
     assert!(json.contains(&want), "{json}");
     // A program that defines the functions itself comes first.
     let own = compile("preload_own_malloc.c", "cc", &[]);
@@ -375,11 +435,8 @@ fn the_statistics_name_the_object_ahead_that_defines_an_allocator_function() {
     // hidden version, which only a lookup by version finds.
     let debug = std::path::Path::new("/usr/lib/x86_64-linux-gnu/libc_malloc_debug.so.0");
     if cfg!(target_arch = "x86_64") && debug.exists() {
-        let mut preload = debug.as_os_str().to_owned();
-        preload.push(" ");
-        preload.push(lib);
         let prog = compile("preload_glibc_thresholds.c", "cc", &[]);
-        let json = json_of(&prog, &preload);
+        let json = json_of(&prog, &preload_pair(debug, lib));
         assert!(
             json.contains(&ahead(&debug.display().to_string(), false, "malloc")),
             "{json}"
