@@ -36,9 +36,13 @@ const PATH_KEPT: usize = 256;
 /// `malloc`, `free`, `calloc`, `realloc`, `posix_memalign` and
 /// `malloc_usable_size`, whether the object itself defines the function,
 /// looked up in its dynamic symbol table through its hash table as the
-/// dynamic linker does, any version, hidden or not (glibc's
-/// `libc_malloc_debug.so` defines only `malloc@GLIBC_2.2.5`, which a
-/// lookup by name alone skips). An undefined symbol is not a definition,
+/// dynamic linker does. A definition counts when a program's reference
+/// (`malloc@GLIBC_2.2.5`) binds to it: unversioned, or of glibc's version
+/// even when hidden (glibc's `libc_malloc_debug.so` defines only that,
+/// which a lookup by name alone skips), never of another version (glibc's
+/// `check_match`). Valgrind's tools that replace the allocator preload a
+/// `vgpreload_<tool>` object that takes every object's `malloc`; it counts
+/// by its name. An undefined symbol is not a definition,
 /// even with an address: a program built without PIE that takes a
 /// function's address has it at its own PLT entry (Debian's `python3`
 /// takes `malloc`'s and `free`'s), which jumps to the definition that
