@@ -156,10 +156,7 @@ pub fn calloc(n: usize, size: usize) -> *mut c_void {
         return ptr::null_mut();
     };
     if !is_huge(total) {
-        if heap_regrowth::watches(total) {
-            return heap_regrowth::watch(|| glibc::calloc(n, size));
-        }
-        return glibc::calloc(n, size);
+        return heap_regrowth::watch_if_large(total, || glibc::calloc(n, size));
     }
     huge_alloc(total, MALLOC_ALIGNMENT, true)
 }
@@ -296,10 +293,7 @@ pub fn memalign(align: usize, size: usize) -> *mut c_void {
         return ptr::null_mut();
     };
     if !is_huge(size) {
-        if heap_regrowth::watches(size) {
-            return heap_regrowth::watch(|| glibc::memalign(align, size));
-        }
-        return glibc::memalign(align, size);
+        return heap_regrowth::watch_if_large(size, || glibc::memalign(align, size));
     }
     huge_alloc(size, align, false)
 }

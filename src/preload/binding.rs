@@ -195,6 +195,28 @@ pub fn note_binding() {
     FOUND.state.store(state, Ordering::Release);
 }
 
+/// The program headers of the object `info` describes.
+///
+/// # Safety
+/// `info` is an object `dl_iterate_phdr` passed, still loaded.
+unsafe fn program_headers(info: &libc::dl_phdr_info) -> &[libc::Elf64_Phdr] {
+    // SAFETY: `dlpi_phdr` holds `dlpi_phnum` program headers.
+    unsafe { std::slice::from_raw_parts(info.dlpi_phdr, usize::from(info.dlpi_phnum)) }
+}
+
+/// Whether address `a` lies in one of the loaded segments (`PT_LOAD`) of
+/// the object `info` describes.
+///
+/// # Safety
+/// As [`program_headers`].
+unsafe fn holds(info: &libc::dl_phdr_info, a: usize) -> bool {
+    // SAFETY: the caller's contract.
+    unsafe { program_headers(info) }.iter().any(|ph| {
+        let start = (info.dlpi_addr as usize).wrapping_add(ph.p_vaddr as usize);
+        ph.p_type == libc::PT_LOAD && a >= start && a - start < ph.p_memsz as usize
+    })
+}
+
 /// An object ahead of this library that defines one of [`FUNCTIONS`].
 struct Hit {
     path: *const c_char,
@@ -252,21 +274,17 @@ impl Symbols {
     /// `info` is an object `dl_iterate_phdr` passed, still loaded.
     unsafe fn of(info: &libc::dl_phdr_info) -> Option<Symbols> {
         let base = info.dlpi_addr as usize;
-        // SAFETY: `dlpi_phdr` holds `dlpi_phnum` program headers.
-        let phdrs =
-            unsafe { std::slice::from_raw_parts(info.dlpi_phdr, usize::from(info.dlpi_phnum)) };
-        let dynamic = phdrs.iter().find(|ph| ph.p_type == libc::PT_DYNAMIC)?;
+        // SAFETY: the caller's contract.
+        let dynamic = unsafe { program_headers(info) }
+            .iter()
+            .find(|ph| ph.p_type == libc::PT_DYNAMIC)?;
         let mut d = base.wrapping_add(dynamic.p_vaddr as usize) as *const Dyn;
         // glibc adds the load address to these entries in place, except in
         // a read-only dynamic section (the vDSO's). Whichever of the two an
         // entry holds, it must lie in one of the object's loaded segments;
         // an object whose entries fit neither is not read.
-        let loaded = |a: usize| {
-            phdrs.iter().any(|ph| {
-                let start = base.wrapping_add(ph.p_vaddr as usize);
-                ph.p_type == libc::PT_LOAD && a >= start && a - start < ph.p_memsz as usize
-            })
-        };
+        // SAFETY: the caller's contract.
+        let loaded = |a: usize| unsafe { holds(info, a) };
         let at = |v: u64| {
             let v = v as usize;
             if loaded(v) {
@@ -469,14 +487,8 @@ fn walk_ahead() -> Walk {
         // `data` is the `State` below, borrowed for the whole walk.
         let (info, st) = unsafe { (&*info, &mut *data.cast::<State>()) };
         let program = std::mem::replace(&mut st.first, false);
-        // SAFETY: `dlpi_phdr` holds `dlpi_phnum` program headers.
-        let phdrs =
-            unsafe { std::slice::from_raw_parts(info.dlpi_phdr, usize::from(info.dlpi_phnum)) };
-        let holds_own = phdrs.iter().any(|ph| {
-            let start = (info.dlpi_addr as usize).wrapping_add(ph.p_vaddr as usize);
-            ph.p_type == libc::PT_LOAD
-                && (start..start.wrapping_add(ph.p_memsz as usize)).contains(&st.own)
-        });
+        // SAFETY: `dl_iterate_phdr` passed `info` for this call.
+        let holds_own = unsafe { holds(info, st.own) };
         let is_libc = !info.dlpi_name.is_null()
             // SAFETY: a non-null `dlpi_name` is a NUL-terminated path.
             && unsafe { CStr::from_ptr(info.dlpi_name) }

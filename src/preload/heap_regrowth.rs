@@ -72,6 +72,17 @@ pub(super) fn watches(size: usize) -> bool {
     size >= WATCH_MIN
 }
 
+/// glibc's `alloc()` for a request of `size` bytes below the threshold,
+/// through [`watch`] when [`watches`] says so.
+#[inline]
+pub(super) fn watch_if_large(size: usize, alloc: impl FnOnce() -> *mut c_void) -> *mut c_void {
+    if watches(size) {
+        watch(alloc)
+    } else {
+        alloc()
+    }
+}
+
 /// glibc's `alloc()`, the program break watched around it while the
 /// library may still raise the trim threshold
 /// ([`glibc::trim_threshold_may_rise`]).

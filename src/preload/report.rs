@@ -16,15 +16,9 @@ use std::sync::atomic::{
 };
 
 /// The summary's line for a process whose allocator calls do not go
-/// first to this library ([`Binding`]); nothing while they do or it is
-/// not known.
+/// first to this library ([`Binding::serves`] is `Some(false)`); nothing
+/// while they do or it is not known.
 struct NotServing(Binding);
-
-impl NotServing {
-    fn is_empty(&self) -> bool {
-        !matches!(self.0, Binding::OpenedAfterLibc | Binding::Ahead(_))
-    }
-}
 
 impl std::fmt::Display for NotServing {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -337,7 +331,7 @@ pub fn print_at_exit() {
     // child of `fork` leaves that line to its parent.
     let binding_only = if mode == ShowStats::All as u8 || super::served_huge_blocks() {
         false
-    } else if !FORK_CHILD.load(Relaxed) && !NotServing(binding()).is_empty() {
+    } else if !FORK_CHILD.load(Relaxed) && binding().serves() == Some(false) {
         true
     } else {
         return;
