@@ -461,7 +461,7 @@ fn heap_regrowth_cap() -> usize {
 
 /// Raise glibc's trim threshold for glibc's main heap, which gave bytes of
 /// its top back to the kernel at a `free` and then grew `regrown` of them
-/// again within 15 decay windows (`CKALLOC_RETAIN_DECAY_MS`; the preload
+/// again within the decay window (`CKALLOC_RETAIN_DECAY_MS`; the preload
 /// library watches the program break around requests of 64 KiB and more
 /// below its threshold, as [`crate::preload`] says): to twice `regrown`,
 /// rounded up to a whole MiB and at most [`HEAP_REGROWTH_RAISE_FACTOR`]
@@ -475,10 +475,10 @@ fn heap_regrowth_cap() -> usize {
 /// gave back and faulted in again at the next. The preload
 /// library watches the program break around `malloc`, `calloc`,
 /// `memalign`, `posix_memalign` and `aligned_alloc` requests of 64 KiB and
-/// more below its threshold: a fall is a trim, and a rise within 15 decay
-/// windows (30 s at `CKALLOC_RETAIN_DECAY_MS`'s 2 s, on the coarse clock;
+/// more below its threshold: a fall is a trim, and a rise within the
+/// decay window (`CKALLOC_RETAIN_DECAY_MS`, 2 s, read on the coarse clock;
 /// `0` turns this off) of the watched call before that trim is regrowth,
-/// also after an idle spell between bursts; so a one-off large free
+/// whatever the program grows the heap for; so a one-off large free
 /// followed by a little growth raises little. This raise goes past glibc's
 /// own dynamic threshold, which leaves such a program giving the top back
 /// at every request. Once raised, the threshold is every arena's, so each
@@ -487,9 +487,9 @@ fn heap_regrowth_cap() -> usize {
 /// arenas' heaps are mappings that leave the break alone): threads that
 /// churn their own arenas while the main heap does not raise nothing. Not
 /// watched: growth by `realloc`, `valloc` and `pvalloc` and by requests
-/// under 64 KiB, and a trim and regrowth farther apart than 15 windows (an
-/// idle spell, or a request that computes, for longer than that between
-/// its last watched request before the trim and the next after it). The program's
+/// under 64 KiB, and a trim and regrowth farther apart than the window (a
+/// request that computes for longer than the window between its last
+/// watched request before the trim and the next after it). The program's
 /// `malloc_trim` raises nothing, also on another thread or across a
 /// `fork()` (a program that moves the break itself with `brk` or `sbrk`
 /// may); the program's `mallopt` ends this raising

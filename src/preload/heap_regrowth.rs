@@ -7,13 +7,10 @@
 //! `calloc` and `memalign` calls (and so `posix_memalign` and
 //! `aligned_alloc`) of at least [`WATCH_MIN`] bytes: a fall since the last
 //! watched call is a trim, and what the break rises by afterwards, within
-//! [`HOLD_WINDOWS`] decay windows (`CKALLOC_RETAIN_DECAY_MS`: 30 s at the
-//! default 2 s window) of the watched call before that trim (read on the
-//! coarse clock, to the kernel tick: 1-10 ms; a window of `0` turns the
-//! raise off), is the same memory faulted in again: a server's next burst
-//! after an idle spell asks for what the last one freed, as the engine's
-//! demand holds a burst that comes back after decay gave its memory back
-//! (`HOLD_NS` in the engine's demand tracker, also 30 s). Any growth of the break within the window counts, whatever the
+//! the decay window (`CKALLOC_RETAIN_DECAY_MS`, 2 s by default) of the
+//! watched call before that trim (read on the coarse clock, to the kernel
+//! tick: 1-10 ms; `0` turns the raise off), is the same memory faulted in
+//! again. Any growth of the break within the window counts, whatever the
 //! program asks it for. The trim threshold is raised to twice the smaller
 //! of the two ([`glibc::follow_heap_regrowth`]), so a one-off large free
 //! followed by a little growth raises little or nothing.
@@ -22,9 +19,9 @@
 //! by requests under [`WATCH_MIN`] (glibc's `free` also trims when such
 //! a block coalesces into a free chunk of 64 KiB or more at a top of at
 //! least the trim threshold); a trim and its regrowth farther
-//! apart than that, such as an idle spell of more than 30 s, or a request
-//! that computes for that long without a watched call between its last
-//! request before the trim and the next after it; and the heaps of glibc's other arenas
+//! apart than the window, such as a request that computes for longer than
+//! the window without a watched call between its last request before the
+//! trim and the next after it; and the heaps of glibc's other arenas
 //! (mappings that leave the break alone), so a program whose threads churn
 //! their own arenas raises nothing here. A program that moves the break
 //! itself (`brk`, `sbrk`) can make its own fall read as a trim. The
@@ -50,14 +47,6 @@ use std::sync::atomic::{
 /// coalesce to for `free` to trim) requests go to glibc with one
 /// comparison more.
 pub const WATCH_MIN: usize = 64 << 10;
-
-/// How many decay windows (`CKALLOC_RETAIN_DECAY_MS`) after the watched
-/// call before a trim the break growing again counts as regrowth: 15, so
-/// 30 s at the default window of 2 s. An idle spell between a server's
-/// bursts longer than the window but within the hold raises the threshold
-/// at the first burst after it, and the spells after that fault nothing in
-/// again.
-pub const HOLD_WINDOWS: u64 = 15;
 
 /// The program break after the last watched call (0 before the first).
 static LAST_BREAK: AtomicUsize = AtomicUsize::new(0);
@@ -141,8 +130,7 @@ pub(super) fn watch(alloc: impl FnOnce() -> *mut c_void) -> *mut c_void {
 }
 
 /// The break rose by `grown` bytes at coarse time `now`: if a fall is
-/// pending and [`HOLD_WINDOWS`] windows since the call before it have not
-/// passed, raise
+/// pending and the window since the call before it has not passed, raise
 /// the trim threshold for what has grown back of it.
 fn regrew(grown: usize, now: u64) {
     let trimmed = TRIMMED.load(Relaxed);
@@ -151,10 +139,8 @@ fn regrew(grown: usize, now: u64) {
     }
     // A window of 0 turns the raise off (on the coarse clock a trim and
     // its regrowth in one tick would read as 0 ns apart).
-    let hold = crate::env::retain_decay_ms()
-        .saturating_mul(1_000_000)
-        .saturating_mul(HOLD_WINDOWS);
-    if hold == 0 || now.saturating_sub(TRIMMED_AFTER.load(Relaxed)) > hold {
+    let window = crate::env::retain_decay_ms().saturating_mul(1_000_000);
+    if window == 0 || now.saturating_sub(TRIMMED_AFTER.load(Relaxed)) > window {
         TRIMMED.store(0, Relaxed);
         return;
     }

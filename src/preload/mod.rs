@@ -84,8 +84,7 @@
 //! at the top of the heap, and glibc gave it back at every request (1,000
 //! to 2,000 page faults each) while no freed huge block raised the
 //! threshold. So the trim threshold also follows that heap: when it grows
-//! again into a top its `free` trimmed, within 15 decay windows (30 s, so
-//! also across a server's idle spells between bursts), the
+//! again, within the decay window, into a top its `free` trimmed, the
 //! library raises the trim threshold to twice what grew back, up to four
 //! times the threshold set at load (16 MiB), and never lowers it
 //! ([`glibc::follow_heap_regrowth`] says what is watched, what is not, and
