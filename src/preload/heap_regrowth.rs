@@ -161,11 +161,15 @@ pub(super) fn program_trim_starts() {
 }
 
 /// In the child of `fork()`: a `malloc_trim` another thread of the parent
-/// was running never ends here, so the count goes back to even (and the
-/// pending fall, if any, is dropped).
+/// was running never ends here, so the count goes back to even; the
+/// pending fall, if any, is dropped, and the break the child starts with
+/// is the one its first watched call compares with, so a trim of the
+/// parent's is never taken for one of the child's.
 pub(super) fn after_fork_in_child() {
     PROGRAM_TRIMS.store(0, Relaxed);
     TRIMMED.store(0, Relaxed);
+    let now = sys::program_break();
+    LAST_BREAK.store(if now == usize::MAX { 0 } else { now }, Relaxed);
 }
 
 /// After the program's `malloc_trim`: the break it lowered is the

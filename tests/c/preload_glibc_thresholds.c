@@ -47,7 +47,10 @@
  * malloc_trim(0) every 200 microseconds: the program's trims raise
  * nothing. "fork_cycle" forks while another thread calls malloc_trim(0)
  * in a loop, and runs "cycle" in the child: a trim the fork cut short
- * does not keep the child from raising.
+ * does not keep the child from raising. "fork_fresh" writes and frees
+ * twenty 1 MiB blocks from the top down (glibc trims them), forks, and
+ * has the child write twelve 1 MiB blocks it keeps: new memory, not the
+ * parent's trimmed top growing back.
  * The program takes malloc's address, which built without PIE
  * makes the program's own PLT entry malloc's address in the whole process
  * (preload_glibc_thresholds_nopie.c). */
@@ -249,6 +252,31 @@ static int fork_cycle(void) {
     return WEXITSTATUS(status);
 }
 
+/* "fork_fresh": see the top of this file. */
+static int fork_fresh(void) {
+    char *blocks[20];
+    for (int i = 0; i < 20; i++) {
+        if (!(blocks[i] = malloc(MIB))) return 2;
+        memset(blocks[i], 1, MIB);
+    }
+    for (int i = 19; i >= 0; i--) free(blocks[i]);
+    fflush(stdout);
+    pid_t child = fork();
+    if (child == 0) {
+        for (int i = 0; i < 12; i++) {
+            if (!(blocks[i] = malloc(MIB))) _exit(2);
+            memset(blocks[i], 1, MIB);
+        }
+        printf("cycle_faults 0\n");
+        int rc = print_json(RTLD_DEFAULT);
+        fflush(stdout);
+        _exit(rc);
+    }
+    int status;
+    if (child < 0 || waitpid(child, &status, 0) != child || !WIFEXITED(status)) return 2;
+    return WEXITSTATUS(status);
+}
+
 int main(int argc, char **argv) {
     void *lib = RTLD_DEFAULT;
     if (argc == 2 && strcmp(argv[1], "cycle") == 0) return cycle(6, 0, 0, 0);
@@ -258,6 +286,7 @@ int main(int argc, char **argv) {
     if (argc == 2 && strcmp(argv[1], "oneoff") == 0) return oneoff();
     if (argc == 2 && strcmp(argv[1], "trim_thread") == 0) return trim_thread();
     if (argc == 2 && strcmp(argv[1], "fork_cycle") == 0) return fork_cycle();
+    if (argc == 2 && strcmp(argv[1], "fork_fresh") == 0) return fork_fresh();
     if (argc == 2 && strcmp(argv[1], "twice") == 0) return run_with_tunables_twice();
     if (argc == 2 && strcmp(argv[1], "mallopt") == 0 && mallopt(M_TRIM_THRESHOLD, 128 << 10) != 1)
         return 2;

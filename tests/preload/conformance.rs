@@ -790,6 +790,10 @@ fn glibcs_heap_growing_again_into_a_trimmed_top_raises_the_trim_threshold() {
     let (faults, json) = cycle("fork_cycle", true, &[]);
     assert!(faults < 256, "fork_cycle: {faults} faults");
     assert_ne!(json, trim(4 << 20), "fork_cycle");
+    // The parent's trim is not the child's: new memory the child writes
+    // after a fork that follows a trim raises nothing.
+    let (_, json) = cycle("fork_fresh", true, &[]);
+    assert_eq!(json, trim(4 << 20), "fork_fresh");
     // A top pad from the environment ends glibc's dynamic threshold, and
     // the library's raising with it.
     let (_, json) = cycle("cycle", true, &[("MALLOC_TOP_PAD_", "131072")]);
