@@ -174,14 +174,21 @@ static int cycle(int n, int trim, int aligned, int idle_ms) {
     return print_json(RTLD_DEFAULT);
 }
 
-/* "oneoff": see the top of this file. */
-static int oneoff(void) {
+/* Write 20 MiB of 1 MiB blocks on glibc's main heap and free them from
+ * the top down, so that glibc trims its top: 0, or 2 when malloc fails. */
+static int grow_and_trim(void) {
     char *blocks[20];
     for (int i = 0; i < 20; i++) {
         if (!(blocks[i] = malloc(MIB))) return 2;
         memset(blocks[i], 1, MIB);
     }
     for (int i = 19; i >= 0; i--) free(blocks[i]);
+    return 0;
+}
+
+/* "oneoff": see the top of this file. */
+static int oneoff(void) {
+    if (grow_and_trim()) return 2;
     void *trimmed = sbrk(0);
     static char *keep[4096];
     int k = 0;
@@ -254,15 +261,11 @@ static int fork_cycle(void) {
 
 /* "fork_fresh": see the top of this file. */
 static int fork_fresh(void) {
-    char *blocks[20];
-    for (int i = 0; i < 20; i++) {
-        if (!(blocks[i] = malloc(MIB))) return 2;
-        memset(blocks[i], 1, MIB);
-    }
-    for (int i = 19; i >= 0; i--) free(blocks[i]);
+    if (grow_and_trim()) return 2;
     fflush(stdout);
     pid_t child = fork();
     if (child == 0) {
+        char *blocks[12];
         for (int i = 0; i < 12; i++) {
             if (!(blocks[i] = malloc(MIB))) _exit(2);
             memset(blocks[i], 1, MIB);
