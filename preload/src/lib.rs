@@ -14,18 +14,22 @@ use ckalloc::preload as api;
 use std::ffi::{c_char, c_int, c_void};
 use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 
-/// The threshold, kept here so that `malloc`'s fast path reads it with one
-/// load of this library's own data (a static of another crate is reached
-/// through the global offset table); 0 until read from a set-up
+/// The bound of `malloc`'s fast path: the smaller of the threshold and
+/// [`api::WATCH_MIN`] (64 KiB), below which a request goes straight to
+/// glibc. Kept here so that the fast path reads it with one load of this
+/// library's own data (a static of another crate is reached through the
+/// global offset table); 0 until the threshold is read from a set-up
 /// environment, which sends every request to the slow path until then.
-static THRESHOLD: AtomicUsize = AtomicUsize::new(0);
+static FAST_BELOW: AtomicUsize = AtomicUsize::new(0);
 
-/// `malloc` at or above the threshold, or before it is known.
+/// `malloc` from the fast path's bound up (requests glibc serves with the
+/// program break watched, and those at or above the threshold), or of any
+/// size before the threshold is known.
 #[inline(never)]
 extern "C" fn malloc_slow(size: usize) -> *mut c_void {
-    if THRESHOLD.load(Relaxed) == 0 {
+    if FAST_BELOW.load(Relaxed) == 0 {
         if let Some(t) = api::settled_threshold() {
-            THRESHOLD.store(t, Relaxed);
+            FAST_BELOW.store(t.min(api::WATCH_MIN), Relaxed);
         }
     }
     api::malloc(size)
@@ -45,13 +49,13 @@ unsafe extern "C" fn free_aligned(p: *mut c_void) {
 static GLIBC: api::GlibcMalloc = api::GlibcMalloc;
 
 /// `malloc(3)`. The fast path (below the threshold and 64 KiB) is one
-/// load, two compares and a jump to glibc; requests from 64 KiB up to the
-/// threshold go to glibc with the program break watched
-/// ([`ckalloc::preload::small_malloc`]).
+/// load, one compare and a jump to glibc; requests from 64 KiB up to the
+/// threshold go to glibc with the program break watched, and those at or
+/// above it to the huge-page engine ([`ckalloc::preload::malloc`]).
 #[no_mangle]
 pub extern "C" fn malloc(size: usize) -> *mut c_void {
-    if size < THRESHOLD.load(Relaxed) {
-        return api::small_malloc(size);
+    if size < FAST_BELOW.load(Relaxed) {
+        return api::glibc::malloc(size);
     }
     malloc_slow(size)
 }

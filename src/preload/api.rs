@@ -109,11 +109,9 @@ pub fn malloc(size: usize) -> *mut c_void {
 /// break watched around a request of 64 KiB or more, so that glibc's main
 /// heap growing again into a top it trimmed raises glibc's trim threshold
 /// ([`glibc::follow_heap_regrowth`]); below 64 KiB, one comparison and
-/// glibc's `malloc`. The preload library's `malloc` calls it for
-/// requests below the threshold without the threshold check of
-/// [`malloc`].
+/// glibc's `malloc`.
 #[inline]
-pub fn small_malloc(size: usize) -> *mut c_void {
+fn small_malloc(size: usize) -> *mut c_void {
     if heap_regrowth::watches(size) {
         return watched_malloc(size);
     }

@@ -44,8 +44,9 @@ use std::sync::atomic::{
 /// The smallest request watched, in bytes. Watching costs two reads of
 /// the break and one of the coarse clock; below 64 KiB (glibc's
 /// `FASTBIN_CONSOLIDATION_THRESHOLD`, the least a freed chunk must
-/// coalesce to for `free` to trim) requests go to glibc with one
-/// comparison more.
+/// coalesce to for `free` to trim) requests go to glibc unwatched: the
+/// preload library's `malloc` sends them there with one comparison, against
+/// the smaller of this and the threshold.
 pub const WATCH_MIN: usize = 64 << 10;
 
 /// The program break after the last watched call (0 before the first).

@@ -51,6 +51,13 @@ fn the_c_api_keeps_glibc_semantics_at_a_lower_threshold() {
 }
 
 #[test]
+fn the_c_api_keeps_glibc_semantics_at_a_threshold_below_the_watched_requests() {
+    // Below 64 KiB: `malloc`'s fast path stops at the threshold, and the
+    // requests from it up go to the engine, none watched on glibc's side.
+    conformance(Some("16KiB"), 16 << 10);
+}
+
+#[test]
 fn the_c_api_keeps_glibc_semantics_at_a_threshold_off_the_page_size() {
     conformance(Some("3000000"), 3_000_000);
 }
