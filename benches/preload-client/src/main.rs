@@ -590,13 +590,13 @@ fn run_state(
                     .map(|(i, c)| (median(col(i, k)), c.name))
                     .collect();
                 if let Some((v, n)) = peers.iter().copied().min_by(|x, y| x.0.total_cmp(&y.0)) {
-                    best.push(format!("{:.2}x ({n})", mine / v));
+                    best.push(format!("{} ({n})", ratio(mine, v)));
                 }
                 if let Some((v, _)) = peers.iter().find(|(_, n)| *n == "glibc") {
-                    glibc.push(format!("{:.2}x", mine / v));
+                    glibc.push(ratio(mine, *v));
                 }
                 if let Some(f) = floor_at.filter(|&f| !runs[f].is_empty()) {
-                    floor.push(format!("{:.2}x", mine / median(col(f, k))));
+                    floor.push(ratio(mine, median(col(f, k))));
                 }
             }
             println!("| to the best of the others | {} |", best.join(" | "));
@@ -620,6 +620,16 @@ fn run_state(
         );
     }
     failed
+}
+
+/// ckalloc's median `mine` over a peer's `theirs` as "1.23x"; over a peer's
+/// 0 (a count some allocators keep at zero), both values ("1328 against 0").
+fn ratio(mine: f64, theirs: f64) -> String {
+    if theirs == 0.0 {
+        format!("{mine:.0} against 0")
+    } else {
+        format!("{:.2}x", mine / theirs)
+    }
 }
 
 /// `src` compiled with `cc -O2 -pthread` into a temporary file named after

@@ -47,6 +47,11 @@ const SERVE_COLUMNS: &[Column] = &[
         Kind::Time,
     ),
     col("forward_faults", "forward-pass minor faults", Kind::Amount),
+    col(
+        "forward_faults_after_first",
+        "minor faults of passes 2-7",
+        Kind::Amount,
+    ),
     col("peak_rss_mib", "peak RSS (MiB)", Kind::Amount),
     col("anon_huge_mib", "AnonHugePages (MiB)", Kind::Info),
 ];
@@ -91,6 +96,7 @@ impl Workload {
                     passes.first().copied().unwrap_or(f64::NAN),
                     median(passes.iter().skip(1).copied().collect()),
                     num(v, "forward_faults")?,
+                    num(v, "forward_faults_after_first")?,
                     num(v, "peak_rss_kib")? / 1024.0,
                     num(v, "anon_huge_kib")? / 1024.0,
                 ])
