@@ -2,8 +2,8 @@
 (transformers.BertModel, local files only) on a fixed batch, under whatever
 allocator the environment preloads. Prints one JSON line: model load time,
 each forward pass's time, the minor page faults of the forward passes (a
-getrusage delta around them) and of the passes after the first, peak RSS (VmHWM), AnonHugePages, and a checksum of the
-last output.
+getrusage delta around them) and of the passes after the first, peak RSS
+(VmHWM), AnonHugePages, and a checksum of the last output.
 
 Usage: python serve.py [MODEL_DIR [BATCH [SEQ [PASSES]]]]
 

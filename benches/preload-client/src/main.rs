@@ -623,10 +623,11 @@ fn run_state(
 }
 
 /// ckalloc's median `mine` over a peer's `theirs` as "1.23x"; over a peer's
-/// 0 (a count some allocators keep at zero), both values ("1328 against 0").
+/// 0 (a count some allocators keep at zero), both values ("1328 against 0",
+/// "0.5 against 0": a median of an even count of runs may be a half).
 fn ratio(mine: f64, theirs: f64) -> String {
     if theirs == 0.0 {
-        format!("{mine:.0} against 0")
+        format!("{mine} against 0")
     } else {
         format!("{:.2}x", mine / theirs)
     }
