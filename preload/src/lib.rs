@@ -14,8 +14,8 @@ use ckalloc::preload as api;
 use std::ffi::{c_char, c_int, c_void};
 use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 
-/// The bound of `malloc`'s fast path: the smaller of the threshold and
-/// [`api::WATCH_MIN`] (64 KiB), below which a request goes straight to
+/// The bound of `malloc`'s fast path ([`api::fast_path_bound`]: the smaller
+/// of the threshold and 64 KiB), below which a request goes straight to
 /// glibc. Kept here so that the fast path reads it with one load of this
 /// library's own data (a static of another crate is reached through the
 /// global offset table); 0 until the threshold is read from a set-up
@@ -28,8 +28,8 @@ static FAST_BELOW: AtomicUsize = AtomicUsize::new(0);
 #[inline(never)]
 extern "C" fn malloc_slow(size: usize) -> *mut c_void {
     if FAST_BELOW.load(Relaxed) == 0 {
-        if let Some(t) = api::settled_threshold() {
-            FAST_BELOW.store(t.min(api::WATCH_MIN), Relaxed);
+        if let Some(bound) = api::fast_path_bound() {
+            FAST_BELOW.store(bound, Relaxed);
         }
     }
     api::malloc(size)

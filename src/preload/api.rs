@@ -118,6 +118,16 @@ fn small_malloc(size: usize) -> *mut c_void {
     glibc::malloc(size)
 }
 
+/// The bound of `malloc`'s fast path, in bytes: requests below it are below
+/// the threshold and too small for the program break to be watched
+/// (64 KiB), so glibc's `malloc` serves them as they are; `None` before the
+/// environment the threshold comes from is set up. The preload library
+/// caches it in a static of its own, which its `malloc` reads without going
+/// through the global offset table.
+pub fn fast_path_bound() -> Option<usize> {
+    Some(super::settled_threshold()?.min(heap_regrowth::WATCH_MIN))
+}
+
 /// glibc's `malloc(size)` with the program break watched; out of line, so
 /// that [`small_malloc`]'s other path stays a jump to glibc.
 #[inline(never)]

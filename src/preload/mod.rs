@@ -353,12 +353,11 @@ mod json;
 mod report;
 
 pub use api::{
-    aligned_alloc, calloc, free, malloc, malloc_trim, malloc_usable_size, mallopt, memalign,
-    posix_memalign, pvalloc, realloc, reallocarray, valloc,
+    aligned_alloc, calloc, fast_path_bound, free, malloc, malloc_trim, malloc_usable_size, mallopt,
+    memalign, posix_memalign, pvalloc, realloc, reallocarray, valloc,
 };
 pub use binding::{binding, note_binding, Ahead, Binding};
 pub use glibc::GlibcMalloc;
-pub use heap_regrowth::WATCH_MIN;
 pub use json::write_stats_json;
 pub use report::{print_at_exit, remember_output, write_summary};
 
@@ -415,11 +414,8 @@ crate::fork::at_load!(ADD_PRELOAD_FORK_HOOKS, {
 
 /// The threshold ([`env::preload_threshold`](crate::env::preload_threshold))
 /// once the environment it comes from is set up; `None` before that (a call
-/// from the dynamic loader), when a caller must not keep the answer. The
-/// preload library caches its fast path's bound (the smaller of this and
-/// [`WATCH_MIN`]) in a static of its own, which `malloc` reads without going
-/// through the global offset table.
-pub fn settled_threshold() -> Option<usize> {
+/// from the dynamic loader), when a caller must not keep the answer.
+pub(crate) fn settled_threshold() -> Option<usize> {
     let t = crate::env::preload_threshold();
     crate::sys::environment_ready().then_some(t)
 }
