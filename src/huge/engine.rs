@@ -10,11 +10,12 @@ use super::background;
 use super::demand::Demand;
 use super::error::HugeError;
 use super::extents::{Descriptor, ExtentMap};
+use super::fault_check::FaultCheck;
 use super::first_touch::Window;
 use super::ladder::{Ladder, Mapping};
 use super::options::HugeOptions;
 use super::os;
-use super::place::{self, Groups, Placement, Want};
+use super::place::{self, Faults, Groups, Placement, Want};
 use super::policy::{CapRule, OnMiss, Policy, WhenFull, Zeroing, ZERO_BY_MEMSET_MAX};
 use super::promote::Held;
 use super::retain::{self, Restore};
@@ -57,6 +58,8 @@ pub(crate) struct Engine {
     pub(crate) extents: ExtentMap,
     pub(crate) window: Window,
     pub(crate) demand: Demand,
+    /// Whether fresh units may fault in huge pages now.
+    pub(crate) fault_check: FaultCheck,
     /// The retained unit the background thread holds for a collapse.
     pub(crate) held: Held,
     /// Monotonic ns at which a huge-path call runs the next decay step
@@ -75,6 +78,7 @@ pub(crate) static ENGINE: Engine = Engine {
     extents: ExtentMap::new(),
     window: Window::new(),
     demand: Demand::new(),
+    fault_check: FaultCheck::new(),
     held: Held::new(),
     next_decay: AtomicU64::new(0),
 };
@@ -168,9 +172,10 @@ impl Engine {
     /// Claim units for a block (see [`alloc`](Self::alloc)).
     pub(super) fn claim(&self, ask: &Ask<'_>) -> Option<Claimed<'_>> {
         let (fill, policy) = (ask.fill, ask.policy);
-        if self.retains(ask.len, policy) {
+        let retains = self.retains(ask.len, policy);
+        if retains {
             if self.stats.get(Count::Retained) >= ask.len as u64 {
-                if let Some(c) = self.take(Want::Retained, Groups::Any, ask) {
+                if let Some(c) = self.take(Want::Retained, Groups::Any, Faults::Any, ask) {
                     self.stats.add(Count::Hits, 1);
                     if c.p.run > c.p.n {
                         self.stats.add(Count::Carves, 1);
@@ -179,32 +184,45 @@ impl Engine {
                 }
             }
             self.stats.add(Count::Misses, 1);
-            if policy.on_miss == OnMiss::ExtendRetained && fill == Fill::Uninit {
-                if let Some(c) = self.take(Want::MostRetained, Groups::Any, ask) {
-                    self.stats.add(Count::Extends, 1);
-                    return Some(c);
-                }
+        }
+        let faults = self.fresh_faults(ask.len);
+        if retains && policy.on_miss == OnMiss::ExtendRetained && fill == Fill::Uninit {
+            if let Some(c) = self.take(Want::MostRetained, Groups::Any, faults, ask) {
+                self.stats.add(Count::Extends, 1);
+                return Some(c);
             }
         }
-        self.fresh(ask)
+        self.fresh(ask, faults)
             .or_else(|| {
                 // Address space or the VMA limit may be short because of
                 // what is retained: give it back and try once more.
                 (self.stats.get(Count::Retained) != 0 && self.release_retained() > 0)
-                    .then(|| self.fresh(ask))
+                    .then(|| self.fresh(ask, faults))
                     .flatten()
             })
             .or_else(|| {
                 // Then the free runs of spans still in use, as holes.
                 (retain::punch(&self.stats, &self.spans) > 0)
-                    .then(|| self.fresh(ask))
+                    .then(|| self.fresh(ask, faults))
                     .flatten()
             })
     }
 
-    /// Fresh units: a hugetlb span, clean units of the home group, a new
-    /// span, or clean units of another group.
-    fn fresh(&self, ask: &Ask<'_>) -> Option<Claimed<'_>> {
+    /// How the fresh units of a block of `len` bytes fault in: in huge
+    /// pages when every THP span is advised `MADV_HUGEPAGE` (no thread
+    /// promotes later) or the fault check grants it; else in base pages.
+    fn fresh_faults(&self, len: usize) -> Faults {
+        if !self.promotes_unadvised() || self.fault_check.grant(len) {
+            Faults::Huge
+        } else {
+            Faults::Base
+        }
+    }
+
+    /// Fresh units: a hugetlb span, clean units of the home group in spans
+    /// whose faults come in as `faults` says, a new such span, or clean
+    /// units of another group (of any span when no new span can be had).
+    fn fresh(&self, ask: &Ask<'_>, faults: Faults) -> Option<Claimed<'_>> {
         if ask.align <= HUGE_PAGE_2M && self.ladder.hugetlb_now(&self.stats) {
             let hugetlb = self
                 .spans
@@ -218,10 +236,10 @@ impl Engine {
                 Err(_) => self.ladder.hugetlb_failed(&self.stats),
             }
         }
-        if let Some(c) = self.take(Want::Clean, Groups::Home, ask) {
+        if let Some(c) = self.take(Want::Clean, Groups::Home, faults, ask) {
             return Some(c);
         }
-        let advise = !self.promotes_unadvised();
+        let advise = faults == Faults::Huge;
         let reserved = self.spans.reserve(
             &self.stats,
             &self.extents,
@@ -240,9 +258,11 @@ impl Engine {
             // Another thread may take the new span's front first.
             Ok(v) => self
                 .claim_front(v, ask)
-                .or_else(|| self.take(Want::Clean, Groups::Home, ask)),
+                .or_else(|| self.take(Want::Clean, Groups::Home, faults, ask)),
             // No new span: other threads' spans may have room.
-            Err(_) => self.take(Want::Clean, Groups::Any, ask),
+            Err(_) => self
+                .take(Want::Clean, Groups::Any, faults, ask)
+                .or_else(|| self.take(Want::Clean, Groups::Any, Faults::Any, ask)),
         }
     }
 
@@ -263,9 +283,23 @@ impl Engine {
     }
 
     /// Search, claim and make ready units as `want` says.
-    fn take(&self, want: Want, groups: Groups, ask: &Ask<'_>) -> Option<Claimed<'_>> {
+    fn take(
+        &self,
+        want: Want,
+        groups: Groups,
+        faults: Faults,
+        ask: &Ask<'_>,
+    ) -> Option<Claimed<'_>> {
         loop {
-            let p = place::find(&self.spans, ask.len, ask.align, want, ask.home, groups)?;
+            let p = place::find(
+                &self.spans,
+                ask.len,
+                ask.align,
+                want,
+                ask.home,
+                groups,
+                faults,
+            )?;
             let span = self.spans.get(p.view.index);
             let c = Claimed { span, p };
             if span.claim(&p.view, p.start, p.n) {
@@ -354,6 +388,8 @@ impl Engine {
         let unadvised = thp && !span.advised();
         if unadvised && p.dirty == 0 {
             self.stats.add(Count::BaseFirst, len as u64);
+        } else if thp && p.dirty == 0 && self.promotes_unadvised() {
+            self.stats.add(Count::HugeFirst, len as u64);
         }
         if touch && p.dirty == 0 && thp && !unadvised && policy.probes() {
             // A short tail is left to the caller's writes.

@@ -24,13 +24,13 @@ pub(crate) const SLOW_WINDOW_NS: u64 = 200_000_000;
 /// (`/proc/thread-self/schedstat`) and then the monotonic clock, both in
 /// nanoseconds, read in the same order every time.
 #[derive(Clone, Copy)]
-struct PageClock {
+pub(crate) struct PageClock {
     wall: u64,
     run_delay: Option<u64>,
 }
 
 impl PageClock {
-    fn now(stat: Option<&SchedStat>) -> PageClock {
+    pub(crate) fn now(stat: Option<&SchedStat>) -> PageClock {
         PageClock {
             run_delay: stat.and_then(SchedStat::run_delay_ns),
             wall: sys::monotonic_ns(),
@@ -44,7 +44,7 @@ impl PageClock {
     /// stalls or, with KVM's asynchronous page faults, the thread blocks)
     /// stays in the cost; time other runnable threads held the CPU does
     /// not. Without a run-queue delay to read, the wall clock alone.
-    fn cost_until(self, later: PageClock) -> (u64, u64) {
+    pub(crate) fn cost_until(self, later: PageClock) -> (u64, u64) {
         let took = later.wall.saturating_sub(self.wall);
         let waited = match (self.run_delay, later.run_delay) {
             (Some(a), Some(b)) => b.saturating_sub(a).min(took),

@@ -30,6 +30,7 @@ mod demand;
 mod engine;
 mod error;
 mod extents;
+mod fault_check;
 mod first_touch;
 mod global;
 mod ladder;

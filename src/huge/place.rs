@@ -54,6 +54,32 @@ fn aligned_from(v: &View, align: usize, from: u32) -> Option<u32> {
     u32::try_from(i).ok()
 }
 
+/// Which THP spans a search for fresh units (clean ones, or those around
+/// retained ones) looks at: how their faults come in. Spans of other tiers
+/// pass every filter; a search for retained units (nothing to fault in)
+/// looks at all.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Faults {
+    /// Spans advised `MADV_HUGEPAGE`: faults take huge pages.
+    Huge,
+    /// Spans reserved unadvised for promotion: faults take base pages.
+    Base,
+    /// Any span.
+    Any,
+}
+
+impl Faults {
+    /// Whether a search for fresh units of `want` looks at `span` (`v`).
+    fn admits(self, want: Want, span: &Span, v: &View) -> bool {
+        match self {
+            _ if want == Want::Retained || v.tier != Backing::TransparentHuge => true,
+            Faults::Huge => span.advised(),
+            Faults::Base => !span.advised(),
+            Faults::Any => true,
+        }
+    }
+}
+
 /// Which spans a search looks at.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Groups {
@@ -63,9 +89,9 @@ pub(crate) enum Groups {
     Any,
 }
 
-/// Search the live spans of `groups` for `len` bytes aligned to `align`:
-/// the best place in the spans of `home`, else (for [`Groups::Any`]) the
-/// best in the others, in one scan of the table.
+/// Search the live spans of `groups` that `faults` admits for `len` bytes
+/// aligned to `align`: the best place in the spans of `home`, else (for
+/// [`Groups::Any`]) the best in the others, in one scan of the table.
 pub(crate) fn find(
     spans: &Spans,
     len: usize,
@@ -73,6 +99,7 @@ pub(crate) fn find(
     want: Want,
     home: u32,
     groups: Groups,
+    faults: Faults,
 ) -> Option<Placement> {
     // The best place among the home group's spans and among the others.
     let mut best: [Option<(Score, Placement)>; 2] = [None, None];
@@ -81,7 +108,7 @@ pub(crate) fn find(
         if (other == 1 && (groups == Groups::Home || best[0].is_some())) || !v.serves(len) {
             continue;
         }
-        if want != Want::Retained && v.tier == Backing::Hugetlb {
+        if want != Want::Retained && v.tier == Backing::Hugetlb || !faults.admits(want, span, &v) {
             continue;
         }
         // First fit: spans in slot order, units by address; a later
@@ -201,18 +228,18 @@ mod tests {
         let mine = SPANS.reserve(&c, &MAP, MIB2, MIB2, 0, false).unwrap();
         let (a, b) = (SPANS.get(other.index), SPANS.get(mine.index));
         // Home's span, later in slot order, is chosen first.
-        let p = find(&SPANS, MIB2, MIB2, Want::Clean, 0, Groups::Any).unwrap();
+        let p = find(&SPANS, MIB2, MIB2, Want::Clean, 0, Groups::Any, Faults::Any).unwrap();
         assert_eq!((p.view.index, p.start), (mine.index, 0));
         // Fill the home span but its last unit.
         assert!(b.claim(&mine, 0, mine.units - 1));
         let two = 2 * MIB2;
-        let p = find(&SPANS, two, MIB2, Want::Clean, 0, Groups::Any).unwrap();
+        let p = find(&SPANS, two, MIB2, Want::Clean, 0, Groups::Any, Faults::Any).unwrap();
         assert_eq!(
             p.view.index, other.index,
             "another group's span when home has none"
         );
         assert_eq!(
-            find(&SPANS, two, MIB2, Want::Clean, 0, Groups::Home).map(|p| p.start),
+            find(&SPANS, two, MIB2, Want::Clean, 0, Groups::Home, Faults::Any).map(|p| p.start),
             None
         );
         let full = b.bounds().expect("the search noted its bounds");
@@ -224,20 +251,47 @@ mod tests {
             }
         );
         // No retained unit anywhere: both spans are noted as such.
-        assert!(find(&SPANS, MIB2, MIB2, Want::Retained, 0, Groups::Any).is_none());
+        assert!(find(
+            &SPANS,
+            MIB2,
+            MIB2,
+            Want::Retained,
+            0,
+            Groups::Any,
+            Faults::Any
+        )
+        .is_none());
         assert_eq!(a.bounds().map(|b| b.retained), Some(0));
         // A release makes the bounds stale, and the run is found again.
         b.release(0, 2);
         assert_eq!(b.bounds(), None);
-        let p = find(&SPANS, two, MIB2, Want::Clean, 0, Groups::Home).unwrap();
+        let p = find(&SPANS, two, MIB2, Want::Clean, 0, Groups::Home, Faults::Any).unwrap();
         assert_eq!((p.view.index, p.start, p.n), (mine.index, 0, 2));
         // Retained units (dirty and free) are found by a retained search.
         assert!(b.claim(&mine, 0, 2));
         b.dirty.set(0, 2);
         b.release(0, 2);
-        let p = find(&SPANS, two, MIB2, Want::Retained, 0, Groups::Any).unwrap();
+        let p = find(
+            &SPANS,
+            two,
+            MIB2,
+            Want::Retained,
+            0,
+            Groups::Any,
+            Faults::Any,
+        )
+        .unwrap();
         assert_eq!((p.view.index, p.start, p.dirty), (mine.index, 0, 2));
-        assert!(find(&SPANS, 3 * MIB2, MIB2, Want::Retained, 0, Groups::Any).is_none());
+        assert!(find(
+            &SPANS,
+            3 * MIB2,
+            MIB2,
+            Want::Retained,
+            0,
+            Groups::Any,
+            Faults::Any
+        )
+        .is_none());
         assert_eq!(
             b.bounds(),
             Some(Bounds {
@@ -251,6 +305,51 @@ mod tests {
         for (s, v) in [(a, other), (b, mine)] {
             s.release(0, v.units);
             s.dirty.clear(0, v.units);
+            assert!(SPANS.retire(&c, &v).is_some());
+        }
+    }
+
+    #[test]
+    #[cfg_attr(miri, ignore = "mmap of the spans")]
+    fn fresh_units_come_from_spans_advised_as_asked_and_retained_ones_from_any() {
+        static SPANS: Spans = Spans::new();
+        static MAP: ExtentMap = ExtentMap::new();
+        let c = Counters::new();
+        let base = SPANS.reserve(&c, &MAP, MIB2, MIB2, 0, false).unwrap();
+        let huge = SPANS.reserve(&c, &MAP, MIB2, MIB2, 0, true).unwrap();
+        if base.tier != Backing::TransparentHuge || huge.tier != Backing::TransparentHuge {
+            eprintln!("no THP spans here: skipped");
+            return;
+        }
+        let clean = |faults| {
+            find(&SPANS, MIB2, MIB2, Want::Clean, 0, Groups::Any, faults).map(|p| p.view.index)
+        };
+        assert_eq!(clean(Faults::Huge), Some(huge.index));
+        assert_eq!(clean(Faults::Base), Some(base.index));
+        assert_eq!(clean(Faults::Any), Some(base.index), "the first span");
+        // Retained units of the advised span serve a search for base-page
+        // faults: nothing faults in.
+        let (b, h) = (SPANS.get(base.index), SPANS.get(huge.index));
+        assert!(h.claim(&huge, 0, 1));
+        h.dirty.set(0, 1);
+        h.release(0, 1);
+        let p = find(
+            &SPANS,
+            MIB2,
+            MIB2,
+            Want::Retained,
+            0,
+            Groups::Any,
+            Faults::Base,
+        );
+        assert_eq!(p.map(|p| (p.view.index, p.start)), Some((huge.index, 0)));
+        // No clean unit left in the base-page span: none for base pages.
+        assert!(b.claim(&base, 0, base.units));
+        assert_eq!(clean(Faults::Base), None);
+        assert_eq!(clean(Faults::Huge), Some(huge.index));
+        b.release(0, base.units);
+        h.dirty.clear(0, 1);
+        for v in [base, huge] {
             assert!(SPANS.retire(&c, &v).is_some());
         }
     }
@@ -271,7 +370,16 @@ mod tests {
         span.unmap_hole(&c, &v, 5, v.units - 5).unwrap();
         span.release(0, 2);
         span.release(3, 2);
-        assert!(find(&SPANS, 3 * MIB2, MIB2, Want::Clean, 0, Groups::Any).is_none());
+        assert!(find(
+            &SPANS,
+            3 * MIB2,
+            MIB2,
+            Want::Clean,
+            0,
+            Groups::Any,
+            Faults::Any
+        )
+        .is_none());
         assert_eq!(
             span.bounds(),
             Some(Bounds {

@@ -57,6 +57,10 @@ pub(crate) enum Count {
     ShortTailsOverBudget,
     // Promotion and the background thread.
     BaseFirst,
+    HugeFirst,
+    HugeChecks,
+    HugeChecksDear,
+    HugeFaultNs,
     Collapsed,
     CollapseNs,
     CollapseFailures,
@@ -189,6 +193,10 @@ impl Counters {
             background_thread: BackgroundThread::Off,
             background_passes: g(Count::BackgroundPasses),
             base_page_first_bytes: g(Count::BaseFirst),
+            huge_page_first_bytes: g(Count::HugeFirst),
+            huge_checks: g(Count::HugeChecks),
+            huge_checks_dear: g(Count::HugeChecksDear),
+            huge_fault_mean_ns: g(Count::HugeFaultNs),
             collapsed_bytes: g(Count::Collapsed),
             collapse_ns: g(Count::CollapseNs),
             collapse_failures: g(Count::CollapseFailures),
@@ -330,6 +338,25 @@ pub struct HugeStats {
     /// base pages (huge ones only where THP is `always` and a free huge
     /// page is at hand), so no request waits on compaction.
     pub base_page_first_bytes: u64,
+    /// Bytes of fresh THP-tier blocks handed out, while the background
+    /// thread runs, in spans advised `MADV_HUGEPAGE` because its last check
+    /// found huge pages cheap: they fault in huge pages.
+    pub huge_page_first_bytes: u64,
+    /// Checks the background thread made of what a fresh huge page costs
+    /// (one 2 MiB fault timed less its run-queue delay, and the free 2 MiB
+    /// blocks in `/proc/buddyinfo`), one per tick in which blocks were
+    /// allocated.
+    pub huge_checks: u64,
+    /// Of those, checks that found huge pages dear (their mean cost,
+    /// [`huge_fault_mean_ns`](Self::huge_fault_mean_ns), above 1 ms, or no
+    /// free 2 MiB block counted): fresh blocks took base
+    /// pages until the next check.
+    pub huge_checks_dear: u64,
+    /// The mean cost of faulting in a fresh huge page that the checks
+    /// found, in nanoseconds less the run-queue delay, weighted to recent
+    /// checks (each weighs a quarter); 0 before the first. Compared with
+    /// 1 ms, about what 512 base-page faults cost.
+    pub huge_fault_mean_ns: u64,
     /// Bytes the background thread collapsed into huge pages
     /// (`MADV_COLLAPSE`, which also succeeds on a unit the kernel already
     /// maps with a huge page), since the process started.
@@ -446,11 +473,15 @@ impl fmt::Display for HugeStats {
         };
         write!(
             f,
-            "\npromotion: background thread {} ({} passes); {} faulted in base pages first, \
-             {} collapsed in {:.1} ms ({} failed, {} raced a free or purge); live collapsed now {} ({:.0}%)",
+            "\npromotion: background thread {} ({} passes, {} huge-page checks, {} dear, mean fault {:.2} ms); \
+             fresh blocks: {} faulted in base pages first, {} in huge pages; {} collapsed in {:.1} ms ({} failed, {} raced a free or purge); live collapsed now {} ({:.0}%)",
             self.background_thread.name(),
             self.background_passes,
+            self.huge_checks,
+            self.huge_checks_dear,
+            self.huge_fault_mean_ns as f64 / 1e6,
             human_bytes(self.base_page_first_bytes),
+            human_bytes(self.huge_page_first_bytes),
             human_bytes(self.collapsed_bytes),
             self.collapse_ns as f64 / 1e6,
             self.collapse_failures,

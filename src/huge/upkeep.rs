@@ -1,6 +1,6 @@
 //! The engine's upkeep: the decay step, which a huge-path call runs when
 //! its clock is due and the background thread runs every tick, the
-//! thread's work (decay, then promotion), its start, and the fork hooks
+//! thread's work (decay, the fault check, then promotion), its start, and the fork hooks
 //! that pause it. [`ENGINE`]'s request paths call [`Engine::tick`],
 //! [`Engine::small_call`] and [`Engine::background`]; the work itself
 //! lives in [`retain`], [`demand`] and [`promote`]. Nothing here
@@ -9,6 +9,7 @@
 use super::background::{self, BackgroundThread};
 use super::demand;
 use super::engine::{Engine, ENGINE};
+use super::fault_check;
 use super::promote;
 use super::retain;
 use super::span;
@@ -22,7 +23,8 @@ use std::sync::atomic::Ordering::Relaxed;
 const THREAD_DECAY_RUNS: usize = 64;
 
 /// The background thread's work (see [`background`]): a decay step by the
-/// clock, then a promotion pass of at most one tick from the end of the
+/// clock, the fault check ([`fault_check`]) while blocks are allocated,
+/// then a promotion pass of at most one tick from the end of the
 /// step; returns the nanoseconds to sleep: none after a pass that was
 /// still collapsing at its deadline (its own pacing holds it to its share
 /// of a core), [`SHORT_BACKOFF_NS`](promote::SHORT_BACKOFF_NS) after a
@@ -33,6 +35,13 @@ fn background_work() -> u64 {
     e.stats.add(Count::BackgroundPasses, 1);
     let now = sys::monotonic_ns();
     e.decay_step(now, THREAD_DECAY_RUNS);
+    // At the start (a huge-path call started the thread) and while blocks
+    // are allocated: may fresh units fault in huge pages?
+    let active =
+        e.demand.quiet_for(now) < fault_check::VALID_NS || e.stats.get(Count::HugeChecks) == 0;
+    if e.promotes_unadvised() && active {
+        let _ = e.fault_check.run(&e.stats, now);
+    }
     if promoting() {
         let keep = e.demand.keep(now, e.stats.get(Count::Live));
         let pass = promote::Pass {

@@ -29,7 +29,8 @@
 //! `first_touch_base_bytes`, `short_tails`, `short_tails_over_budget`,
 //! `background_thread` (a string: `off`, `wanted`, `starting`, `running`,
 //! `failed to start`, `disabled`), `background_passes`,
-//! `base_page_first_bytes`, `collapsed_bytes`, `collapse_ns`,
+//! `base_page_first_bytes`, `huge_page_first_bytes`, `huge_checks`,
+//! `huge_checks_dear`, `huge_fault_mean_ns`, `collapsed_bytes`, `collapse_ns`,
 //! `collapse_failures`, `collapse_races`, `collapsed_live_bytes`,
 //! `thp_enabled`, `thp_defrag` (strings, `null` when unreadable),
 //! `stats_file` (`CKALLOC_STATS_FILE` as set, a string; `null` when unset
@@ -133,7 +134,7 @@ fn write_object(w: &mut Counting<'_>, h: &HugeStats) -> std::fmt::Result {
          \"mprotect\":{},\"munlock\":{}}}",
         s.mmap, s.munmap, s.mremap, s.madvise, s.mprotect, s.munlock
     )?;
-    let numbers: [(&str, u64); 37] = [
+    let numbers: [(&str, u64); 41] = [
         ("hugetlb_fallbacks", h.hugetlb_fallbacks),
         ("hugetlb_skipped", h.hugetlb_skipped),
         ("thp_fallbacks", h.thp_fallbacks),
@@ -169,6 +170,10 @@ fn write_object(w: &mut Counting<'_>, h: &HugeStats) -> std::fmt::Result {
         ("short_tails_over_budget", h.short_tails_over_budget),
         ("background_passes", h.background_passes),
         ("base_page_first_bytes", h.base_page_first_bytes),
+        ("huge_page_first_bytes", h.huge_page_first_bytes),
+        ("huge_checks", h.huge_checks),
+        ("huge_checks_dear", h.huge_checks_dear),
+        ("huge_fault_mean_ns", h.huge_fault_mean_ns),
         ("collapsed_bytes", h.collapsed_bytes),
         ("collapse_ns", h.collapse_ns),
         ("collapse_failures", h.collapse_failures),

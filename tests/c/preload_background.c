@@ -11,6 +11,9 @@
  *                      meanwhile); the resident set at the end
  *   fork               after a huge malloc, fork: the child's threads
  *                      after a huge malloc of its own
+ *   check              a written 4 MiB block every 20 ms for 1.2 s (kept),
+ *                      then 1 s idle: the library's fault-check counters
+ *                      (ckalloc_stats_json) after each
  *
  * Each mode prints "name: value" lines and exits 0, or prints what failed
  * and exits 1. */
@@ -19,6 +22,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <dlfcn.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -142,12 +146,49 @@ static int forked(void) {
     return 0;
 }
 
+/* The number after "\"NAME\":" in the library's ckalloc_stats_json, or -1. */
+static long long stat_of(const char *name) {
+    static char json[65536];
+    size_t (*stats_json)(char *, size_t) =
+        (size_t (*)(char *, size_t))dlsym(RTLD_DEFAULT, "ckalloc_stats_json");
+    char key[96];
+    if (!stats_json || stats_json(json, sizeof json) >= sizeof json) return -1;
+    snprintf(key, sizeof key, "\"%s\":", name);
+    const char *at = strstr(json, key);
+    return at ? strtoll(at + strlen(key), NULL, 10) : -1;
+}
+
+static void print_checks(const char *when) {
+    static const char *const names[] = {"huge_checks", "huge_checks_dear",
+                                        "huge_page_first_bytes", "base_page_first_bytes"};
+    for (size_t i = 0; i < sizeof names / sizeof *names; i++)
+        printf("%s %s: %lld\n", when, names[i], stat_of(names[i]));
+}
+
+static int check(void) {
+    enum { BLOCKS = 60 };
+    static char *kept[BLOCKS];
+    for (int i = 0; i < BLOCKS; i++) {
+        kept[i] = malloc(4 * MIB);
+        if (!kept[i]) return puts("malloc failed"), 1;
+        memset(kept[i], 1, 4 * MIB);
+        usleep(20 * 1000);
+    }
+    print_checks("active");
+    usleep(1000 * 1000);
+    print_checks("idle");
+    for (int i = 0; i < BLOCKS; i++) free(kept[i]);
+    return 0;
+}
+
 int main(int argc, char **argv) {
     setvbuf(stdout, NULL, _IOLBF, 0);
     if (argc >= 2 && !strcmp(argv[1], "threads")) return threads();
     if (argc >= 3 && !strcmp(argv[1], "promote")) return promote(atol(argv[2]));
     if (argc >= 3 && !strcmp(argv[1], "idle-release")) return idle_release(atoi(argv[2]));
     if (argc >= 2 && !strcmp(argv[1], "fork")) return forked();
-    fprintf(stderr, "usage: %s threads | promote MIB | idle-release 0|1 | fork\n", argv[0]);
+    if (argc >= 2 && !strcmp(argv[1], "check")) return check();
+    fprintf(stderr, "usage: %s threads | promote MIB | idle-release 0|1 | fork | check\n",
+            argv[0]);
     return 2;
 }

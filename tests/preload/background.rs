@@ -3,7 +3,8 @@
 //! reference, under glibc: it starts at the first huge `malloc` (one
 //! thread, once), `CKALLOC_BACKGROUND_THREAD=0` keeps it off, a fork child
 //! gets its own, a written block becomes huge pages with its bytes intact,
-//! and a freed gigabyte goes back by the clock while the program idles.
+//! a freed gigabyte goes back by the clock while the program idles, and
+//! the fault check runs while blocks are allocated and places them.
 
 use super::{number, run_c};
 
@@ -78,4 +79,31 @@ fn a_freed_gigabyte_goes_back_by_the_clock_while_the_program_idles() {
             "ckalloc {ck} kB, glibc {glibc} kB"
         );
     }
+}
+
+#[test]
+fn the_fault_check_runs_while_blocks_are_allocated_and_decides_where_they_fault() {
+    let out = background(&["check"], true, &[]);
+    eprintln!("{out}");
+    let n = |label: &str| number::<i64>(&out, label);
+    let checks = n("active huge_checks: ");
+    let dear = n("active huge_checks_dear: ");
+    let huge = n("active huge_page_first_bytes: ");
+    let base = n("active base_page_first_bytes: ");
+    // 1.2 s of allocations: a check per 100 ms tick.
+    assert!(checks >= 5, "{out}");
+    assert!((0..=checks).contains(&dear), "{out}");
+    // Every block was fresh, and went where a verdict sent it.
+    assert_eq!(huge + base, 60 * (4 << 20), "{out}");
+    if checks - dear >= 2 {
+        assert!(
+            huge > 0,
+            "cheap verdicts placed no block in huge pages: {out}"
+        );
+    }
+    if dear == checks {
+        assert_eq!(huge, 0, "{out}");
+    }
+    // Idle: the checks stop within the verdict's 250 ms.
+    assert!(n("idle huge_checks: ") - checks <= 3, "{out}");
 }
