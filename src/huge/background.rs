@@ -16,6 +16,9 @@
 //!   has set up the environment, never inside another start: the state
 //!   word below is the guard, so a `malloc` that `pthread_create` makes
 //!   finds it starting and goes on without it.
+//! - As it starts it runs the engine's start function (which opens the
+//!   files its work reads and keeps them: it opens none later), while the
+//!   call that started it waits, at most 10 ms.
 //! - A `pthread_create` that fails (a thread or process limit, a seccomp
 //!   filter) is silent: the state says so ([`BackgroundThread::Failed`]) and the
 //!   engine works as without the thread.
@@ -101,6 +104,12 @@ static BUSY: AtomicBool = AtomicBool::new(false);
 /// The work function (`fn() -> u64`, the nanoseconds to sleep), as an
 /// address; 0 until the first start.
 static WORK: AtomicUsize = AtomicUsize::new(0);
+/// The function the thread runs once as it starts (`fn()`), as an address.
+static INIT: AtomicUsize = AtomicUsize::new(0);
+/// Set by the thread once its start function returned.
+static READY: AtomicBool = AtomicBool::new(false);
+/// How long a start waits for the thread's start function (10 ms).
+const READY_WAIT_NS: u64 = 10_000_000;
 
 /// The state now, `CKALLOC_BACKGROUND_THREAD` applied: set to an off value
 /// it is [`BackgroundThread::Disabled`]; set to an on value, [`BackgroundThread::Off`] reads as
@@ -126,19 +135,20 @@ pub(crate) fn want() -> BackgroundThread {
     state()
 }
 
-/// Start the thread running `work` if it is wanted and not running; one
-/// load when it is. Returns `true` when the thread failed to start just
-/// now (the caller undoes what it did for the thread).
+/// Start the thread if it is wanted and not running: it runs `init` once,
+/// while this call waits (at most 10 ms), then `work` in a loop. One load
+/// when it runs. Returns `true` when the thread failed to start just now
+/// (the caller undoes what it did for the thread).
 #[inline]
-pub(crate) fn maybe_start(work: fn() -> u64) -> bool {
+pub(crate) fn maybe_start(init: fn(), work: fn() -> u64) -> bool {
     if state() != BackgroundThread::Wanted {
         return false;
     }
-    start(work)
+    start(init, work)
 }
 
 #[cold]
-fn start(work: fn() -> u64) -> bool {
+fn start(init: fn(), work: fn() -> u64) -> bool {
     if !sys::environment_ready() {
         return false;
     }
@@ -152,9 +162,18 @@ fn start(work: fn() -> u64) -> bool {
         return false;
     }
     WORK.store(work as usize, Release);
+    INIT.store(init as usize, Release);
+    READY.store(false, SeqCst);
     match sys::spawn_detached(run) {
         Ok(()) => {
             STATE.store(BackgroundThread::Running.code(), Release);
+            // The thread's start function opens files: done while the
+            // program's thread waits in this call, as a library call that
+            // opens a file would, not at a moment of the thread's choosing.
+            let until = sys::monotonic_ns().saturating_add(READY_WAIT_NS);
+            while !READY.load(SeqCst) && sys::monotonic_ns() < until {
+                sys::sleep_ns(20_000);
+            }
             false
         }
         Err(_) => {
@@ -168,6 +187,14 @@ fn start(work: fn() -> u64) -> bool {
 /// work runs inside `BUSY`, and never while a `fork()` is in progress.
 extern "C" fn run(_: *mut libc::c_void) -> *mut libc::c_void {
     sys::name_this_thread(c"ckalloc-bg");
+    let init = INIT.load(Acquire);
+    if init != 0 {
+        // SAFETY: `INIT` holds only addresses of `fn()` stored by `start`,
+        // valid for the life of the process.
+        let init: fn() = unsafe { std::mem::transmute::<usize, fn()>(init) };
+        init();
+    }
+    READY.store(true, SeqCst);
     loop {
         let w = WORK.load(Acquire);
         BUSY.store(true, SeqCst);

@@ -173,9 +173,13 @@ impl Engine {
     pub(super) fn claim(&self, ask: &Ask<'_>) -> Option<Claimed<'_>> {
         let (fill, policy) = (ask.fill, ask.policy);
         let retains = self.retains(ask.len, policy);
+        // A block that must read zero may purge retained units, which then
+        // fault in again as fresh ones do: its verdict comes first.
+        let mut faults = (fill == Fill::Zeroed).then(|| self.fresh_faults(ask.len));
         if retains {
             if self.stats.get(Count::Retained) >= ask.len as u64 {
-                if let Some(c) = self.take(Want::Retained, Groups::Any, Faults::Any, ask) {
+                let some = faults.map_or(Faults::Any, Faults::some_units);
+                if let Some(c) = self.take(Want::Retained, Groups::Any, some, ask) {
                     self.stats.add(Count::Hits, 1);
                     if c.p.run > c.p.n {
                         self.stats.add(Count::Carves, 1);
@@ -185,9 +189,10 @@ impl Engine {
             }
             self.stats.add(Count::Misses, 1);
         }
-        let faults = self.fresh_faults(ask.len);
+        let faults = *faults.get_or_insert_with(|| self.fresh_faults(ask.len));
         if retains && policy.on_miss == OnMiss::ExtendRetained && fill == Fill::Uninit {
-            if let Some(c) = self.take(Want::MostRetained, Groups::Any, faults, ask) {
+            let some = faults.some_units();
+            if let Some(c) = self.take(Want::MostRetained, Groups::Any, some, ask) {
                 self.stats.add(Count::Extends, 1);
                 return Some(c);
             }
@@ -211,7 +216,7 @@ impl Engine {
     /// How the fresh units of a block of `len` bytes fault in: in huge
     /// pages when every THP span is advised `MADV_HUGEPAGE` (no thread
     /// promotes later) or the fault check grants it; else in base pages.
-    fn fresh_faults(&self, len: usize) -> Faults {
+    pub(super) fn fresh_faults(&self, len: usize) -> Faults {
         if !self.promotes_unadvised() || self.fault_check.grant(len) {
             Faults::Huge
         } else {
@@ -219,9 +224,20 @@ impl Engine {
         }
     }
 
+    /// Whether `len` bytes of units of `span` (`v`) may fault in now: in a
+    /// span advised `MADV_HUGEPAGE` while the thread promotes, only with
+    /// the fault check's grant.
+    pub(super) fn may_fault_in(&self, span: &Span, v: &View, len: usize) -> bool {
+        v.tier != Backing::TransparentHuge
+            || !span.advised()
+            || self.fresh_faults(len) == Faults::Huge
+    }
+
     /// Fresh units: a hugetlb span, clean units of the home group in spans
     /// whose faults come in as `faults` says, a new such span, or clean
-    /// units of another group (of any span when no new span can be had).
+    /// units of another group (of any span when no new span can be had:
+    /// address space or the span table short, where a block in huge pages
+    /// beats none).
     fn fresh(&self, ask: &Ask<'_>, faults: Faults) -> Option<Claimed<'_>> {
         if ask.align <= HUGE_PAGE_2M && self.ladder.hugetlb_now(&self.stats) {
             let hugetlb = self
@@ -386,12 +402,15 @@ impl Engine {
         // A THP span reserved for promotion: no probe, no tail advice (its
         // faults take base pages; a short tail is too sparse to collapse).
         let unadvised = thp && !span.advised();
+        // While the thread promotes, a block in an advised span was granted
+        // huge pages by the fault check: faulted in when written, no probe.
+        let promoting = self.promotes_unadvised();
         if unadvised && p.dirty == 0 {
             self.stats.add(Count::BaseFirst, len as u64);
-        } else if thp && p.dirty == 0 && self.promotes_unadvised() {
+        } else if thp && p.dirty == 0 && promoting {
             self.stats.add(Count::HugeFirst, len as u64);
         }
-        if touch && p.dirty == 0 && thp && !unadvised && policy.probes() {
+        if touch && p.dirty == 0 && thp && !unadvised && policy.probes() && !promoting {
             // A short tail is left to the caller's writes.
             let fill = len - if d.short_tail() { HUGE_PAGE_2M } else { 0 };
             if let Some(off) = self.window.settle(&self.stats, ptr, len, fill) {

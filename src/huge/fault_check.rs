@@ -5,39 +5,50 @@
 //! While the background thread promotes units later, a fresh block goes
 //! to a span not advised `MADV_HUGEPAGE` and faults in base pages, so no
 //! request waits on compaction or on the host. When huge pages are cheap,
-//! that costs the program 512 page faults per 2 MiB for nothing. So every
-//! tick in which the program allocated a block, the thread
+//! that costs the program 512 page faults per 2 MiB for nothing. So while
+//! the program allocates blocks (one handed out in the last [`VALID_NS`],
+//! or the thread's first pass), at most every [`CHECK_EVERY_NS`], the
+//! thread
 //!
 //! - counts the free memory in blocks of 2 MiB or more (`/proc/buddyinfo`,
-//!   proc(5): the free blocks of each order per zone). A THP fault that
-//!   finds such a block takes it without compacting memory;
+//!   proc(5): the free blocks of each order per zone, zone DMA left out).
+//!   A THP fault that finds such a block takes it without compacting
+//!   memory; with none, huge pages are dear and the check ends there;
 //! - faults in one fresh huge page of its own (a write to each base page
-//!   of a 2 MiB mapping advised `MADV_HUGEPAGE`, unmapped afterwards, the
+//!   of a 2 MiB mapping advised `MADV_HUGEPAGE`, unmapped afterwards: the
 //!   page faults a block's first writes take), timed as the first-touch
 //!   probe times a page ([`PageClock`]): the wall clock less the thread's
-//!   run-queue delay. A busy CPU does not pass for slow
-//!   memory; a fault that compacts memory, falls back to 512 base pages, or
-//!   waits on the host (a VM that reported the block to its host) does.
+//!   run-queue delay. A busy CPU does not pass for slow memory; a fault
+//!   that compacts memory or waits on the host (a VM that reported the
+//!   block to its host) does. The thread's page faults meanwhile
+//!   (`getrusage(RUSAGE_THREAD)`) say whether the kernel gave a huge page
+//!   (one fault) or base pages (512).
 //!
-//! When the mean cost of those pages ([`mean_cost`]: a page faulted in
-//! on the host costs many times a page the guest kept, so one page says
-//! little) is at most [`SLOW_NS`] (about what 512 base-page faults cost)
-//! and free 2 MiB blocks were counted, fresh units may go to spans
-//! advised `MADV_HUGEPAGE` (their faults take huge pages, as without the
-//! thread) for [`VALID_NS`], up to half the free bytes counted: each grant
-//! takes its block's length from that budget. Otherwise, and when no check
-//! ran for [`VALID_NS`] (an idle program: the first request after an idle
-//! spell never trusts memory measured before it), fresh units fault in base
-//! pages and are promoted later.
+//! When the page was huge, the mean cost of such pages ([`mean_cost`]: a
+//! page faulted in on the host costs many times a page the guest kept, so
+//! one page says little) is at most [`SLOW_NS`] (about what 512 base-page
+//! faults cost), and free 2 MiB blocks were counted, fresh units may go to
+//! spans advised `MADV_HUGEPAGE` (their faults take huge pages, as without
+//! the thread) for [`VALID_NS`], up to half the free bytes counted less
+//! what was granted since the last check (blocks not written yet, which
+//! the free memory does not show); each grant takes its block's length
+//! from that budget. Otherwise, and when no check ran for [`VALID_NS`] (an
+//! idle program: the first request after an idle spell never trusts memory
+//! measured before it), fresh units fault in base pages and are promoted
+//! later. A granted block keeps its span's advice for life: its pages
+//! fault in when written, and a purged unit of an advised span faults in
+//! as a huge page again, which the engine allows only with a grant.
 //!
 //! Atomics only; the check allocates nothing (a 4 KiB buffer on the
-//! thread's stack, one `mmap` of its own).
+//! thread's stack, one `mmap` of its own, whose system calls the engine's
+//! counters leave out) and opens no file: the thread opens `/proc/buddyinfo`
+//! and its `schedstat` once as it starts ([`FaultCheck::open_files`]) and
+//! keeps them.
 
 use super::first_touch::{PageClock, SLOW_NS};
-use super::os;
 use super::stats::{Count, Counters};
-use crate::sys::{self, Advice, Prot, SchedStat, HUGE_PAGE_2M};
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use crate::sys::{self, Advice, KeptFile, Prot, HUGE_PAGE_2M};
+use std::sync::atomic::{AtomicI32, AtomicU64, Ordering::Relaxed};
 
 /// How long a check's verdict holds (250 ms: two and a half ticks of the
 /// background thread, which checks every tick while blocks are allocated).
@@ -55,9 +66,15 @@ pub(crate) struct FaultCheck {
     budget: AtomicU64,
     /// Monotonic ns of the last check.
     checked: AtomicU64,
+    /// Bytes granted since the last check.
+    granted: AtomicU64,
     /// The mean cost of a fresh huge page (ns), weighted to recent checks
     /// ([`mean_cost`]); 0 before the first.
     mean: AtomicU64,
+    /// `/proc/buddyinfo` and the thread's `schedstat`, kept open
+    /// ([`KeptFile`]) by [`open_files`](Self::open_files); -1: not open.
+    buddyinfo: AtomicI32,
+    schedstat: AtomicI32,
 }
 
 impl FaultCheck {
@@ -66,7 +83,10 @@ impl FaultCheck {
             until: AtomicU64::new(0),
             budget: AtomicU64::new(0),
             checked: AtomicU64::new(0),
+            granted: AtomicU64::new(0),
             mean: AtomicU64::new(0),
+            buddyinfo: AtomicI32::new(-1),
+            schedstat: AtomicI32::new(-1),
         }
     }
 
@@ -75,12 +95,28 @@ impl FaultCheck {
     /// when they may not.
     pub(crate) fn grant(&self, len: usize) -> bool {
         let until = self.until.load(Relaxed);
-        until != 0
+        let granted = until != 0
             && sys::monotonic_ns() < until
             && self
                 .budget
                 .fetch_update(Relaxed, Relaxed, |b| b.checked_sub(len as u64))
-                .is_ok()
+                .is_ok();
+        if granted {
+            self.granted.fetch_add(len as u64, Relaxed);
+        }
+        granted
+    }
+
+    /// Open the files the checks read, in the background thread as it
+    /// starts (while the thread that starts it waits: the thread opens no
+    /// file later, so its descriptors never race a program's own `close`
+    /// and `open`); kept for the life of the thread's process.
+    pub(crate) fn open_files(&self) {
+        let keep = |path: &std::ffi::CStr, into: &AtomicI32| {
+            into.store(KeptFile::open(path).map_or(-1, KeptFile::raw), Relaxed);
+        };
+        keep(c"/proc/buddyinfo", &self.buddyinfo);
+        keep(c"/proc/thread-self/schedstat", &self.schedstat);
     }
 
     /// Set the verdict: `budget` bytes may fault in huge pages until
@@ -90,33 +126,58 @@ impl FaultCheck {
         self.until.store(until, Relaxed);
     }
 
-    /// The background thread's check at monotonic time `now` (see the
-    /// [module docs](self)), unless one ran in the last [`CHECK_EVERY_NS`];
-    /// `Some(true)` when huge pages are cheap now.
-    pub(crate) fn run(&self, c: &Counters, now: u64) -> Option<bool> {
-        if now.saturating_sub(self.checked.load(Relaxed)) < CHECK_EVERY_NS {
+    /// The background thread's check (see the [module docs](self)), unless
+    /// one ran in the last [`CHECK_EVERY_NS`]; `Some(true)` when huge pages
+    /// are cheap now.
+    pub(crate) fn run(&self, c: &Counters) -> Option<bool> {
+        let start = sys::monotonic_ns();
+        if start.saturating_sub(self.checked.load(Relaxed)) < CHECK_EVERY_NS {
             return None;
         }
-        self.checked.store(now, Relaxed);
-        let mean = huge_fault_ns(c).map(|ns| {
-            let m = mean_cost(self.mean.load(Relaxed), ns);
+        self.checked.store(start, Relaxed);
+        // No free 2 MiB block: dear without a fault (which would compact
+        // memory or take 512 base pages, each a fault of the program's).
+        let kept = |f: &AtomicI32| KeptFile::from_raw(f.load(Relaxed));
+        let free = kept(&self.buddyinfo)
+            .and_then(free_huge_bytes)
+            .filter(|&f| f >= HUGE_PAGE_2M as u64);
+        let fault = free.and_then(|_| huge_fault(kept(&self.schedstat)));
+        let mean = fault.map(|f| {
+            let m = mean_cost(self.mean.load(Relaxed), f.ns);
             self.mean.store(m, Relaxed);
             c.set(Count::HugeFaultNs, m);
             m
         });
-        let free = free_huge_bytes();
         c.add(Count::HugeChecks, 1);
-        match (mean, free) {
-            (Some(ns), Some(free)) if ns <= SLOW_NS && free >= HUGE_PAGE_2M as u64 => {
-                self.set(free / 2, now.saturating_add(VALID_NS));
-                Some(true)
-            }
-            _ => {
-                self.set(0, 0);
-                c.add(Count::HugeChecksDear, 1);
-                Some(false)
-            }
+        // Blocks granted since the last check may not be written yet, so
+        // the free memory counted does not show them: they are taken off.
+        let unwritten = self.granted.swap(0, Relaxed);
+        if let Some(budget) = budget(fault, mean, free, unwritten) {
+            self.set(budget, sys::monotonic_ns().saturating_add(VALID_NS));
+            return Some(true);
         }
+        self.set(0, 0);
+        c.add(Count::HugeChecksDear, 1);
+        Some(false)
+    }
+}
+
+/// The bytes fresh units may fault in huge pages after a check whose fault
+/// was `fault`, with the mean cost `mean` after it and `free` bytes free in
+/// 2 MiB blocks, `unwritten` of which were granted since the last check;
+/// `None` when huge pages are dear: no fault (no free block), a fault that
+/// took base pages, or a mean above [`SLOW_NS`].
+fn budget(
+    fault: Option<Fault>,
+    mean: Option<u64>,
+    free: Option<u64>,
+    unwritten: u64,
+) -> Option<u64> {
+    match (fault, mean, free) {
+        (Some(f), Some(ns), Some(free)) if f.huge && ns <= SLOW_NS => {
+            Some((free / 2).saturating_sub(unwritten))
+        }
+        _ => None,
     }
 }
 
@@ -135,42 +196,62 @@ fn mean_cost(mean: u64, sample: u64) -> u64 {
         .max(1)
 }
 
-/// What faulting in one fresh huge page costs now, in nanoseconds less the
-/// run-queue delay: a write to each base page of a 2 MiB mapping of its
-/// own advised `MADV_HUGEPAGE`, as a block's first writes fault it in (one
-/// fault that takes a huge page, or 512 that take base pages after the
-/// kernel found none); `None` when it cannot be measured (no memory, no
-/// THP advice).
-fn huge_fault_ns(c: &Counters) -> Option<u64> {
-    let p = os::map_aligned(c, HUGE_PAGE_2M, HUGE_PAGE_2M, Prot::ReadWrite).ok()?;
-    let cost = os::advise(c, p, HUGE_PAGE_2M, Advice::HugePage)
+/// One fresh huge page faulted in by the check.
+#[derive(Clone, Copy)]
+struct Fault {
+    /// Its cost: nanoseconds less the run-queue delay.
+    ns: u64,
+    /// Whether the kernel gave a huge page: one page fault (or the faults
+    /// cannot be counted), not 512.
+    huge: bool,
+}
+
+/// Fault in one fresh huge page as a block's first writes do: a write to
+/// each base page of a 2 MiB mapping of its own advised `MADV_HUGEPAGE`
+/// (one fault that takes a huge page, or 512 that take base pages when the
+/// kernel found none), unmapped afterwards; `None` when it cannot be
+/// measured (no memory, no THP advice). Its system calls are not the
+/// engine's ([`Syscalls`](super::Syscalls) does not count them).
+fn huge_fault(schedstat: Option<KeptFile>) -> Option<Fault> {
+    let p = sys::map_aligned(HUGE_PAGE_2M, HUGE_PAGE_2M, Prot::ReadWrite)
+        .ok()?
+        .ptr;
+    let fault = sys::madvise(p.as_ptr(), HUGE_PAGE_2M, Advice::HugePage)
         .ok()
         .map(|()| {
-            let stat = SchedStat::open();
-            let before = PageClock::now(stat.as_ref());
+            let delay = || schedstat.and_then(|f| f.run_delay_ns());
+            let faults = sys::thread_minor_faults();
+            let before = PageClock::after(delay());
             for off in (0..HUGE_PAGE_2M).step_by(sys::page_size()) {
                 // SAFETY: `off < 2 MiB`: a byte of the read-write mapping
                 // just made, which nothing else refers to.
                 unsafe { p.as_ptr().add(off).write_volatile(1) };
             }
-            before.cost_until(PageClock::now(stat.as_ref())).0
+            let ns = before.cost_until(PageClock::after(delay())).0;
+            let taken = sys::thread_minor_faults()
+                .zip(faults)
+                .map(|(after, before)| after.saturating_sub(before));
+            Fault {
+                ns,
+                huge: taken.is_none_or(|n| n <= 1),
+            }
         });
-    let _ = os::unmap(c, p, HUGE_PAGE_2M);
-    cost
+    let _ = sys::munmap(p.as_ptr(), HUGE_PAGE_2M);
+    fault
 }
 
 /// Free memory in blocks of 2 MiB or more, in bytes, from
-/// `/proc/buddyinfo`; `None` when it cannot be read.
-fn free_huge_bytes() -> Option<u64> {
+/// `/proc/buddyinfo` kept open as `file`; `None` when it cannot be read.
+fn free_huge_bytes(file: KeptFile) -> Option<u64> {
     let mut buf = [0u8; 4096];
-    let text = sys::read_small_file(c"/proc/buddyinfo", &mut buf)?;
+    let text = file.read(&mut buf)?;
     Some(free_in_blocks(text, sys::page_size(), HUGE_PAGE_2M))
 }
 
 /// The bytes of the free blocks of at least `block` bytes in `buddyinfo`
 /// text (a line per zone: `Node 0, zone   Normal` and then the count of
 /// free blocks of each order, from order 0, of `page << order` bytes
-/// each). Saturates rather than overflow; a line that does not parse adds
+/// each), zone DMA left out. Saturates rather than overflow; a line that does not parse adds
 /// nothing.
 fn free_in_blocks(text: &[u8], page: usize, block: usize) -> u64 {
     let mut total: u64 = 0;
@@ -178,7 +259,11 @@ fn free_in_blocks(text: &[u8], page: usize, block: usize) -> u64 {
         let mut fields = line
             .split(|b| b.is_ascii_whitespace())
             .filter(|f| !f.is_empty());
-        if fields.nth(2) != Some(b"zone".as_slice()) || fields.next().is_none() {
+        // Zone DMA's blocks serve no THP fault (the lowest 16 MiB, kept
+        // for devices that need them).
+        if fields.nth(2) != Some(b"zone".as_slice())
+            || fields.next().is_none_or(|zone| zone == b"DMA")
+        {
             continue;
         }
         for (order, count) in fields.enumerate() {
@@ -211,13 +296,14 @@ Node 0, zone   Normal    100    200      7      1      0      0      0      0   
     #[test]
     fn buddyinfo_gives_the_free_bytes_in_blocks_of_2_mib_and_more() {
         let mib = 1u64 << 20;
-        // Orders 9 and 10 with 4 KiB pages: 2 and 4 MiB blocks.
-        let want = (1 + 2 + 600) * 2 * mib + (3 + 100 + 3100) * 4 * mib;
+        // Orders 9 and 10 with 4 KiB pages: 2 and 4 MiB blocks; zone DMA
+        // left out.
+        let want = (2 + 600) * 2 * mib + (100 + 3100) * 4 * mib;
         assert_eq!(free_in_blocks(BUDDYINFO, 4096, HUGE_PAGE_2M), want);
         // Blocks of 4 MiB and more only.
         assert_eq!(
             free_in_blocks(BUDDYINFO, 4096, 4 << 20),
-            (3 + 100 + 3100) * 4 * mib
+            (100 + 3100) * 4 * mib
         );
         // Lines that are not zones, or numbers that do not parse, add
         // nothing after them.
@@ -256,6 +342,30 @@ Node 0, zone   Normal    100    200      7      1      0      0      0      0   
         assert!(!f.grant(HUGE_PAGE_2M), "the verdict expired");
         f.set(u64::MAX, 0);
         assert!(!f.grant(HUGE_PAGE_2M), "a dear verdict");
+        assert_eq!(f.granted.load(Relaxed), 3 * HUGE_PAGE_2M as u64);
+    }
+
+    #[test]
+    fn huge_pages_are_cheap_with_a_huge_fault_a_low_mean_and_free_blocks() {
+        let fast = Some(Fault {
+            ns: 200_000,
+            huge: true,
+        });
+        let gib = Some(1u64 << 30);
+        assert_eq!(budget(fast, Some(200_000), gib, 0), Some(1 << 29));
+        // Blocks granted since the last check come off half the free bytes.
+        assert_eq!(budget(fast, Some(200_000), gib, 1 << 28), Some(1 << 28));
+        assert_eq!(budget(fast, Some(200_000), gib, 1 << 40), Some(0));
+        // A mean above 1 ms, a fault that took base pages, no fault, no
+        // free memory counted: dear.
+        assert_eq!(budget(fast, Some(SLOW_NS + 1), gib, 0), None);
+        let base = Some(Fault {
+            ns: 200_000,
+            huge: false,
+        });
+        assert_eq!(budget(base, Some(200_000), gib, 0), None);
+        assert_eq!(budget(None, None, gib, 0), None);
+        assert_eq!(budget(fast, Some(200_000), None, 0), None);
     }
 
     #[test]
@@ -286,13 +396,19 @@ Node 0, zone   Normal    100    200      7      1      0      0      0      0   
     fn a_check_gives_a_verdict_and_counts_itself() {
         let c = Counters::new();
         let f = FaultCheck::new();
-        let now = sys::monotonic_ns();
-        let cheap = f.run(&c, now).expect("the first check runs");
+        f.open_files();
+        let cheap = f.run(&c).expect("the first check runs");
         assert_eq!(c.get(Count::HugeChecks), 1);
         assert_eq!(c.get(Count::HugeChecksDear), u64::from(!cheap));
-        assert_eq!(f.grant(HUGE_PAGE_2M), cheap);
-        // Not again within 50 ms.
-        assert_eq!(f.run(&c, now + 1), None);
-        assert_eq!(c.get(Count::HugeChecks), 1);
+        // A cheap verdict holds for 250 ms (a check descheduled longer may
+        // have expired already); a dear one grants nothing.
+        if !cheap {
+            assert!(!f.grant(1));
+        }
+        // Not again within 50 ms, unless the check itself took that long.
+        let again = f.run(&c);
+        assert!(again.is_none() || c.get(Count::HugeChecks) == 2);
+        // No system call of the check is the engine's.
+        assert_eq!(c.get(Count::Mmap) + c.get(Count::Madvise), 0);
     }
 }

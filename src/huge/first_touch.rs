@@ -31,8 +31,13 @@ pub(crate) struct PageClock {
 
 impl PageClock {
     pub(crate) fn now(stat: Option<&SchedStat>) -> PageClock {
+        PageClock::after(stat.and_then(SchedStat::run_delay_ns))
+    }
+
+    /// The moment after reading the run-queue delay `run_delay`.
+    pub(crate) fn after(run_delay: Option<u64>) -> PageClock {
         PageClock {
-            run_delay: stat.and_then(SchedStat::run_delay_ns),
+            run_delay,
             wall: sys::monotonic_ns(),
         }
     }

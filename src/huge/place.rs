@@ -54,10 +54,9 @@ fn aligned_from(v: &View, align: usize, from: u32) -> Option<u32> {
     u32::try_from(i).ok()
 }
 
-/// Which THP spans a search for fresh units (clean ones, or those around
-/// retained ones) looks at: how their faults come in. Spans of other tiers
-/// pass every filter; a search for retained units (nothing to fault in)
-/// looks at all.
+/// Which THP spans a search looks at: how faults in their units come in
+/// (fresh units, those around retained ones, and retained ones purged to
+/// read zero). Spans of other tiers pass every filter.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Faults {
     /// Spans advised `MADV_HUGEPAGE`: faults take huge pages.
@@ -69,13 +68,23 @@ pub(crate) enum Faults {
 }
 
 impl Faults {
-    /// Whether a search for fresh units of `want` looks at `span` (`v`).
-    fn admits(self, want: Want, span: &Span, v: &View) -> bool {
+    /// Whether a search looks at `span` (`v`).
+    fn admits(self, span: &Span, v: &View) -> bool {
         match self {
-            _ if want == Want::Retained || v.tier != Backing::TransparentHuge => true,
+            _ if v.tier != Backing::TransparentHuge => true,
             Faults::Huge => span.advised(),
             Faults::Base => !span.advised(),
             Faults::Any => true,
+        }
+    }
+
+    /// The spans whose units may fault in under this verdict when only
+    /// some of a block's units fault (around retained ones, or retained
+    /// ones purged): any while huge pages may fault, else unadvised ones.
+    pub(crate) fn some_units(self) -> Faults {
+        match self {
+            Faults::Huge | Faults::Any => Faults::Any,
+            Faults::Base => Faults::Base,
         }
     }
 }
@@ -108,7 +117,7 @@ pub(crate) fn find(
         if (other == 1 && (groups == Groups::Home || best[0].is_some())) || !v.serves(len) {
             continue;
         }
-        if want != Want::Retained && v.tier == Backing::Hugetlb || !faults.admits(want, span, &v) {
+        if (want != Want::Retained && v.tier == Backing::Hugetlb) || !faults.admits(span, &v) {
             continue;
         }
         // First fit: spans in slot order, units by address; a later
@@ -327,22 +336,21 @@ mod tests {
         assert_eq!(clean(Faults::Huge), Some(huge.index));
         assert_eq!(clean(Faults::Base), Some(base.index));
         assert_eq!(clean(Faults::Any), Some(base.index), "the first span");
-        // Retained units of the advised span serve a search for base-page
-        // faults: nothing faults in.
+        // Retained units of the advised span: found by a search of any
+        // span, not by one for base-page faults (a purge for zeros would
+        // fault them in again as huge pages).
         let (b, h) = (SPANS.get(base.index), SPANS.get(huge.index));
         assert!(h.claim(&huge, 0, 1));
         h.dirty.set(0, 1);
         h.release(0, 1);
-        let p = find(
-            &SPANS,
-            MIB2,
-            MIB2,
-            Want::Retained,
-            0,
-            Groups::Any,
-            Faults::Base,
-        );
-        assert_eq!(p.map(|p| (p.view.index, p.start)), Some((huge.index, 0)));
+        let retained = |faults| {
+            find(&SPANS, MIB2, MIB2, Want::Retained, 0, Groups::Any, faults)
+                .map(|p| (p.view.index, p.start))
+        };
+        assert_eq!(retained(Faults::Any), Some((huge.index, 0)));
+        assert_eq!(retained(Faults::Base), None);
+        assert_eq!(Faults::Huge.some_units(), Faults::Any);
+        assert_eq!(Faults::Base.some_units(), Faults::Base);
         // No clean unit left in the base-page span: none for base pages.
         assert!(b.claim(&base, 0, base.units));
         assert_eq!(clean(Faults::Base), None);

@@ -71,8 +71,11 @@ impl Engine {
             self.give_back(&span.units(v, start + m, n - m), policy, Restore::Access);
             return Ok(Block { ptr, len: v.len(m) });
         }
-        // Grown in place: the units after the block, claimed and made ready.
+        // Grown in place: the units after the block, claimed and made ready
+        // (in a span advised `MADV_HUGEPAGE` while the background thread
+        // promotes, only if the fault check grants it: else it moves).
         if m > n
+            && self.may_fault_in(span, &v, v.len(m - n))
             && span.claim(&v, start + n, m - n)
             && self.ready(&span.units(v, start + n, m - n), fill, v.len(m - n), policy)
         {
@@ -147,7 +150,7 @@ impl Engine {
     /// Units just added to a block go to base pages, as fresh blocks do,
     /// while the first-touch window after a slow page is open.
     fn advise_growth(&self, u: &Units<'_>, policy: &Policy) {
-        let thp = u.v.tier == Backing::TransparentHuge && policy.probes();
+        let thp = u.v.tier == Backing::TransparentHuge && u.span.advised() && policy.probes();
         if u.n > 0
             && thp
             && self

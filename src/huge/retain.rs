@@ -104,8 +104,11 @@ pub(crate) fn purge(c: &Counters, u: &Units<'_>, restore: Restore) -> bool {
     if r.is_err() || os::commit(c, p, len).is_err() {
         return false;
     }
-    if u.v.tier == Backing::TransparentHuge && (plain || span.base_pages.count(u.start, u.n) > 0) {
-        // Advice only: a failure leaves the range as it was advised.
+    // Advice only: a failure leaves the range as it was advised. A span
+    // reserved unadvised is never advised here: its clean units are the
+    // ones whose faults take base pages.
+    let advised = u.v.tier == Backing::TransparentHuge && span.advised();
+    if advised && (plain || span.base_pages.count(u.start, u.n) > 0) {
         let _ = os::advise(c, p, len, Advice::HugePage);
         span.forget_advice(c, u.start, u.n);
     }
@@ -375,4 +378,65 @@ pub(crate) fn release_all(c: &Counters, spans: &Spans) -> usize {
         }
     }
     released
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::huge::extents::ExtentMap;
+    use crate::sys::HUGE_PAGE_2M;
+
+    /// The `VmFlags` line of the mapping holding `addr`.
+    fn vm_flags(addr: usize) -> Option<String> {
+        let smaps = std::fs::read_to_string("/proc/self/smaps").ok()?;
+        let mut inside = false;
+        for line in smaps.lines() {
+            let range = line
+                .split_whitespace()
+                .next()
+                .and_then(|r| r.split_once('-'));
+            if let Some((a, b)) = range.filter(|_| !line.starts_with("VmFlags")) {
+                let hex = |t| usize::from_str_radix(t, 16).ok();
+                if let (Some(a), Some(b)) = (hex(a), hex(b)) {
+                    inside = a <= addr && addr < b;
+                    continue;
+                }
+            }
+            if inside && line.starts_with("VmFlags:") {
+                return Some(line.to_string());
+            }
+        }
+        None
+    }
+
+    #[test]
+    #[cfg_attr(miri, ignore = "mmap and procfs")]
+    fn a_purge_advises_huge_pages_only_in_a_span_reserved_advised() {
+        static SPANS: Spans = Spans::new();
+        static MAP: ExtentMap = ExtentMap::new();
+        let c = Counters::new();
+        for advise in [false, true] {
+            let v = SPANS
+                .reserve(&c, &MAP, HUGE_PAGE_2M, HUGE_PAGE_2M, 0, advise)
+                .unwrap();
+            if v.tier != Backing::TransparentHuge {
+                eprintln!("no THP span here: skipped");
+                return;
+            }
+            let span = SPANS.get(v.index);
+            assert!(span.claim(&v, 0, 1));
+            span.commit(&c, &v, 1).unwrap();
+            let u = span.units(v, 0, 1);
+            // A block moved away (`Restore::Everything`) that the program
+            // had advised base pages.
+            os::advise(&c, u.addr(), u.len(), Advice::NoHugePage).unwrap();
+            span.dirty.set(0, 1);
+            assert!(purge(&c, &u, Restore::Everything));
+            let flags = vm_flags(u.addr().as_ptr() as usize).expect("the unit is mapped");
+            assert_eq!(flags.contains(" hg"), advise, "{flags}");
+            assert_eq!(span.dirty.count(0, 1), 0, "purged units are clean");
+            span.release(0, 1);
+            assert!(SPANS.retire(&c, &v).is_some());
+        }
+    }
 }

@@ -339,22 +339,25 @@ pub struct HugeStats {
     /// page is at hand), so no request waits on compaction.
     pub base_page_first_bytes: u64,
     /// Bytes of fresh THP-tier blocks handed out, while the background
-    /// thread runs, in spans advised `MADV_HUGEPAGE` because its last check
-    /// found huge pages cheap: they fault in huge pages.
+    /// thread promotes, in spans advised `MADV_HUGEPAGE`: they fault in huge
+    /// pages. The fault check granted them, or no span could be had for
+    /// base pages (address space or the span table short).
     pub huge_page_first_bytes: u64,
     /// Checks the background thread made of what a fresh huge page costs
-    /// (one 2 MiB fault timed less its run-queue delay, and the free 2 MiB
-    /// blocks in `/proc/buddyinfo`), one per tick in which blocks were
-    /// allocated.
+    /// (the free 2 MiB blocks in `/proc/buddyinfo`, then one 2 MiB fault
+    /// timed less its run-queue delay): at most one per 50 ms, each tick
+    /// while blocks are handed out and for 250 ms after the last.
     pub huge_checks: u64,
     /// Of those, checks that found huge pages dear (their mean cost,
-    /// [`huge_fault_mean_ns`](Self::huge_fault_mean_ns), above 1 ms, or no
-    /// free 2 MiB block counted): fresh blocks took base
+    /// [`huge_fault_mean_ns`](Self::huge_fault_mean_ns), above 1 ms; a
+    /// fault that took base pages; no free 2 MiB block counted; or nothing
+    /// could be measured): fresh blocks took base
     /// pages until the next check.
     pub huge_checks_dear: u64,
     /// The mean cost of faulting in a fresh huge page that the checks
     /// found, in nanoseconds less the run-queue delay, weighted to recent
-    /// checks (each weighs a quarter); 0 before the first. Compared with
+    /// checks (each weighs a quarter; a check that found no free 2 MiB
+    /// block faults nothing and leaves it); 0 before the first. Compared with
     /// 1 ms, about what 512 base-page faults cost.
     pub huge_fault_mean_ns: u64,
     /// Bytes the background thread collapsed into huge pages

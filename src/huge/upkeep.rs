@@ -39,8 +39,8 @@ fn background_work() -> u64 {
     // are allocated: may fresh units fault in huge pages?
     let active =
         e.demand.quiet_for(now) < fault_check::VALID_NS || e.stats.get(Count::HugeChecks) == 0;
-    if e.promotes_unadvised() && active {
-        let _ = e.fault_check.run(&e.stats, now);
+    if e.promotes_unadvised() && active && crate::tier::thp_enabled() {
+        let _ = e.fault_check.run(&e.stats);
     }
     if promoting() {
         let keep = e.demand.keep(now, e.stats.get(Count::Live));
@@ -58,6 +58,11 @@ fn background_work() -> u64 {
         }
     }
     background::TICK_NS
+}
+
+/// The background thread's start: the files its fault checks read.
+fn background_init() {
+    ENGINE.fault_check.open_files();
 }
 
 /// Whether units that fault in base pages are promoted later: the
@@ -147,7 +152,7 @@ impl Engine {
     /// the spans reserved for it are advised `MADV_HUGEPAGE` after all.
     #[inline]
     pub(super) fn background(&self) {
-        if background::maybe_start(background_work) {
+        if background::maybe_start(background_init, background_work) {
             for (span, v) in self.spans.live() {
                 if v.tier == Backing::TransparentHuge {
                     span.advise_huge(&self.stats, &v);
@@ -186,8 +191,8 @@ unsafe fn fork_parent() {
 }
 
 /// `pthread_atfork` child handler: no background thread runs (the next
-/// huge-path call starts one), the unit the parent's thread held is free
-/// again, spans another thread of the parent was creating or retiring
+/// huge-path call starts one), the parent's fault-check verdict is
+/// dropped, the unit the parent's thread held is free again, spans another thread of the parent was creating or retiring
 /// become empty slots, and the retained bytes are recounted from the
 /// spans' bitmaps (units another thread had claimed at the fork stay out
 /// of use in the child).
@@ -197,6 +202,9 @@ unsafe fn fork_parent() {
 /// thread.
 unsafe fn fork_child() {
     background::after_fork_in_child();
+    // The parent's verdict is not the child's: base pages until its own
+    // thread checks.
+    ENGINE.fault_check.set(0, 0);
     ENGINE.held.release_in_child(&ENGINE.spans);
     let (retained, tails) = ENGINE.spans.repair_after_fork();
     ENGINE.stats.set(Count::Retained, retained);

@@ -34,7 +34,8 @@ pub(crate) use mappings::{
 pub(crate) use process::block_termination_signals;
 pub(crate) use process::{
     address_space_limited, environment_ready, getenv, leading_u64, linux_at_least, memlock_limit,
-    monotonic_ns, read_small_file, register_atfork, thread_cpu_ns, SchedStat,
+    monotonic_ns, read_small_file, register_atfork, thread_cpu_ns, thread_minor_faults, KeptFile,
+    SchedStat,
 };
 #[cfg(all(feature = "preload", target_os = "linux", target_env = "gnu"))]
 pub(crate) use process::{coarse_monotonic_ns, env_entries, program_break, secure_execution};

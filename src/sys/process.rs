@@ -140,6 +140,52 @@ pub(crate) fn read_small_file<'a>(path: &std::ffi::CStr, buf: &'a mut [u8]) -> O
     Some(&buf[..len])
 }
 
+/// A procfs file the library keeps open for the life of the process and
+/// reads with `pread` from its start, without allocating. Never closed: a
+/// program may close the number (`closefrom`) and reuse it, and closing it
+/// then would close the program's file; a read then fails or reads the
+/// program's file, which the caller's parsing rejects (`pread` changes no
+/// file offset, and files without one refuse it).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct KeptFile(libc::c_int);
+
+impl KeptFile {
+    /// Open `path` read-only (`O_CLOEXEC`); `None` when it cannot be.
+    pub(crate) fn open(path: &std::ffi::CStr) -> Option<KeptFile> {
+        if cfg!(miri) {
+            return None;
+        }
+        // SAFETY: NUL-terminated path.
+        let fd = unsafe { libc::open(path.as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC) };
+        (fd >= 0).then_some(KeptFile(fd))
+    }
+
+    /// The descriptor, to keep in an atomic.
+    pub(crate) fn raw(self) -> libc::c_int {
+        self.0
+    }
+
+    /// A file kept before (`raw`); `None` for a negative number.
+    pub(crate) fn from_raw(fd: libc::c_int) -> Option<KeptFile> {
+        (fd >= 0).then_some(KeptFile(fd))
+    }
+
+    /// Up to `buf.len()` bytes from the file's start; `None` when the read
+    /// fails.
+    pub(crate) fn read<'a>(&self, buf: &'a mut [u8]) -> Option<&'a [u8]> {
+        // SAFETY: `buf` is valid for `buf.len()` writable bytes.
+        let n = unsafe { libc::pread(self.0, buf.as_mut_ptr().cast(), buf.len(), 0) };
+        buf.get(..usize::try_from(n).ok()?)
+    }
+
+    /// The run-queue delay of a `schedstat` file kept open
+    /// ([`SchedStat::run_delay_ns`]).
+    pub(crate) fn run_delay_ns(&self) -> Option<u64> {
+        let mut buf = [0u8; 96];
+        parse_run_delay(self.read(&mut buf)?)
+    }
+}
+
 /// The leading decimal number of `text` (ASCII whitespace before it
 /// skipped), as sysfs and procfs print them; `None` when there is none or
 /// it overflows.
@@ -266,6 +312,23 @@ fn clock_ns(id: libc::clockid_t) -> u64 {
     (ts.tv_sec as u64)
         .saturating_mul(1_000_000_000)
         .saturating_add(ts.tv_nsec as u64)
+}
+
+/// The calling thread's minor page faults so far (`getrusage` with
+/// `RUSAGE_THREAD`, Linux 2.6.26); `None` where it cannot be read.
+#[cfg(target_os = "linux")]
+pub(crate) fn thread_minor_faults() -> Option<u64> {
+    // SAFETY: `rusage` is plain data, which the call fills in.
+    let mut r: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: a valid pointer to an `rusage` for the call to fill.
+    let rc = unsafe { libc::getrusage(libc::RUSAGE_THREAD, &mut r) };
+    (rc == 0).then(|| u64::try_from(r.ru_minflt).unwrap_or(0))
+}
+
+/// No per-thread fault count outside Linux.
+#[cfg(not(target_os = "linux"))]
+pub(crate) fn thread_minor_faults() -> Option<u64> {
+    None
 }
 
 /// Monotonic clock in nanoseconds (`CLOCK_MONOTONIC`, which always

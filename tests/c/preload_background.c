@@ -13,7 +13,9 @@
  *                      after a huge malloc of its own
  *   check              a written 4 MiB block every 20 ms for 1.2 s (kept),
  *                      then 1 s idle: the library's fault-check counters
- *                      (ckalloc_stats_json) after each
+ *                      (ckalloc_stats_json) after each, and the bytes of
+ *                      the blocks whose mapping is advised MADV_HUGEPAGE
+ *                      (VmFlags "hg" in /proc/self/smaps)
  *
  * Each mode prints "name: value" lines and exits 0, or prints what failed
  * and exits 1. */
@@ -165,16 +167,43 @@ static void print_checks(const char *when) {
         printf("%s %s: %lld\n", when, names[i], stat_of(names[i]));
 }
 
+/* Whether the mapping holding p is advised MADV_HUGEPAGE (VmFlags "hg"),
+ * or -1 when smaps has no such mapping. */
+static int advised_huge(const void *p) {
+    FILE *f = fopen("/proc/self/smaps", "r");
+    char line[512];
+    int in = 0, found = -1;
+    uintptr_t a = (uintptr_t)p;
+    if (!f) return -1;
+    while (found < 0 && fgets(line, sizeof line, f)) {
+        unsigned long s, e;
+        if (sscanf(line, "%lx-%lx ", &s, &e) == 2 && strchr(line, '-') < strchr(line, ' ')) {
+            in = s <= a && a < e;
+            continue;
+        }
+        if (in && !strncmp(line, "VmFlags:", 8)) found = strstr(line, " hg") != NULL;
+    }
+    fclose(f);
+    return found;
+}
+
 static int check(void) {
     enum { BLOCKS = 60 };
     static char *kept[BLOCKS];
+    long long advised = 0;
     for (int i = 0; i < BLOCKS; i++) {
         kept[i] = malloc(4 * MIB);
         if (!kept[i]) return puts("malloc failed"), 1;
         memset(kept[i], 1, 4 * MIB);
         usleep(20 * 1000);
     }
+    for (int i = 0; i < BLOCKS; i++) {
+        int hg = advised_huge(kept[i]);
+        if (hg < 0) return printf("no mapping for block %d\n", i), 1;
+        advised += hg ? 4 * MIB : 0;
+    }
     print_checks("active");
+    printf("active advised_bytes: %lld\n", advised);
     usleep(1000 * 1000);
     print_checks("idle");
     for (int i = 0; i < BLOCKS; i++) free(kept[i]);

@@ -83,7 +83,31 @@ fn a_freed_gigabyte_goes_back_by_the_clock_while_the_program_idles() {
 
 #[test]
 fn the_fault_check_runs_while_blocks_are_allocated_and_decides_where_they_fault() {
-    let out = background(&["check"], true, &[]);
+    // Spans are reserved unadvised, and the check runs, only where THP is
+    // on and an advised fault compacts memory synchronously.
+    let thp = |knob: &str| {
+        std::fs::read_to_string(format!("/sys/kernel/mm/transparent_hugepage/{knob}"))
+            .unwrap_or_default()
+    };
+    let defrag = thp("defrag");
+    let compacts = ["[always]", "[defer+madvise]", "[madvise]"]
+        .iter()
+        .any(|m| defrag.contains(m));
+    if thp("enabled").contains("[never]") || !compacts {
+        eprintln!("THP off, or defrag {defrag:?} does not compact on an advised fault: skipped");
+        return;
+    }
+    let out = run_c(
+        "preload_background.c",
+        &["check"],
+        true,
+        &[
+            "CKALLOC_BACKGROUND_THREAD",
+            "CKALLOC_THP",
+            "CKALLOC_RETAIN_DECAY_MS",
+        ],
+        &[("CKALLOC_HUGETLB", "0")],
+    );
     eprintln!("{out}");
     let n = |label: &str| number::<i64>(&out, label);
     let checks = n("active huge_checks: ");
@@ -93,8 +117,10 @@ fn the_fault_check_runs_while_blocks_are_allocated_and_decides_where_they_fault(
     // 1.2 s of allocations: a check per 100 ms tick.
     assert!(checks >= 5, "{out}");
     assert!((0..=checks).contains(&dear), "{out}");
-    // Every block was fresh, and went where a verdict sent it.
+    // Every block was fresh, went where a verdict sent it, and was counted
+    // so: in a mapping advised MADV_HUGEPAGE exactly when counted huge.
     assert_eq!(huge + base, 60 * (4 << 20), "{out}");
+    assert_eq!(n("active advised_bytes: "), huge, "{out}");
     if checks - dear >= 2 {
         assert!(
             huge > 0,
