@@ -31,8 +31,8 @@
 //! spans advised `MADV_HUGEPAGE` (their faults take huge pages, as without
 //! the thread) for [`VALID_NS`], up to half the free bytes counted less
 //! what was granted since the last check (blocks not written yet, which
-//! the free memory does not show); each grant takes its block's length
-//! from that budget. Otherwise, and when no check ran for [`VALID_NS`] (an
+//! the free memory does not show) and at most [`GRANT_PER_CHECK`]; each
+//! grant takes its block's length from that budget. Otherwise, and when no check ran for [`VALID_NS`] (an
 //! idle program: the first request after an idle spell never trusts memory
 //! measured before it), fresh units fault in base pages and are promoted
 //! later. A granted block keeps its span's advice for life: its pages
@@ -53,6 +53,12 @@ use std::sync::atomic::{AtomicI32, AtomicU64, Ordering::Relaxed};
 /// How long a check's verdict holds (250 ms: two and a half ticks of the
 /// background thread, which checks every tick while blocks are allocated).
 pub(crate) const VALID_NS: u64 = 250_000_000;
+/// The most bytes one check grants (8 MiB: four huge pages). One fault
+/// measures the free block the kernel hands out first; on a VM that
+/// reports free memory to its host, the blocks after the few recently
+/// freed ones fault on the host, which the next check measures only
+/// after the program took them.
+pub(crate) const GRANT_PER_CHECK: u64 = 8 << 20;
 /// The shortest time between two checks (50 ms: the thread may run its
 /// work again at once after a promotion pass that met its deadline).
 const CHECK_EVERY_NS: u64 = 50_000_000;
@@ -175,7 +181,7 @@ fn budget(
 ) -> Option<u64> {
     match (fault, mean, free) {
         (Some(f), Some(ns), Some(free)) if f.huge && ns <= SLOW_NS => {
-            Some((free / 2).saturating_sub(unwritten))
+            Some((free / 2).saturating_sub(unwritten).min(GRANT_PER_CHECK))
         }
         _ => None,
     }
@@ -352,9 +358,15 @@ Node 0, zone   Normal    100    200      7      1      0      0      0      0   
             huge: true,
         });
         let gib = Some(1u64 << 30);
-        assert_eq!(budget(fast, Some(200_000), gib, 0), Some(1 << 29));
-        // Blocks granted since the last check come off half the free bytes.
-        assert_eq!(budget(fast, Some(200_000), gib, 1 << 28), Some(1 << 28));
+        assert_eq!(budget(fast, Some(200_000), gib, 0), Some(GRANT_PER_CHECK));
+        // Half the free bytes, less blocks granted since the last check,
+        // when that is less.
+        let mib = |n: u64| n << 20;
+        assert_eq!(budget(fast, Some(200_000), Some(mib(10)), 0), Some(mib(5)));
+        assert_eq!(
+            budget(fast, Some(200_000), Some(mib(10)), mib(2)),
+            Some(mib(3))
+        );
         assert_eq!(budget(fast, Some(200_000), gib, 1 << 40), Some(0));
         // A mean above 1 ms, a fault that took base pages, no fault, no
         // free memory counted: dear.
