@@ -18,7 +18,8 @@
 //!   finds it starting and goes on without it.
 //! - As it starts it runs the engine's start function (which opens the
 //!   files its work reads and keeps them: it opens none later), while the
-//!   call that started it waits, at most 10 ms.
+//!   call that started it waits; a thread that does not run within 10 ms
+//!   skips it (its work then reads no file).
 //! - A `pthread_create` that fails (a thread or process limit, a seccomp
 //!   filter) is silent: the state says so ([`BackgroundThread::Failed`]) and the
 //!   engine works as without the thread.
@@ -106,8 +107,18 @@ static BUSY: AtomicBool = AtomicBool::new(false);
 static WORK: AtomicUsize = AtomicUsize::new(0);
 /// The function the thread runs once as it starts (`fn()`), as an address.
 static INIT: AtomicUsize = AtomicUsize::new(0);
-/// Set by the thread once its start function returned.
-static READY: AtomicBool = AtomicBool::new(false);
+/// The start function's state ([`START_WAITING`] and after): the thread
+/// runs it only if the starting call still waits, so it never runs at a
+/// moment of the thread's choosing.
+static INIT_STATE: AtomicU8 = AtomicU8::new(START_WAITING);
+/// The starting call waits for the start function.
+const START_WAITING: u8 = 0;
+/// The thread runs the start function; the starting call waits for it.
+const START_RUNNING: u8 = 1;
+/// The start function returned.
+const START_DONE: u8 = 2;
+/// The starting call stopped waiting first: the start function never runs.
+const START_ABANDONED: u8 = 3;
 /// How long a start waits for the thread's start function (10 ms).
 const READY_WAIT_NS: u64 = 10_000_000;
 
@@ -136,7 +147,8 @@ pub(crate) fn want() -> BackgroundThread {
 }
 
 /// Start the thread if it is wanted and not running: it runs `init` once,
-/// while this call waits (at most 10 ms), then `work` in a loop. One load
+/// while this call waits (never after: a thread not running within 10 ms
+/// skips it), then `work` in a loop. One load
 /// when it runs. Returns `true` when the thread failed to start just now
 /// (the caller undoes what it did for the thread).
 #[inline]
@@ -163,15 +175,25 @@ fn start(init: fn(), work: fn() -> u64) -> bool {
     }
     WORK.store(work as usize, Release);
     INIT.store(init as usize, Release);
-    READY.store(false, SeqCst);
+    INIT_STATE.store(START_WAITING, SeqCst);
     match sys::spawn_detached(run) {
         Ok(()) => {
             STATE.store(BackgroundThread::Running.code(), Release);
             // The thread's start function opens files: done while the
             // program's thread waits in this call, as a library call that
-            // opens a file would, not at a moment of the thread's choosing.
+            // opens a file would, or never (a thread not running within
+            // the wait gives it up).
             let until = sys::monotonic_ns().saturating_add(READY_WAIT_NS);
-            while !READY.load(SeqCst) && sys::monotonic_ns() < until {
+            loop {
+                let s = INIT_STATE.load(SeqCst);
+                let late = s == START_WAITING
+                    && sys::monotonic_ns() >= until
+                    && INIT_STATE
+                        .compare_exchange(START_WAITING, START_ABANDONED, SeqCst, SeqCst)
+                        .is_ok();
+                if s == START_DONE || late {
+                    break;
+                }
                 sys::sleep_ns(20_000);
             }
             false
@@ -188,13 +210,18 @@ fn start(init: fn(), work: fn() -> u64) -> bool {
 extern "C" fn run(_: *mut libc::c_void) -> *mut libc::c_void {
     sys::name_this_thread(c"ckalloc-bg");
     let init = INIT.load(Acquire);
-    if init != 0 {
+    let waited = INIT_STATE
+        .compare_exchange(START_WAITING, START_RUNNING, SeqCst, SeqCst)
+        .is_ok();
+    if waited && init != 0 {
         // SAFETY: `INIT` holds only addresses of `fn()` stored by `start`,
         // valid for the life of the process.
         let init: fn() = unsafe { std::mem::transmute::<usize, fn()>(init) };
         init();
     }
-    READY.store(true, SeqCst);
+    if waited {
+        INIT_STATE.store(START_DONE, SeqCst);
+    }
     loop {
         let w = WORK.load(Acquire);
         BUSY.store(true, SeqCst);

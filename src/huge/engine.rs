@@ -173,9 +173,11 @@ impl Engine {
     pub(super) fn claim(&self, ask: &Ask<'_>) -> Option<Claimed<'_>> {
         let (fill, policy) = (ask.fill, ask.policy);
         let retains = self.retains(ask.len, policy);
-        // A block that must read zero may purge retained units, which then
-        // fault in again as fresh ones do: its verdict comes first.
-        let mut faults = (fill == Fill::Zeroed).then(|| self.fresh_faults(ask.len));
+        // A block cleared by a purge of its retained units faults them in
+        // again as fresh ones: its verdict comes first.
+        let purges = fill == Fill::Zeroed
+            && (policy.zeroing == Zeroing::Purge || ask.len > ZERO_BY_MEMSET_MAX);
+        let mut faults = purges.then(|| self.fresh_faults(ask.len));
         if retains {
             if self.stats.get(Count::Retained) >= ask.len as u64 {
                 let some = faults.map_or(Faults::Any, Faults::some_units);

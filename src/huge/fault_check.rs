@@ -32,12 +32,15 @@
 //! the thread) for [`VALID_NS`], up to half the free bytes counted less
 //! what was granted since the last check (blocks not written yet, which
 //! the free memory does not show) and at most [`GRANT_PER_CHECK`]; each
-//! grant takes its block's length from that budget. Otherwise, and when no check ran for [`VALID_NS`] (an
-//! idle program: the first request after an idle spell never trusts memory
-//! measured before it), fresh units fault in base pages and are promoted
-//! later. A granted block keeps its span's advice for life: its pages
-//! fault in when written, and a purged unit of an advised span faults in
-//! as a huge page again, which the engine allows only with a grant.
+//! grant takes its block's whole length from that budget, so a longer
+//! block is never granted. Otherwise, and when no check ran for
+//! [`VALID_NS`] (an idle program: the first request after an idle spell
+//! never trusts memory measured before it), fresh units fault in base
+//! pages and are promoted later. A granted block keeps its span's advice
+//! for life: its pages fault in when written, a purged unit of an advised
+//! span faults in as a huge page again, which the engine allows only with
+//! a grant, and a block moved between spans advised differently is copied
+//! (`mremap` would carry the advice along).
 //!
 //! Atomics only; the check allocates nothing (a 4 KiB buffer on the
 //! thread's stack, one `mmap` of its own, whose system calls the engine's
@@ -47,8 +50,8 @@
 
 use super::first_touch::{PageClock, SLOW_NS};
 use super::stats::{Count, Counters};
-use crate::sys::{self, Advice, KeptFile, Prot, HUGE_PAGE_2M};
-use std::sync::atomic::{AtomicI32, AtomicU64, Ordering::Relaxed};
+use crate::sys::{self, Advice, KeptFile, KeptSlot, Prot, HUGE_PAGE_2M};
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
 /// How long a check's verdict holds (250 ms: two and a half ticks of the
 /// background thread, which checks every tick while blocks are allocated).
@@ -78,9 +81,9 @@ pub(crate) struct FaultCheck {
     /// ([`mean_cost`]); 0 before the first.
     mean: AtomicU64,
     /// `/proc/buddyinfo` and the thread's `schedstat`, kept open
-    /// ([`KeptFile`]) by [`open_files`](Self::open_files); -1: not open.
-    buddyinfo: AtomicI32,
-    schedstat: AtomicI32,
+    /// ([`KeptFile`]) by [`open_files`](Self::open_files).
+    buddyinfo: KeptSlot,
+    schedstat: KeptSlot,
 }
 
 impl FaultCheck {
@@ -91,8 +94,8 @@ impl FaultCheck {
             checked: AtomicU64::new(0),
             granted: AtomicU64::new(0),
             mean: AtomicU64::new(0),
-            buddyinfo: AtomicI32::new(-1),
-            schedstat: AtomicI32::new(-1),
+            buddyinfo: KeptSlot::new(),
+            schedstat: KeptSlot::new(),
         }
     }
 
@@ -118,11 +121,9 @@ impl FaultCheck {
     /// file later, so its descriptors never race a program's own `close`
     /// and `open`); kept for the life of the thread's process.
     pub(crate) fn open_files(&self) {
-        let keep = |path: &std::ffi::CStr, into: &AtomicI32| {
-            into.store(KeptFile::open(path).map_or(-1, KeptFile::raw), Relaxed);
-        };
-        keep(c"/proc/buddyinfo", &self.buddyinfo);
-        keep(c"/proc/thread-self/schedstat", &self.schedstat);
+        self.buddyinfo.keep(KeptFile::open(c"/proc/buddyinfo"));
+        self.schedstat
+            .keep(KeptFile::open(c"/proc/thread-self/schedstat"));
     }
 
     /// Set the verdict: `budget` bytes may fault in huge pages until
@@ -143,12 +144,14 @@ impl FaultCheck {
         self.checked.store(start, Relaxed);
         // No free 2 MiB block: dear without a fault (which would compact
         // memory or take 512 base pages, each a fault of the program's).
-        let kept = |f: &AtomicI32| KeptFile::from_raw(f.load(Relaxed));
-        let free = kept(&self.buddyinfo)
+        let free = self
+            .buddyinfo
+            .get()
             .and_then(free_huge_bytes)
             .filter(|&f| f >= HUGE_PAGE_2M as u64);
-        let fault = free.and_then(|_| huge_fault(kept(&self.schedstat)));
-        let mean = fault.map(|f| {
+        let fault = free.and_then(|_| huge_fault(self.schedstat.get()));
+        // Only huge pages' costs make the mean of a huge page's cost.
+        let mean = fault.filter(|f| f.huge).map(|f| {
             let m = mean_cost(self.mean.load(Relaxed), f.ns);
             self.mean.store(m, Relaxed);
             c.set(Count::HugeFaultNs, m);
@@ -207,8 +210,8 @@ fn mean_cost(mean: u64, sample: u64) -> u64 {
 struct Fault {
     /// Its cost: nanoseconds less the run-queue delay.
     ns: u64,
-    /// Whether the kernel gave a huge page: one page fault (or the faults
-    /// cannot be counted), not 512.
+    /// Whether the kernel gave a huge page: a page fault or a few (or the
+    /// faults cannot be counted), not 512.
     huge: bool,
 }
 
@@ -237,9 +240,11 @@ fn huge_fault(schedstat: Option<KeptFile>) -> Option<Fault> {
             let taken = sys::thread_minor_faults()
                 .zip(faults)
                 .map(|(after, before)| after.saturating_sub(before));
+            // A stray fault or two (a stack page the reads touched first)
+            // is not the 512 of a range that took base pages.
             Fault {
                 ns,
-                huge: taken.is_none_or(|n| n <= 1),
+                huge: taken.is_none_or(|n| n < 64),
             }
         });
     let _ = sys::munmap(p.as_ptr(), HUGE_PAGE_2M);

@@ -102,9 +102,13 @@ impl Engine {
         let dst = c.units();
         // The pages move onto a destination that reads zero (what a move
         // that fails midway needs): retained units there are purged first.
+        // Between spans advised differently they are copied: `mremap` gives
+        // the destination the source's `MADV_HUGEPAGE` or its absence, which
+        // would outlive the block on units whose span says otherwise.
         let head = dst.v.units_for(old_len).min(dst.n);
         let pages = v.tier != Backing::Hugetlb
             && dst.v.tier != Backing::Hugetlb
+            && span.advised() == dst.span.advised()
             && self.purge_dirty(&dst.at(dst.start, head));
         let dst = dst.addr();
         let moved = relocate(&self.stats, ptr, dst, old_len, 1 << v.shift, pages);

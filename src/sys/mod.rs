@@ -17,6 +17,7 @@
 
 pub(crate) mod fault;
 mod files;
+mod kept;
 mod mappings;
 mod process;
 mod thread;
@@ -26,6 +27,7 @@ mod unsupported;
 pub(crate) use files::{fstat, open_readonly, pread_exact, Fd};
 #[cfg(feature = "weights")]
 pub(crate) use files::{link_unnamed, open_unnamed_in, unnamed_unsupported};
+pub(crate) use kept::{KeptFile, KeptSlot};
 pub(crate) use mappings::{
     commit_read_write, madvise, map_aligned, mlock, munlock, munmap, munmap_best_effort, purge,
     reserve_aligned, Advice, HugetlbSize, Prot, Source,
@@ -34,8 +36,7 @@ pub(crate) use mappings::{
 pub(crate) use process::block_termination_signals;
 pub(crate) use process::{
     address_space_limited, environment_ready, getenv, leading_u64, linux_at_least, memlock_limit,
-    monotonic_ns, read_small_file, register_atfork, thread_cpu_ns, thread_minor_faults, KeptFile,
-    SchedStat,
+    monotonic_ns, read_small_file, register_atfork, thread_cpu_ns, thread_minor_faults, SchedStat,
 };
 #[cfg(all(feature = "preload", target_os = "linux", target_env = "gnu"))]
 pub(crate) use process::{coarse_monotonic_ns, env_entries, program_break, secure_execution};

@@ -140,52 +140,6 @@ pub(crate) fn read_small_file<'a>(path: &std::ffi::CStr, buf: &'a mut [u8]) -> O
     Some(&buf[..len])
 }
 
-/// A procfs file the library keeps open for the life of the process and
-/// reads with `pread` from its start, without allocating. Never closed: a
-/// program may close the number (`closefrom`) and reuse it, and closing it
-/// then would close the program's file; a read then fails or reads the
-/// program's file, which the caller's parsing rejects (`pread` changes no
-/// file offset, and files without one refuse it).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct KeptFile(libc::c_int);
-
-impl KeptFile {
-    /// Open `path` read-only (`O_CLOEXEC`); `None` when it cannot be.
-    pub(crate) fn open(path: &std::ffi::CStr) -> Option<KeptFile> {
-        if cfg!(miri) {
-            return None;
-        }
-        // SAFETY: NUL-terminated path.
-        let fd = unsafe { libc::open(path.as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC) };
-        (fd >= 0).then_some(KeptFile(fd))
-    }
-
-    /// The descriptor, to keep in an atomic.
-    pub(crate) fn raw(self) -> libc::c_int {
-        self.0
-    }
-
-    /// A file kept before (`raw`); `None` for a negative number.
-    pub(crate) fn from_raw(fd: libc::c_int) -> Option<KeptFile> {
-        (fd >= 0).then_some(KeptFile(fd))
-    }
-
-    /// Up to `buf.len()` bytes from the file's start; `None` when the read
-    /// fails.
-    pub(crate) fn read<'a>(&self, buf: &'a mut [u8]) -> Option<&'a [u8]> {
-        // SAFETY: `buf` is valid for `buf.len()` writable bytes.
-        let n = unsafe { libc::pread(self.0, buf.as_mut_ptr().cast(), buf.len(), 0) };
-        buf.get(..usize::try_from(n).ok()?)
-    }
-
-    /// The run-queue delay of a `schedstat` file kept open
-    /// ([`SchedStat::run_delay_ns`]).
-    pub(crate) fn run_delay_ns(&self) -> Option<u64> {
-        let mut buf = [0u8; 96];
-        parse_run_delay(self.read(&mut buf)?)
-    }
-}
-
 /// The leading decimal number of `text` (ASCII whitespace before it
 /// skipped), as sysfs and procfs print them; `None` when there is none or
 /// it overflows.
@@ -234,7 +188,7 @@ impl SchedStat {
 /// thread got a CPU). `None` when the line does not parse, or when it reads
 /// `0 0 0`, as a kernel that keeps no scheduler statistics prints it (a
 /// thread that ran has got a CPU at least once).
-fn parse_run_delay(line: &[u8]) -> Option<u64> {
+pub(super) fn parse_run_delay(line: &[u8]) -> Option<u64> {
     let mut fields = line.split(|&b| b == b' ').map(leading_u64);
     let (_, delay, slices) = (fields.next()??, fields.next()??, fields.next()??);
     (slices > 0).then_some(delay)

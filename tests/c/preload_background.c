@@ -15,7 +15,8 @@
  *                      then 1 s idle: the library's fault-check counters
  *                      (ckalloc_stats_json) after each, and the bytes of
  *                      the blocks whose mapping is advised MADV_HUGEPAGE
- *                      (VmFlags "hg" in /proc/self/smaps)
+ *                      (VmFlags "hg" in /proc/self/smaps); then an advised
+ *                      block grown to 64 MiB: whether it is advised
  *
  * Each mode prints "name: value" lines and exits 0, or prints what failed
  * and exits 1. */
@@ -206,6 +207,16 @@ static int check(void) {
     printf("active advised_bytes: %lld\n", advised);
     usleep(1000 * 1000);
     print_checks("idle");
+    for (int i = 0; i < BLOCKS; i++) {
+        if (advised_huge(kept[i]) != 1) continue;
+        char *grown = realloc(kept[i], 64 * MIB);
+        if (!grown) return puts("realloc failed"), 1;
+        kept[i] = grown;
+        for (size_t k = 0; k < 4 * MIB; k += 4096)
+            if (grown[k] != 1) return printf("grown byte %zu changed\n", k), 1;
+        printf("grown advised: %d\n", advised_huge(grown));
+        break;
+    }
     for (int i = 0; i < BLOCKS; i++) free(kept[i]);
     return 0;
 }

@@ -132,4 +132,9 @@ fn the_fault_check_runs_while_blocks_are_allocated_and_decides_where_they_fault(
     }
     // Idle: the checks stop within the verdict's 250 ms.
     assert!(n("idle huge_checks: ") - checks <= 3, "{out}");
+    // A granted block grown past what a check grants moves to a span of
+    // base pages, without the advice of the span it left.
+    if huge > 0 {
+        assert_eq!(n("grown advised: "), 0, "{out}");
+    }
 }
