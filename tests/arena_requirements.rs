@@ -39,8 +39,7 @@ fn beyond_pool() -> usize {
 }
 
 fn thp_on() -> bool {
-    let mode =
-        std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/enabled").unwrap_or_default();
+    let mode = common::thp_setting("enabled");
     let env_off = std::env::var("CKALLOC_THP")
         .map(|v| matches!(v.trim(), "" | "0" | "false" | "no" | "off"))
         .unwrap_or(false);

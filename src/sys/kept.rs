@@ -2,7 +2,7 @@
 //! place to share one between threads ([`KeptSlot`]): procfs files the
 //! background thread reads again and again without opening them then.
 
-use super::process::parse_run_delay;
+use super::process::{read_from_start, run_delay_of};
 use std::sync::atomic::{
     AtomicI32, AtomicU64,
     Ordering::{Acquire, Relaxed, Release},
@@ -43,22 +43,21 @@ impl KeptFile {
         Some(KeptFile { fd, dev, ino })
     }
 
+    /// The descriptor, while it still names the file opened.
+    fn checked(&self) -> Option<libc::c_int> {
+        (identity(self.fd)? == (self.dev, self.ino)).then_some(self.fd)
+    }
+
     /// Up to `buf.len()` bytes from the file's start; `None` when the read
     /// fails or the descriptor names another file now.
     pub(crate) fn read<'a>(&self, buf: &'a mut [u8]) -> Option<&'a [u8]> {
-        if identity(self.fd)? != (self.dev, self.ino) {
-            return None;
-        }
-        // SAFETY: `buf` is valid for `buf.len()` writable bytes.
-        let n = unsafe { libc::pread(self.fd, buf.as_mut_ptr().cast(), buf.len(), 0) };
-        buf.get(..usize::try_from(n).ok()?)
+        read_from_start(self.checked()?, buf)
     }
 
     /// The run-queue delay of a `schedstat` file kept open
     /// ([`SchedStat::run_delay_ns`](super::SchedStat::run_delay_ns)).
     pub(crate) fn run_delay_ns(&self) -> Option<u64> {
-        let mut buf = [0u8; 96];
-        parse_run_delay(self.read(&mut buf)?)
+        run_delay_of(self.checked()?)
     }
 }
 

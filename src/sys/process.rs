@@ -176,11 +176,23 @@ impl SchedStat {
     /// but waiting for a CPU. `None` when the file cannot be read or the
     /// kernel keeps no scheduler statistics ([`parse_run_delay`]).
     pub(crate) fn run_delay_ns(&self) -> Option<u64> {
-        let mut buf = [0u8; 96];
-        // SAFETY: `buf` is valid for `buf.len()` writable bytes.
-        let n = unsafe { libc::pread(self.0.raw(), buf.as_mut_ptr().cast(), buf.len(), 0) };
-        parse_run_delay(buf.get(..usize::try_from(n).ok()?)?)
+        run_delay_of(self.0.raw())
     }
+}
+
+/// Up to `buf.len()` bytes of descriptor `fd` from its start (one `pread`
+/// at offset 0, no allocation); `None` when the read fails.
+pub(super) fn read_from_start(fd: libc::c_int, buf: &mut [u8]) -> Option<&[u8]> {
+    // SAFETY: `buf` is valid for `buf.len()` writable bytes.
+    let n = unsafe { libc::pread(fd, buf.as_mut_ptr().cast(), buf.len(), 0) };
+    buf.get(..usize::try_from(n).ok()?)
+}
+
+/// The run-queue delay read from `fd`, a `schedstat` file open for reading
+/// ([`parse_run_delay`]).
+pub(super) fn run_delay_of(fd: libc::c_int) -> Option<u64> {
+    let mut buf = [0u8; 96];
+    parse_run_delay(read_from_start(fd, &mut buf)?)
 }
 
 /// The run-queue delay of a `schedstat` line: its second field, of three

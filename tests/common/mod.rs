@@ -84,11 +84,18 @@ pub fn skip_without_hugetlb(test: &str, pages: u64) -> bool {
     }
 }
 
+/// A THP setting, `/sys/kernel/mm/transparent_hugepage/KNOB` (`enabled`,
+/// `defrag`, ...) as the kernel prints it, the selected mode in brackets;
+/// empty when it cannot be read.
+pub fn thp_setting(knob: &str) -> String {
+    std::fs::read_to_string(format!("/sys/kernel/mm/transparent_hugepage/{knob}"))
+        .unwrap_or_default()
+}
+
 /// Whether THP can be used (mode is not `never`).
 pub fn thp_available() -> bool {
-    std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/enabled")
-        .map(|s| !s.contains("[never]"))
-        .unwrap_or(false)
+    let mode = thp_setting("enabled");
+    !mode.is_empty() && !mode.contains("[never]")
 }
 
 /// Touch one byte per 4 KiB page, and the last byte (the buffer need not be

@@ -6,7 +6,7 @@
 //! a freed gigabyte goes back by the clock while the program idles, and
 //! the fault check runs while blocks are allocated and places them.
 
-use super::{number, run_c};
+use super::{common, number, run_c};
 
 /// Run a mode of `preload_background` with the library or without, with
 /// `env` set; its stdout.
@@ -85,15 +85,11 @@ fn a_freed_gigabyte_goes_back_by_the_clock_while_the_program_idles() {
 fn the_fault_check_runs_while_blocks_are_allocated_and_decides_where_they_fault() {
     // Spans are reserved unadvised, and the check runs, only where THP is
     // on and an advised fault compacts memory synchronously.
-    let thp = |knob: &str| {
-        std::fs::read_to_string(format!("/sys/kernel/mm/transparent_hugepage/{knob}"))
-            .unwrap_or_default()
-    };
-    let defrag = thp("defrag");
+    let defrag = common::thp_setting("defrag");
     let compacts = ["[always]", "[defer+madvise]", "[madvise]"]
         .iter()
         .any(|m| defrag.contains(m));
-    if thp("enabled").contains("[never]") || !compacts {
+    if !common::thp_available() || !compacts {
         eprintln!("THP off, or defrag {defrag:?} does not compact on an advised fault: skipped");
         return;
     }

@@ -12,8 +12,7 @@ use ckalloc::preload::{calloc, free, malloc, realloc};
 use ckalloc::{env, huge_stats, HugeStats};
 use std::ffi::c_void;
 
-#[path = "../common/mod.rs"]
-mod common;
+use super::common;
 
 /// `common::run_child` while no other program of this binary uses the
 /// hugetlb pool ([`super::hugetlb_pool`]): the children take hugetlb blocks.

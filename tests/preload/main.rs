@@ -14,6 +14,8 @@
 #![cfg(all(feature = "preload", target_os = "linux", target_env = "gnu"))]
 
 mod background;
+#[path = "../common/mod.rs"]
+mod common;
 mod conformance;
 mod engine;
 mod limits;
