@@ -158,9 +158,9 @@ pub extern "C" fn malloc_trim(pad: usize) -> c_int {
 }
 
 /// The library's statistics as one JSON object ([`api::write_stats_json`]
-/// lists the keys): written into `buf` (`len` bytes) with a NUL after it
-/// when there is room; returns the object's length without the NUL
-/// whether or not it fit, as `snprintf` does. `buf` may be null when `len`
+/// lists the keys), written as `snprintf` writes: at most `len - 1` bytes
+/// of it into `buf` and a NUL after them; returns the object's length
+/// without the NUL whether or not it fit. `buf` may be null when `len`
 /// is 0 (to learn the length). Thread-safe; never allocates. The Python
 /// package's `ckalloc.stats()` calls it.
 ///

@@ -431,7 +431,7 @@ impl fmt::Display for HugeStats {
         writeln!(
             f,
             "retention: hits {} of which carved {}, misses {} of which extended a retained run {}; \
-             resizes in place {}, moved {}, copied {}; purged {}; given back by decay {} (purged, or unmapped with an idle span)",
+             grown in place {}, moved {}, copied {}; purged {}; given back by decay {} (purged, or unmapped with an idle span)",
             self.retention_hits,
             self.retention_carves,
             self.retention_misses,

@@ -63,17 +63,22 @@ impl Write for Counting<'_> {
 }
 
 /// Write the statistics as one JSON object (UTF-8, no trailing newline)
-/// into `out`, followed by a NUL when there is room. Returns the object's
-/// length in bytes without the NUL, whether or not it fit, as `snprintf`
-/// does: the caller with a buffer shorter than that plus one asks again.
-/// Never allocates; thread-safe (the counters are read with relaxed
+/// into `out`, as `snprintf` writes (C99 7.19.6.5): at most
+/// `out.len() - 1` bytes of it and always a NUL after them, unless `out`
+/// is empty. Returns the object's length in bytes without the NUL, whether
+/// or not it fit: the caller with a buffer shorter than that plus one asks
+/// again. Never allocates; thread-safe (the counters are read with relaxed
 /// atomics, so fields are each current, not a snapshot of one moment).
 pub fn write_stats_json(out: &mut [u8]) -> usize {
-    let mut w = Counting { buf: out, len: 0 };
+    let room = out.len().saturating_sub(1);
+    let mut w = Counting {
+        buf: &mut out[..room],
+        len: 0,
+    };
     // `Counting` never fails.
     let _ = write_object(&mut w, &huge_stats());
     let len = w.len;
-    if let Some(nul) = w.buf.get_mut(len) {
+    if let Some(nul) = out.get_mut(len.min(room)) {
         *nul = 0;
     }
     len
@@ -255,9 +260,18 @@ mod tests {
         assert!(text.starts_with("{\"preload\":{\"blocks\":"), "{text}");
         assert!(text.ends_with("}}"), "{text}");
         assert!(text.contains("\"settings\":{\"CKALLOC_RETAIN_BYTES\":{\"value\":"));
+        // As `snprintf`: the bytes that fit, then a NUL.
         let mut small = [0xffu8; 10];
         assert_eq!(write_stats_json(&mut small), len);
-        assert_eq!(&small[..], &big[..10]);
+        assert_eq!(&small[..9], &big[..9]);
+        assert_eq!(small[9], 0);
+        let mut one = [0xffu8; 1];
+        assert_eq!(write_stats_json(&mut one), len);
+        assert_eq!(one, [0]);
+        let mut exact = vec![0xffu8; len + 1];
+        assert_eq!(write_stats_json(&mut exact), len);
+        assert_eq!(exact[len], 0);
+        assert!(exact[..len].ends_with(b"}}"));
         assert_eq!(write_stats_json(&mut []), len);
     }
 

@@ -4,7 +4,7 @@
 
 use super::process::{read_from_start, run_delay_of};
 use std::sync::atomic::{
-    AtomicI32, AtomicU64,
+    AtomicI64, AtomicU64,
     Ordering::{Acquire, Relaxed, Release},
 };
 
@@ -62,9 +62,11 @@ impl KeptFile {
 }
 
 /// A place for a [`KeptFile`] shared between threads: atomics, empty at
-/// first.
+/// first, all zero until a file is kept (so a static holding one, as the
+/// engine does, stays in zero-initialised memory, `.bss`, not `.data`).
 pub(crate) struct KeptSlot {
-    fd: AtomicI32,
+    /// The descriptor plus one; 0: empty.
+    fd_plus_one: AtomicI64,
     dev: AtomicU64,
     ino: AtomicU64,
 }
@@ -72,7 +74,7 @@ pub(crate) struct KeptSlot {
 impl KeptSlot {
     pub(crate) const fn new() -> KeptSlot {
         KeptSlot {
-            fd: AtomicI32::new(-1),
+            fd_plus_one: AtomicI64::new(0),
             dev: AtomicU64::new(0),
             ino: AtomicU64::new(0),
         }
@@ -81,17 +83,17 @@ impl KeptSlot {
     /// Keep `f` here (`None`: empty); a file kept before is forgotten,
     /// not closed.
     pub(crate) fn keep(&self, f: Option<KeptFile>) {
-        self.fd.store(-1, Release);
+        self.fd_plus_one.store(0, Release);
         if let Some(f) = f {
             self.dev.store(f.dev, Relaxed);
             self.ino.store(f.ino, Relaxed);
-            self.fd.store(f.fd, Release);
+            self.fd_plus_one.store(i64::from(f.fd) + 1, Release);
         }
     }
 
     /// The file kept here, if any.
     pub(crate) fn get(&self) -> Option<KeptFile> {
-        let fd = self.fd.load(Acquire);
+        let fd = libc::c_int::try_from(self.fd_plus_one.load(Acquire) - 1).ok()?;
         (fd >= 0).then(|| KeptFile {
             fd,
             dev: self.dev.load(Relaxed),

@@ -2,7 +2,8 @@
 //! `LD_PRELOAD` and, for reference, under glibc (`tests/c/preload_limits.c`):
 //! the VMAs of 40,000 live blocks, the resident set of short tails, a
 //! shrink at `vm.max_map_count`, a block freed locked and read-only, one
-//! freed with protected pages, and requests under an address-space limit.
+//! freed with protected pages, requests under an address-space limit, and
+//! the library's own initialised data.
 
 use super::run_c;
 
@@ -105,4 +106,52 @@ fn under_an_address_space_limit_every_request_glibc_serves_is_served() {
         "live malloc(3 MiB) under RLIMIT_AS of VmSize + 2 GiB: ckalloc {ckalloc}, glibc {glibc}"
     );
     assert!(ckalloc * 100 >= glibc * 70, "{ckalloc} against {glibc}");
+}
+
+/// The size in bytes of each section named in `names` of a 64-bit
+/// little-endian ELF file (`elf(5)`: the section header table at
+/// `e_shoff`, names in the section `e_shstrndx`).
+fn elf_section_sizes(elf: &[u8], names: &[&str]) -> Vec<Option<u64>> {
+    let u16_at = |o: usize| u16::from_le_bytes(elf[o..o + 2].try_into().unwrap()) as usize;
+    let u32_at = |o: usize| u32::from_le_bytes(elf[o..o + 4].try_into().unwrap()) as usize;
+    let u64_at = |o: usize| u64::from_le_bytes(elf[o..o + 8].try_into().unwrap());
+    assert_eq!(
+        &elf[..6],
+        b"\x7fELF\x02\x01",
+        "a 64-bit little-endian ELF file"
+    );
+    let (shoff, shentsize) = (u64_at(0x28) as usize, u16_at(0x3a));
+    let (shnum, shstrndx) = (u16_at(0x3c), u16_at(0x3e));
+    let header = |i: usize| shoff + i * shentsize;
+    let strtab = u64_at(header(shstrndx) + 0x18) as usize;
+    let name_of = |i: usize| {
+        let start = strtab + u32_at(header(i));
+        let end = start + elf[start..].iter().position(|&b| b == 0).unwrap();
+        std::str::from_utf8(&elf[start..end]).unwrap().to_owned()
+    };
+    names
+        .iter()
+        .map(|n| {
+            (0..shnum)
+                .find(|&i| name_of(i) == *n)
+                .map(|i| u64_at(header(i) + 0x20))
+        })
+        .collect()
+}
+
+#[test]
+fn the_engines_tables_take_no_initialised_data_in_the_library() {
+    // The engine's tables (tens of MiB) are zero at start: in `.bss`, which
+    // takes no room in the file and no memory until touched. One field
+    // with a non-zero start value would move all of them into `.data`,
+    // read from the file at load.
+    let elf = std::fs::read(super::library()).expect("the preload library");
+    let sizes = elf_section_sizes(&elf, &[".data", ".bss"]);
+    let (data, bss) = (sizes[0].unwrap_or(0), sizes[1].expect("a .bss section"));
+    eprintln!("libckalloc_preload.so: .data {data} B, .bss {bss} B");
+    assert!(data < 1 << 20, ".data holds {data} bytes");
+    assert!(
+        bss > 16 << 20,
+        "the engine's tables are in .bss ({bss} bytes)"
+    );
 }

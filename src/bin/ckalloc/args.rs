@@ -63,7 +63,7 @@ pub fn parse_size_arg(s: &str) -> Result<u64, String> {
         "tb" => 1_000_000_000_000,
         _ => {
             return Err(format!(
-                "invalid size '{s}': unknown suffix '{suffix}' (use k, m, g, t, KiB, MiB, GiB, kb, mb, gb)"
+                "invalid size '{s}': unknown suffix '{suffix}' (use b, k, m, g, t, KiB, MiB, GiB, TiB, kb, mb, gb, tb)"
             ))
         }
     };

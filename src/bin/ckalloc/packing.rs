@@ -99,14 +99,7 @@ pub fn pack(
             BinaryBytes(padding)
         )));
     }
-    if out_dir.exists() && !out_dir.is_dir() {
-        return Err(err(format!(
-            "{}: exists and is not a directory",
-            out_dir.display()
-        )));
-    }
-    std::fs::create_dir_all(out_dir)
-        .map_err(|e| err(format!("{}: cannot create: {e}", out_dir.display())))?;
+    create_output_dir(out_dir)?;
     let bar = progress("packing", json_mode);
     let report = w
         .write_dir_with_progress(out_dir, |done, total| bar.update(done, total))
@@ -139,4 +132,16 @@ pub fn packed_json(p: &Packed, version: Version, align: u64) -> Value {
         "config": p.config.as_deref().map(path_json),
         "dims": p.dims.as_ref().map(ModelDims::to_json),
     })
+}
+
+/// Create the output directory `dir` and its parents if missing; an error
+/// naming it when it exists as something else or cannot be created.
+pub fn create_output_dir(dir: &Path) -> Result<(), CliError> {
+    if dir.exists() && !dir.is_dir() {
+        return Err(err(format!(
+            "{}: exists and is not a directory",
+            dir.display()
+        )));
+    }
+    std::fs::create_dir_all(dir).map_err(|e| err(format!("{}: cannot create: {e}", dir.display())))
 }

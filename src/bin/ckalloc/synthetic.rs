@@ -3,6 +3,7 @@
 //! and used by the demo when no real model is at hand.
 
 use crate::error::{err, CliError};
+use crate::packing::create_output_dir;
 use safetensors::{tensor::TensorView, Dtype as StDtype};
 use serde_json::json;
 use std::path::{Path, PathBuf};
@@ -187,7 +188,7 @@ pub fn synth_config(shape: SynthShape) -> serde_json::Value {
 /// Write `model.safetensors` and `config.json` of the synthetic model into
 /// `dir` (created if missing). Returns the model's path.
 pub fn write_synth(dir: &Path, shape: SynthShape) -> Result<PathBuf, CliError> {
-    std::fs::create_dir_all(dir).map_err(|e| err(format!("{}: {e}", dir.display())))?;
+    create_output_dir(dir)?;
     let tensors = synth_tensors(shape);
     let views = tensors
         .iter()

@@ -36,8 +36,9 @@ pub fn run(g: Global, a: PackArgs) -> Result<(), CliError> {
     }
     let r = &p.report;
     outln!(
-        "packed {} tensors ({}) from {}",
+        "packed {} tensor{} ({}) from {}",
         p.tensors,
+        if p.tensors == 1 { "" } else { "s" },
         BinaryBytes(p.tensor_bytes),
         a.model.display()
     );
