@@ -860,18 +860,8 @@ fn child_decay() {
     let p = galloc(&a, l);
     gfree(&a, p, l);
     assert_eq!(huge_stats().retained_bytes, 4 * MIB as u64);
-    // Small allocations while a block is retained drive the decay steps.
     let steps = |done: &dyn Fn(&HugeStats) -> bool| {
-        let small = layout(64, 8);
-        for _ in 0..20 {
-            std::thread::sleep(std::time::Duration::from_millis(25));
-            for _ in 0..1024 {
-                gfree(&a, galloc(&a, small), small);
-            }
-            if done(&huge_stats()) {
-                break;
-            }
-        }
+        decay_steps(&a, 20, done);
     };
     let munmaps = huge_stats().syscalls.munmap;
     steps(&|s| s.retained_bytes == 0);
@@ -892,6 +882,68 @@ fn child_decay() {
     assert_eq!((s.spans, s.spans_released), (0, 1), "{s:?}");
     assert_eq!(s.retained_bytes, 0);
     assert_eq!(s.syscalls.munmap, munmaps + 1, "one munmap: the span");
+}
+
+/// Small allocations of `a`, which drive the decay steps while a block is
+/// retained: 1,024 every 25 ms, `rounds` times at most, until `done`.
+fn decay_steps(a: &CkHuge, rounds: usize, done: &dyn Fn(&HugeStats) -> bool) {
+    let small = layout(64, 8);
+    for _ in 0..rounds {
+        std::thread::sleep(std::time::Duration::from_millis(25));
+        for _ in 0..1024 {
+            gfree(a, galloc(a, small), small);
+        }
+        if done(&huge_stats()) {
+            break;
+        }
+    }
+}
+
+#[test]
+fn decay_keeps_for_a_window_what_the_engine_held_at_a_miss() {
+    run_child(
+        "child_decay_footprint",
+        &[
+            ("CKALLOC_RETAIN_DECAY_MS", "2000"),
+            ("CKALLOC_RETAIN_BYTES", "67108864"),
+            ("CKALLOC_HUGETLB", "0"),
+        ],
+    );
+}
+
+#[test]
+#[ignore = "run by decay_keeps_for_a_window_what_the_engine_held_at_a_miss"]
+fn child_decay_footprint() {
+    use std::time::{Duration, Instant};
+    let a = CkHuge::new();
+    let (four, six) = (layout(4 * MIB, 8), layout(6 * MIB, 8));
+    let t0 = Instant::now();
+    let p = galloc(&a, four);
+    gfree(&a, p, four);
+    std::thread::sleep(Duration::from_millis(1000));
+    // The retained 4 MiB do not fit: a miss, with 10 MiB held after it,
+    // though no more than 6 MiB were ever live at once.
+    let q = galloc(&a, six);
+    gfree(&a, q, six);
+    assert_eq!(huge_stats().retained_bytes, 10 * MIB as u64);
+    // Past the window for the 4 MiB block, within it for the 6 MiB one: a
+    // peak of live bytes would keep 6 MiB and give the 4 MiB back.
+    let check = Duration::from_millis(2200);
+    decay_steps(&a, 200, &|_| t0.elapsed() >= check);
+    let s = huge_stats();
+    let at = t0.elapsed();
+    assert!(
+        at < Duration::from_millis(2900),
+        "checked {at:?} after the start, past the 6 MiB block's window"
+    );
+    assert_eq!(s.retained_bytes, 10 * MIB as u64, "{at:?}: {s:?}");
+    assert_eq!(s.decayed_bytes, 0);
+    // One window after the miss, both go back: nothing was given back
+    // before, so nothing is held longer.
+    decay_steps(&a, 200, &|s| s.retained_bytes == 0);
+    let s = huge_stats();
+    assert_eq!(s.retained_bytes, 0, "{:?}: {s:?}", t0.elapsed());
+    assert_eq!(s.decayed_bytes, 10 * MIB as u64);
 }
 
 #[test]

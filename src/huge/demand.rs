@@ -1,19 +1,24 @@
-//! Demand: the high-water mark of live bytes over a sliding window (after
-//! tcmalloc's `MinMaxTracker`, which sizes its `huge_cache`). Retention
-//! keeps what the window's demand can take back (its peak less the live
-//! bytes now) and gives the rest back, oldest first ([`retain::decay`]):
-//! an idle spell shorter than the window costs the next request no page
-//! fault, and a transient peak is given back one window after it.
+//! Demand: the high-water mark of the engine's bytes over a sliding window
+//! (after tcmalloc's `MinMaxTracker`, which sizes its `huge_cache`): live
+//! bytes as they grow, and at a miss all it holds (live and retained bytes
+//! and the new block: the retained runs that did not fit serve the blocks
+//! after it, so a request whose blocks come and go in an order whose
+//! footprint exceeds its peak of live bytes repeats without a miss).
+//! Retention keeps what the window's demand can take back (its peak less
+//! the live bytes now) and gives the rest back, oldest first
+//! ([`retain::decay`]): an idle spell shorter than the window costs the
+//! next request no page fault, and a transient peak is given back one
+//! window after it.
 //!
 //! The window is `CKALLOC_RETAIN_DECAY_MS`, split into [`SLOTS_PER_WINDOW`]
-//! slots of the monotonic clock; each slot keeps the highest live count
-//! seen in it.
+//! slots of the monotonic clock; each slot keeps the highest count noted
+//! in it.
 //!
 //! Demand that comes back is held longer: after decay gave memory back
-//! ([`Demand::released`]), live bytes that rise above the count at that
-//! moment within [`HOLD_NS`] show a demand that recurs (a server's next
+//! ([`Demand::released`]), demand that rises above the live count at that
+//! moment within [`HOLD_NS`] shows a demand that recurs (a server's next
 //! burst after an idle spell); their peak is kept as demand until
-//! [`HOLD_NS`] pass with no note of a live count above the one at the
+//! [`HOLD_NS`] pass with no note above the live count at the
 //! release. A transient peak that never
 //! comes back is given back one window after it; a burst after an idle
 //! spell longer than the window faults its memory in once, and the spells
@@ -28,7 +33,7 @@ use std::sync::atomic::{
 };
 
 /// Slots the window is split into; the peak covers that many slots before
-/// the current one, so a live count leaves it between one window and one
+/// the current one, so a count leaves it between one window and one
 /// window and a slot after it was seen.
 pub(crate) const SLOTS_PER_WINDOW: u64 = 8;
 /// Entries of the ring (more than the slots a peak reads).
@@ -38,7 +43,7 @@ pub const HOLD_NS: u64 = 30_000_000_000;
 
 /// The demand tracker (see the [module docs](self)).
 pub(crate) struct Demand {
-    /// The highest live count of each slot, at `slot % RING`.
+    /// The highest count noted in each slot, at `slot % RING`.
     peaks: [AtomicU64; RING],
     /// The slot number each entry holds (plus one: 0 is none).
     slots: [AtomicU64; RING],
@@ -94,9 +99,10 @@ impl Demand {
         self.released_at.store(now_ns.max(1), Relaxed);
     }
 
-    /// Live bytes were `live` at monotonic time `now_ns`.
+    /// The engine needed `bytes` at monotonic time `now_ns`: its live
+    /// bytes, or all it held at a miss (see the [module docs](self)).
     #[inline]
-    pub(crate) fn note(&self, now_ns: u64, live: u64) {
+    pub(crate) fn note(&self, now_ns: u64, bytes: u64) {
         let window = window_ns();
         if window == 0 {
             return;
@@ -112,31 +118,33 @@ impl Demand {
                 .compare_exchange(held, slot, Relaxed, Relaxed)
                 .is_ok()
         {
-            // The entry held an older slot: this one starts at `live`. A
+            // The entry held an older slot: this one starts at `bytes`. A
             // thread's `fetch_max` between the exchange and this store is
             // lost; the next note of the slot raises it again.
-            self.peaks[i].store(live, Relaxed);
+            self.peaks[i].store(bytes, Relaxed);
         }
-        self.peaks[i].fetch_max(live, Relaxed);
+        self.peaks[i].fetch_max(bytes, Relaxed);
         let at = self.released_at.load(Relaxed);
-        if at != 0 && now_ns.saturating_sub(at) < HOLD_NS && live > self.released_live.load(Relaxed)
+        if at != 0
+            && now_ns.saturating_sub(at) < HOLD_NS
+            && bytes > self.released_live.load(Relaxed)
         {
             if self.held_until.load(Acquire) <= now_ns {
-                // The last hold expired: this one starts at `live`. A note
+                // The last hold expired: this one starts at `bytes`. A note
                 // that raised the hold meanwhile (another thread, at the
-                // moment of expiry) is lowered to `live`: the hold then
+                // moment of expiry) is lowered to `bytes`: the hold then
                 // keeps less than that note's peak, which the window's
                 // slots still keep for one window.
-                self.held.store(live, Relaxed);
+                self.held.store(bytes, Relaxed);
             }
-            self.held.fetch_max(live, Relaxed);
+            self.held.fetch_max(bytes, Relaxed);
             // Release: a reader that sees the new deadline sees the hold.
             self.held_until
                 .fetch_max(now_ns.saturating_add(HOLD_NS), Release);
         }
     }
 
-    /// The highest live count of the window before monotonic time
+    /// The highest count noted in the window before monotonic time
     /// `now_ns`, at least `live` (the count now).
     pub(crate) fn peak(&self, now_ns: u64, live: u64) -> u64 {
         let window = window_ns();

@@ -192,13 +192,24 @@ impl Engine {
             self.stats.add(Count::Misses, 1);
         }
         let faults = *faults.get_or_insert_with(|| self.fresh_faults(ask.len));
-        if retains && policy.on_miss == OnMiss::ExtendRetained && fill == Fill::Uninit {
-            let some = faults.some_units();
-            if let Some(c) = self.take(Want::MostRetained, Groups::Any, some, ask) {
+        let extends = retains && policy.on_miss == OnMiss::ExtendRetained && fill == Fill::Uninit;
+        let extended = extends
+            .then(|| self.take(Want::MostRetained, Groups::Any, faults.some_units(), ask))
+            .flatten()
+            .inspect(|_| {
                 self.stats.add(Count::Extends, 1);
-                return Some(c);
-            }
+            });
+        let c = extended.or_else(|| self.fresh_or_reclaimed(ask, faults));
+        if retains && c.is_some() {
+            self.missed(ask.len);
         }
+        c
+    }
+
+    /// Fresh units (see [`fresh`](Self::fresh)), after giving back what is
+    /// retained, and then the free runs of spans in use, when none can be
+    /// had.
+    fn fresh_or_reclaimed(&self, ask: &Ask<'_>, faults: Faults) -> Option<Claimed<'_>> {
         self.fresh(ask, faults)
             .or_else(|| {
                 // Address space or the VMA limit may be short because of
@@ -213,26 +224,6 @@ impl Engine {
                     .then(|| self.fresh(ask, faults))
                     .flatten()
             })
-    }
-
-    /// How the fresh units of a block of `len` bytes fault in: in huge
-    /// pages when every THP span is advised `MADV_HUGEPAGE` (no thread
-    /// promotes later) or the fault check grants it; else in base pages.
-    pub(super) fn fresh_faults(&self, len: usize) -> Faults {
-        if !self.promotes_unadvised() || self.fault_check.grant(len) {
-            Faults::Huge
-        } else {
-            Faults::Base
-        }
-    }
-
-    /// Whether `len` bytes of units of `span` (`v`) may fault in now: in a
-    /// span advised `MADV_HUGEPAGE` while the thread promotes, only with
-    /// the fault check's grant.
-    pub(super) fn may_fault_in(&self, span: &Span, v: &View, len: usize) -> bool {
-        v.tier != Backing::TransparentHuge
-            || !span.advised()
-            || self.fresh_faults(len) == Faults::Huge
     }
 
     /// Fresh units: a hugetlb span, clean units of the home group in spans
@@ -429,13 +420,6 @@ impl Engine {
         self.stats.block(v.tier, len);
         self.live_grew(now, len);
         Block { ptr, len }
-    }
-
-    /// Live bytes grew by `len` at monotonic time `now`: counted, and
-    /// noted as demand.
-    pub(super) fn live_grew(&self, now: u64, len: usize) {
-        self.stats.live_add(len);
-        self.demand.grew(now, self.stats.get(Count::Live));
     }
 
     /// Advise the short tail unit `u` base pages (`MADV_NOHUGEPAGE`) so the

@@ -1,7 +1,8 @@
-//! The engine's upkeep: the decay step, which a huge-path call runs when
-//! its clock is due and the background thread runs every tick, the
-//! thread's work (decay, the fault check, then promotion), its start, and the fork hooks
-//! that pause it. [`ENGINE`]'s request paths call [`Engine::tick`],
+//! The engine's upkeep: the demand its calls note, the decay step, which a
+//! huge-path call runs when its clock is due and the background thread
+//! runs every tick, the thread's work (decay, the fault check, then
+//! promotion) and the verdict fresh units follow, its start, and the fork
+//! hooks that pause it. [`ENGINE`]'s request paths call [`Engine::tick`],
 //! [`Engine::small_call`] and [`Engine::background`]; the work itself
 //! lives in [`retain`], [`demand`] and [`promote`]. Nothing here
 //! allocates, locks, panics or prints.
@@ -10,9 +11,10 @@ use super::background::{self, BackgroundThread};
 use super::demand;
 use super::engine::{Engine, ENGINE};
 use super::fault_check;
+use super::place::Faults;
 use super::promote;
 use super::retain;
-use super::span;
+use super::span::{self, Span, View};
 use super::stats::Count;
 use crate::fork::{Hooks, Stage};
 use crate::sys;
@@ -137,6 +139,29 @@ impl Engine {
         back
     }
 
+    /// Live bytes grew by `len` at monotonic time `now`: counted, and
+    /// noted as demand.
+    pub(super) fn live_grew(&self, now: u64, len: usize) {
+        self.stats.live_add(len);
+        self.demand.grew(now, self.stats.get(Count::Live));
+    }
+
+    /// A block of `len` bytes that retention could not serve whole was
+    /// claimed: what the engine holds now (live and retained bytes, and
+    /// the block) is noted as demand. The retained runs that did not fit
+    /// serve the blocks after it: a request's blocks are freed and
+    /// allocated again in an order whose footprint exceeds its peak of
+    /// live bytes, and keeping only that peak would make every repetition
+    /// miss by the difference.
+    pub(super) fn missed(&self, len: usize) {
+        let held = self
+            .stats
+            .get(Count::Live)
+            .saturating_add(self.stats.get(Count::Retained))
+            .saturating_add(len as u64);
+        self.demand.note(sys::monotonic_ns(), held);
+    }
+
     /// Whether fresh spans are reserved without `MADV_HUGEPAGE`: the
     /// background thread promotes their units later, and THP's `defrag`
     /// mode would make an advised fault compact memory synchronously (or
@@ -146,6 +171,26 @@ impl Engine {
             && crate::thp::settings_once()
                 .defrag
                 .is_none_or(|d| d.advised_fault_compacts())
+    }
+
+    /// How the fresh units of a block of `len` bytes fault in: in huge
+    /// pages when every THP span is advised `MADV_HUGEPAGE` (no thread
+    /// promotes later) or the fault check grants it; else in base pages.
+    pub(super) fn fresh_faults(&self, len: usize) -> Faults {
+        if !self.promotes_unadvised() || self.fault_check.grant(len) {
+            Faults::Huge
+        } else {
+            Faults::Base
+        }
+    }
+
+    /// Whether `len` bytes of units of `span` (`v`) may fault in now: in a
+    /// span advised `MADV_HUGEPAGE` while the thread promotes, only with
+    /// the fault check's grant.
+    pub(super) fn may_fault_in(&self, span: &Span, v: &View, len: usize) -> bool {
+        v.tier != Backing::TransparentHuge
+            || !span.advised()
+            || self.fresh_faults(len) == Faults::Huge
     }
 
     /// Start the background thread if it is wanted; when it fails to start,
