@@ -1,28 +1,29 @@
 //! Demand: the high-water mark of the engine's bytes over a sliding window
 //! (after tcmalloc's `MinMaxTracker`, which sizes its `huge_cache`): live
-//! bytes as they grow, and at a miss all it holds (live and retained bytes
-//! and the new block: the retained runs that did not fit serve the blocks
-//! after it, so a request whose blocks come and go in an order whose
-//! footprint exceeds its peak of live bytes repeats without a miss).
-//! Retention keeps what the window's demand can take back (its peak less
-//! the live bytes now) and gives the rest back, oldest first
-//! ([`retain::decay`]): an idle spell shorter than the window costs the
-//! next request no page fault, and a transient peak is given back one
-//! window after it.
+//! bytes as they grow, and at a miss the live bytes with the new block
+//! plus the slack, the retained bytes freed within the window that did not
+//! fit it. Those runs serve the blocks after it: a request whose blocks
+//! come and go in an order whose footprint exceeds its peak of live bytes
+//! then repeats without a miss. Runs retained longer than the window are no
+//! slack, so misses that recur never keep old runs. Retention keeps what
+//! the window's demand can take back (its peak less the live bytes now)
+//! and gives the rest back, oldest first ([`retain::decay`]): an idle spell
+//! shorter than the window costs the next request no page fault, and a
+//! transient peak is given back one window after it.
 //!
 //! The window is `CKALLOC_RETAIN_DECAY_MS`, split into [`SLOTS_PER_WINDOW`]
 //! slots of the monotonic clock; each slot keeps the highest count noted
 //! in it.
 //!
 //! Demand that comes back is held longer: after decay gave memory back
-//! ([`Demand::released`]), demand that rises above the live count at that
-//! moment within [`HOLD_NS`] shows a demand that recurs (a server's next
-//! burst after an idle spell); their peak is kept as demand until
-//! [`HOLD_NS`] pass with no note above the live count at the
-//! release. A transient peak that never
-//! comes back is given back one window after it; a burst after an idle
-//! spell longer than the window faults its memory in once, and the spells
-//! after it keep it. Atomics only: no allocation, no lock.
+//! ([`Demand::released`]), live bytes that rise above the count at that
+//! moment within [`HOLD_NS`] show a demand that recurs (a server's next
+//! burst after an idle spell); their peak, with no more slack than the
+//! live bytes that came back, is kept as demand until [`HOLD_NS`] pass
+//! with no note of a live count above the one at the release. A transient
+//! peak that never comes back is given back one window after it; a burst
+//! after an idle spell longer than the window faults its memory in once,
+//! and the spells after it keep it. Atomics only: no allocation, no lock.
 //!
 //! [`retain::decay`]: super::retain::decay
 
@@ -99,10 +100,21 @@ impl Demand {
         self.released_at.store(now_ns.max(1), Relaxed);
     }
 
-    /// The engine needed `bytes` at monotonic time `now_ns`: its live
-    /// bytes, or all it held at a miss (see the [module docs](self)).
+    /// Live bytes were `live` at monotonic time `now_ns`.
     #[inline]
-    pub(crate) fn note(&self, now_ns: u64, bytes: u64) {
+    pub(crate) fn note(&self, now_ns: u64, live: u64) {
+        self.note_with_slack(now_ns, live, 0);
+    }
+
+    /// At a miss at monotonic time `now_ns`: `live` bytes live with the new
+    /// block, and `slack` retained bytes, freed within the window, that did
+    /// not fit it (see the [module docs](self)). The window keeps
+    /// `live + slack`; a hold keeps no more slack than the live bytes that
+    /// came back since the release, so a miss after a release holds at most
+    /// twice the demand that returned.
+    #[inline]
+    pub(crate) fn note_with_slack(&self, now_ns: u64, live: u64, slack: u64) {
+        let bytes = live.saturating_add(slack);
         let window = window_ns();
         if window == 0 {
             return;
@@ -125,10 +137,9 @@ impl Demand {
         }
         self.peaks[i].fetch_max(bytes, Relaxed);
         let at = self.released_at.load(Relaxed);
-        if at != 0
-            && now_ns.saturating_sub(at) < HOLD_NS
-            && bytes > self.released_live.load(Relaxed)
-        {
+        let released_live = self.released_live.load(Relaxed);
+        if at != 0 && now_ns.saturating_sub(at) < HOLD_NS && live > released_live {
+            let bytes = live.saturating_add(slack.min(live - released_live));
             if self.held_until.load(Acquire) <= now_ns {
                 // The last hold expired: this one starts at `bytes`. A note
                 // that raised the hold meanwhile (another thread, at the
@@ -212,6 +223,29 @@ mod tests {
         assert_eq!(d.keep(t1 + 6 * w, 10), 90);
         // A burst that never comes back is not held.
         assert_eq!(d.keep(t1 + 3 * w + HOLD_NS + w, 10), 0);
+    }
+
+    #[test]
+    fn a_miss_slack_stays_a_window_and_is_held_up_to_the_demand_that_came_back() {
+        let w = window_ns();
+        let d = Demand::new();
+        let t0 = 1_000 * w;
+        // A miss with 40 live and 60 retained that did not fit: both kept.
+        d.note_with_slack(t0, 40, 60);
+        assert_eq!(d.keep(t0 + MS, 10), 90);
+        assert_eq!(d.keep(t0 + w + w / SLOTS_PER_WINDOW + MS, 10), 0, "gone");
+        // After a release at 500 live, 4 more live and 500 of slack: the
+        // window keeps it all, the hold 4 of the slack.
+        let t1 = t0 + 3 * w;
+        d.released(t1, 500);
+        d.note_with_slack(t1 + MS, 504, 500);
+        assert_eq!(d.keep(t1 + 2 * MS, 500), 504);
+        assert_eq!(d.keep(t1 + 3 * w, 500), 8, "504 live and 4 of slack");
+        // No live demand back: a miss's slack is held not at all.
+        let t2 = t1 + HOLD_NS + 10 * w;
+        d.released(t2, 600);
+        d.note_with_slack(t2 + MS, 600, 400);
+        assert_eq!(d.keep(t2 + 3 * w, 600), 0);
     }
 
     #[test]

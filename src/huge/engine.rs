@@ -106,6 +106,9 @@ pub(super) struct Ask<'p> {
     pub(super) home: u32,
     pub(super) fill: Fill,
     pub(super) policy: &'p Policy,
+    /// The length of the block this one replaces (a move), live until the
+    /// new one is ready; 0 for an allocation.
+    pub(super) replaces: usize,
 }
 
 impl<'p> Ask<'p> {
@@ -125,6 +128,7 @@ impl<'p> Ask<'p> {
             home,
             fill,
             policy,
+            replaces: 0,
         }
     }
 }
@@ -200,8 +204,8 @@ impl Engine {
                 self.stats.add(Count::Extends, 1);
             });
         let c = extended.or_else(|| self.fresh_or_reclaimed(ask, faults));
-        if retains && c.is_some() {
-            self.missed(ask.len);
+        if let Some(c) = c.as_ref().filter(|_| retains) {
+            self.missed(ask, c.units().len());
         }
         c
     }

@@ -97,7 +97,10 @@ impl Engine {
         }
         // Moved: the new place is fresh or retained units; the moved bytes
         // replace what they held.
-        let ask = Ask::new(new_size, new_len, align, fill, policy);
+        let ask = Ask {
+            replaces: old_len,
+            ..Ask::new(new_size, new_len, align, fill, policy)
+        };
         let c = self.claim(&ask).ok_or(ResizeError::NoMemory)?;
         let dst = c.units();
         // The pages move onto a destination that reads zero (what a move

@@ -263,6 +263,24 @@ fn oldest_run(spans: &Spans) -> Option<(&Span, View, u32, u32)> {
     Some((span, v, first, end))
 }
 
+/// Retained bytes freed within the last `delay` stamps before stamp `now`:
+/// the runs decay leaves in place this window. A scan of every span's
+/// retained units, as [`oldest_run`]'s.
+#[cold]
+pub(crate) fn retained_within(spans: &Spans, now: u32, delay: u32) -> u64 {
+    let mut bytes: u64 = 0;
+    for (span, v) in spans.live() {
+        for (s, e) in bits::runs(&retained(span, &v)) {
+            let recent = (s..e)
+                .filter(|&u| !expired(now, span.stamp_of(u), delay))
+                .count();
+            let recent = u32::try_from(recent).map_or(u64::MAX, |n| v.len(n) as u64);
+            bytes = bytes.saturating_add(recent);
+        }
+    }
+    bytes
+}
+
 /// The free units of `span` that hold pages.
 fn retained(span: &Span, v: &View) -> bits::Snapshot {
     let free = bits::not_below(&span.in_use.snapshot(), v.units);

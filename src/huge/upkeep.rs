@@ -9,7 +9,7 @@
 
 use super::background::{self, BackgroundThread};
 use super::demand;
-use super::engine::{Engine, ENGINE};
+use super::engine::{Ask, Engine, ENGINE};
 use super::fault_check;
 use super::place::Faults;
 use super::promote;
@@ -146,20 +146,27 @@ impl Engine {
         self.demand.grew(now, self.stats.get(Count::Live));
     }
 
-    /// A block of `len` bytes that retention could not serve whole was
-    /// claimed: what the engine holds now (live and retained bytes, and
-    /// the block) is noted as demand. The retained runs that did not fit
-    /// serve the blocks after it: a request's blocks are freed and
-    /// allocated again in an order whose footprint exceeds its peak of
-    /// live bytes, and keeping only that peak would make every repetition
-    /// miss by the difference.
-    pub(super) fn missed(&self, len: usize) {
-        let held = self
+    /// Retention could not serve `ask` whole and `claimed` bytes were
+    /// claimed for it: the live bytes with the block (less the block a move
+    /// replaces) are noted as demand with the retained bytes freed within
+    /// the window as slack ([`Demand::note_with_slack`]). The retained runs
+    /// that did not fit serve the blocks after it: a request's blocks are
+    /// freed and allocated again in an order whose footprint exceeds its
+    /// peak of live bytes, and keeping only that peak would make every
+    /// repetition miss by the difference. A scan of the retained units, on
+    /// a path that faults in fresh units.
+    ///
+    /// [`Demand::note_with_slack`]: super::demand::Demand::note_with_slack
+    #[cold]
+    pub(super) fn missed(&self, ask: &Ask<'_>, claimed: usize) {
+        let now = sys::monotonic_ns();
+        let live = self
             .stats
             .get(Count::Live)
-            .saturating_add(self.stats.get(Count::Retained))
-            .saturating_add(len as u64);
-        self.demand.note(sys::monotonic_ns(), held);
+            .saturating_sub(ask.replaces as u64)
+            .saturating_add(claimed as u64);
+        let slack = retain::retained_within(&self.spans, span::stamp_at(now), retain::delay());
+        self.demand.note_with_slack(now, live, slack);
     }
 
     /// Whether fresh spans are reserved without `MADV_HUGEPAGE`: the

@@ -140,7 +140,8 @@
 //!   unmaps the engine's idle spans, then runs glibc's. Retained blocks
 //!   decay by the clock on the engine's background thread (below): what
 //!   the last `CKALLOC_RETAIN_DECAY_MS` (default 2 s) of demand cannot take
-//!   back is given back within about 2.35 s of its free, also while the
+//!   back is given back within about 2.35 s of its free, or of the last
+//!   miss it did not fit while it was that recent, also while the
 //!   program makes no call at all; with the thread off, at the next
 //!   huge-path call (small requests pay nothing for decay, to keep
 //!   glibc's path as it is). Retention is capped at the larger of 128 MiB
