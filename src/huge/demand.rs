@@ -5,7 +5,9 @@
 //! fit it. Those runs serve the blocks after it: a request whose blocks
 //! come and go in an order whose footprint exceeds its peak of live bytes
 //! then repeats without a miss. Runs retained longer than the window are no
-//! slack, so misses that recur never keep old runs. Retention keeps what
+//! slack, so misses that recur keep no run longer than a window after the
+//! last miss that found it recent (two windows and a slot after its free),
+//! outside a hold. Retention keeps what
 //! the window's demand can take back (its peak less the live bytes now)
 //! and gives the rest back, oldest first ([`retain::decay`]): an idle spell
 //! shorter than the window costs the next request no page fault, and a
@@ -132,7 +134,9 @@ impl Demand {
         {
             // The entry held an older slot: this one starts at `bytes`. A
             // thread's `fetch_max` between the exchange and this store is
-            // lost; the next note of the slot raises it again.
+            // lost: a live count is noted again at the next growth or
+            // step, a miss's slack only at the next miss (the window then
+            // keeps less, never more).
             self.peaks[i].store(bytes, Relaxed);
         }
         self.peaks[i].fetch_max(bytes, Relaxed);

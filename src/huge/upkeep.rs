@@ -159,6 +159,9 @@ impl Engine {
     /// [`Demand::note_with_slack`]: super::demand::Demand::note_with_slack
     #[cold]
     pub(super) fn missed(&self, ask: &Ask<'_>, claimed: usize) {
+        if demand::window_ns() == 0 {
+            return;
+        }
         let now = sys::monotonic_ns();
         let live = self
             .stats
