@@ -141,10 +141,9 @@
 //!   decay by the clock on the engine's background thread (below): what
 //!   the last `CKALLOC_RETAIN_DECAY_MS` (default 2 s) of demand cannot take
 //!   back is given back within about 2.35 s of its free, or of the last
-//!   miss it did not fit while it was that recent, also while the
-//!   program makes no call at all; with the thread off, at the next
-//!   huge-path call (small requests pay nothing for decay, to keep
-//!   glibc's path as it is). Retention is capped at the larger of 128 MiB
+//!   miss it did not fit while that recent, also while the program makes
+//!   no call at all; with the thread off, at the next huge-path call
+//!   (small requests pay nothing for decay, to keep glibc's path as is). Retention is capped at the larger of 128 MiB
 //!   and twice the peak of live huge bytes, or `CKALLOC_RETAIN_BYTES` when
 //!   set. The rules and bounds:
 //!   [docs/engine.md](https://github.com/ckalloc/ckalloc/blob/main/docs/engine.md#bounds-of-retention).
