@@ -240,19 +240,23 @@ fn purge_oldest(
 /// The run of retained units freed at the oldest stamp.
 fn oldest_run(spans: &Spans) -> Option<(&Span, View, u32, u32)> {
     let now = span::stamp_now();
-    let mut best: Option<(u32, &Span, View, u32, u32, u32)> = None;
-    for (span, v) in spans.live() {
-        for (s, e) in bits::runs(&retained(span, &v)) {
-            for u in s..e {
-                // A stamp written since `now` was read is the newest.
-                let age = span::age(now, span.stamp_of(u)).unwrap_or(0);
-                if best.as_ref().is_none_or(|b| age > b.0) {
-                    best = Some((age, span, v, u, s, e));
-                }
-            }
+    let mut best: Option<(u32, RetainedUnit<'_>)> = None;
+    for r in retained_units(spans) {
+        // A stamp written since `now` was read is the newest.
+        let age = span::age(now, r.span.stamp_of(r.unit)).unwrap_or(0);
+        if best.as_ref().is_none_or(|b| age > b.0) {
+            best = Some((age, r));
         }
     }
-    let (_, span, v, u, s, e) = best?;
+    let (
+        _,
+        RetainedUnit {
+            span,
+            view: v,
+            unit: u,
+            run: (s, e),
+        },
+    ) = best?;
     let t = span.stamp_of(u);
     let first = (s..u)
         .rev()
@@ -265,20 +269,36 @@ fn oldest_run(spans: &Spans) -> Option<(&Span, View, u32, u32)> {
 
 /// Retained bytes freed within the last `delay` stamps before stamp `now`:
 /// the runs decay leaves in place this window. A scan of every span's
-/// retained units, as [`oldest_run`]'s.
+/// retained units ([`retained_units`]), as [`oldest_run`]'s.
 #[cold]
 pub(crate) fn retained_within(spans: &Spans, now: u32, delay: u32) -> u64 {
-    let mut bytes: u64 = 0;
-    for (span, v) in spans.live() {
-        for (s, e) in bits::runs(&retained(span, &v)) {
-            let recent = (s..e)
-                .filter(|&u| !expired(now, span.stamp_of(u), delay))
-                .count();
-            let recent = u32::try_from(recent).map_or(u64::MAX, |n| v.len(n) as u64);
-            bytes = bytes.saturating_add(recent);
-        }
-    }
-    bytes
+    retained_units(spans)
+        .filter(|r| !expired(now, r.span.stamp_of(r.unit), delay))
+        .fold(0u64, |bytes, r| bytes.saturating_add(r.view.len(1) as u64))
+}
+
+/// One retained unit: its span, the span's view, the unit, and the run of
+/// retained units `[start, end)` holding it.
+struct RetainedUnit<'a> {
+    span: &'a Span,
+    view: View,
+    unit: u32,
+    run: (u32, u32),
+}
+
+/// Every retained unit of every live span, span by span and run by run in
+/// address order.
+fn retained_units(spans: &Spans) -> impl Iterator<Item = RetainedUnit<'_>> {
+    spans.live().flat_map(|(span, view)| {
+        bits::runs(&retained(span, &view)).flat_map(move |run| {
+            (run.0..run.1).map(move |unit| RetainedUnit {
+                span,
+                view,
+                unit,
+                run,
+            })
+        })
+    })
 }
 
 /// The free units of `span` that hold pages.
