@@ -1134,6 +1134,51 @@ fn a_fork_child_recounts_what_a_thread_of_the_parent_had_half_retained() {
     release_retained();
 }
 
+#[test]
+fn a_fork_child_gives_back_the_retained_blocks_it_inherits() {
+    let _s = serial();
+    release_retained();
+    let a = CkHuge::new();
+    let l = layout(8 * MIB, 8);
+    let p = galloc(&a, l);
+    // SAFETY: our block.
+    unsafe { p.write_bytes(1, 8 * MIB) };
+    gfree(&a, p, l);
+    let before = huge_stats();
+    assert_eq!(before.retained_bytes, 8 * MIB as u64);
+    // SAFETY: the child only reads statistics, allocates, frees and exits.
+    let pid = unsafe { libc::fork() };
+    if pid == 0 {
+        let ok = std::panic::catch_unwind(|| {
+            let s = huge_stats();
+            // Nothing retained: the copy-on-write pages went back at the fork.
+            // Purged, or unmapped with the span no block uses.
+            let gone = s.retained_bytes == 0 && given_back(&before, &s) >= 8 * MIB as u64;
+            let q = galloc(&a, l);
+            gfree(&a, q, l);
+            gone && huge_stats().retention_hits == s.retention_hits
+        });
+        // SAFETY: leaves the child without running the parent's destructors.
+        unsafe { libc::_exit(if matches!(ok, Ok(true)) { 0 } else { 1 }) };
+    }
+    assert!(pid > 0, "fork failed");
+    let mut status = 0;
+    // SAFETY: waits for our child.
+    assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
+    assert!(
+        libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
+        "status {status}"
+    );
+    // The parent keeps its block, pages and all.
+    assert_eq!(huge_stats().retained_bytes, 8 * MIB as u64);
+    let q = galloc(&a, l);
+    assert_eq!(q, p);
+    // SAFETY: the block the parent wrote before the fork, retained.
+    assert_eq!(unsafe { *q.add(4 * MIB) }, 1);
+    gfree(&a, q, l);
+    release_retained();
+}
+
 /// A small allocator that counts its calls and forwards them to `System`.
 struct Counting(std::sync::atomic::AtomicUsize);
 

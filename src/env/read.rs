@@ -244,6 +244,13 @@ pub enum Unit {
 }
 
 impl Setting {
+    /// The value in use, or `None` for a setting each front defaults on its
+    /// own (`CKALLOC_BACKGROUND_THREAD`: on under the preload library, off
+    /// for `CkHuge`) while its variable is unset or does not parse.
+    pub fn value_for_all_fronts(&self) -> Option<u64> {
+        (!self.per_front || self.source == Source::Environment).then_some(self.value)
+    }
+
     /// What the variable takes, in words for a message about a value that
     /// does not parse (`ckalloc probe`, `ckalloc run`).
     pub fn expected(&self) -> Expected {

@@ -22,7 +22,10 @@
 //! moment within [`HOLD_NS`] show a demand that recurs (a server's next
 //! burst after an idle spell); their peak, with no more slack than the
 //! live bytes that came back, is kept as demand until [`HOLD_NS`] pass
-//! with no note of a live count above the one at the release. A transient
+//! with no note of a live count above the one at the release. A hold keeps
+//! no more than that demand (with its slack) above the live bytes now, so
+//! live bytes of the release's moment freed later (a model unloaded) are
+//! not held. A transient
 //! peak that never comes back is given back one window after it; a burst
 //! after an idle spell longer than the window faults its memory in once,
 //! and the spells after it keep it. Atomics only: no allocation, no lock.
@@ -57,6 +60,9 @@ pub(crate) struct Demand {
     /// it is held.
     held: AtomicU64,
     held_until: AtomicU64,
+    /// The most of that peak above the live count at the release: the
+    /// most the hold keeps, whatever leaves the live bytes meanwhile.
+    held_above: AtomicU64,
     /// When (ns) live bytes last grew.
     last_grew: AtomicU64,
 }
@@ -80,6 +86,7 @@ impl Demand {
             released_at: AtomicU64::new(0),
             held: AtomicU64::new(0),
             held_until: AtomicU64::new(0),
+            held_above: AtomicU64::new(0),
             last_grew: AtomicU64::new(0),
         }
     }
@@ -143,7 +150,9 @@ impl Demand {
         let at = self.released_at.load(Relaxed);
         let released_live = self.released_live.load(Relaxed);
         if at != 0 && now_ns.saturating_sub(at) < HOLD_NS && live > released_live {
-            let bytes = live.saturating_add(slack.min(live - released_live));
+            let back = live - released_live;
+            let above = back.saturating_add(slack.min(back));
+            let bytes = released_live.saturating_add(above);
             if self.held_until.load(Acquire) <= now_ns {
                 // The last hold expired: this one starts at `bytes`. A note
                 // that raised the hold meanwhile (another thread, at the
@@ -151,8 +160,10 @@ impl Demand {
                 // keeps less than that note's peak, which the window's
                 // slots still keep for one window.
                 self.held.store(bytes, Relaxed);
+                self.held_above.store(above, Relaxed);
             }
             self.held.fetch_max(bytes, Relaxed);
+            self.held_above.fetch_max(above, Relaxed);
             // Release: a reader that sees the new deadline sees the hold.
             self.held_until
                 .fetch_max(now_ns.saturating_add(HOLD_NS), Release);
@@ -171,8 +182,13 @@ impl Demand {
         let mut peak = live;
         // Read only: an expired hold is replaced by the next note that
         // holds demand, so a reader never drops one a note just raised.
+        // The hold keeps no more than the demand that came back (with its
+        // slack) above the live bytes now: live bytes that were there at
+        // the release and leave afterwards (a model unloaded) are not held.
         if now_ns < self.held_until.load(Acquire) {
-            peak = peak.max(self.held.load(Relaxed));
+            let held = self.held.load(Relaxed);
+            let above = self.held_above.load(Relaxed);
+            peak = peak.max(held.min(live.saturating_add(above)));
         }
         for (s, p) in self.slots.iter().zip(&self.peaks) {
             let held = s.load(Relaxed);
@@ -261,6 +277,20 @@ mod tests {
         // Small requests after the release: only their own demand is held.
         d.note(5 * w, 13);
         assert_eq!(d.keep(9 * w, 10), 3);
+    }
+
+    #[test]
+    fn a_hold_keeps_only_the_demand_that_came_back_when_older_live_bytes_leave() {
+        let w = window_ns();
+        let d = Demand::new();
+        // 1,000 live for long (weights); a burst of 64 is given back and
+        // comes back: held.
+        d.released(w, 1_000);
+        d.note_with_slack(2 * w, 1_064, 100);
+        assert_eq!(d.keep(5 * w, 1_000), 128, "64 back and 64 of slack");
+        // The 1,000 are freed: the hold keeps the 128 still, not 1,128.
+        assert_eq!(d.keep(6 * w, 0), 128);
+        assert_eq!(d.keep(6 * w, 10), 128);
     }
 
     #[test]

@@ -250,7 +250,12 @@ unsafe fn fork_parent() {
 /// dropped, the unit the parent's thread held is free again, spans another thread of the parent was creating or retiring
 /// become empty slots, and the retained bytes are recounted from the
 /// spans' bitmaps (units another thread had claimed at the fork stay out
-/// of use in the child).
+/// of use in the child) and then given back, with the spans no block
+/// uses. The child's retained pages are copy-on-write copies of the
+/// parent's: `MADV_DONTNEED` in the child frees nothing the parent holds,
+/// a write in the child would have copied them (4 KiB at a time, a huge
+/// page's mapping split), and a child that made no huge-path call would
+/// otherwise keep them, its own once the parent gives its copies back.
 ///
 /// # Safety
 /// Called only by `crate::fork`'s child handler, in the child's only
@@ -264,6 +269,7 @@ unsafe fn fork_child() {
     let (retained, tails) = ENGINE.spans.repair_after_fork();
     ENGINE.stats.set(Count::Retained, retained);
     ENGINE.stats.set(Count::ShortTails, tails);
+    ENGINE.release_retained();
 }
 
 /// The fork hooks of stage `Retention` (`crate::fork`), added when the

@@ -36,7 +36,9 @@
 //! `stats_file` (`CKALLOC_STATS_FILE` as set, a string; `null` when unset
 //! or empty),
 //! `settings` (each `CKALLOC_*` name to `{value, source}`, `source` one of
-//! `default`, `environment`, `unparsed`). Sizes are in bytes, times in
+//! `default`, `environment`, `unparsed`; `value` is `null` for
+//! `CKALLOC_BACKGROUND_THREAD` while it is not set, each front then taking
+//! its own default: [`Setting::value_for_all_fronts`](crate::env::Setting::value_for_all_fronts)). Sizes are in bytes, times in
 //! nanoseconds; the fields mean what [`HugeStats`]'s do.
 
 use super::{binding, stats, Binding, GlibcThresholds};
@@ -209,11 +211,12 @@ fn write_object(w: &mut Counting<'_>, h: &HugeStats) -> std::fmt::Result {
             Source::Unparsed => "unparsed",
         };
         let comma = if i > 0 { "," } else { "" };
-        write!(
-            w,
-            "{comma}\"{}\":{{\"value\":{},\"source\":\"{source}\"}}",
-            s.name, s.value
-        )?;
+        write!(w, "{comma}\"{}\":{{\"value\":", s.name)?;
+        match s.value_for_all_fronts() {
+            Some(v) => write!(w, "{v}")?,
+            None => w.write_str("null")?,
+        }
+        write!(w, ",\"source\":\"{source}\"}}")?;
     }
     w.write_str("}}")
 }

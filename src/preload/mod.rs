@@ -141,11 +141,11 @@
 //!   decay by the clock on the engine's background thread (below): what
 //!   the last `CKALLOC_RETAIN_DECAY_MS` (default 2 s) of demand cannot take
 //!   back is given back within about 2.35 s of its free, or of the last
-//!   miss it did not fit while that recent, also while the program makes
-//!   no call at all; with the thread off, at the next huge-path call
-//!   (small requests pay nothing for decay, to keep glibc's path as is). Retention is capped at the larger of 128 MiB
-//!   and twice the peak of live huge bytes, or `CKALLOC_RETAIN_BYTES` when
-//!   set. The rules and bounds:
+//!   miss it did not fit while that recent (64 runs a step of 100 ms),
+//!   also while the program makes no call; with the thread off, at the next
+//!   huge-path call (small requests run no step, to keep glibc's path as
+//!   is). Retention is capped at the larger of 128 MiB and twice the peak of
+//!   live huge bytes, or `CKALLOC_RETAIN_BYTES` when set. The rules and bounds:
 //!   [docs/engine.md](https://github.com/ckalloc/ckalloc/blob/main/docs/engine.md#bounds-of-retention).
 //! - `mallinfo2`, `malloc_stats` and `malloc_info` are glibc's and count
 //!   glibc's memory only: ckalloc's blocks are in [`huge_stats`](crate::huge_stats)
@@ -232,12 +232,12 @@
 //!   (`benches/README.md`). `CKALLOC_THP=0` keeps base pages throughout.
 //! - A signal handler that interrupts `malloc` and calls `malloc` is not
 //!   supported (as in glibc); handlers elsewhere work.
-//! - `fork`: the engine's `pthread_atfork` child hook (registered
-//!   when the library loads) lets a child of a multi-threaded parent
-//!   allocate; the extent map is lock-free and needs none; glibc handles
-//!   its own arenas. `vfork` and `posix_spawn` run no `atfork` handlers:
-//!   their child may only `exec` or `_exit` (POSIX), which never call the
-//!   allocator, so nothing is needed there.
+//! - `fork`: the engine's `pthread_atfork` child hook (registered when the
+//!   library loads) lets a child of a multi-threaded parent allocate and
+//!   gives back the retained blocks the child inherits; the extent map is
+//!   lock-free; glibc handles its own arenas. `vfork` and `posix_spawn` run
+//!   no `atfork` handlers: their child may only `exec` or `_exit` (POSIX),
+//!   which never call the allocator.
 //!
 //! # Seeing what you got
 //!

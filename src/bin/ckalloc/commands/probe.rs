@@ -259,7 +259,7 @@ fn settings_json() -> Value {
             .map(|s| {
                 json!({
                     "name": s.name,
-                    "value": s.value,
+                    "value": s.value_for_all_fronts(),
                     "unit": match s.unit {
                         Unit::Bytes => "bytes",
                         Unit::Milliseconds => "ms",
