@@ -911,6 +911,17 @@ fn monotonic_ns() -> u64 {
     t.tv_sec as u64 * 1_000_000_000 + t.tv_nsec as u64
 }
 
+/// Sleeps until 5 ms after a slot of a 2 s window starts (`WINDOW_2S`),
+/// so that a peak noted now stays in the window for 2.24 s; returns the
+/// moment.
+fn at_a_slot_start() -> std::time::Instant {
+    let slot = 2_000_000_000 / 8;
+    std::thread::sleep(std::time::Duration::from_nanos(
+        slot - monotonic_ns() % slot + 5_000_000,
+    ));
+    std::time::Instant::now()
+}
+
 /// A block of `size` bytes allocated and freed: retained.
 fn retain_block(a: &CkHuge, size: usize) {
     let l = layout(size, 8);
@@ -970,13 +981,9 @@ fn decay_gives_back_runs_older_than_the_window_though_a_miss_follows() {
 fn child_decay_old_runs() {
     use std::time::{Duration, Instant};
     let a = CkHuge::new();
-    // Just after a slot of the window starts: the block's peak stays in
-    // the window for 2.24 s, past the 2 s after which its run is old.
-    let slot = 2_000_000_000 / 8;
-    std::thread::sleep(Duration::from_nanos(
-        slot - monotonic_ns() % slot + 5_000_000,
-    ));
-    let t0 = Instant::now();
+    // The block's peak stays in the window for 2.24 s, past the 2 s after
+    // which its run is old.
+    let t0 = at_a_slot_start();
     retain_block(&a, 4 * MIB);
     // No call meanwhile: no decay step; the run is older than the window,
     // its peak still in it, so the step this call runs first keeps it.
@@ -1019,13 +1026,8 @@ fn a_move_that_misses_notes_its_new_block_without_the_one_it_replaces() {
 fn child_decay_move() {
     use std::time::{Duration, Instant};
     let a = CkHuge::new();
-    // Just after a slot of the window starts, as in `child_decay_old_runs`:
-    // the first peak keeps the old runs past 2 s.
-    let slot = 2_000_000_000 / 8;
-    std::thread::sleep(Duration::from_nanos(
-        slot - monotonic_ns() % slot + 5_000_000,
-    ));
-    let t0 = Instant::now();
+    // The first peak keeps the old runs past 2 s.
+    let t0 = at_a_slot_start();
     let (r1, r2, c, b) = (
         layout(4 * MIB, 8),
         layout(4 * MIB, 8),
