@@ -430,6 +430,15 @@ mod tests {
             ..unset
         };
         assert_eq!(other.to_string(), "CKALLOC_BACKGROUND_THREAD off (default)");
+        // The value every front takes: none while unset or unparsed.
+        assert_eq!(unset.value_for_all_fronts(), None);
+        let unparsed = Setting {
+            source: Source::Unparsed,
+            ..unset
+        };
+        assert_eq!(unparsed.value_for_all_fronts(), None);
+        assert_eq!(set.value_for_all_fronts(), Some(0));
+        assert_eq!(other.value_for_all_fronts(), Some(0));
     }
 
     #[test]

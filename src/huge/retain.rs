@@ -248,15 +248,8 @@ fn oldest_run(spans: &Spans) -> Option<(&Span, View, u32, u32)> {
             best = Some((age, r));
         }
     }
-    let (
-        _,
-        RetainedUnit {
-            span,
-            view: v,
-            unit: u,
-            run: (s, e),
-        },
-    ) = best?;
+    let (_, r) = best?;
+    let (span, v, u, (s, e)) = (r.span, r.view, r.unit, r.run);
     let t = span.stamp_of(u);
     let first = (s..u)
         .rev()

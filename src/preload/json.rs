@@ -38,8 +38,10 @@
 //! `settings` (each `CKALLOC_*` name to `{value, source}`, `source` one of
 //! `default`, `environment`, `unparsed`; `value` is `null` for
 //! `CKALLOC_BACKGROUND_THREAD` while it is not set, each front then taking
-//! its own default: [`Setting::value_for_all_fronts`](crate::env::Setting::value_for_all_fronts)). Sizes are in bytes, times in
-//! nanoseconds; the fields mean what [`HugeStats`]'s do.
+//! its own default: [`Setting::value_for_all_fronts`]). Sizes are in
+//! bytes, times in nanoseconds; the fields mean what [`HugeStats`]'s do.
+//!
+//! [`Setting::value_for_all_fronts`]: crate::env::Setting::value_for_all_fronts
 
 use super::{binding, stats, Binding, GlibcThresholds};
 use crate::env::Source;
