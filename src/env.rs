@@ -45,7 +45,21 @@
 //!
 //! The switches on the allocation paths are read with `getenv` without
 //! allocating and cached in atomics, so changing them after the first
-//! mapping of the process has no effect. Thread-safety: every function here
+//! mapping of the process has no effect.
+//!
+//! **Secure-execution mode** (`AT_SECURE`: a set-user-ID or set-group-ID
+//! program, or one with file capabilities; `getauxval(3)`, `ld.so(8)`):
+//! every variable of the table read without allocating (`CKALLOC_*` but
+//! `CKALLOC_PRELOAD_LIB` and `CKALLOC_MODEL_CACHE`, which only the
+//! `ckalloc` command reads, and `CK_BUMP_*`) reads as unset, as glibc's
+//! `secure_getenv(3)` does: the defaults apply and [`settings`] reports
+//! them as [`Source::Default`]. The user who starts such a program cannot
+//! set what it does with its owner's rights: `CKALLOC_STATS_FILE` would
+//! name a file for it to append to. glibc drops its own `MALLOC_*`
+//! variables in that mode and jemalloc ignores `MALLOC_CONF`; a program
+//! that gets the preload library there has it from `/etc/ld.so.preload`,
+//! from `LD_PRELOAD` naming a set-user-ID library in a system directory,
+//! or linked. Thread-safety: every function here
 //! may be called from any thread; like every `getenv` reader, they race with
 //! a concurrent `setenv` in another thread.
 

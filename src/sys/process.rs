@@ -9,10 +9,19 @@ use crate::units;
 use std::io;
 
 /// `getenv` without allocating (std::env::var allocates, which the global
-/// allocator's paths must not). Returns the value's bytes; the environment is
-/// not modified by this crate, so the slice stays valid while nobody calls
+/// allocator's paths must not), and `None` in secure-execution mode
+/// ([`secure_execution`]), as glibc's `secure_getenv(3)`: a set-user-ID
+/// program reads none of the variables ckalloc reads on its own, so the
+/// user who starts it cannot turn them on for the program's owner (a file
+/// path in `CKALLOC_STATS_FILE` written with the owner's rights), as glibc
+/// drops its own `MALLOC_*` variables there and jemalloc ignores
+/// `MALLOC_CONF`. Returns the value's bytes; the environment is not
+/// modified by this crate, so the slice stays valid while nobody calls
 /// `setenv`.
 pub(crate) fn getenv(name: &std::ffi::CStr) -> Option<&'static [u8]> {
+    if secure_execution() {
+        return None;
+    }
     // SAFETY: `name` is NUL-terminated; the returned pointer, if any, points
     // into the environment block.
     let p = unsafe { libc::getenv(name.as_ptr()) };
@@ -63,12 +72,19 @@ pub(crate) fn program_break() -> usize {
 /// Whether the program runs in secure-execution mode (`AT_SECURE`:
 /// set-user-ID, set-group-ID or with capabilities; `getauxval(3)`,
 /// `ld.so(8)`), in which glibc ignores the environment's tunables marked
-/// `SXID_IGNORE`. Never allocates.
-#[cfg(all(feature = "preload", target_os = "linux", target_env = "gnu"))]
+/// `SXID_IGNORE` and [`getenv`] reads no variable. Never allocates.
+#[cfg(target_os = "linux")]
 pub(crate) fn secure_execution() -> bool {
     // SAFETY: reads the auxiliary vector the kernel passed at `execve`; no
     // side effect.
     unsafe { libc::getauxval(libc::AT_SECURE) != 0 }
+}
+
+/// Secure-execution mode is Linux's `AT_SECURE`; elsewhere the environment
+/// is read as it is.
+#[cfg(not(target_os = "linux"))]
+pub(crate) fn secure_execution() -> bool {
+    false
 }
 
 /// Every entry of the environment as (name, value), in order, without

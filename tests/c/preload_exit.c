@@ -8,13 +8,15 @@
  * stdout's buffer, "locked-stdout" exits while another thread holds
  * stdout's lock, "fork" has a child allocate a huge block and exit first,
  * "chdir DIR" changes directory before exit, "fork-after" forks after its
- * huge block and has the child exit serving none. CKALLOC_SHOW_STATS prints at
+ * huge block and has the child exit serving none, "at-secure" prints
+ * "at_secure N" (getauxval(AT_SECURE)) first. CKALLOC_SHOW_STATS prints at
  * exit only, into the stderr the program started with. */
 #define _GNU_SOURCE
 #include <fcntl.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <sys/auxv.h>
 #include <sys/wait.h>
 #include <string.h>
 #include <unistd.h>
@@ -34,6 +36,7 @@ static void *hold_stdout(void *arg) {
 
 int main(int argc, char **argv) {
     const char *mode = argc > 1 ? argv[1] : "";
+    if (strcmp(mode, "at-secure") == 0) printf("at_secure %lu\n", getauxval(AT_SECURE));
     if (strcmp(mode, "small-only") == 0) {
         char *small = malloc(100);
         if (!small) return 2;

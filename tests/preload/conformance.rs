@@ -528,6 +528,89 @@ fn summaries_go_to_one_file_per_process_through_a_pid_template() {
     assert!(!dir.path().join("bad-%q.txt").exists());
 }
 
+/// A set-user-ID program reads no `CKALLOC_*` variable: a user who starts
+/// it cannot have it append a summary to a file of their choice with its
+/// owner's rights. The library is linked into `preload_exit` (the dynamic
+/// linker ignores an `LD_PRELOAD` path in secure-execution mode), which is
+/// made set-user-ID to `nobody`, so that root running it is in that mode.
+/// The same program without the bit writes the summary the variables ask
+/// for.
+#[test]
+fn a_set_user_id_program_reads_no_ckalloc_variable() {
+    use std::os::unix::fs::PermissionsExt as _;
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("skipped: making a program set-user-ID to nobody needs root");
+        return;
+    }
+    let lib = super::library();
+    let lib_dir = lib.parent().expect("the library's directory");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let plain = dir.path().join("linked_exit");
+    let st = Command::new("cc")
+        .args(["-std=c11", "-pthread", "-O2", "-Wall", "-Werror"])
+        .arg(super::root().join("tests/c/preload_exit.c"))
+        .arg("-o")
+        .arg(&plain)
+        .arg("-Wl,--no-as-needed")
+        .arg(format!("-L{}", lib_dir.display()))
+        .arg("-l:libckalloc_preload.so")
+        .arg(format!("-Wl,-rpath,{}", lib_dir.display()))
+        .status()
+        .expect("run cc");
+    assert!(st.success(), "cc failed linking the library");
+    let set_uid = dir.path().join("linked_exit_suid");
+    std::fs::copy(&plain, &set_uid).expect("copy the program");
+    std::os::unix::fs::chown(&set_uid, Some(65534), Some(65534)).expect("chown nobody");
+    std::fs::set_permissions(&set_uid, std::fs::Permissions::from_mode(0o4755)).expect("chmod u+s");
+    // Writable by `nobody`, so that a summary the library tried to write
+    // would land.
+    let stats = dir.path().join("stats");
+    std::fs::create_dir(&stats).expect("mkdir");
+    std::fs::set_permissions(&stats, std::fs::Permissions::from_mode(0o777)).expect("chmod");
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    let run_linked = |prog: &std::path::Path| {
+        let mut cmd = Command::new(prog);
+        cmd.arg("at-secure")
+            .env("CKALLOC_SHOW_STATS", "all")
+            .env("CKALLOC_STATS_FILE", stats.join("ck-%p.txt"));
+        // The library is linked, not preloaded: hold the pool as `run`
+        // does for a preloaded program.
+        let _pool = super::hugetlb_pool();
+        let out = run(cmd, false);
+        assert_success(&out, &format!("{} at-secure", prog.display()));
+        out
+    };
+
+    let out = run_linked(&plain);
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "at_secure 0\n");
+    let written: Vec<_> = std::fs::read_dir(&stats)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    assert_eq!(written.len(), 1, "{written:?}");
+    let text = std::fs::read_to_string(&written[0]).unwrap();
+    assert!(text.contains("preload: 1 huge block served"), "{text}");
+    std::fs::remove_file(&written[0]).unwrap();
+
+    let out = run_linked(&set_uid);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    if stdout == "at_secure 0\n" {
+        eprintln!(
+            "skipped: the file system of {} ignores set-user-ID bits",
+            dir.path().display()
+        );
+        return;
+    }
+    assert_eq!(stdout, "at_secure 1\n");
+    assert!(
+        out.stderr.is_empty(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(std::fs::read_dir(&stats).unwrap().count(), 0);
+}
+
 #[test]
 fn the_copy_of_stderr_fits_under_a_low_descriptor_limit() {
     let prog = compile("preload_exit.c", "cc", &["-std=c11", "-pthread"]);
