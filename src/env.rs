@@ -50,16 +50,22 @@
 //! **Secure-execution mode** (`AT_SECURE`: a set-user-ID or set-group-ID
 //! program, or one with file capabilities; `getauxval(3)`, `ld.so(8)`):
 //! every variable of the table read without allocating (`CKALLOC_*` but
-//! `CKALLOC_PRELOAD_LIB` and `CKALLOC_MODEL_CACHE`, which only the
-//! `ckalloc` command reads, and `CK_BUMP_*`) reads as unset, as glibc's
-//! `secure_getenv(3)` does: the defaults apply and [`settings`] reports
-//! them as [`Source::Default`]. The user who starts such a program cannot
-//! set what it does with its owner's rights: `CKALLOC_STATS_FILE` would
-//! name a file for it to append to. glibc drops its own `MALLOC_*`
-//! variables in that mode and jemalloc ignores `MALLOC_CONF`; a program
+//! `CKALLOC_PRELOAD_LIB` and `CKALLOC_MODEL_CACHE`, which are meant for the
+//! `ckalloc` command and read as set, and `CK_BUMP_*`) reads as unset, as
+//! glibc's `secure_getenv(3)` does: the defaults apply and [`settings`]
+//! reports them as [`Source::Default`]. The variable named to
+//! [`CachingAllocator::from_env`](crate::caching::CachingAllocator::from_env)
+//! is read as set: the program chose it. The user who starts such a
+//! program cannot set what the library does with its owner's rights:
+//! `CKALLOC_STATS_FILE` would name a file for it to append to. glibc
+//! ignores its own `MALLOC_*` variables in that mode (it keeps them for
+//! the program's children) and jemalloc ignores `MALLOC_CONF`; a program
 //! that gets the preload library there has it from `/etc/ld.so.preload`,
 //! from `LD_PRELOAD` naming a set-user-ID library in a system directory,
-//! or linked. Thread-safety: every function here
+//! or linked. The mode covers only the `execve` that changed the IDs: a
+//! set-user-ID wrapper that takes the IDs for good and then starts
+//! another program passes the variables on, so it clears them first, as
+//! it does glibc's. Thread-safety: every function here
 //! may be called from any thread; like every `getenv` reader, they race with
 //! a concurrent `setenv` in another thread.
 

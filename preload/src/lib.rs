@@ -182,7 +182,8 @@ pub unsafe extern "C" fn ckalloc_stats_json(buf: *mut c_char, len: usize) -> usi
 /// library is loaded before libc (with `LD_PRELOAD`, not `dlopen`; also
 /// behind another allocator, which may pass calls on to it), reads
 /// `CKALLOC_SHOW_STATS` and notes where the summary goes
-/// (`CKALLOC_STATS_FILE`, or which file standard error is), when the
+/// (`CKALLOC_STATS_FILE`, or which file standard error is; neither in a
+/// set-user-ID program, `ckalloc::env`), when the
 /// library loads (a program may clear its environment, change directory or
 /// reuse file descriptor 2 before it exits), and asks for the engine's background
 /// thread, which the first huge-path call after this starts (unless

@@ -241,55 +241,55 @@
 //!
 //! # Seeing what you got
 //!
-//! `CKALLOC_SHOW_STATS=1` (read when the library loads) prints one summary when
-//! the process calls `exit` (or returns from `main`), for a process that served
-//! at least one huge block (`CKALLOC_SHOW_STATS=all`: every process, so a shell
-//! or a pyenv shim in front of the program stays quiet by default); a process
-//! whose allocator calls go first elsewhere prints one line that says where
-//! ([`Binding`]: an allocator preloaded ahead of this library, or the library
-//! opened with `dlopen`). `CKALLOC_STATS_FILE=PATH` appends the summary to a
-//! file instead of stderr (and asks for summaries while `CKALLOC_SHOW_STATS` is
-//! unset): `%p` in `PATH` is replaced by the process ID, so each process of a
-//! tree writes its own file and no summary mixes into a stream a parent parses;
-//! `%%` is one `%`; any other `%` sequence is not taken and no summary is
-//! written (`ckalloc run` says so); a relative path is taken from the directory
-//! the process had at load; one `write(2)` per summary to a file opened
-//! `O_APPEND`, so two processes sharing a path never interleave within a
-//! summary. Without a file, the summary goes into the stderr the process had at
-//! load: through descriptor 2 while it is still that file, else through a copy
-//! of it the library made at load (close-on-exec, numbered from 512, or from
-//! half the descriptor limit when that is lower), so a program that closed
-//! stderr first (GNU coreutils do, in an `atexit` handler that runs before the
-//! library's) or reused its number still gets it there; a program that closed
-//! the copy too gets none. While the variable is on, the copy keeps stderr open
-//! until exit: a reader of a pipe on it sees its end then, not when the program
-//! closes descriptor 2. The library's destructor runs before glibc's `exit`
-//! writes out the C streams' buffers, so it first writes out what the program
-//! left in `stdout`'s and `stderr`'s buffers itself (`fflush_unlocked`), each
-//! only when `ftrylockfile` gets the stream's lock: a thread stopped inside
-//! `printf` holds it, and the library never waits for it (that stream's last
-//! lines may then follow the summary). Python flushes its own `sys.stdout`
-//! before `exit`. The summary is written without dying of `SIGPIPE` when stderr
-//! is a closed pipe: huge blocks served and bytes requested at allocation
-//! (growth by `realloc` is not in these bytes: it shows in the resize counts),
-//! the threshold and the retention cap in use (the rule above while
-//! `CKALLOC_RETAIN_BYTES` is unset), a `glibc:` line with glibc's thresholds
-//! ([`GlibcThresholds`]), then [`huge_stats`](crate::huge_stats) (blocks and
-//! bytes per tier, live, retained and span bytes, retention, resizes and
-//! purges, the engine's system calls by kind, first touch, short tails, the
-//! settings), every line labelled `ckalloc[PID]: `, formatted without
-//! allocating. The first-touch line and the `CKALLOC_FIRST_TOUCH_PROBE` setting
-//! concern `CkHuge` in Rust code only (the C API never applies the policy), and
-//! the `CKALLOC_RETAIN_BYTES` setting shows the variable, not the cap in use. A
-//! child that inherits the variable prints its own; a child of `fork` prints
-//! one only when it served a huge block itself (or under `all`), and starts
-//! from a copy of its parent's counters, as jemalloc's and mimalloc's
-//! statistics do, so its summary includes what the parent did before the fork
-//! (subtract the parent's, or set the variable in the parent only). `_exit`
-//! (and a death by signal) prints none: dash, the `sh` of Debian and Ubuntu,
-//! leaves through `_exit`, so `sh -c 'a; b'` prints the summaries of `a` and
-//! `b` and none of its own (it served no huge block anyway), and a program dash
-//! runs as its last command replaces it (`exec`).
+//! `CKALLOC_SHOW_STATS=1` (read at load; not in a set-user-ID program,
+//! [`crate::env`]) prints one summary when the process calls `exit` (or returns
+//! from `main`), for a process that served at least one huge block (`=all`:
+//! every process, so a shell or a pyenv shim in front of the program stays
+//! quiet by default); a process whose allocator calls go first elsewhere prints
+//! one line that says where ([`Binding`]: an allocator preloaded ahead of this
+//! library, or the library opened with `dlopen`). `CKALLOC_STATS_FILE=PATH`
+//! appends the summary to a file instead of stderr (and asks for summaries
+//! while `CKALLOC_SHOW_STATS` is unset): `%p` in `PATH` is replaced by the
+//! process ID, so each process of a tree writes its own file and no summary
+//! mixes into a stream a parent parses; `%%` is one `%`; any other `%` sequence
+//! is not taken and no summary is written (`ckalloc run` says so); a relative
+//! path is taken from the directory the process had at load; one `write(2)` per
+//! summary to a file opened `O_APPEND`, so two processes sharing a path never
+//! interleave within a summary. Without a file, the summary goes into the
+//! stderr the process had at load: through descriptor 2 while it is still that
+//! file, else through a copy of it the library made at load (close-on-exec,
+//! numbered from 512, or from half the descriptor limit when that is lower), so
+//! a program that closed stderr first (GNU coreutils do, in an `atexit` handler
+//! that runs before the library's) or reused its number still gets it there; a
+//! program that closed the copy too gets none. While the variable is on, the
+//! copy keeps stderr open until exit: a reader of a pipe on it sees its end
+//! then, not when the program closes descriptor 2. The library's destructor
+//! runs before glibc's `exit` writes out the C streams' buffers, so it first
+//! writes out what the program left in `stdout`'s and `stderr`'s buffers itself
+//! (`fflush_unlocked`), each only when `ftrylockfile` gets the stream's lock: a
+//! thread stopped inside `printf` holds it, and the library never waits for it
+//! (that stream's last lines may then follow the summary). Python flushes its
+//! own `sys.stdout` before `exit`. The summary is written without dying of
+//! `SIGPIPE` when stderr is a closed pipe: huge blocks served and bytes
+//! requested at allocation (growth by `realloc` is not in these bytes: it shows
+//! in the resize counts), the threshold and the retention cap in use (the rule
+//! above while `CKALLOC_RETAIN_BYTES` is unset), a `glibc:` line with glibc's
+//! thresholds ([`GlibcThresholds`]), then [`huge_stats`](crate::huge_stats)
+//! (blocks and bytes per tier, live, retained and span bytes, retention,
+//! resizes and purges, the engine's system calls by kind, first touch, short
+//! tails, the settings), every line labelled `ckalloc[PID]: `, formatted
+//! without allocating. The first-touch line and the `CKALLOC_FIRST_TOUCH_PROBE`
+//! setting concern `CkHuge` in Rust code only (the C API never applies the
+//! policy), and the `CKALLOC_RETAIN_BYTES` setting shows the variable, not the
+//! cap in use. A child that inherits the variable prints its own; a child of
+//! `fork` prints one only when it served a huge block itself (or under `all`),
+//! and starts from a copy of its parent's counters, as jemalloc's and
+//! mimalloc's statistics do, so its summary includes what the parent did before
+//! the fork (subtract the parent's, or set the variable in the parent only).
+//! `_exit` (and a death by signal) prints none: dash, the `sh` of Debian and
+//! Ubuntu, leaves through `_exit`, so `sh -c 'a; b'` prints the summaries of
+//! `a` and `b` and none of its own (it served no huge block anyway), and a
+//! program dash runs as its last command replaces it (`exec`).
 //!
 //! The library exports one function of its own beside the allocation
 //! API, `size_t ckalloc_stats_json(char *buf, size_t len)`: the same

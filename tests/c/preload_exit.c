@@ -8,10 +8,14 @@
  * stdout's buffer, "locked-stdout" exits while another thread holds
  * stdout's lock, "fork" has a child allocate a huge block and exit first,
  * "chdir DIR" changes directory before exit, "fork-after" forks after its
- * huge block and has the child exit serving none, "at-secure" prints
- * "at_secure N" (getauxval(AT_SECURE)) first. CKALLOC_SHOW_STATS prints at
+ * huge block and has the child exit serving none, "at-secure DIR" prints
+ * first "at_secure N" (getauxval(AT_SECURE)), "dir_writable N" (whether
+ * the effective user could create a file in DIR) and "settings_from_env N"
+ * (how many settings of ckalloc_stats_json, when the library is there,
+ * came from the environment). CKALLOC_SHOW_STATS prints at
  * exit only, into the stderr the program started with. */
 #define _GNU_SOURCE
+#include <dlfcn.h>
 #include <fcntl.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -36,7 +40,27 @@ static void *hold_stdout(void *arg) {
 
 int main(int argc, char **argv) {
     const char *mode = argc > 1 ? argv[1] : "";
-    if (strcmp(mode, "at-secure") == 0) printf("at_secure %lu\n", getauxval(AT_SECURE));
+    if (argc > 2 && strcmp(mode, "at-secure") == 0) {
+        printf("at_secure %lu\n", getauxval(AT_SECURE));
+        char path[4096];
+        snprintf(path, sizeof path, "%s/written-by-euid", argv[2]);
+        int fd = open(path, O_WRONLY | O_CREAT | O_EXCL, 0600);
+        printf("dir_writable %d\n", fd >= 0);
+        if (fd >= 0) {
+            close(fd);
+            unlink(path);
+        }
+        static char json[65536];
+        size_t (*stats_json)(char *, size_t) =
+            (size_t (*)(char *, size_t))dlsym(RTLD_DEFAULT, "ckalloc_stats_json");
+        int from_env = -1;
+        if (stats_json && stats_json(json, sizeof json) < sizeof json) {
+            from_env = 0;
+            for (const char *at = json; (at = strstr(at, "\"source\":\"environment\"")); at++)
+                from_env++;
+        }
+        printf("settings_from_env %d\n", from_env);
+    }
     if (strcmp(mode, "small-only") == 0) {
         char *small = malloc(100);
         if (!small) return 2;
