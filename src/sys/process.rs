@@ -73,16 +73,17 @@ pub(crate) fn program_break() -> usize {
 /// set-user-ID, set-group-ID or with capabilities; `getauxval(3)`,
 /// `ld.so(8)`), in which glibc ignores the environment's tunables marked
 /// `SXID_IGNORE` and [`getenv`] reads no variable. Never allocates.
-#[cfg(target_os = "linux")]
+#[cfg(all(target_os = "linux", not(miri)))]
 pub(crate) fn secure_execution() -> bool {
     // SAFETY: reads the auxiliary vector the kernel passed at `execve`; no
     // side effect.
     unsafe { libc::getauxval(libc::AT_SECURE) != 0 }
 }
 
-/// Secure-execution mode is Linux's `AT_SECURE`; elsewhere the environment
-/// is read as it is.
-#[cfg(not(target_os = "linux"))]
+/// Secure-execution mode is Linux's `AT_SECURE`; elsewhere, and under Miri
+/// (which has no `getauxval` and runs no set-user-ID program), the
+/// environment is read as it is.
+#[cfg(any(not(target_os = "linux"), miri))]
 pub(crate) fn secure_execution() -> bool {
     false
 }
