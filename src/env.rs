@@ -21,7 +21,9 @@
 //! The parsing rules:
 //!
 //! - **`CKALLOC_*` switch**: unset means the default in the table. A set
-//!   value is trimmed of ASCII white space; it means off when it is then
+//!   value is trimmed of ASCII white space (space, tab, line feed, form
+//!   feed, carriage return; not the vertical tab, as Rust's
+//!   `u8::is_ascii_whitespace`); it means off when it is then
 //!   empty, `0`, `false`, `no` or `off`, and on when it is `1`, `true`,
 //!   `yes` or `on` (ASCII case-insensitive). Any other value is not taken:
 //!   the default applies, and [`settings`] (and so

@@ -65,7 +65,8 @@ pub enum ArenaError {
     NoWeightsFile,
     /// `CK_BUMP_FORCE_MIXED` is set (under [`ModePolicy::Auto`](super::ModePolicy::Auto)),
     /// which skips anonymous mode, but no weights file was given for mixed
-    /// mode. Unset the variable or use `ModePolicy::AnonOnly`.
+    /// mode. Unset the variable, give a weights file, or (from Rust) build
+    /// with `ModePolicy::AnonOnly`, which the variable does not reach.
     ForcedMixedWithoutFile,
     /// The anonymous arena could not be mapped (the huge-page tier ladder
     /// failed: `RLIMIT_AS`, `RLIMIT_DATA`, overcommit, or a required tier).
@@ -207,7 +208,7 @@ impl fmt::Display for ArenaError {
             ArenaError::ForcedMixedWithoutFile => write!(
                 f,
                 "CK_BUMP_FORCE_MIXED is set, which skips anonymous mode, but no weights file \
-                 was given for mixed mode; unset it or use ModePolicy::AnonOnly"
+                 was given for mixed mode; unset the variable or give a weights file"
             ),
             ArenaError::Anon { total_size, source } => write!(
                 f,

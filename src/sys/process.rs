@@ -14,7 +14,7 @@ use std::io;
 /// program reads none of the variables ckalloc reads on its own, so the
 /// user who starts it cannot turn them on for the program's owner (a file
 /// path in `CKALLOC_STATS_FILE` written with the owner's rights), as glibc
-/// drops its own `MALLOC_*` variables there and jemalloc ignores
+/// ignores its own `MALLOC_*` variables there and jemalloc its
 /// `MALLOC_CONF`. Returns the value's bytes; the environment is not
 /// modified by this crate, so the slice stays valid while nobody calls
 /// `setenv`.

@@ -114,6 +114,14 @@ int main(int argc, char **argv) {
     CHECK(ck_bump_alloc_init(&a, path, SIZE_MAX, wb, ab) == -1);
     CHECK(is_zeroed(&a));
     CHECK(ck_bump_alloc_init(&a, NULL, SIZE_MAX, 0, 0) == -1);
+    /* CK_BUMP_FORCE_MIXED without a weights file: the reason names what a
+     * C caller can do about it. */
+    setenv("CK_BUMP_FORCE_MIXED", "1", 1);
+    CHECK(ck_bump_alloc_init(&a, NULL, 8 * MIB, 0, 0) == -1);
+    unsetenv("CK_BUMP_FORCE_MIXED");
+    CHECK(strstr(ck_last_error(), "CK_BUMP_FORCE_MIXED") != NULL);
+    CHECK(strstr(ck_last_error(), "give a weights file") != NULL);
+    CHECK(is_zeroed(&a));
     /* A file too small for the weights region. */
     CHECK(ck_bump_alloc_init(&a, path, file_len + 64 * MIB, 0, file_len + 8 * MIB) == -1);
     CHECK(is_zeroed(&a));

@@ -199,6 +199,13 @@ fn inspect_of_a_file_truncated_between_hash_chunks_is_an_error_line() {
                 "v{version}: {:?}",
                 o.stderr
             );
+            // The error line names the file once.
+            assert_eq!(
+                o.stderr.matches(&wb.display().to_string()).count(),
+                1,
+                "v{version}: {:?}",
+                o.stderr
+            );
         }
     }
 }

@@ -76,17 +76,21 @@ pub fn open_checked(
     Ok((file, checked))
 }
 
-/// Hash the file with a progress bar; `Ok(None)` when verified, `Ok(Some(msg))`
-/// when the checksum does not match, `Err` when the file cannot be read
-/// (or changed while read).
-pub fn verify_checksum(file: &WeightsFile, json: bool) -> Result<Option<String>, CliError> {
+/// Hash `file`, opened from `path`, with a progress bar; `Ok(None)` when
+/// verified, `Ok(Some(msg))` when the checksum does not match, `Err` (naming
+/// the file once) when the file cannot be read (or changed while read).
+pub fn verify_checksum(
+    path: &Path,
+    file: &WeightsFile,
+    json: bool,
+) -> Result<Option<String>, CliError> {
     let bar = progress("sha256", json);
     let r = file.verify_checksum_with(|done, total| bar.update(done, total));
     bar.finish();
     match r {
         Ok(()) => Ok(None),
         Err(e @ WeightsError::BadChecksum { .. }) => Ok(Some(e.to_string())),
-        Err(e) => Err(err(e.to_string())),
+        Err(e) => Err(file_error(path, e)),
     }
 }
 

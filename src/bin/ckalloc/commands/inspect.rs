@@ -119,11 +119,12 @@ pub fn run(g: Global, a: InspectArgs) -> Result<(), CliError> {
         },
     };
     // `None`: not checked; `Some(None)`: verified; `Some(Some((label,
-    // why)))`: a mismatch, or a file that could not be read to the end.
+    // why)))`: a mismatch, or a file that could not be read to the end
+    // (whose error names the file itself).
     let checksum: Option<Option<(&str, String)>> = if a.no_verify {
         None
     } else {
-        Some(match verify_checksum(&file, g.json) {
+        Some(match verify_checksum(path, &file, g.json) {
             Ok(r) => r.map(|m| ("MISMATCH", m)),
             Err(e) => Some(("NOT verified", e.to_string())),
         })
@@ -351,8 +352,10 @@ pub fn run(g: Global, a: InspectArgs) -> Result<(), CliError> {
             }
         }
     }
-    if let Some(Some((_, e))) = checksum {
-        return Err(err_reported(format!("{}: {e}", shown(path))));
+    match checksum {
+        Some(Some(("MISMATCH", e))) => return Err(err_reported(format!("{}: {e}", shown(path)))),
+        Some(Some((_, e))) => return Err(err_reported(e)),
+        _ => {}
     }
     if let Some(e) = state.problem(a.check) {
         return Err(err_reported(error_line(path, e)));

@@ -150,7 +150,7 @@ pub fn run(g: Global, a: DemoArgs) -> Result<(), CliError> {
         require_manifest_hash: version == Version::V5,
     };
     let (file, checked) = open_checked(&wpath, check)?;
-    if let Some(e) = verify_checksum(&file, json_mode)? {
+    if let Some(e) = verify_checksum(&wpath, &file, json_mode)? {
         return Err(err(format!("{}: {e}", wpath.display())));
     }
     text(format!(
