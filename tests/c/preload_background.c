@@ -25,12 +25,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <dlfcn.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "procfs.h"
+#include "stats_json.h"
 
 #define MIB (1024L * 1024L)
 
@@ -151,11 +151,9 @@ static int forked(void) {
 
 /* The number after "\"NAME\":" in the library's ckalloc_stats_json, or -1. */
 static long long stat_of(const char *name) {
-    static char json[65536];
-    size_t (*stats_json)(char *, size_t) =
-        (size_t (*)(char *, size_t))dlsym(RTLD_DEFAULT, "ckalloc_stats_json");
+    const char *json = library_stats_json();
     char key[96];
-    if (!stats_json || stats_json(json, sizeof json) >= sizeof json) return -1;
+    if (!json) return -1;
     snprintf(key, sizeof key, "\"%s\":", name);
     const char *at = strstr(json, key);
     return at ? strtoll(at + strlen(key), NULL, 10) : -1;

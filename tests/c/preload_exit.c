@@ -15,7 +15,6 @@
  * came from the environment). CKALLOC_SHOW_STATS prints at
  * exit only, into the stderr the program started with. */
 #define _GNU_SOURCE
-#include <dlfcn.h>
 #include <fcntl.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -24,6 +23,8 @@
 #include <sys/wait.h>
 #include <string.h>
 #include <unistd.h>
+
+#include "stats_json.h"
 
 static void close_stderr(void) { close(2); }
 
@@ -50,11 +51,9 @@ int main(int argc, char **argv) {
             close(fd);
             unlink(path);
         }
-        static char json[65536];
-        size_t (*stats_json)(char *, size_t) =
-            (size_t (*)(char *, size_t))dlsym(RTLD_DEFAULT, "ckalloc_stats_json");
+        const char *json = library_stats_json();
         int from_env = -1;
-        if (stats_json && stats_json(json, sizeof json) < sizeof json) {
+        if (json) {
             from_env = 0;
             for (const char *at = json; (at = strstr(at, "\"source\":\"environment\"")); at++)
                 from_env++;
