@@ -108,6 +108,21 @@ fn build(policy: ModePolicy, path: &Path, total: usize, wb: usize, ab: usize) ->
         .unwrap_or_else(|e| panic!("{policy:?} wb {wb} ab {ab}: {e}"))
 }
 
+/// The prefix `[0, weights_base)` reads zero and is writable in both
+/// modes (in mixed mode also in the page `weights_base` falls in, which
+/// holds file bytes at and after it); writing it leaves the weights alone.
+fn check_prefix(a: &BumpArena, file: &[u8], name: &str) {
+    let (wb, ab) = (a.weights_base(), a.activations_base());
+    let base = a.ptr_at(0).unwrap().as_ptr();
+    // SAFETY: `[0, wb)` lies in the arena's mapping and nothing else
+    // refers to it.
+    let prefix = unsafe { std::slice::from_raw_parts_mut(base, wb) };
+    assert!(prefix.iter().all(|&b| b == 0), "{name}: prefix reads zero");
+    prefix.fill(0xab);
+    assert!(prefix.iter().all(|&b| b == 0xab), "{name}: prefix writable");
+    assert_eq!(a.weights(), &expected_weights(file, wb, ab)[..], "{name}");
+}
+
 fn exercise_runtime(a: &BumpArena) {
     let mut v: AVec<u64, _> = AVec::new_in(a);
     v.extend(0..10_000u64);
@@ -143,6 +158,7 @@ fn anon_mode_materializes_every_file_kind() {
         a.weights_mut().unwrap()[0] ^= 0xff;
         a.materialize_weights().unwrap();
         assert_eq!(a.weights(), &exp[..], "{name} after retry");
+        check_prefix(&a, &file, name);
         exercise_runtime(&a);
     }
 }
@@ -172,6 +188,7 @@ fn mixed_mode_maps_every_file_kind() {
         // SAFETY: freshly allocated runtime byte.
         unsafe { first.as_ptr().cast::<u8>().write(9) };
         assert_eq!(a.weights(), &expected_weights(&file, wb, ab)[..], "{name}");
+        check_prefix(&a, &file, name);
         exercise_runtime(&a);
     }
 }
@@ -408,6 +425,18 @@ fn mixed_mode_protections_in_proc_maps() {
     let (mp, _) = a.mapping();
     if (mp as usize) < base {
         assert_eq!(maps_line_perms(mp as usize).0, "---p");
+    }
+    // `weights_base` inside a page: that page is the prefix's (anonymous,
+    // read-write), the next whole pages the file's.
+    let b = build(ModePolicy::MixedOnly, &path, 4 * MIB, PAGE + 152, ab);
+    let base = b.as_ptr() as usize;
+    let (perms, p) = maps_line_perms(base + PAGE);
+    assert_eq!(perms, "rw-p");
+    assert!(!p.ends_with(&name), "{p}");
+    for page in 2..6 {
+        let (perms, p) = maps_line_perms(base + page * PAGE);
+        assert_eq!(perms, "r--p", "page {page}");
+        assert!(p.ends_with(&name), "page {page}: {p}");
     }
 }
 

@@ -99,7 +99,8 @@ pub enum ArenaError {
     /// Mixed mode is only implemented on Linux.
     MixedUnsupported,
     /// Reading the weights file failed (a short read, `EIO`...): during
-    /// materialization, or while filling the boundary page in mixed mode.
+    /// materialization, or while filling the weights' partial first or last
+    /// page in mixed mode.
     ReadWeights {
         /// File (and arena) offset of the failed read in bytes.
         offset: u64,

@@ -57,6 +57,13 @@ impl Geometry {
     fn page_floor(&self, n: usize) -> usize {
         n & !(self.page - 1)
     }
+
+    /// `n` rounded up to a page, or `n` when that overflows (it then lies
+    /// past every page the arena maps, and callers clamp it).
+    #[cfg_attr(not(target_os = "linux"), allow(dead_code))]
+    fn page_ceil(&self, n: usize) -> usize {
+        sys::round_up(n, self.page).unwrap_or(n)
+    }
 }
 
 /// How the mapping is released.
@@ -150,8 +157,8 @@ fn check_address_bound(storage: Storage, geometry: &Geometry) -> Result<Storage,
 
 /// Mixed mode (Linux): reserve `PROT_NONE`, map the whole file pages of the
 /// weights read-only over it, open the rest read-write in place, and fill
-/// the partial boundary page with `pread`. On error the reservation is
-/// released.
+/// the weights' partial first and last pages with `pread`. On error the
+/// reservation is released.
 #[cfg(target_os = "linux")]
 pub(super) fn mixed(
     geometry: &Geometry,
@@ -168,17 +175,16 @@ pub(super) fn mixed(
         }
     };
     let has_weights = geometry.activations_base > geometry.weights_base;
-    // Whole pages below the weights stay anonymous and writable (C-Kernel-Engine's
-    // "prefix"); whole file pages of the weights region are mapped read-only;
-    // everything from the page holding `activations_base` on is anonymous.
-    let (file_start, file_end) = if has_weights {
-        (
-            geometry.page_floor(geometry.weights_base),
-            geometry.page_floor(geometry.activations_base),
-        )
+    // The prefix (C-Kernel-Engine's) is anonymous and writable up to the
+    // first whole page of the weights, so it reads zero as in anon mode,
+    // also in the page `weights_base` falls in; whole file pages of the
+    // weights region are mapped read-only; everything from the page holding
+    // `activations_base` on is anonymous.
+    let file_end = geometry.page_floor(geometry.activations_base);
+    let file_start = if has_weights {
+        geometry.page_ceil(geometry.weights_base).min(file_end)
     } else {
-        let a = geometry.page_floor(geometry.activations_base);
-        (a, a)
+        file_end
     };
     let file_len = file_end - file_start;
     // Whether the file maps at all, asked before the reservation exists: a
@@ -273,25 +279,49 @@ pub(super) fn mixed(
         huge::apply_options(runtime, runtime_len, HUGE_PAGE_2M, opts)
             .map_err(|source| ArenaError::MixedOptions { source })?;
     }
-    // The partial last weights page: private anonymous, filled from the file
-    // once the runtime region is advised and bound, so that the page the
-    // copy faults in can be part of a huge page and follows the NUMA
-    // policy. Bytes past the end of the file stay zero.
-    if has_weights && geometry.activations_base > file_end {
-        let from = geometry.weights_base.max(file_end);
-        let to = (geometry.activations_base as u64).min(file_size) as usize;
-        if to > from {
-            // SAFETY: `from..to` lies in the runtime mapping just made
-            // (read-write, owned by `storage`, no other reference exists).
-            let buf = unsafe { std::slice::from_raw_parts_mut(base.as_ptr().add(from), to - from) };
-            sys::pread_exact(fd, buf, from as u64).map_err(|source| ArenaError::ReadWeights {
-                offset: from as u64,
-                len: to - from,
-                source,
-            })?;
-        }
+    // The weights' partial pages, private anonymous: the first (in the
+    // prefix's mapping) and the last (in the runtime region's, filled once
+    // that region is advised and bound, so that the page the copy faults in
+    // can be part of a huge page and follows the NUMA policy). Bytes past
+    // the end of the file stay zero.
+    if has_weights {
+        let wb = geometry.weights_base;
+        fill_from_file(base, fd, file_size, wb, file_start.max(wb))?;
+        fill_from_file(
+            base,
+            fd,
+            file_size,
+            wb.max(file_end),
+            geometry.activations_base,
+        )?;
     }
     check_address_bound(storage, geometry)
+}
+
+/// Read the file's bytes `[from, to)`, those before `file_size`, into the
+/// arena at the same offsets, which lie in a read-write anonymous mapping
+/// of `base`'s reservation.
+#[cfg(target_os = "linux")]
+fn fill_from_file(
+    base: NonNull<u8>,
+    fd: &sys::Fd,
+    file_size: u64,
+    from: usize,
+    to: usize,
+) -> Result<(), ArenaError> {
+    let to = (to as u64).min(file_size) as usize;
+    if to <= from {
+        return Ok(());
+    }
+    // SAFETY: `from..to` lies in a read-write anonymous mapping of the
+    // reservation (the caller's), owned by its `Storage`; no other
+    // reference to those bytes exists while the arena is being built.
+    let buf = unsafe { std::slice::from_raw_parts_mut(base.as_ptr().add(from), to - from) };
+    sys::pread_exact(fd, buf, from as u64).map_err(|source| ArenaError::ReadWeights {
+        offset: from as u64,
+        len: to - from,
+        source,
+    })
 }
 
 #[cfg(not(target_os = "linux"))]

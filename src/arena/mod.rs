@@ -81,8 +81,9 @@ fn new_token() -> u64 {
 ///  ^ as_ptr()                                       ^ the bump pointer starts here ->
 ///
 ///  anon mode:   [ one huge-page mapping (hugetlb, THP or 4 KiB pages), read-write      ]
-///  mixed mode:  [ anon RW | file pages, read-only, MAP_PRIVATE | boundary page (anon,   ]
-///               [ prefix  | (whole pages below activations_base) | pread) + anon RW   ]
+///  mixed mode:  [ anon RW prefix | file pages, read-only,   | boundary page (anon,     ]
+///               [ (first weights | MAP_PRIVATE (whole pages | pread) + anon RW         ]
+///               [ page: pread)   | below activations_base)  |                          ]
 ///
 ///  mapping:  |<- shift ->|<------------------------ total_size ------------------->|..|
 ///            map start   base                 base + page_floor(activations_base)
@@ -103,10 +104,12 @@ fn new_token() -> u64 {
 ///   `MAP_PRIVATE | MAP_FIXED` from the file (no copy, shared with the page
 ///   cache; a trial mapping elsewhere first, so a file that refuses to map
 ///   leaves no hole in the reservation); the rest is opened read-write in
-///   place (`mprotect`); the partial last weights page is anonymous and
-///   filled with `pread`; the runtime region is anonymous with `MADV_HUGEPAGE` (2 MiB
-///   hugetlb pages when [`HugeOptions::require`](crate::HugeOptions::require)
-///   asks for [`Backing::Hugetlb`]). The file is never written.
+///   place (`mprotect`); the partial first and last weights pages are
+///   anonymous and filled with `pread` (so the prefix below `weights_base`
+///   reads zero and is writable, as in anon mode); the runtime region is
+///   anonymous with `MADV_HUGEPAGE` (2 MiB hugetlb pages when
+///   [`HugeOptions::require`](crate::HugeOptions::require) asks for
+///   [`Backing::Hugetlb`]). The file is never written.
 /// * [`ModePolicy::Auto`] tries anonymous first and falls back to mixed mode
 ///   when a weights file is given, honouring `CK_BUMP_FORCE_MIXED` and
 ///   `CK_BUMP_DISABLE_MIXED` exactly as C-Kernel-Engine's `ck_bump_alloc_init`.
@@ -429,8 +432,10 @@ impl BumpArena {
 
     /// The address of `offset` (0 ..= `total_size`; `total_size` gives the
     /// one-past-the-end pointer), or `None` beyond. Writing through it is
-    /// the caller's responsibility (the weights are read-only in mixed mode,
-    /// and the bump allocator owns the runtime region's allocated part).
+    /// the caller's responsibility (the weights' whole pages are read-only
+    /// in mixed mode, and the bump allocator owns the runtime region's
+    /// allocated part). The prefix `[0, weights_base)` is writable in both
+    /// modes.
     pub fn ptr_at(&self, offset: usize) -> Option<NonNull<u8>> {
         (offset <= self.parts.total_size).then(|| {
             // SAFETY: in bounds (or one past the end) of the mapping.

@@ -50,7 +50,9 @@ impl BumpArena {
     /// # Errors
     /// [`ArenaError::BadCheckpoint`] for a checkpoint of another arena or one
     /// above the shared bump pointer (taken before a reset or an earlier
-    /// rewind); nothing changes then.
+    /// rewind, and not within a chunk's unused tail as above; with
+    /// `thread_chunks(false)` no tail is held, so every such checkpoint is
+    /// refused); nothing changes then.
     pub fn rewind_to(&mut self, checkpoint: Checkpoint) -> Result<(), ArenaError> {
         // Every thread's view is at or below the shared pointer.
         let used = *self.cursor.get_mut() - self.runtime_start();

@@ -18,8 +18,10 @@ pub enum SpecErrorKind {
     EmptyHeapKey,
     /// An empty name or empty side in a heap key (`host_local|`, `;transfer`).
     EmptyName,
-    /// A memory type or buffer usage name IREE does not define (or `*` mixed with names).
+    /// A memory type or buffer usage name IREE does not define.
     UnknownName,
+    /// `*` joined by `|` with names (`*|host_local`): `*` stands alone.
+    WildcardWithNames,
     /// A size field that is not a strict decimal with a lowercase suffix, or overflows.
     BadSize,
     /// A count field that is not a strict decimal `u32`.
@@ -49,6 +51,7 @@ impl SpecErrorKind {
             SpecErrorKind::EmptyHeapKey => "empty heap key",
             SpecErrorKind::EmptyName => "empty name",
             SpecErrorKind::UnknownName => "unknown name",
+            SpecErrorKind::WildcardWithNames => "`*` mixed with names",
             SpecErrorKind::BadSize => "invalid size",
             SpecErrorKind::BadCount => "invalid count",
             SpecErrorKind::TooManyFields => "too many fields",

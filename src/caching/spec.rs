@@ -138,6 +138,7 @@ fn parse_side<F: bitflags::Flags + Copy>(
         }
         match flag_named::<F>(name) {
             Some(flag) => set = set.union(flag),
+            None if name == "*" => return Err(err(SpecErrorKind::WildcardWithNames, field, side)),
             None => return Err(err(SpecErrorKind::UnknownName, field, name)),
         }
     }

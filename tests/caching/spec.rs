@@ -131,8 +131,8 @@ fn malformed_specs_have_their_kinds() {
         ("hostlocal", UnknownName),
         ("host-local", UnknownName),
         ("device", UnknownName),
-        ("*|host_local", UnknownName),
-        ("host_local;*|transfer", UnknownName),
+        ("*|host_local", WildcardWithNames),
+        ("host_local;*|transfer", WildcardWithNames),
         ("host_local;transfer;mapping", UnknownName),
         ("host_local;dispatch_storagex", UnknownName),
         ("transient", UnknownName),
@@ -309,6 +309,8 @@ fn round_up_options_are_checked() {
         8,
         "PyTorch: too fine a step rounds to the next power of two"
     );
+    assert_eq!(RoundUp::PowerOfTwoDivisions(65536).apply(1025), 2048);
+    assert_eq!(RoundUp::PowerOfTwoDivisions(65536).apply(131_073), 131_074);
     assert_eq!(
         RoundUp::PowerOfTwoDivisions(2).apply(usize::MAX),
         usize::MAX
