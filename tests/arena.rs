@@ -95,6 +95,9 @@ fn file_cases() -> Vec<(&'static str, usize, usize, usize)> {
         ("header-below-weights", 152, 5 * PAGE + 9, 5 * PAGE + 9),
         ("weights-base-unaligned-one-page", 5000, 6000, 6000),
         ("weights-base-page", 2 * PAGE, 4 * PAGE + 1, 4 * PAGE + 1),
+        ("weights-base-unaligned-to-next-page", 152, PAGE, PAGE),
+        ("weights-base-unaligned-short-file", 152, 2 * PAGE, PAGE + 1),
+        ("weights-base-unaligned-eof-in-page", 100, PAGE, 3000),
     ]
 }
 

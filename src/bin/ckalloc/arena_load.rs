@@ -269,7 +269,8 @@ pub fn verify<'r>(
 /// weights region, must equal the header's. Every tensor lies in that
 /// range, so a match verifies each one as loaded; on a mismatch each tensor
 /// in the arena is compared with the file (read with `pread`) to name those
-/// that differ. In mixed mode the arena's weights are the file's pages.
+/// that differ. In mixed mode the arena's weights are the file's pages
+/// (their partial first and last pages copies read with `pread`).
 pub fn verify_loaded(
     path: &Path,
     file: &WeightsFile,
