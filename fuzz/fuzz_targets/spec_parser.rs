@@ -100,6 +100,9 @@ fn names(side: &[u8], table: &[(&str, u32)]) -> Result<u32, SpecErrorKind> {
         if n.is_empty() {
             return Err(SpecErrorKind::EmptyName);
         }
+        if n == b"*" {
+            return Err(SpecErrorKind::WildcardWithNames);
+        }
         let n = lower(n);
         bits |= table
             .iter()
