@@ -46,9 +46,9 @@ pub enum RoundUp {
     /// two is split into `n` equal steps and sizes round up to the next step
     /// (`n = 1` rounds to the next power of two). `n` must be a power of two
     /// in `1..=65536`; powers of two are never rounded. Where a step would be
-    /// under one byte (a size below `n`), the size rounds up to the next power of two, as PyTorch's
-    /// `roundup_power2_next_division` does: with `n = 65536`, 1025 becomes
-    /// 2048.
+    /// under one byte (a size below `n`), the size rounds up to the next
+    /// power of two, as PyTorch's `roundup_power2_next_division` does: with
+    /// `n = 65536`, 1025 becomes 2048.
     PowerOfTwoDivisions(u32),
 }
 

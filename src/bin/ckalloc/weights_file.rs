@@ -77,8 +77,8 @@ pub fn open_checked(
 }
 
 /// Hash `file`, opened from `path`, with a progress bar; `Ok(None)` when
-/// verified, `Ok(Some(msg))` when the checksum does not match, `Err` (naming
-/// the file once) when the file cannot be read (or changed while read).
+/// verified, `Ok(Some(line))` when the checksum does not match, `Err` when
+/// the file cannot be read (or changed while read); both name the file once.
 pub fn verify_checksum(
     path: &Path,
     file: &WeightsFile,
@@ -89,7 +89,7 @@ pub fn verify_checksum(
     bar.finish();
     match r {
         Ok(()) => Ok(None),
-        Err(e @ WeightsError::BadChecksum { .. }) => Ok(Some(e.to_string())),
+        Err(e @ WeightsError::BadChecksum { .. }) => Ok(Some(error_line(path, &e))),
         Err(e) => Err(file_error(path, e)),
     }
 }

@@ -119,8 +119,8 @@ pub fn run(g: Global, a: InspectArgs) -> Result<(), CliError> {
         },
     };
     // `None`: not checked; `Some(None)`: verified; `Some(Some((label,
-    // why)))`: a mismatch, or a file that could not be read to the end
-    // (whose error names the file itself).
+    // why)))`: a mismatch, or a file that could not be read to the end (the
+    // line names the file).
     let checksum: Option<Option<(&str, String)>> = if a.no_verify {
         None
     } else {
@@ -352,10 +352,8 @@ pub fn run(g: Global, a: InspectArgs) -> Result<(), CliError> {
             }
         }
     }
-    match checksum {
-        Some(Some(("MISMATCH", e))) => return Err(err_reported(format!("{}: {e}", shown(path)))),
-        Some(Some((_, e))) => return Err(err_reported(e)),
-        _ => {}
+    if let Some(Some((_, e))) = checksum {
+        return Err(err_reported(e));
     }
     if let Some(e) = state.problem(a.check) {
         return Err(err_reported(error_line(path, e)));

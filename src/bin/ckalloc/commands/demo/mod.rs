@@ -151,7 +151,7 @@ pub fn run(g: Global, a: DemoArgs) -> Result<(), CliError> {
     };
     let (file, checked) = open_checked(&wpath, check)?;
     if let Some(e) = verify_checksum(&wpath, &file, json_mode)? {
-        return Err(err(format!("{}: {e}", wpath.display())));
+        return Err(err(e));
     }
     text(format!(
         "read back: checksum verified, {}",
