@@ -6,10 +6,9 @@
 //! to a span not advised `MADV_HUGEPAGE` and faults in base pages, so no
 //! request waits on compaction or on the host. When huge pages are cheap,
 //! that costs the program 512 page faults per 2 MiB for nothing. So while
-//! the program asks for fresh units (a block that asked for a verdict in
-//! the last [`VALID_NS`]: one that faults in units no block wrote, or
-//! purged ones; or the thread's first pass), at most every
-//! [`CHECK_EVERY_NS`], the thread
+//! the program allocates blocks (one handed out in the last [`VALID_NS`],
+//! or the thread's first pass), at most every [`CHECK_EVERY_NS`], the
+//! thread
 //!
 //! - counts the free memory in blocks of 2 MiB or more (`/proc/buddyinfo`,
 //!   proc(5): the free blocks of each order per zone, zone DMA left out).
@@ -43,13 +42,6 @@
 //! a grant, and a block moved between spans advised differently is copied
 //! (`mremap` would carry the advice along).
 //!
-//! A block served from retained units faults nothing in and asks for no
-//! verdict, so a program served from retention (a server's requests after
-//! its first) runs no check: each check faults in and unmaps a huge page
-//! of its own, which on a VM that reports free memory to its host often
-//! faults on the host (4-7 ms of a CPU here) while the program's threads
-//! want both cores.
-//!
 //! Atomics only; the check allocates nothing (a 4 KiB buffer on the
 //! thread's stack, one `mmap` of its own, whose system calls the engine's
 //! counters leave out) and opens no file: the thread opens `/proc/buddyinfo`
@@ -62,8 +54,7 @@ use crate::sys::{self, Advice, KeptFile, KeptSlot, Prot, HUGE_PAGE_2M};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
 /// How long a check's verdict holds (250 ms: two and a half ticks of the
-/// background thread, which checks every tick while fresh units are asked
-/// for).
+/// background thread, which checks every tick while blocks are allocated).
 pub(crate) const VALID_NS: u64 = 250_000_000;
 /// The most bytes one check grants (8 MiB: four huge pages). One fault
 /// measures the free block the kernel hands out first; on a VM that
@@ -84,9 +75,6 @@ pub(crate) struct FaultCheck {
     budget: AtomicU64,
     /// Monotonic ns of the last check.
     checked: AtomicU64,
-    /// Monotonic ns of the last [`grant`](Self::grant) call: when fresh
-    /// units last asked for a verdict.
-    asked: AtomicU64,
     /// Bytes granted since the last check.
     granted: AtomicU64,
     /// The mean cost of a fresh huge page (ns), weighted to recent checks
@@ -104,7 +92,6 @@ impl FaultCheck {
             until: AtomicU64::new(0),
             budget: AtomicU64::new(0),
             checked: AtomicU64::new(0),
-            asked: AtomicU64::new(0),
             granted: AtomicU64::new(0),
             mean: AtomicU64::new(0),
             buddyinfo: KeptSlot::new(),
@@ -113,15 +100,12 @@ impl FaultCheck {
     }
 
     /// Whether fresh units of `len` bytes may fault in huge pages now; when
-    /// they may, `len` is taken from the budget. Notes the time, which keeps
-    /// the checks running ([`unasked_for`](Self::unasked_for)). A clock
-    /// read, a store and a load when they may not.
+    /// they may, `len` is taken from the budget. Two loads and a clock read
+    /// when they may not.
     pub(crate) fn grant(&self, len: usize) -> bool {
-        let now = sys::monotonic_ns();
-        self.asked.store(now, Relaxed);
         let until = self.until.load(Relaxed);
         let granted = until != 0
-            && now < until
+            && sys::monotonic_ns() < until
             && self
                 .budget
                 .fetch_update(Relaxed, Relaxed, |b| b.checked_sub(len as u64))
@@ -130,13 +114,6 @@ impl FaultCheck {
             self.granted.fetch_add(len as u64, Relaxed);
         }
         granted
-    }
-
-    /// Nanoseconds from the last [`grant`](Self::grant) call (fresh units
-    /// asking for a verdict) to monotonic ns `now`; `now` itself before the
-    /// first.
-    pub(crate) fn unasked_for(&self, now: u64) -> u64 {
-        now.saturating_sub(self.asked.load(Relaxed))
     }
 
     /// Open the files the checks read, in the background thread as it
@@ -360,19 +337,6 @@ Node 0, zone   Normal    100    200      7      1      0      0      0      0   
         // An order whose block size overflows ends the line.
         let long = b"Node 0, zone Normal 0 0 0 0 0 0 0 0 0 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1\n";
         assert!(free_in_blocks(long, 4096, HUGE_PAGE_2M) > 0);
-    }
-
-    #[test]
-    fn every_grant_call_notes_when_fresh_units_asked() {
-        let f = FaultCheck::new();
-        let now = sys::monotonic_ns();
-        assert_eq!(f.unasked_for(now), now, "never asked");
-        // Asked, whether granted or not (no verdict yet: not granted).
-        assert!(!f.grant(HUGE_PAGE_2M));
-        let asked = f.asked.load(Relaxed);
-        assert!(asked >= now, "{asked} {now}");
-        assert_eq!(f.unasked_for(asked + VALID_NS), VALID_NS);
-        assert_eq!(f.unasked_for(0), 0, "a clock read before the call");
     }
 
     #[test]

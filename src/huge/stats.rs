@@ -346,8 +346,7 @@ pub struct HugeStats {
     /// Checks the background thread made of what a fresh huge page costs
     /// (the free 2 MiB blocks in `/proc/buddyinfo`, then one 2 MiB fault
     /// timed less its run-queue delay): at most one per 50 ms, each tick
-    /// while blocks fault in fresh units (not while retained ones serve
-    /// them) and for 250 ms after the last.
+    /// while blocks are handed out and for 250 ms after the last.
     pub huge_checks: u64,
     /// Of those, checks that found huge pages dear (their mean cost,
     /// [`huge_fault_mean_ns`](Self::huge_fault_mean_ns), above 1 ms; a

@@ -25,7 +25,7 @@ use std::sync::atomic::Ordering::Relaxed;
 const THREAD_DECAY_RUNS: usize = 64;
 
 /// The background thread's work (see [`background`]): a decay step by the
-/// clock, the fault check ([`fault_check`]) while fresh units are asked for,
+/// clock, the fault check ([`fault_check`]) while blocks are allocated,
 /// then a promotion pass of at most one tick from the end of the
 /// step; returns the nanoseconds to sleep: none after a pass that was
 /// still collapsing at its deadline (its own pacing holds it to its share
@@ -37,10 +37,10 @@ fn background_work() -> u64 {
     e.stats.add(Count::BackgroundPasses, 1);
     let now = sys::monotonic_ns();
     e.decay_step(now, THREAD_DECAY_RUNS);
-    // At the start (a huge-path call started the thread) and while fresh
-    // units ask for a verdict: may fresh units fault in huge pages?
-    let active = e.fault_check.unasked_for(now) < fault_check::VALID_NS
-        || e.stats.get(Count::HugeChecks) == 0;
+    // At the start (a huge-path call started the thread) and while blocks
+    // are allocated: may fresh units fault in huge pages?
+    let active =
+        e.demand.quiet_for(now) < fault_check::VALID_NS || e.stats.get(Count::HugeChecks) == 0;
     if e.promotes_unadvised() && active && crate::tier::thp_enabled() {
         let _ = e.fault_check.run(&e.stats);
     }

@@ -215,21 +215,21 @@
 //!   with more than one thread). The rules:
 //!   [docs/engine.md](https://github.com/ckalloc/ckalloc/blob/main/docs/engine.md#the-background-thread).
 //!   What it costs: while it runs and THP's `defrag` mode makes a
-//!   `MADV_HUGEPAGE` fault compact memory (Debian's default, `madvise`), fresh
-//!   blocks fault in 4 KiB pages (512 faults per 2 MiB, where a huge page is
-//!   one) and become huge pages later, so no request waits on compaction,
-//!   unless its fault check (a timed huge-page fault and the free 2 MiB
-//!   blocks, every tick while blocks fault in fresh memory) finds huge pages
-//!   cheap. A program that keeps faulting fresh memory pays for it when free
-//!   2 MiB blocks are at hand: a C stress program of 4 threads writing fresh
-//!   1-256 MiB blocks ran 34.5 s with the thread, 4.7 s with
-//!   `CKALLOC_BACKGROUND_THREAD=0` and 56.5 s under glibc; and a parent whose
-//!   memory is still in base pages forks slower (its page tables are copied
-//!   page by page; copy-on-write pages are collapsed only after the parent
-//!   writes them). When memory is fragmented the trade goes the other way:
-//!   stress-ng's malloc stressor ran at 34,711 bogo ops/s with the thread and
-//!   400 without it, which waited on compaction (`benches/README.md`).
-//!   `CKALLOC_THP=0` keeps base pages throughout.
+//!   `MADV_HUGEPAGE` fault compact memory (Debian's default, `madvise`),
+//!   fresh blocks fault in 4 KiB pages (512 faults per 2 MiB, where a huge
+//!   page is one) and become huge pages later, so no request waits on
+//!   compaction, unless its fault check (a timed huge-page fault and the
+//!   free 2 MiB blocks, every tick while blocks are allocated) finds huge
+//!   pages cheap. A program that keeps faulting fresh memory pays for it
+//!   when free 2 MiB blocks are at hand: a C stress program of 4 threads
+//!   writing fresh 1-256 MiB blocks ran 34.5 s with the thread, 4.7 s with
+//!   `CKALLOC_BACKGROUND_THREAD=0` and 56.5 s under glibc; and a parent
+//!   whose memory is still in base pages forks slower (its page tables are
+//!   copied page by page; copy-on-write pages are collapsed only after the
+//!   parent writes them). When memory is fragmented the trade goes the
+//!   other way: stress-ng's malloc stressor ran at 34,711 bogo ops/s with
+//!   the thread and 400 without it, which waited on compaction
+//!   (`benches/README.md`). `CKALLOC_THP=0` keeps base pages throughout.
 //! - A signal handler that interrupts `malloc` and calls `malloc` is not
 //!   supported (as in glibc); handlers elsewhere work.
 //! - `fork`: the engine's `pthread_atfork` child hook (registered when the

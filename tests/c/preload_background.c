@@ -12,13 +12,11 @@
  *   fork               after a huge malloc, fork: the child's threads
  *                      after a huge malloc of its own
  *   check              a written 4 MiB block every 20 ms for 1.2 s (kept),
- *                      then 1 s idle, then a written 4 MiB block freed
- *                      every 20 ms for 1.2 s: the library's fault-check
- *                      counters (ckalloc_stats_json) after each, and the
- *                      bytes of the kept blocks whose mapping is advised
- *                      MADV_HUGEPAGE (VmFlags "hg" in /proc/self/smaps);
- *                      then an advised block grown to 64 MiB: whether it
- *                      is advised
+ *                      then 1 s idle: the library's fault-check counters
+ *                      (ckalloc_stats_json) after each, and the bytes of
+ *                      the blocks whose mapping is advised MADV_HUGEPAGE
+ *                      (VmFlags "hg" in /proc/self/smaps); then an advised
+ *                      block grown to 64 MiB: whether it is advised
  *
  * Each mode prints "name: value" lines and exits 0, or prints what failed
  * and exits 1. */
@@ -207,16 +205,6 @@ static int check(void) {
     printf("active advised_bytes: %lld\n", advised);
     usleep(1000 * 1000);
     print_checks("idle");
-    /* One fresh block, then the same size freed and taken again for 1.2 s:
-     * retained units serve every block after the first. */
-    for (int i = 0; i < BLOCKS; i++) {
-        char *p = malloc(4 * MIB);
-        if (!p) return puts("malloc failed"), 1;
-        memset(p, 2, 4 * MIB);
-        free(p);
-        usleep(20 * 1000);
-    }
-    print_checks("reused");
     for (int i = 0; i < BLOCKS; i++) {
         if (advised_huge(kept[i]) != 1) continue;
         char *grown = realloc(kept[i], 64 * MIB);
