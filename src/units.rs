@@ -3,7 +3,7 @@
 //! `plural` gives a counted noun its ending.
 
 /// Format a byte count with a binary unit: whole bytes below 1 KiB
-/// (`512 B`), else two decimals of the largest unit from KiB to PiB that
+/// (`512 B`), else two decimals of the largest unit from KiB to EiB that
 /// keeps the number at least 1 (`1.50 GiB`; units of 1024 bytes).
 ///
 /// ```
@@ -24,7 +24,7 @@ pub struct HumanBytes(pub u64);
 impl std::fmt::Display for HumanBytes {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         use std::fmt::Write as _;
-        const UNITS: [&str; 6] = ["B", "KiB", "MiB", "GiB", "TiB", "PiB"];
+        const UNITS: [&str; 7] = ["B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"];
         let mut v = self.0 as f64;
         let mut u = 0;
         while v >= 1024.0 && u + 1 < UNITS.len() {
@@ -217,7 +217,9 @@ mod tests {
         assert_eq!(t(2 << 20), "2.00 MiB");
         assert_eq!(t(4095), "4.00 KiB (4095 B)");
         assert_eq!(t(3_000_000), "2.86 MiB (3000000 B)");
-        assert_eq!(t(u64::MAX), "16384.00 PiB (18446744073709551615 B)");
+        assert_eq!(t(1 << 50), "1.00 PiB");
+        assert_eq!(t(1 << 60), "1.00 EiB");
+        assert_eq!(t(u64::MAX), "16.00 EiB (18446744073709551615 B)");
     }
 
     #[test]

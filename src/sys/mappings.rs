@@ -87,6 +87,7 @@ pub(crate) fn map_hugetlb(len: usize, size: HugetlbSize) -> io::Result<NonNull<u
 /// (`PROT_NONE`). The caller later opens parts of it with
 /// [`commit_read_write`] or maps over them with the `*_fixed` functions.
 /// Over-reserves by `align` and trims both ends.
+#[cfg_attr(not(target_os = "linux"), allow(dead_code))]
 pub(crate) fn reserve_aligned(len: usize, align: usize) -> io::Result<NonNull<u8>> {
     map_aligned(len, align, Prot::None).map(|m| m.ptr)
 }
@@ -341,6 +342,7 @@ const MREMAP_DONTUNMAP: libc::c_int = 4;
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Source {
     /// Nothing: the source range is unmapped, as `mremap` does by default.
+    #[cfg_attr(not(target_os = "linux"), allow(dead_code))]
     Unmapped,
     /// The source mapping, with no pages (`MREMAP_DONTUNMAP`,
     /// [`LINUX_MREMAP_DONTUNMAP`](super::LINUX_MREMAP_DONTUNMAP)): private

@@ -30,7 +30,7 @@ pub(crate) use files::{link_unnamed, open_unnamed_in, unnamed_unsupported};
 pub(crate) use kept::{KeptFile, KeptSlot};
 pub(crate) use mappings::{
     commit_read_write, madvise, map_aligned, mlock, munlock, munmap, munmap_best_effort, purge,
-    reserve_aligned, Advice, HugetlbSize, Prot, Source,
+    Advice, HugetlbSize, Prot, Source,
 };
 #[cfg(feature = "weights")]
 pub(crate) use process::block_termination_signals;
@@ -55,7 +55,7 @@ pub(crate) use {
     files::fadvise_sequential,
     mappings::{
         map_file_fixed_readonly, map_hugetlb, map_hugetlb_fixed, mbind, mremap_fixed,
-        probe_file_readonly, resident_pages,
+        probe_file_readonly, reserve_aligned, resident_pages,
     },
     process::pagemap_scan,
 };
@@ -77,6 +77,7 @@ pub(crate) const LINUX_MADV_POPULATE_WRITE: Linux = (5, 14);
 /// `MADV_COLLAPSE`: collapse a range into huge pages on request.
 pub(crate) const LINUX_MADV_COLLAPSE: Linux = (6, 1);
 /// `mremap` moves hugetlb mappings (it refused them before).
+#[cfg_attr(not(target_os = "linux"), allow(dead_code))]
 pub(crate) const LINUX_HUGETLB_MREMAP: Linux = (5, 16);
 /// The `PAGEMAP_SCAN` ioctl on `/proc/self/pagemap`.
 pub(crate) const LINUX_PAGEMAP_SCAN: Linux = (6, 7);
