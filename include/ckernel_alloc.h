@@ -23,17 +23,22 @@ extern "C" {
 #endif
 
 /*
- * Map `bytes` of zeroed memory, rounded up to a multiple of 2 MiB and 2 MiB
- * aligned. Tries explicit hugetlb pages, then transparent huge pages
- * (madvise(MADV_HUGEPAGE)), then normal pages. Returns NULL when `bytes` is 0,
- * when rounding it up would overflow, or when the kernel refuses the mapping.
+ * Return a block of `bytes` of zeroed memory, rounded up to a multiple of
+ * 2 MiB and 2 MiB aligned, from ckalloc's huge-page engine: explicit hugetlb
+ * pages, else transparent huge pages, else normal pages (docs/engine.md has
+ * the rules). Returns NULL when `bytes` is 0, when rounding it up would
+ * overflow, or when no memory can be had (see ck_last_error()).
  */
 void *ck_huge_alloc(size_t bytes);
 
 /*
- * Release a block returned by ck_huge_alloc. The whole mapping is released
- * whatever `bytes` says (the library remembers each block's length), so 0 is
- * accepted. NULL, and pointers not returned by ck_huge_alloc, are ignored.
+ * Free a block returned by ck_huge_alloc. The whole block is freed whatever
+ * `bytes` says (the library finds its length from `ptr`), so 0 is accepted.
+ * The engine may keep the freed memory and hand the same address out again
+ * at the next ck_huge_alloc. NULL and a pointer that is not the start of a
+ * live block are ignored, and the latter sets ck_last_error(). As with
+ * free(), free each block once: a second free after the address was handed
+ * out again frees the new block.
  */
 void ck_huge_free(void *ptr, size_t bytes);
 
@@ -91,8 +96,10 @@ int ck_bump_alloc_needs_weight_materialization(const ck_bump_alloc_t *alloc);
 const char *ck_last_error(void);
 
 /* Copy bytes [weights_base, activations_base) of the weights file into an
- * anonymous arena. A no-op returning 0 in mixed mode. 0 on success, -1 on
- * failure (see ck_last_error()); the arena stays usable either way. */
+ * anonymous arena; a NULL `weights_path` reads the file given to
+ * ck_bump_alloc_init (a failure when that was NULL too). A no-op returning 0
+ * in mixed mode and when weights_base equals activations_base. 0 on success,
+ * -1 on failure (see ck_last_error()); the arena stays usable either way. */
 int ck_bump_alloc_materialize_weights(ck_bump_alloc_t *alloc, const char *weights_path);
 
 #ifdef __cplusplus

@@ -100,7 +100,7 @@ fn child_odd_switches() {
         "{shown}"
     );
     assert!(
-        shown.contains("CKALLOC_PRELOAD_THRESHOLD 16384.00 PiB (18446744073709551615 B)"),
+        shown.contains("CKALLOC_PRELOAD_THRESHOLD 16.00 EiB (18446744073709551615 B)"),
         "{shown}"
     );
     assert!(

@@ -758,6 +758,27 @@ fn corrupt_json_manifests() {
             other => panic!("{text:?}: {other:?}"),
         }
     }
+    // A number of another type names its entry and field; a type error
+    // elsewhere in an entry names the entry's index.
+    for value in ["-1", "1.5", "true", "null", "[1]"] {
+        let text = format!(
+            r#"{{"entries": [{{"name": "a", "dtype": "fp32", "file_offset": {value}, "size": 4}}]}}"#
+        );
+        let e = Manifest::from_json(&text).unwrap_err().to_string();
+        assert!(
+            e.contains(&format!(
+                "entry \"a\" file_offset: {value} is neither an unsigned integer"
+            )),
+            "{e}"
+        );
+    }
+    let e = Manifest::from_json(
+        r#"{"entries": [{"name": "a", "dtype": "fp32", "file_offset": 0, "size": 4},
+                        {"name": "b", "dtype": "fp32", "file_offset": 4, "size": 4, "shape": [-1]}]}"#,
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(e.contains("entry 1: "), "{e}");
     // C-Kernel-Engine style: extra keys, "offset" alias, hex strings, runtime_offset.
     let m = Manifest::from_json(
         r#"{"version": 5, "bump_layout": {"data_start": 152}, "template": {},
@@ -946,6 +967,66 @@ fn dtype_table_check() {
         "{:?}",
         checked.dtype_table()
     );
+}
+
+/// Rule 10 of `check_manifest`: the header's model fields, which no
+/// checksum covers, agree with themselves and with the v5 metadata's
+/// `config`; a disagreement is a warning naming both values, refused under
+/// `strict`.
+#[test]
+#[cfg_attr(miri, ignore)] // file system
+fn header_fields_agree_with_the_metadata() {
+    let header_dims = |w: &ManifestWarning| match w {
+        ManifestWarning::HeaderDims { reason } => Some(reason.clone()),
+        _ => None,
+    };
+    for version in [Version::V4, Version::V5] {
+        let dir = tempfile::tempdir().unwrap();
+        let rep = write_sample(dir.path(), version, 64);
+        let bytes = std::fs::read(&rep.weights_path).unwrap();
+        // The JSON sidecar's manifest, which the v5 metadata's hash binds.
+        let json = std::fs::read_to_string(&rep.manifest_json_path).unwrap();
+        let manifest = Manifest::from_json(&json).unwrap();
+        let check = |b: &[u8], options| {
+            WeightsFile::from_vec(b.to_vec())
+                .unwrap()
+                .check_manifest(manifest.clone(), options)
+        };
+        let reasons = |b: &[u8]| -> Vec<String> {
+            let checked = check(b, CheckOptions::new()).unwrap();
+            checked.warnings().iter().filter_map(header_dims).collect()
+        };
+        assert!(reasons(&bytes).is_empty(), "{version:?}");
+
+        // aligned_embed_dim (offset 48, u64) below embed_dim (384).
+        let mut b = bytes.clone();
+        b[48..56].copy_from_slice(&383u64.to_le_bytes());
+        let r = reasons(&b);
+        assert!(
+            r.len() == 1 && r[0].contains("aligned_embed_dim 383 is less than embed_dim 384"),
+            "{version:?}: {r:?}"
+        );
+
+        // num_layers (offset 16): 2 in the metadata's config, 66 in the header.
+        let mut b = bytes.clone();
+        b[16..20].copy_from_slice(&66u32.to_le_bytes());
+        let r = reasons(&b);
+        if version == Version::V5 {
+            assert_eq!(
+                r,
+                ["num_layers 66 in the header, 2 in the v5 metadata's config"],
+                "{version:?}"
+            );
+            let e = check(&b, CheckOptions::new().strict(true)).unwrap_err();
+            assert!(
+                matches!(&e, WeightsError::HeaderDimsMismatch { reason } if reason.contains("num_layers 66")),
+                "{e:?}"
+            );
+        } else {
+            // A BUMPWGT4 file records its dims nowhere else.
+            assert!(r.is_empty(), "{r:?}");
+        }
+    }
 }
 
 #[test]

@@ -10,6 +10,7 @@ use super::dtype::Producer;
 use super::entry::{check_shape, ManifestEntry};
 use super::error::WeightsError;
 use super::file::{FileIdentity, WeightsFile};
+use super::header::HeaderDims;
 use super::manifest::Manifest;
 use super::report::{Gap, LayoutReport};
 use super::sidecars::MANIFEST_JSON;
@@ -100,6 +101,13 @@ pub enum ManifestWarning {
         /// How the table disagrees.
         reason: String,
     },
+    /// The header's model fields disagree with themselves or with the v5
+    /// metadata's `config` (rule 10 of [`WeightsFile::check_manifest`]):
+    /// the header, which no checksum covers, may have been altered.
+    HeaderDims {
+        /// Every field that disagrees, with both values.
+        reason: String,
+    },
 }
 
 impl ManifestWarning {
@@ -115,6 +123,9 @@ impl ManifestWarning {
                 binding: ManifestBinding::HashUnchecked,
             },
             ManifestWarning::UnprotectedDtypeTable { reason } => WeightsError::DtypeTableMismatch {
+                reason: reason.clone(),
+            },
+            ManifestWarning::HeaderDims { reason } => WeightsError::HeaderDimsMismatch {
                 reason: reason.clone(),
             },
         }
@@ -133,7 +144,9 @@ impl fmt::Display for ManifestWarning {
                  manifest's generator field, the only word on who wrote the file",
                 crate::Escaped::new(reason)
             ),
-            ManifestWarning::WideGap { .. } => write!(f, "{}", self.to_error()),
+            ManifestWarning::WideGap { .. } | ManifestWarning::HeaderDims { .. } => {
+                write!(f, "{}", self.to_error())
+            }
         }
     }
 }
@@ -301,6 +314,62 @@ fn table_matches(table: &[u8], manifest: &Manifest) -> Result<(), WeightsError> 
     Ok(())
 }
 
+/// Rule 10 of [`WeightsFile::check_manifest`]: every `aligned_*` field
+/// smaller than the count it pads, and every header field that `meta`'s
+/// `config` records as another number, joined with `"; "`; `None` when
+/// nothing disagrees. A `config` value that is not an unsigned integer
+/// (C-Kernel-Engine's `"model": "llama"`) is not compared.
+fn header_dims_disagreement(dims: &HeaderDims, meta: Option<&serde_json::Value>) -> Option<String> {
+    let mut found = Vec::new();
+    let pads = [
+        (
+            "aligned_embed_dim",
+            Some(dims.aligned_embed_dim),
+            "embed_dim",
+            Some(dims.embed_dim),
+        ),
+        (
+            "aligned_head_dim",
+            Some(dims.aligned_head_dim),
+            "head_dim",
+            Some(dims.head_dim),
+        ),
+        (
+            "aligned_intermediate",
+            dims.aligned_intermediate,
+            "intermediate_size",
+            dims.intermediate_size,
+        ),
+        (
+            "aligned_context",
+            Some(dims.aligned_context),
+            "context_length",
+            Some(dims.context_len),
+        ),
+    ];
+    for (aligned_key, aligned, key, count) in pads {
+        if let (Some(a), Some(c)) = (aligned, count) {
+            if a < u64::from(c) {
+                found.push(format!("{aligned_key} {a} is less than {key} {c}"));
+            }
+        }
+    }
+    let config = meta.and_then(|m| m.get("config"));
+    if let (Some(config), serde_json::Value::Object(header)) = (config, dims.to_json()) {
+        for (key, value) in &header {
+            let recorded = config.get(key).and_then(|v| v.as_u64());
+            if let (Some(recorded), Some(value)) = (recorded, value.as_u64()) {
+                if recorded != value {
+                    found.push(format!(
+                        "{key} {value} in the header, {recorded} in the v5 metadata's config"
+                    ));
+                }
+            }
+        }
+    }
+    (!found.is_empty()).then(|| found.join("; "))
+}
+
 impl WeightsFile {
     /// Check `manifest` against this file with every rule of the reader,
     /// and return it with what the check found. `ckalloc inspect`, `ckalloc
@@ -331,6 +400,16 @@ impl WeightsFile {
     ///    file order, each the entry's dtype code
     ///    ([`WeightsError::DtypeTableMismatch`]). Other writers fill the
     ///    table from their own weight lists ([`DtypeTableCheck::Hint`]).
+    /// 10. **Header fields.** Each `aligned_*` field is at least the count
+    ///     it pads (C-Kernel-Engine's converters and ckalloc's writer round
+    ///     each count up), and each count the v5 metadata's `config` records
+    ///     as a number under the header field's name (`num_layers`,
+    ///     `vocab_size`, `embed_dim`, `intermediate_size`, `context_length`,
+    ///     `num_heads`, `num_kv_heads`, `head_dim`, and ckalloc's writer's
+    ///     `model_type`, `aligned_*`, `num_merges`, `total_vocab_bytes`)
+    ///     equals the header's. The header's fields lie outside every
+    ///     layout's checksum range, while the footer's hash covers the
+    ///     metadata. A disagreement is a [`ManifestWarning::HeaderDims`].
     ///
     /// Then, by `options`: [`require_manifest_hash`](CheckOptions::require_manifest_hash)
     /// refuses a manifest not bound by rule 1, and [`strict`](CheckOptions::strict)
@@ -449,6 +528,10 @@ impl WeightsFile {
             };
         if binding == ManifestBinding::HashUnchecked {
             warnings.push(ManifestWarning::ManifestHashUnchecked);
+        }
+        // 10.
+        if let Some(reason) = header_dims_disagreement(self.dims(), meta) {
+            warnings.push(ManifestWarning::HeaderDims { reason });
         }
         let layout = manifest.layout_report(start, end);
         warnings.extend(

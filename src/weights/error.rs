@@ -193,6 +193,13 @@ pub enum WeightsError {
         /// What is wrong.
         reason: String,
     },
+    /// The header's model fields disagree with what the file records
+    /// elsewhere (see
+    /// [`WeightsFile::check_manifest`](super::WeightsFile::check_manifest), rule 10).
+    HeaderDimsMismatch {
+        /// Every field that disagrees, with both values.
+        reason: String,
+    },
     /// The two sidecars describe different tensors.
     SidecarMismatch {
         /// Tensor name (or `"*"` for a count mismatch).
@@ -414,7 +421,7 @@ impl fmt::Display for Raw<'_> {
             }
             ManifestRequired { container, magic, dir } => write!(
                 f,
-                "{}: {} file ({} layout) has no weights_manifest.map or weights_manifest.json; loading takes every tensor offset from one{}",
+                "{}: no weights_manifest.map or weights_manifest.json beside the {} file ({} layout); loading takes every tensor offset from one{}",
                 dir.display(),
                 show_magic(magic),
                 container.label(),
@@ -450,6 +457,7 @@ impl fmt::Display for Raw<'_> {
             ),
             UnknownDtype { name } => write!(f, "unknown dtype \"{name}\""),
             DtypeTableMismatch { reason } => write!(f, "dtype table disagrees with manifest: {reason}"),
+            HeaderDimsMismatch { reason } => write!(f, "header model fields disagree: {reason}"),
             SidecarMismatch { name, reason } => write!(
                 f,
                 "weights_manifest.map and weights_manifest.json disagree on \"{name}\": {reason}"

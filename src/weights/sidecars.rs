@@ -79,30 +79,26 @@ fn parse_number(s: &str) -> Result<u64, String> {
     u64::from_str_radix(digits, radix).map_err(|_| format!("\"{shown}\" does not fit in 64 bits"))
 }
 
-/// A number in the JSON manifest: an integer or a string in `.map` syntax.
-#[derive(Deserialize)]
-#[serde(untagged)]
-enum JsonNum {
-    Int(u64),
-    Text(String),
-}
-
+/// An entry of the JSON manifest. Its numbers stay JSON values until
+/// [`Manifest::from_json`] reads them: an unsigned integer or a string in
+/// `.map` syntax, anything else an error naming the entry and the field.
 #[derive(Deserialize)]
 struct JsonEntry {
     name: String,
     dtype: String,
     #[serde(alias = "offset")]
-    file_offset: JsonNum,
-    size: JsonNum,
+    file_offset: serde_json::Value,
+    size: serde_json::Value,
     #[serde(default)]
-    runtime_offset: Option<JsonNum>,
+    runtime_offset: Option<serde_json::Value>,
     #[serde(default)]
     shape: Option<Vec<u64>>,
 }
 
 #[derive(Deserialize)]
 struct JsonManifest {
-    entries: Vec<JsonEntry>,
+    /// Read one by one, so that an error names its entry.
+    entries: Vec<serde_json::Value>,
     #[serde(default)]
     format: Option<serde_json::Value>,
     #[serde(default)]
@@ -228,19 +224,29 @@ impl Manifest {
         let json_sha256: [u8; 32] = Sha256::digest(canonical_json(&doc)).into();
         let raw: JsonManifest =
             serde_json::from_value(doc).map_err(|e| json_err(parser_message(&e)))?;
-        let num = |n: JsonNum, what: &str, name: &str| -> Result<u64, WeightsError> {
-            match n {
-                JsonNum::Int(x) => Ok(x),
-                JsonNum::Text(s) => parse_number(&s).map_err(|m| {
-                    json_err(format!(
-                        "entry \"{}\" {what}: {m}",
-                        crate::Escaped::capped(name, 80)
-                    ))
-                }),
-            }
+        let num = |n: serde_json::Value, what: &str, name: &str| -> Result<u64, WeightsError> {
+            let message = match &n {
+                serde_json::Value::String(s) => match parse_number(s) {
+                    Ok(x) => return Ok(x),
+                    Err(m) => m,
+                },
+                v => match v.as_u64() {
+                    Some(x) => return Ok(x),
+                    None => format!(
+                        "{} is neither an unsigned integer nor a string in .map syntax",
+                        crate::Escaped::capped(&v.to_string(), 40)
+                    ),
+                },
+            };
+            Err(json_err(format!(
+                "entry \"{}\" {what}: {message}",
+                crate::Escaped::capped(name, 80)
+            )))
         };
         let mut entries = Vec::with_capacity(raw.entries.len());
-        for e in raw.entries {
+        for (i, e) in raw.entries.into_iter().enumerate() {
+            let e: JsonEntry = serde_json::from_value(e)
+                .map_err(|err| json_err(format!("entry {i}: {}", parser_message(&err))))?;
             if e.name.is_empty() || e.dtype.is_empty() {
                 return Err(json_err(format!(
                     "entry \"{}\": empty name or dtype",

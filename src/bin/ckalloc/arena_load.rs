@@ -221,7 +221,7 @@ impl Verified {
             );
         }
         format!(
-            "NOT verified: {} of {} tensors ({} bytes) differ{}",
+            "NOT verified: {} of {} tensors differ ({} bytes compared){}",
             self.mismatches.len(),
             self.tensors,
             self.bytes,

@@ -22,7 +22,7 @@ pub struct LoadArgs {
     #[arg(long, value_enum, default_value_t = ModeArg::Auto)]
     pub mode: ModeArg,
     /// Size of the runtime region after the weights (bytes; suffixes k, m, g, KiB, MiB, GiB).
-    #[arg(long, default_value = "64MiB", value_parser = parse_size_arg, value_name = "SIZE")]
+    #[arg(long, allow_negative_numbers = true, default_value = "64MiB", value_parser = parse_size_arg, value_name = "SIZE")]
     pub activations: u64,
     #[command(flatten)]
     pub check: CheckArgs,

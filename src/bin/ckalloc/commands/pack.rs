@@ -19,10 +19,10 @@ pub struct PackArgs {
     #[arg(short, long, value_name = "DIR")]
     pub output: PathBuf,
     /// Container version: 4 (BUMPWGT4) or 5 (BUMPWGT5, with JSON metadata and footer).
-    #[arg(long, default_value = "5", value_parser = parse_write_version, value_name = "4|5")]
+    #[arg(long, allow_negative_numbers = true, default_value = "5", value_parser = parse_write_version, value_name = "4|5")]
     pub version: Version,
     /// Alignment of every tensor's file offset, bytes (a power of two up to 1 GiB).
-    #[arg(long, default_value_t = ckalloc::weights::DEFAULT_ALIGNMENT, value_parser = parse_alignment, value_name = "BYTES")]
+    #[arg(long, allow_negative_numbers = true, default_value_t = ckalloc::weights::DEFAULT_ALIGNMENT, value_parser = parse_alignment, value_name = "BYTES")]
     pub align: u64,
 }
 

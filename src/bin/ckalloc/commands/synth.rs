@@ -16,13 +16,13 @@ pub struct SynthArgs {
     /// Directory to write model.safetensors and config.json into (created if missing).
     pub dir: PathBuf,
     /// Encoder layers.
-    #[arg(long, default_value_t = SynthShape::default().layers, value_parser = |s: &str| parse_in(s, 1, 512))]
+    #[arg(long, allow_negative_numbers = true, default_value_t = SynthShape::default().layers, value_parser = |s: &str| parse_in(s, 1, 512))]
     pub layers: usize,
     /// Hidden size (a multiple of 32; the feed-forward size is 4x, a head is 32 wide).
-    #[arg(long, default_value_t = SynthShape::default().hidden, value_parser = parse_hidden)]
+    #[arg(long, allow_negative_numbers = true, default_value_t = SynthShape::default().hidden, value_parser = parse_hidden)]
     pub hidden: usize,
     /// Vocabulary size (at least 1001: the real-client batch draws ids up to 1000).
-    #[arg(long, default_value_t = SynthShape::default().vocab, value_parser = |s: &str| parse_in(s, 1001, 1_000_000))]
+    #[arg(long, allow_negative_numbers = true, default_value_t = SynthShape::default().vocab, value_parser = |s: &str| parse_in(s, 1001, 1_000_000))]
     pub vocab: usize,
 }
 

@@ -37,10 +37,10 @@ pub struct DemoArgs {
     #[arg(short, long, value_name = "DIR")]
     pub output: Option<PathBuf>,
     /// Container version to pack.
-    #[arg(long, default_value = "5", value_parser = parse_write_version, value_name = "4|5")]
+    #[arg(long, allow_negative_numbers = true, default_value = "5", value_parser = parse_write_version, value_name = "4|5")]
     pub version: Version,
     /// Runtime region per arena beyond what the outputs need (bytes; k, m, g, KiB, MiB, GiB).
-    #[arg(long, default_value = "8MiB", value_parser = parse_size_arg, value_name = "SIZE")]
+    #[arg(long, allow_negative_numbers = true, default_value = "8MiB", value_parser = parse_size_arg, value_name = "SIZE")]
     pub activations: u64,
 }
 
@@ -163,7 +163,13 @@ pub fn run(g: Global, a: DemoArgs) -> Result<(), CliError> {
     let mats = matrices(manifest);
     let activations = output_bytes(&mats)
         .and_then(|b| b.checked_add(a.activations))
-        .ok_or_else(|| err("activation size overflows"))?;
+        .ok_or_else(|| {
+            err(format!(
+                "--activations {}: with the bytes the model's outputs need, the activation size \
+                 overflows 64 bits",
+                a.activations
+            ))
+        })?;
     // Threshold 0: every scratch buffer is its own huge-page mapping, so each
     // miss costs an mmap + page faults + zeroing, which the cache saves.
     let cache = CachingAllocator::unbounded(CkHuge::with_threshold(0));
