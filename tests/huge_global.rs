@@ -1296,6 +1296,36 @@ fn child_background_promotion() {
     }
     let s = huge_stats();
     assert_eq!(s.background_thread, BackgroundThread::Running, "{s}");
+    // CkHuge's thread keeps the priority of the thread that started it.
+    // proc(5): nice is field 19 of a task's stat; the fields after the ")"
+    // that ends the name start at field 3.
+    let nice = |task: &std::path::Path| -> Option<i64> {
+        let stat = std::fs::read_to_string(task.join("stat")).ok()?;
+        let rest = &stat[stat.rfind(')')? + 2..];
+        rest.split(' ').nth(16)?.parse().ok()
+    };
+    // The thread names itself once it runs: a short wait for it.
+    let named = || {
+        std::fs::read_dir("/proc/self/task")
+            .unwrap()
+            .flatten()
+            .map(|t| t.path())
+            .find(|t| {
+                std::fs::read_to_string(t.join("comm")).is_ok_and(|c| c.trim() == "ckalloc-bg")
+            })
+    };
+    let background = (0..200)
+        .find_map(|_| {
+            named().or_else(|| {
+                std::thread::sleep(std::time::Duration::from_millis(10));
+                None
+            })
+        })
+        .expect("a thread named ckalloc-bg");
+    assert_eq!(
+        nice(&background),
+        nice(std::path::Path::new("/proc/thread-self"))
+    );
     if !ckalloc::thp_settings()
         .enabled
         .is_some_and(|e| e != ckalloc::ThpEnabled::Never)

@@ -7,7 +7,7 @@
 //! lives in [`retain`], [`demand`] and [`promote`]. Nothing here
 //! allocates, locks, panics or prints.
 
-use super::background::{self, BackgroundThread};
+use super::background::{self, BackgroundPriority, BackgroundThread};
 use super::demand;
 use super::engine::{Ask, Engine, ENGINE};
 use super::fault_check;
@@ -220,12 +220,21 @@ impl Engine {
 /// Ask for the huge-page engine's background thread (decay by the clock
 /// and promotion to huge pages, [docs/engine.md](https://github.com/ckalloc/ckalloc/blob/main/docs/engine.md#the-background-thread)),
 /// which [`CkHuge`](super::CkHuge) does not start on its own: it starts at
-/// the next huge-path call. Call it before the first allocation so that
-/// every span is reserved for promotion. `CKALLOC_BACKGROUND_THREAD` set to
-/// an off value keeps it from starting. Returns the state after the call.
-/// Never allocates; thread-safe.
+/// the next huge-path call, at the priority of the thread making that call
+/// ([`BackgroundPriority::Inherited`]). Call it before the first allocation
+/// so that every span is reserved for promotion. `CKALLOC_BACKGROUND_THREAD`
+/// set to an off value keeps it from starting. Returns the state after the
+/// call. Never allocates; thread-safe.
 pub fn enable_background_thread() -> BackgroundThread {
-    background::want()
+    enable_background_thread_with(BackgroundPriority::Inherited)
+}
+
+/// [`enable_background_thread`] at `priority`: the lowest priority any
+/// call asked for wins, also for a thread already running (it lowers its
+/// own priority before its next run of work). The preload library asks for
+/// [`BackgroundPriority::Lowest`].
+pub fn enable_background_thread_with(priority: BackgroundPriority) -> BackgroundThread {
+    background::want(priority)
 }
 
 /// `pthread_atfork` prepare handler: the background thread is done with

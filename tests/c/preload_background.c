@@ -2,7 +2,9 @@
  * program under glibc for reference (tests/preload/background.rs):
  *
  *   threads            the threads of the process before and after the
- *                      first huge malloc (and after a second)
+ *                      first huge malloc (and after a second), and the
+ *                      nice values of the program's thread and of
+ *                      ckalloc-bg
  *   promote MIB        a written MIB MiB block: its huge pages
  *                      (AnonHugePages of its mapping) every 100 ms until
  *                      all are huge or 10 s passed
@@ -10,7 +12,8 @@
  *                      (CALLS = 1: a 3 MiB malloc/free pair every 10 ms
  *                      meanwhile); the resident set at the end
  *   fork               after a huge malloc, fork: the child's threads
- *                      after a huge malloc of its own
+ *                      after a huge malloc of its own, and its ckalloc-bg's
+ *                      nice value
  *   check              a written 4 MiB block every 20 ms for 1.2 s (kept),
  *                      then 1 s idle: the library's fault-check counters
  *                      (ckalloc_stats_json) after each, and the bytes of
@@ -21,6 +24,7 @@
  * Each mode prints "name: value" lines and exits 0, or prints what failed
  * and exits 1. */
 #define _GNU_SOURCE
+#include <dirent.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -60,6 +64,48 @@ static double now_s(void) {
     return t.tv_sec + t.tv_nsec / 1e9;
 }
 
+/* The nice value (field 19 of /proc/self/task/TID/stat, proc(5)) of the
+ * thread named NAME, or of the calling thread for NULL; -100 when there is
+ * none. The library's thread names itself as it starts: a short wait for
+ * it. */
+static long nice_of(const char *name) {
+    char path[300], buf[512];
+    for (int tries = 0; tries < 100; tries++) {
+        DIR *d = opendir("/proc/self/task");
+        struct dirent *e;
+        if (!d) return -100;
+        while ((e = readdir(d))) {
+            if (e->d_name[0] == '.') continue;
+            if (name) {
+                snprintf(path, sizeof path, "/proc/self/task/%s/comm", e->d_name);
+                FILE *f = fopen(path, "r");
+                if (!f) continue;
+                int same = fgets(buf, sizeof buf, f) && !strncmp(buf, name, strlen(name)) &&
+                           buf[strlen(name)] == '\n';
+                fclose(f);
+                if (!same) continue;
+            } else if (atol(e->d_name) != (long)gettid()) {
+                continue;
+            }
+            snprintf(path, sizeof path, "/proc/self/task/%s/stat", e->d_name);
+            FILE *f = fopen(path, "r");
+            long nice = -100;
+            if (f && fgets(buf, sizeof buf, f)) {
+                /* Fields after the ")" that ends the name: state is field 3. */
+                char *p = strrchr(buf, ')');
+                for (int field = 2; p && field < 19; field++) p = strchr(p + 1, ' ');
+                if (p) nice = atol(p + 1);
+            }
+            if (f) fclose(f);
+            closedir(d);
+            return nice;
+        }
+        closedir(d);
+        usleep(10000);
+    }
+    return -100;
+}
+
 /* Keeps the compiler from eliding a malloc/free pair. */
 static void *volatile sink;
 
@@ -72,6 +118,8 @@ static int threads(void) {
     char *q = malloc(8 * MIB);
     sink = q;
     printf("threads after another: %ld\n", status_field("Threads"));
+    printf("program nice: %ld\n", nice_of(NULL));
+    printf("background nice: %ld\n", nice_of("ckalloc-bg"));
     free(q);
     free(p);
     return 0;
@@ -134,6 +182,7 @@ static int forked(void) {
         sink = q;
         memset(q, 3, 8 * MIB);
         printf("child threads: %ld then %ld\n", before, status_field("Threads"));
+        printf("child background nice: %ld\n", nice_of("ckalloc-bg"));
         for (size_t i = 0; i < 8 * MIB; i += 4096)
             if (p[i] != 1 || q[i] != 3) return printf("child byte %zu wrong\n", i), 1;
         free(q);

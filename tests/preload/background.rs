@@ -1,8 +1,8 @@
 //! The engine's background thread under the preload library, in a C
 //! program (`tests/c/preload_background.c`) run with the library and, for
 //! reference, under glibc: it starts at the first huge `malloc` (one
-//! thread, once), `CKALLOC_BACKGROUND_THREAD=0` keeps it off, a fork child
-//! gets its own, a written block becomes huge pages with its bytes intact,
+//! thread, once, at nice 19), `CKALLOC_BACKGROUND_THREAD=0` keeps it off, a
+//! fork child gets its own, a written block becomes huge pages with its bytes intact,
 //! a freed gigabyte goes back by the clock while the program idles, and
 //! the fault check runs while blocks are allocated and places them.
 
@@ -30,6 +30,8 @@ fn the_first_huge_malloc_starts_one_thread_and_the_switch_keeps_it_off() {
     assert_eq!(number::<f64>(&on, "threads before: "), 1.0, "{on}");
     assert_eq!(number::<f64>(&on, "threads after: "), 2.0, "{on}");
     assert_eq!(number::<f64>(&on, "threads after another: "), 2.0, "{on}");
+    // The thread runs at nice 19, as khugepaged, whatever the program's.
+    assert_eq!(number::<f64>(&on, "background nice: "), 19.0, "{on}");
     let off = background(&["threads"], true, &[("CKALLOC_BACKGROUND_THREAD", "0")]);
     assert_eq!(number::<f64>(&off, "threads after another: "), 1.0, "{off}");
     let glibc = background(&["threads"], false, &[]);
@@ -45,6 +47,11 @@ fn a_fork_child_starts_its_own_thread_at_its_first_huge_malloc() {
     let out = background(&["fork"], true, &[]);
     assert_eq!(number::<f64>(&out, "parent threads: "), 2.0, "{out}");
     assert!(out.contains("child threads: 1 then 2"), "{out}");
+    assert_eq!(
+        number::<f64>(&out, "child background nice: "),
+        19.0,
+        "{out}"
+    );
     assert!(out.contains("ok: child"), "{out}");
 }
 
