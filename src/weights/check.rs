@@ -401,8 +401,9 @@ impl WeightsFile {
     ///    ([`WeightsError::DtypeTableMismatch`]). Other writers fill the
     ///    table from their own weight lists ([`DtypeTableCheck::Hint`]).
     /// 10. **Header fields.** Each `aligned_*` field is at least the count
-    ///     it pads (C-Kernel-Engine's converters and ckalloc's writer round
-    ///     each count up), and each count the v5 metadata's `config` records
+    ///     it pads (C-Kernel-Engine's converters round each count up, as
+    ///     [`ModelDims::fill_aligned_fp32`](super::ModelDims::fill_aligned_fp32)
+    ///     does), and each count the v5 metadata's `config` records
     ///     as a number under the header field's name (`num_layers`,
     ///     `vocab_size`, `embed_dim`, `intermediate_size`, `context_length`,
     ///     `num_heads`, `num_kv_heads`, `head_dim`, and ckalloc's writer's

@@ -29,6 +29,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -66,11 +67,11 @@ static double now_s(void) {
 
 /* The nice value (field 19 of /proc/self/task/TID/stat, proc(5)) of the
  * thread named NAME, or of the calling thread for NULL; -100 when there is
- * none. The library's thread names itself as it starts: a short wait for
- * it. */
+ * none. The library's thread names itself once it runs, at nice 19: up to
+ * 10 s of waiting for it. */
 static long nice_of(const char *name) {
     char path[300], buf[512];
-    for (int tries = 0; tries < 100; tries++) {
+    for (int tries = 0; tries < 1000; tries++) {
         DIR *d = opendir("/proc/self/task");
         struct dirent *e;
         if (!d) return -100;
@@ -110,6 +111,9 @@ static long nice_of(const char *name) {
 static void *volatile sink;
 
 static int threads(void) {
+    /* The program runs at nice 5: the library's thread goes to 19 all
+     * the same. */
+    if (setpriority(PRIO_PROCESS, 0, 5)) return puts("setpriority failed"), 1;
     printf("threads before: %ld\n", status_field("Threads"));
     char *p = malloc(8 * MIB);
     sink = p;
@@ -119,7 +123,8 @@ static int threads(void) {
     sink = q;
     printf("threads after another: %ld\n", status_field("Threads"));
     printf("program nice: %ld\n", nice_of(NULL));
-    printf("background nice: %ld\n", nice_of("ckalloc-bg"));
+    /* No thread to wait for under glibc or with the thread off. */
+    printf("background nice: %ld\n", status_field("Threads") > 1 ? nice_of("ckalloc-bg") : -100);
     free(q);
     free(p);
     return 0;

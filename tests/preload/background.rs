@@ -30,7 +30,8 @@ fn the_first_huge_malloc_starts_one_thread_and_the_switch_keeps_it_off() {
     assert_eq!(number::<f64>(&on, "threads before: "), 1.0, "{on}");
     assert_eq!(number::<f64>(&on, "threads after: "), 2.0, "{on}");
     assert_eq!(number::<f64>(&on, "threads after another: "), 2.0, "{on}");
-    // The thread runs at nice 19, as khugepaged, whatever the program's.
+    // The thread runs at nice 19, as khugepaged, whatever the program's (5).
+    assert_eq!(number::<f64>(&on, "program nice: "), 5.0, "{on}");
     assert_eq!(number::<f64>(&on, "background nice: "), 19.0, "{on}");
     let off = background(&["threads"], true, &[("CKALLOC_BACKGROUND_THREAD", "0")]);
     assert_eq!(number::<f64>(&off, "threads after another: "), 1.0, "{off}");

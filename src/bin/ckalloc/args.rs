@@ -25,8 +25,10 @@ pub fn parse_write_version(s: &str) -> Result<ckalloc::weights::Version, String>
 /// Anything else, naming the input.
 pub fn parse_alignment(s: &str) -> Result<u64, String> {
     let max = ckalloc::weights::MAX_ALIGNMENT;
-    match s.trim().parse::<u64>() {
-        Ok(a) if a.is_power_of_two() && a <= max => Ok(a),
+    let t = s.trim();
+    let digits = !t.is_empty() && t.bytes().all(|b| b.is_ascii_digit());
+    match t.parse::<u64>() {
+        Ok(a) if digits && a.is_power_of_two() && a <= max => Ok(a),
         _ => Err(format!(
             "'{}': expected a power of two from 1 to {max} (bytes)",
             ckalloc::Escaped::capped(s, 40)
@@ -106,7 +108,7 @@ mod tests {
         assert_eq!(parse_alignment("1"), Ok(1));
         assert_eq!(parse_alignment("64"), Ok(64));
         assert_eq!(parse_alignment("1073741824"), Ok(1 << 30));
-        for bad in ["0", "3", "2147483648", "64k", "-64", ""] {
+        for bad in ["0", "3", "2147483648", "64k", "-64", "+64", "", " "] {
             assert!(parse_alignment(bad).is_err(), "{bad}");
         }
     }
