@@ -254,16 +254,17 @@ extern "C" fn run(_: *mut libc::c_void) -> *mut libc::c_void {
     // started the thread waits for it); then the priority asked for, and
     // then the name: whoever finds the thread by name finds it at that
     // priority.
-    let mut lowered = LOWEST.load(Acquire);
-    if lowered {
-        sys::lower_this_thread_priority();
-    }
-    sys::name_this_thread(c"ckalloc-bg");
-    loop {
+    let mut lowered = false;
+    let mut lower_if_asked = || {
         if !lowered && LOWEST.load(Acquire) {
             sys::lower_this_thread_priority();
             lowered = true;
         }
+    };
+    lower_if_asked();
+    sys::name_this_thread(c"ckalloc-bg");
+    loop {
+        lower_if_asked();
         let w = WORK.load(Acquire);
         BUSY.store(true, SeqCst);
         let sleep = if w == 0 || PAUSED.load(SeqCst) {

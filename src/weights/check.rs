@@ -10,7 +10,6 @@ use super::dtype::Producer;
 use super::entry::{check_shape, ManifestEntry};
 use super::error::WeightsError;
 use super::file::{FileIdentity, WeightsFile};
-use super::header::HeaderDims;
 use super::manifest::Manifest;
 use super::report::{Gap, LayoutReport};
 use super::sidecars::MANIFEST_JSON;
@@ -314,62 +313,6 @@ fn table_matches(table: &[u8], manifest: &Manifest) -> Result<(), WeightsError> 
     Ok(())
 }
 
-/// Rule 10 of [`WeightsFile::check_manifest`]: every `aligned_*` field
-/// smaller than the count it pads, and every header field that `meta`'s
-/// `config` records as another number, joined with `"; "`; `None` when
-/// nothing disagrees. A `config` value that is not an unsigned integer
-/// (C-Kernel-Engine's `"model": "llama"`) is not compared.
-fn header_dims_disagreement(dims: &HeaderDims, meta: Option<&serde_json::Value>) -> Option<String> {
-    let mut found = Vec::new();
-    let pads = [
-        (
-            "aligned_embed_dim",
-            Some(dims.aligned_embed_dim),
-            "embed_dim",
-            Some(dims.embed_dim),
-        ),
-        (
-            "aligned_head_dim",
-            Some(dims.aligned_head_dim),
-            "head_dim",
-            Some(dims.head_dim),
-        ),
-        (
-            "aligned_intermediate",
-            dims.aligned_intermediate,
-            "intermediate_size",
-            dims.intermediate_size,
-        ),
-        (
-            "aligned_context",
-            Some(dims.aligned_context),
-            "context_length",
-            Some(dims.context_len),
-        ),
-    ];
-    for (aligned_key, aligned, key, count) in pads {
-        if let (Some(a), Some(c)) = (aligned, count) {
-            if a < u64::from(c) {
-                found.push(format!("{aligned_key} {a} is less than {key} {c}"));
-            }
-        }
-    }
-    let config = meta.and_then(|m| m.get("config"));
-    if let (Some(config), serde_json::Value::Object(header)) = (config, dims.to_json()) {
-        for (key, value) in &header {
-            let recorded = config.get(key).and_then(|v| v.as_u64());
-            if let (Some(recorded), Some(value)) = (recorded, value.as_u64()) {
-                if recorded != value {
-                    found.push(format!(
-                        "{key} {value} in the header, {recorded} in the v5 metadata's config"
-                    ));
-                }
-            }
-        }
-    }
-    (!found.is_empty()).then(|| found.join("; "))
-}
-
 impl WeightsFile {
     /// Check `manifest` against this file with every rule of the reader,
     /// and return it with what the check found. `ckalloc inspect`, `ckalloc
@@ -531,7 +474,7 @@ impl WeightsFile {
             warnings.push(ManifestWarning::ManifestHashUnchecked);
         }
         // 10.
-        if let Some(reason) = header_dims_disagreement(self.dims(), meta) {
+        if let Some(reason) = self.dims().disagreement(meta.and_then(|m| m.get("config"))) {
             warnings.push(ManifestWarning::HeaderDims { reason });
         }
         let layout = manifest.layout_report(start, end);

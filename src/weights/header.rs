@@ -94,6 +94,42 @@ impl HeaderDims {
         put("total_vocab_bytes", self.total_vocab_bytes.map(u64::from));
         serde_json::Value::Object(m)
     }
+    /// Rule 10 of [`WeightsFile::check_manifest`](super::WeightsFile::check_manifest):
+    /// every `aligned_*` field smaller than the count it pads, and every
+    /// field that `config` (the v5 metadata's) records under its
+    /// [`to_json`](Self::to_json) key as another unsigned integer, joined
+    /// with `"; "`; `None` when nothing disagrees. A `config` value of
+    /// another type (C-Kernel-Engine's `"model": "llama"`) is not compared.
+    pub(crate) fn disagreement(&self, config: Option<&serde_json::Value>) -> Option<String> {
+        let fields = self.to_json();
+        let field = |k: &str| fields.get(k).and_then(|v| v.as_u64());
+        let mut found = Vec::new();
+        for (aligned, count) in [
+            ("aligned_embed_dim", "embed_dim"),
+            ("aligned_head_dim", "head_dim"),
+            ("aligned_intermediate", "intermediate_size"),
+            ("aligned_context", "context_length"),
+        ] {
+            if let (Some(a), Some(c)) = (field(aligned), field(count)) {
+                if a < c {
+                    found.push(format!("{aligned} {a} is less than {count} {c}"));
+                }
+            }
+        }
+        if let (Some(config), serde_json::Value::Object(header)) = (config, &fields) {
+            for (key, value) in header {
+                let recorded = config.get(key).and_then(|v| v.as_u64());
+                if let (Some(recorded), Some(value)) = (recorded, value.as_u64()) {
+                    if recorded != value {
+                        found.push(format!(
+                            "{key} {value} in the header, {recorded} in the v5 metadata's config"
+                        ));
+                    }
+                }
+            }
+        }
+        (!found.is_empty()).then(|| found.join("; "))
+    }
 }
 
 /// A parsed header: the layout, the fixed fields and the derived region
