@@ -40,7 +40,7 @@
 //!   optional unit `b`, `kb`, `kib`, `mb`, `mib`, `gb`, `gib`, `tb`, `tib`)
 //!   with the unit in any case, or the one-letter binary units `k`, `m`,
 //!   `g`, `t` of the `ckalloc` command's SIZE arguments (`512m` is 512
-//!   MiB). A value that does not parse is never taken
+//!   MiB; [`parse_size`] reads this syntax). A value that does not parse is never taken
 //!   silently: it is taken as unset (the default applies), and [`settings`] (and so
 //!   [`huge_stats`](crate::huge_stats) and `ckalloc probe`) reports it as
 //!   [`Source::Unparsed`]; [`size_error`] and [`millis_error`] say why.
@@ -223,8 +223,32 @@ pub fn size_error(s: &Setting) -> Option<SizeError> {
         return None;
     }
     let value = std::env::var_os(s.name)?;
-    let text = value.as_encoded_bytes().trim_ascii();
-    crate::units::parse_size(text, crate::units::SuffixCase::Any).err()
+    crate::units::parse_setting_size(value.as_encoded_bytes()).err()
+}
+
+/// Parses `text` as the byte settings read their variables ([the
+/// rules](self)): ASCII white space around it ignored, then `0` or decimal
+/// digits without a leading zero, then an optional unit, ASCII
+/// case-insensitive: `b`; `kb`, `mb`, `gb`, `tb` (powers of 1000); `k` or
+/// `kib`, `m` or `mib`, `g` or `gib`, `t` or `tib` (powers of 1024). The
+/// `ckalloc` command's SIZE arguments (`--activations`) take the same text.
+/// Never allocates.
+///
+/// ```
+/// assert_eq!(ckalloc::env::parse_size(" 64MiB"), Ok(64 << 20));
+/// assert_eq!(ckalloc::env::parse_size("1kb"), Ok(1000));
+/// assert_eq!(
+///     ckalloc::env::parse_size("064m"),
+///     Err(ckalloc::env::SizeError::LeadingZero)
+/// );
+/// ```
+///
+/// # Errors
+/// [`SizeError`] says why `text` is not a size: no digits, a leading
+/// zero, an unknown unit, or a value over 2^64 - 1 (or `usize::MAX`)
+/// bytes.
+pub fn parse_size(text: &str) -> Result<u64, SizeError> {
+    crate::units::parse_setting_size(text.as_bytes())
 }
 
 /// Why the variable of a millisecond setting that [`settings`] reports as

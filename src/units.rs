@@ -205,6 +205,13 @@ pub(crate) fn parse_size(s: &[u8], case: SuffixCase) -> Result<u64, SizeError> {
     Ok(value)
 }
 
+/// Parses a size as the `CKALLOC_*` byte settings and the `ckalloc`
+/// command's SIZE arguments take it: ASCII white space around it ignored,
+/// then [`parse_size`]'s syntax with [`SuffixCase::Any`]. Never allocates.
+pub(crate) fn parse_setting_size(text: &[u8]) -> Result<u64, SizeError> {
+    parse_size(text.trim_ascii(), SuffixCase::Any)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

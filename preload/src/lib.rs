@@ -186,15 +186,15 @@ pub unsafe extern "C" fn ckalloc_stats_json(buf: *mut c_char, len: usize) -> usi
 /// set-user-ID program, `ckalloc::env`), when the
 /// library loads (a program may clear its environment, change directory or
 /// reuse file descriptor 2 before it exits), and asks for the engine's background
-/// thread at nice 19 ([`BackgroundPriority::Lowest`](ckalloc::huge::BackgroundPriority::Lowest)),
-/// which the first huge-path call after this starts (unless
+/// thread, which the first huge-path call after this starts at that call's
+/// thread's priority (unless
 /// `CKALLOC_BACKGROUND_THREAD` is off).
 extern "C" fn at_load() {
     api::note_binding();
     if api::binding().loaded_before_libc() {
         api::configure_glibc_thresholds();
     }
-    ckalloc::huge::enable_background_thread_with(ckalloc::huge::BackgroundPriority::Lowest);
+    ckalloc::huge::enable_background_thread();
     api::remember_output();
 }
 

@@ -5,7 +5,7 @@
 //! reports. Never allocates.
 
 use crate::sys;
-use crate::units::{self, ExactBytes, SuffixCase};
+use crate::units::{self, ExactBytes};
 use std::ffi::CStr;
 use std::fmt;
 use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
@@ -372,10 +372,9 @@ impl Number {
         let (value, source) = match sys::getenv(self.name) {
             None => (self.default, Source::Default),
             Some(text) => {
-                let text = text.trim_ascii();
                 let parsed = match self.unit {
-                    Unit::Bytes => units::parse_size(text, SuffixCase::Any).ok(),
-                    _ => parse_millis(text).ok(),
+                    Unit::Bytes => units::parse_setting_size(text).ok(),
+                    _ => parse_millis(text.trim_ascii()).ok(),
                 };
                 match parsed {
                     Some(v) => (v, Source::Environment),

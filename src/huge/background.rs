@@ -25,9 +25,9 @@
 //!   engine works as without the thread.
 //! - In the child of `fork()` no thread runs: the state goes back to
 //!   wanted and the child's first huge-path call starts one.
-//! - It runs at the priority the fronts asked for ([`BackgroundPriority`]):
-//!   the starting thread's, or nice 19 once any front asked for that (the
-//!   preload library does), set by the thread itself before its work.
+//! - It runs at the priority of the thread whose call starts it, as a
+//!   thread inherits it; a real-time policy (`SCHED_FIFO`, `SCHED_RR`) it
+//!   leaves for `SCHED_OTHER`, before its work.
 //!
 //! Atomics only; the thread's own calls allocate nothing.
 
@@ -40,25 +40,6 @@ use std::sync::atomic::{
 
 /// How often the thread runs its work when it has some (100 ms).
 pub const TICK_NS: u64 = 100_000_000;
-
-/// The scheduling priority the background thread runs at
-/// ([`enable_background_thread_with`](super::enable_background_thread_with)).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
-#[non_exhaustive]
-pub enum BackgroundPriority {
-    /// The priority of the thread whose huge-path call starts it: its
-    /// work keeps pace with CPU-bound processes beside the program.
-    /// [`CkHuge`](super::CkHuge)'s, whose promotion is an opt-in with a
-    /// coverage to reach ([`enable_background_thread`](super::enable_background_thread)).
-    #[default]
-    Inherited,
-    /// Nice 19, the priority of Linux's khugepaged: while threads of nice
-    /// 0 keep every CPU busy, it runs about 1.5% of the time, so its fault
-    /// checks and collapses wait for the CPU time the program's requests
-    /// leave. The preload library's, whose thread shares the cores of a
-    /// program that never asked for it.
-    Lowest,
-}
 
 /// The background thread's state.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -118,9 +99,6 @@ impl BackgroundThread {
 }
 
 static STATE: AtomicU8 = AtomicU8::new(0);
-/// Whether a front asked for [`BackgroundPriority::Lowest`]: once one has,
-/// the thread runs at it (read by the thread before every run of its work).
-static LOWEST: AtomicBool = AtomicBool::new(false);
 /// Set by a `fork()` in progress ([`pause_for_fork`]): the thread starts no
 /// work until it is cleared.
 static PAUSED: AtomicBool = AtomicBool::new(false);
@@ -159,13 +137,9 @@ pub(crate) fn state() -> BackgroundThread {
     }
 }
 
-/// A front asks for the thread (it starts at the next huge-path call) at
-/// `priority`; the lowest priority any front asked for wins. Returns the
-/// state after.
-pub(crate) fn want(priority: BackgroundPriority) -> BackgroundThread {
-    if priority == BackgroundPriority::Lowest {
-        LOWEST.store(true, Release);
-    }
+/// A front asks for the thread (it starts at the next huge-path call);
+/// returns the state after.
+pub(crate) fn want() -> BackgroundThread {
     let _ = STATE.compare_exchange(
         BackgroundThread::Off.code(),
         BackgroundThread::Wanted.code(),
@@ -250,21 +224,12 @@ extern "C" fn run(_: *mut libc::c_void) -> *mut libc::c_void {
     if waited {
         INIT_STATE.store(START_DONE, SeqCst);
     }
-    // The start function runs at the starter's priority (the call that
-    // started the thread waits for it); then the priority asked for, and
-    // then the name: whoever finds the thread by name finds it at that
-    // priority.
-    let mut lowered = false;
-    let mut lower_if_asked = || {
-        if !lowered && LOWEST.load(Acquire) {
-            sys::lower_this_thread_priority();
-            lowered = true;
-        }
-    };
-    lower_if_asked();
+    // A real-time policy inherited from the starter is left, and then the
+    // thread takes its name: whoever finds it by name finds it at the
+    // policy it works at.
+    sys::leave_real_time();
     sys::name_this_thread(c"ckalloc-bg");
     loop {
-        lower_if_asked();
         let w = WORK.load(Acquire);
         BUSY.store(true, SeqCst);
         let sleep = if w == 0 || PAUSED.load(SeqCst) {

@@ -49,7 +49,7 @@ mod upkeep;
 
 pub use crate::tier::Backing;
 pub use alloc::{huge_alloc, huge_free};
-pub use background::{BackgroundPriority, BackgroundThread};
+pub use background::BackgroundThread;
 #[doc(hidden)]
 pub use engine::{hold_first_touch_base_pages, hold_retained_bytes};
 pub use engine::{huge_stats, release_retained, reset_hugetlb_backoff};
@@ -59,7 +59,7 @@ pub use options::HugeOptions;
 pub use policy::{CapRule, FirstTouch, OnMiss, Policy, WhenFull, Zeroing, ZERO_BY_MEMSET_MAX};
 pub use region::HugeRegion;
 pub use stats::{HugeStats, Syscalls, TierStats};
-pub use upkeep::{enable_background_thread, enable_background_thread_with};
+pub use upkeep::enable_background_thread;
 
 #[cfg(feature = "preload")]
 pub(crate) use engine::ResizeError;

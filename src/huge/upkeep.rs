@@ -7,7 +7,7 @@
 //! lives in [`retain`], [`demand`] and [`promote`]. Nothing here
 //! allocates, locks, panics or prints.
 
-use super::background::{self, BackgroundPriority, BackgroundThread};
+use super::background::{self, BackgroundThread};
 use super::demand;
 use super::engine::{Ask, Engine, ENGINE};
 use super::fault_check;
@@ -153,8 +153,9 @@ impl Engine {
     /// that did not fit serve the blocks after it: a request's blocks are
     /// freed and allocated again in an order whose footprint exceeds its
     /// peak of live bytes, and keeping only that peak would make every
-    /// repetition miss by the difference. A scan of the retained units, on
-    /// a path that faults in fresh units.
+    /// repetition miss by the difference. A scan of the retained units of
+    /// the spans that may hold some (none while nothing is retained), on a
+    /// path that faults in fresh units.
     ///
     /// [`Demand::note_with_slack`]: super::demand::Demand::note_with_slack
     #[cold]
@@ -168,7 +169,12 @@ impl Engine {
             .get(Count::Live)
             .saturating_sub(ask.replaces as u64)
             .saturating_add(claimed as u64);
-        let slack = retain::retained_within(&self.spans, span::stamp_at(now), retain::delay());
+        // Nothing retained: no span to scan.
+        let slack = if self.stats.get(Count::Retained) == 0 {
+            0
+        } else {
+            retain::retained_within(&self.spans, span::stamp_at(now), retain::delay())
+        };
         self.demand.note_with_slack(now, live, slack);
     }
 
@@ -221,20 +227,12 @@ impl Engine {
 /// and promotion to huge pages, [docs/engine.md](https://github.com/ckalloc/ckalloc/blob/main/docs/engine.md#the-background-thread)),
 /// which [`CkHuge`](super::CkHuge) does not start on its own: it starts at
 /// the next huge-path call, at the priority of the thread making that call
-/// ([`BackgroundPriority::Inherited`]). Call it before the first allocation
-/// so that every span is reserved for promotion. `CKALLOC_BACKGROUND_THREAD`
-/// set to an off value keeps it from starting. Returns the state after the
-/// call. Never allocates; thread-safe.
+/// (a real-time policy it leaves for `SCHED_OTHER`). Call it before the
+/// first allocation so that every span is reserved for promotion.
+/// `CKALLOC_BACKGROUND_THREAD` set to an off value keeps it from starting.
+/// Returns the state after the call. Never allocates; thread-safe.
 pub fn enable_background_thread() -> BackgroundThread {
-    enable_background_thread_with(BackgroundPriority::Inherited)
-}
-
-/// [`enable_background_thread`] at `priority`: the lowest priority any
-/// call asked for wins, also for a thread already running (it lowers its
-/// own priority before its next run of work). The preload library asks for
-/// [`BackgroundPriority::Lowest`].
-pub fn enable_background_thread_with(priority: BackgroundPriority) -> BackgroundThread {
-    background::want(priority)
+    background::want()
 }
 
 /// `pthread_atfork` prepare handler: the background thread is done with

@@ -202,12 +202,12 @@
 //!   `background_thread` and tcmalloc's background actions do: every
 //!   100 ms it gives back retained memory by the clock and collapses
 //!   long-lived base-page blocks into huge pages (`MADV_COLLAPSE`, at most
-//!   a quarter of one core, at nice 19 as Linux's khugepaged). It starts at
-//!   the first huge-path call after the library's constructor (never inside
-//!   another start: a `malloc` that `pthread_create` makes goes on without
-//!   it), with every signal blocked; a `pthread_create` that fails (a pid
-//!   limit, a seccomp filter) is silent and leaves the library working
-//!   without it; a fork child starts its own at its first huge-path call.
+//!   a quarter of one core). It starts at the first huge-path call after
+//!   the library's constructor, at that call's thread's priority (never
+//!   inside another start: a `malloc` that `pthread_create` makes goes on
+//!   without it), with every signal blocked; a `pthread_create` that fails
+//!   (a pid limit, a seccomp filter) is silent and leaves the library
+//!   working without it; a fork child starts its own at its first huge-path call.
 //!   `CKALLOC_BACKGROUND_THREAD=0` keeps it from starting: do that for a
 //!   program that calls `unshare(CLONE_NEWUSER)` (refused in a
 //!   multi-threaded process) or that must stay single-threaded across

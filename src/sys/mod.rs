@@ -40,7 +40,7 @@ pub(crate) use process::{
 };
 #[cfg(all(feature = "preload", target_os = "linux", target_env = "gnu"))]
 pub(crate) use process::{coarse_monotonic_ns, env_entries, program_break, secure_execution};
-pub(crate) use thread::{lower_this_thread_priority, name_this_thread, sleep_ns, spawn_detached};
+pub(crate) use thread::{leave_real_time, name_this_thread, sleep_ns, spawn_detached};
 
 #[cfg(target_os = "linux")]
 use mappings::advice_raw;

@@ -81,34 +81,23 @@ pub(crate) fn name_this_thread(name: &CStr) {
     let _ = name;
 }
 
-/// The nice value Linux's khugepaged runs at (`MAX_NICE`, 19): the lowest
-/// priority of the normal scheduling class.
-#[cfg(target_os = "linux")]
-const LOWEST_NICE: libc::c_int = 19;
-
-/// Give the calling thread the lowest priority of the normal scheduling
-/// class, nice [`LOWEST_NICE`]. A thread inherits its creator's policy: one
-/// started by a real-time thread (`SCHED_FIFO`, `SCHED_RR`) first goes back
-/// to `SCHED_OTHER` (sched_setscheduler(2); a thread may always lower its
-/// own policy). On Linux a thread's nice value is its own, and
-/// `setpriority(PRIO_PROCESS, 0, 19)` sets the calling thread's
-/// (setpriority(2), NOTES; no `gettid`, which glibc exports only from
-/// 2.30). While other threads of nice 0 in its scheduling group keep every
-/// CPU busy, it runs about 1.5% of the time (`sched_prio_to_weight`: 15
-/// against 1024). A failure (a seccomp filter) leaves the priority as it
+/// Leave a real-time scheduling policy the calling thread inherited: a
+/// thread started by a `SCHED_FIFO` or `SCHED_RR` thread goes to
+/// `SCHED_OTHER`, keeping its nice value (sched_setscheduler(2); a thread
+/// may always lower its own policy). Any other policy, and its nice value,
+/// stay as they are. A failure (a seccomp filter) leaves the policy as it
 /// was; a no-op off Linux.
-pub(crate) fn lower_this_thread_priority() {
+pub(crate) fn leave_real_time() {
     #[cfg(target_os = "linux")]
-    // SAFETY: sched_getscheduler, sched_setscheduler and setpriority with
-    // pid/who 0 act on the calling thread; `param` is a valid
-    // sched_param for the call's duration.
+    // SAFETY: sched_getscheduler and sched_setscheduler with pid 0 act on
+    // the calling thread; `param` is a valid sched_param for the call's
+    // duration.
     unsafe {
         let policy = libc::sched_getscheduler(0);
         if policy == libc::SCHED_FIFO || policy == libc::SCHED_RR {
             let param = libc::sched_param { sched_priority: 0 };
             libc::sched_setscheduler(0, libc::SCHED_OTHER, &param);
         }
-        libc::setpriority(libc::PRIO_PROCESS, 0, LOWEST_NICE);
     }
 }
 

@@ -11,6 +11,10 @@
  *   idle-release CALLS malloc(1 GiB), write it, free it, then 3 s idle
  *                      (CALLS = 1: a 3 MiB malloc/free pair every 10 ms
  *                      meanwhile); the resident set at the end
+ *   realtime           the program's thread at SCHED_FIFO makes the first
+ *                      huge malloc: the scheduling policies of the program's
+ *                      thread then and of ckalloc-bg ("not permitted"
+ *                      where SCHED_FIFO cannot be had)
  *   fork               after a huge malloc, fork: the child's threads
  *                      after a huge malloc of its own, and its ckalloc-bg's
  *                      nice value
@@ -25,6 +29,7 @@
  * and exits 1. */
 #define _GNU_SOURCE
 #include <dirent.h>
+#include <sched.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -65,11 +70,11 @@ static double now_s(void) {
     return t.tv_sec + t.tv_nsec / 1e9;
 }
 
-/* The nice value (field 19 of /proc/self/task/TID/stat, proc(5)) of the
- * thread named NAME, or of the calling thread for NULL; -100 when there is
- * none. The library's thread names itself once it runs, at nice 19: up to
- * 10 s of waiting for it. */
-static long nice_of(const char *name) {
+/* Field FIELD of /proc/self/task/TID/stat (proc(5): 19 is the nice value,
+ * 41 the scheduling policy) of the thread named NAME, or of the calling
+ * thread for NULL; -100 when there is none. The library's thread names
+ * itself once it runs: up to 10 s of waiting for it. */
+static long task_field(const char *name, int field) {
     char path[300], buf[512];
     for (int tries = 0; tries < 1000; tries++) {
         DIR *d = opendir("/proc/self/task");
@@ -90,16 +95,16 @@ static long nice_of(const char *name) {
             }
             snprintf(path, sizeof path, "/proc/self/task/%s/stat", e->d_name);
             FILE *f = fopen(path, "r");
-            long nice = -100;
+            long value = -100;
             if (f && fgets(buf, sizeof buf, f)) {
                 /* Fields after the ")" that ends the name: state is field 3. */
                 char *p = strrchr(buf, ')');
-                for (int field = 2; p && field < 19; field++) p = strchr(p + 1, ' ');
-                if (p) nice = atol(p + 1);
+                for (int i = 2; p && i < field; i++) p = strchr(p + 1, ' ');
+                if (p) value = atol(p + 1);
             }
             if (f) fclose(f);
             closedir(d);
-            return nice;
+            return value;
         }
         closedir(d);
         usleep(10000);
@@ -111,8 +116,8 @@ static long nice_of(const char *name) {
 static void *volatile sink;
 
 static int threads(void) {
-    /* The program runs at nice 5: the library's thread goes to 19 all
-     * the same. */
+    /* The program runs at nice 5: the library's thread, started by its
+     * malloc, runs at 5 too. */
     if (setpriority(PRIO_PROCESS, 0, 5)) return puts("setpriority failed"), 1;
     printf("threads before: %ld\n", status_field("Threads"));
     char *p = malloc(8 * MIB);
@@ -122,9 +127,9 @@ static int threads(void) {
     char *q = malloc(8 * MIB);
     sink = q;
     printf("threads after another: %ld\n", status_field("Threads"));
-    printf("program nice: %ld\n", nice_of(NULL));
+    printf("program nice: %ld\n", task_field(NULL, 19));
     /* No thread to wait for under glibc or with the thread off. */
-    printf("background nice: %ld\n", status_field("Threads") > 1 ? nice_of("ckalloc-bg") : -100);
+    printf("background nice: %ld\n", status_field("Threads") > 1 ? task_field("ckalloc-bg", 19) : -100);
     free(q);
     free(p);
     return 0;
@@ -173,7 +178,23 @@ static int idle_release(int calls) {
     return 0;
 }
 
+static int realtime(void) {
+    struct sched_param fifo = {.sched_priority = 1}, normal = {.sched_priority = 0};
+    if (sched_setscheduler(0, SCHED_FIFO, &fifo)) return puts("realtime: not permitted"), 0;
+    char *p = malloc(8 * MIB);
+    sink = p;
+    memset(p, 1, 8 * MIB);
+    printf("program policy: %d\n", sched_getscheduler(0));
+    /* Back to the normal class before waiting for the thread's name. */
+    if (sched_setscheduler(0, SCHED_OTHER, &normal)) return puts("SCHED_OTHER failed"), 1;
+    printf("background policy: %ld\n", task_field("ckalloc-bg", 41));
+    free(p);
+    return 0;
+}
+
 static int forked(void) {
+    /* At nice 4, which the child inherits and its thread with it. */
+    if (setpriority(PRIO_PROCESS, 0, 4)) return puts("setpriority failed"), 1;
     char *p = malloc(8 * MIB);
     sink = p;
     memset(p, 1, 8 * MIB);
@@ -187,7 +208,7 @@ static int forked(void) {
         sink = q;
         memset(q, 3, 8 * MIB);
         printf("child threads: %ld then %ld\n", before, status_field("Threads"));
-        printf("child background nice: %ld\n", nice_of("ckalloc-bg"));
+        printf("child background nice: %ld\n", task_field("ckalloc-bg", 19));
         for (size_t i = 0; i < 8 * MIB; i += 4096)
             if (p[i] != 1 || q[i] != 3) return printf("child byte %zu wrong\n", i), 1;
         free(q);
@@ -279,6 +300,7 @@ int main(int argc, char **argv) {
     if (argc >= 3 && !strcmp(argv[1], "promote")) return promote(atol(argv[2]));
     if (argc >= 3 && !strcmp(argv[1], "idle-release")) return idle_release(atoi(argv[2]));
     if (argc >= 2 && !strcmp(argv[1], "fork")) return forked();
+    if (argc >= 2 && !strcmp(argv[1], "realtime")) return realtime();
     if (argc >= 2 && !strcmp(argv[1], "check")) return check();
     fprintf(stderr, "usage: %s threads | promote MIB | idle-release 0|1 | fork | check\n",
             argv[0]);

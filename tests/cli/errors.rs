@@ -59,8 +59,10 @@ fn usage_errors_exit_2_on_one_line() {
     fails(
         &["load", "x", "--activations", "99999999999t"],
         2,
-        "64 bits",
+        "too large (over 2^64 - 1 bytes)",
     );
+    // The syntax of the `CKALLOC_*` byte settings: no leading zero.
+    fails(&["load", "x", "--activations", "064m"], 2, "a leading zero");
     let o = ckalloc(&["probe", "--bogus", "--json"]);
     assert_eq!(o.code, Some(2));
     let j: Value = serde_json::from_str(&o.stdout).unwrap();

@@ -36,43 +36,23 @@ pub fn parse_alignment(s: &str) -> Result<u64, String> {
     }
 }
 
-/// Parse a `SIZE` argument (`--activations`), bytes: a decimal integer with
-/// an optional suffix, ASCII case-insensitive: `k`/`kib` (1024), `m`/`mib`,
-/// `g`/`gib`, `kb`/`mb`/`gb` (powers of 1000), `b`. `64MiB`, `512m`,
-/// `1000000`. (Not the caching allocator's spec syntax, which
-/// `ckalloc::caching` parses.)
+/// Parse a `SIZE` argument (`--activations`), bytes: the size syntax of
+/// the `CKALLOC_*` byte settings ([`ckalloc::env::parse_size`]): a decimal
+/// integer without a leading zero and an optional unit, ASCII
+/// case-insensitive: `k`/`kib` (1024), `m`/`mib`, `g`/`gib`, `t`/`tib`,
+/// `kb`/`mb`/`gb`/`tb` (powers of 1000), `b`. `64MiB`, `512m`, `1000000`.
+/// (Not the caching allocator's spec syntax, whose units are lowercase.)
 ///
 /// # Errors
-/// Empty, junk, fractions, signs or overflow, naming the input.
+/// Empty, junk, fractions, signs, a leading zero or overflow, naming the
+/// input and the reason.
 pub fn parse_size_arg(s: &str) -> Result<u64, String> {
-    let t = s.trim();
-    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
-    let (num, suffix) = t.split_at(split);
-    if num.is_empty() {
-        return Err(format!(
-            "invalid size '{s}': expected a number of bytes such as 4096, 64MiB or 1g"
-        ));
-    }
-    let mult: u64 = match suffix.to_ascii_lowercase().as_str() {
-        "" | "b" => 1,
-        "k" | "kib" => 1 << 10,
-        "m" | "mib" => 1 << 20,
-        "g" | "gib" => 1 << 30,
-        "t" | "tib" => 1 << 40,
-        "kb" => 1_000,
-        "mb" => 1_000_000,
-        "gb" => 1_000_000_000,
-        "tb" => 1_000_000_000_000,
-        _ => {
-            return Err(format!(
-                "invalid size '{s}': unknown suffix '{suffix}' (use b, k, m, g, t, KiB, MiB, GiB, TiB, kb, mb, gb, tb)"
-            ))
-        }
-    };
-    num.parse::<u64>()
-        .ok()
-        .and_then(|n| n.checked_mul(mult))
-        .ok_or_else(|| format!("invalid size '{s}': does not fit in 64 bits"))
+    ckalloc::env::parse_size(s).map_err(|e| {
+        format!(
+            "invalid size '{}': {e}; expected a number of bytes such as 4096, 64MiB or 1g",
+            ckalloc::Escaped::capped(s, 40)
+        )
+    })
 }
 
 #[cfg(test)]
@@ -85,6 +65,8 @@ mod tests {
         assert_eq!(parse_size_arg("64MiB"), Ok(64 << 20));
         assert_eq!(parse_size_arg("2g"), Ok(2 << 30));
         assert_eq!(parse_size_arg("1kb"), Ok(1000));
+        assert_eq!(parse_size_arg("0"), Ok(0));
+        assert_eq!(parse_size_arg(" 8MiB "), Ok(8 << 20));
         for bad in [
             "",
             "x",
@@ -93,6 +75,8 @@ mod tests {
             "12q",
             "99999999999999999999",
             "20000000t",
+            "064m",
+            "00",
         ] {
             assert!(parse_size_arg(bad).is_err(), "{bad}");
         }

@@ -10,7 +10,7 @@
 //! ckalloc run [--] CMD ARGS...        run a program with libckalloc_preload.so preloaded
 //! ```
 //!
-//! Every command takes `--json` (one JSON document on stdout). Errors are one
+//! Every command but `run` takes `--json` (one JSON document on stdout). Errors are one
 //! line on stderr (and `{"error": ...}` on stdout with `--json`), exit status 1
 //! (2 for a usage error); the tool never shows a panic or a backtrace.
 //! See docs/cli.md.
@@ -48,7 +48,7 @@ struct Cli {
 /// Options every subcommand accepts.
 #[derive(Args, Debug, Clone, Copy)]
 struct Global {
-    /// Print one JSON document on stdout instead of text.
+    /// Print one JSON document on stdout instead of text (every command but `run`).
     #[arg(long, global = true)]
     json: bool,
 }
