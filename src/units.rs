@@ -122,8 +122,10 @@ pub(crate) fn decimal(digits: &[u8]) -> Option<u64> {
     })
 }
 
-/// Why a text is not a size as the `CKALLOC_*` byte settings and the
-/// caching spec read sizes ([`env::size_error`](crate::env::size_error)).
+/// Why a text is not a size as the `CKALLOC_*` byte settings, the
+/// `ckalloc` command's SIZE arguments and the caching spec read sizes
+/// ([`env::parse_size`](crate::env::parse_size),
+/// [`env::size_error`](crate::env::size_error)).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum SizeError {
     /// No decimal digits at the start (empty, a sign, white space, a unit

@@ -83,20 +83,25 @@ pub(crate) fn name_this_thread(name: &CStr) {
 
 /// Leave a real-time scheduling policy the calling thread inherited: a
 /// thread started by a `SCHED_FIFO` or `SCHED_RR` thread goes to
-/// `SCHED_OTHER`, keeping its nice value (sched_setscheduler(2); a thread
-/// may always lower its own policy). Any other policy, and its nice value,
-/// stay as they are. A failure (a seccomp filter) leaves the policy as it
-/// was; a no-op off Linux.
+/// `SCHED_OTHER`, keeping its nice value (pthread_setschedparam(3), which
+/// glibc and musl both implement; a thread may always lower its own
+/// policy). Any other policy, and its nice value, stay as they are. A
+/// failure (a seccomp filter) leaves the policy as it was; a no-op off
+/// Linux.
 pub(crate) fn leave_real_time() {
     #[cfg(target_os = "linux")]
-    // SAFETY: sched_getscheduler and sched_setscheduler with pid 0 act on
-    // the calling thread; `param` is a valid sched_param for the call's
-    // duration.
+    // SAFETY: pthread_self() names the calling thread, alive for the
+    // calls; `policy` and `param` are valid for writes and reads for each
+    // call's duration.
     unsafe {
-        let policy = libc::sched_getscheduler(0);
-        if policy == libc::SCHED_FIFO || policy == libc::SCHED_RR {
-            let param = libc::sched_param { sched_priority: 0 };
-            libc::sched_setscheduler(0, libc::SCHED_OTHER, &param);
+        let me = libc::pthread_self();
+        let mut policy = 0;
+        let mut param = libc::sched_param { sched_priority: 0 };
+        if libc::pthread_getschedparam(me, &mut policy, &mut param) == 0
+            && (policy == libc::SCHED_FIFO || policy == libc::SCHED_RR)
+        {
+            let normal = libc::sched_param { sched_priority: 0 };
+            libc::pthread_setschedparam(me, libc::SCHED_OTHER, &normal);
         }
     }
 }

@@ -180,6 +180,13 @@ static int idle_release(int calls) {
 
 static int realtime(void) {
     struct sched_param fifo = {.sched_priority = 1}, normal = {.sched_priority = 0};
+    /* An unprivileged thread may take SCHED_FIFO up to RLIMIT_RTPRIO
+     * (sched(7)): the soft limit is raised to the hard one first. */
+    struct rlimit rt;
+    if (!getrlimit(RLIMIT_RTPRIO, &rt) && rt.rlim_cur < 1) {
+        rt.rlim_cur = rt.rlim_max;
+        setrlimit(RLIMIT_RTPRIO, &rt);
+    }
     if (sched_setscheduler(0, SCHED_FIFO, &fifo)) return puts("realtime: not permitted"), 0;
     char *p = malloc(8 * MIB);
     sink = p;
@@ -302,7 +309,7 @@ int main(int argc, char **argv) {
     if (argc >= 2 && !strcmp(argv[1], "fork")) return forked();
     if (argc >= 2 && !strcmp(argv[1], "realtime")) return realtime();
     if (argc >= 2 && !strcmp(argv[1], "check")) return check();
-    fprintf(stderr, "usage: %s threads | promote MIB | idle-release 0|1 | fork | check\n",
+    fprintf(stderr, "usage: %s threads | promote MIB | idle-release 0|1 | realtime | fork | check\n",
             argv[0]);
     return 2;
 }
